@@ -118,7 +118,7 @@ def _ttmetal_support(o: OpDef) -> str:
     if not inst:
         return "not supported (TT-Metal computes bf16 and f32)"
     scatter = any(isinstance(o, ttk.ScatterPlanOp) for p in progs for o in p.walk())
-    return "; ".join(inst) + ("; integer indices (u8, i8, i16, i32, u32, i64)" if scatter else "")
+    return "; ".join(inst) + ("; every index dtype (converted on the host)" if scatter else "")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -151,10 +151,12 @@ def test_rms_norm_backward_on_the_model(rms_exe, tmp_path):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("T,shape", [("f32", (37, 4100)), ("bf16", (5, 9000))])
-def test_rows_too_long_for_l1_use_the_column_chunk_schedule(rms_exe, tmp_path, T, shape):
-    """Rows whose resident CBs exceed L1 run the streamed schedule (column chunks): against the
-    oracle, the same bits on 1 and 64 cores. The static report shows the resident one refused."""
+@pytest.mark.parametrize("T,shape,schedule", [("f32", (37, 4100), "cached"), ("bf16", (5, 9000), "cached"),
+                                              ("f32", (9, 6100), "streamed"), ("bf16", (3, 12500), "streamed")])
+def test_rows_too_long_for_l1_use_the_next_schedule(rms_exe, tmp_path, T, shape, schedule):
+    """Rows whose resident CBs exceed L1 run the cached schedule (the block in L1, walked in
+    column chunks twice); rows too long for that too, the streamed one (read twice). Against the
+    oracle, the same bits on 1 and 64 cores. The static report shows the earlier ones refused."""
     from opgen.passes import pipeline
     from opgen.ttmetal import report
 
@@ -162,8 +164,10 @@ def test_rows_too_long_for_l1_use_the_column_chunk_schedule(rms_exe, tmp_path, T
     pipeline.run(m, "ttmetal")
     dims = {"N": shape[0], "D": shape[1]}
     reps = {p.sym_name.data: report.report(p, dims) for p in ttmetal.programs(m)}
-    assert reps[f"rms_norm_backward.{T}"].refused, "the resident schedule fits: the case tests nothing"
-    assert not reps[f"rms_norm_backward.{T}.streamed"].refused
+    order = [f"rms_norm_backward.{T}", f"rms_norm_backward.{T}.cached", f"rms_norm_backward.{T}.streamed"]
+    runs = order.index(f"rms_norm_backward.{T}.{schedule}")
+    assert all(reps[p].refused for p in order[:runs]), "an earlier schedule fits: the case tests nothing"
+    assert not reps[order[runs]].refused
     a = rms_args(np.random.default_rng(3), T, shape, 1e-6)
     ref = oracle.run(registry.get("rms_norm_backward"), **{k: np.copy(v) if isinstance(v, np.ndarray) else v
                                                             for k, v in a.items()})
@@ -254,12 +258,21 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
 def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
     """New ops get TT-Metal programs: each passes the real-header check's twin in
     test_new_dsl_ops_pass_the_real_header_check and runs on the model against the oracle,
-    bitwise identical on 1 and 64 cores."""
+    bitwise identical on 1 and 64 cores. Rows of 3,000 run LayerNorm backward's cached schedule
+    (its resident one does not fit L1: x, gy, w and two column sums)."""
     exe = runner.build(op, OUT / op)
+    if op == "layer_norm_backward":
+        from opgen.passes import pipeline
+        from opgen.ttmetal import report
+
+        m = new_ops[op].module()
+        pipeline.run(m, "ttmetal")
+        reps = {p.sym_name.data: report.report(p, {"N": 3, "D": 3000}) for p in ttmetal.programs(m)}
+        assert reps[f"{op}.f32"].refused and not reps[f"{op}.f32.cached"].refused
     rng = np.random.default_rng(5)
     failures = []
     for T in ("f32", "bf16"):
-        for shape in ((45, 77), (2, 33, 32), (1, 1), (0, 5)):
+        for shape in ((45, 77), (2, 33, 32), (1, 1), (0, 5), (3, 3000)):
             a = _new_args(rng, op, T, shape)
             ref = oracle.run(new_ops[op], **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
             name = f"{op}-{T}-{'x'.join(map(str, shape))}"
@@ -348,8 +361,9 @@ def edb_exe() -> Path:
 
 def test_embedding_dense_backward_on_the_model(edb_exe, tmp_path):
     """Per-row factors of a scatter-add (padding_idx rows get nothing, scale_grad_by_freq divides
-    by the row's count) evaluated by the host plan: against the oracle for integer index dtypes,
-    bf16/f32, batch dims, N = 0; the same bits on 1 and 64 cores."""
+    by the row's count) evaluated by the host plan: against the oracle for every index dtype
+    (integers; floats with fractions that truncate toward zero; bool), bf16/f32, batch dims,
+    N = 0; the same bits on 1 and 64 cores."""
     from tests.cpu_cases import edb_args
 
     o = registry.get("embedding_dense_backward")
@@ -357,8 +371,9 @@ def test_embedding_dense_backward_on_the_model(edb_exe, tmp_path):
     failures = []
     cases = []
     for T in ("bf16", "f32"):
-        for IDX in ("u8", "i8", "i16", "i32", "i64"):
-            for scale, pad in ((True, 3), (False, -1), (True, 0)):
+        for IDX in ("u8", "i8", "i16", "i32", "i64", "f32", "f16", "f64", "bool"):
+            combos = ((True, 3), (False, -1), (True, 0)) if IDX[0] in "ui" else ((True, 3), (False, -1))
+            for scale, pad in combos:
                 cases.append((f"{T}-{IDX}-{scale}-{pad}", edb_args(rng, T, IDX, (3, 5), 40, 37, pad, scale)))
         cases.append((f"{T}-empty", edb_args(rng, T, "i32", (0,), 9, 11, 3, True)))
         cases.append((f"{T}-wide", edb_args(rng, T, "i64", (70,), 65, 5, 2, True)))
@@ -394,6 +409,14 @@ def test_embedding_dense_backward_refuses_bad_sizes_and_indices(edb_exe, tmp_pat
     proc, outs = runner.run(edb_exe, "embedding_dense_backward", a, tmp_path / "index")
     assert proc.returncode == 3 and "index 11 at position 4 is out of range [0, 11)" in proc.stderr, proc.stderr
     assert outs["out"].tobytes() == a["out"].tobytes()
+    # float indices: converted at the boundary (truncation toward zero), then range-checked
+    for value, shown in ((np.nan, "nan"), (-1.0, "-1"), (11.0, "11"), (np.inf, "inf"), (1e30, "1e+30")):
+        f = edb_args(np.random.default_rng(4), "f32", "f32", (3, 5), 8, 11, 3, True)
+        f["indices"].reshape(-1)[6] = value
+        proc, outs = runner.run(edb_exe, "embedding_dense_backward", f, tmp_path / f"float-{shown}")
+        assert proc.returncode == 3 and f"index {shown} at position 6 is out of range [0, 11)" in proc.stderr, \
+            proc.stderr
+        assert outs["out"].tobytes() == f["out"].tobytes()
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "u8": np.uint8, "bool": np.bool_, "i32": np.int32,
       "i64": np.int64}
 #: opgen_tt::IndexType of a numpy index dtype
-INDEX_TYPES = {"uint32": 0, "int32": 1, "int64": 2, "int16": 3, "int8": 4, "uint8": 5}
+INDEX_TYPES = {"uint32": 0, "int32": 1, "int64": 2, "int16": 3, "int8": 4, "uint8": 5, "float32": 6, "float16": 7,
+               "bfloat16": 8, "float64": 9, "bool": 10}
 
 MAIN = r"""// runner: argv = kernel_dir variant in_dir out_dir grid_x grid_y dims... scalars...
 #include <cstdio>

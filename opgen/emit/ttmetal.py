@@ -365,7 +365,7 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
                 a["layout"] = lay.data
                 a["page_size"] = 1024 * elem if lay.data == "tile" else 32 * elem
                 if n.data in plans:  # indices of any IndexType: pages of 32 of them
-                    a["dtype"] = "index (the index_dtype parameter: u32, i32 or i64)"
+                    a["dtype"] = "index (the index_dtype parameter: any integer, float or bool index dtype)"
                     a["page_size"] = "32 x the index size"
                 elif n.data not in read:
                     a["dtype"] = "any (not read: it only supplies dims)"
@@ -384,11 +384,12 @@ def function_name(prog: k.ProgramOp) -> str:
 
 def base_name(prog: k.ProgramOp) -> str:
     """``<op>.<dtypes>``: the program's name without its schedule."""
-    return prog.sym_name.data.removesuffix(".streamed")
+    return prog.sym_name.data.removesuffix(".streamed").removesuffix(".cached")
 
 
 def schedule_name(prog: k.ProgramOp) -> str:
-    return "streamed" if prog.sym_name.data.endswith(".streamed") else "resident"
+    last = prog.sym_name.data.rsplit(".", 1)[-1]
+    return last if last in ("streamed", "cached") else "resident"
 
 
 def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) -> dict[str, str]:

@@ -23,6 +23,7 @@ from opgen.tile.buffers import PlanBuffers
 from opgen.tile.dialect import Tile
 from opgen.tile.sizes import PlanWorkspace, SizeTiles, SplitCores
 from opgen.tile.to_tiles import LowerToTiles
+from opgen.ttmetal.cache import CacheRowsTt
 from opgen.ttmetal.dialect import Ttk
 from opgen.ttmetal.lower import LowerToTtKernel
 from opgen.ttmetal.sizes import SizeTilesTt
@@ -48,8 +49,8 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
     # core), then reader/compute/writer kernels with their CBs and DST sections
     # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py).
-    "ttmetal": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), SizeTilesTt(),
-                LowerToTtKernel(), CommonSubexpressionElimination()],
+    "ttmetal": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), CacheRowsTt(),
+                SizeTilesTt(), LowerToTtKernel(), CommonSubexpressionElimination()],
 }
 
 

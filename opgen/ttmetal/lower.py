@@ -120,6 +120,7 @@ class Node:
     scalar: SSAValue | None = None
     count: SSAValue | None = None
     n: SSAValue | None = None  # tile-level scalar: column tiles of a full/row value (None: one tile)
+    base: SSAValue | None = None  # compute value: the CB index of tile 0 (a cached chunk of a block)
     mask: int = -1  # colsum: the CB of its row-mask tile
 
     def tiles(self) -> SSAValue | None:
@@ -447,19 +448,25 @@ class Lowering:
         raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
 
     # -- CBs
-    def cb(self, fmt: str, pages: int | str, what: str, use: str = "own") -> int:
+    def cb(self, fmt: str, pages: int | str | tuple[str, str], what: str, use: str = "own") -> int:
         """A CB of ``pages`` tiles (a count, or the tiles of a tile dim symbol: ``max(ceil/32, 1)``,
-        a dim may be 0). ``use``: ``in`` (the reader fills it), ``out`` (the writer drains it) or
-        ``own`` (compute alone). A CB every kernel has emptied (a finished scope's, a drained
-        output's) is reused for the same format, pages and use — the same use keeps the kernels'
-        FIFO order on it — since a launch has 32."""
+        a dim may be 0; or ``(param, dim)``: the parameter times the dim's tiles). ``use``: ``in``
+        (the reader fills it), ``out`` (the writer drains it) or ``own`` (compute alone). A CB
+        every kernel has emptied (a finished scope's, a drained output's) is reused for the same
+        format, pages and use — the same use keeps the kernels' FIFO order on it — since a launch
+        has 32."""
         key = (fmt, str(pages), use)
         if self.free.get(key):
             i = self.free[key].pop()
             cbop = self.cbs[i]
             cbop.what = StringAttr(f"{cbop.what.data}; {what}")
             return i
-        n = self.hconst(pages) if isinstance(pages, int) else self.host_tiles(pages)
+        if isinstance(pages, tuple):
+            param, dim = pages
+            tiles = self.host_op(ir.MaxOp(self.host_tiles(dim), self.hconst(1)))
+            n = self.host_op(ir.MulOp(self.host_val(self.params[param]), tiles))
+        else:
+            n = self.hconst(pages) if isinstance(pages, int) else self.host_tiles(pages)
         n = self.host_op(ir.MaxOp(n, self.hconst(1)))
         i = len(self.cbs)
         if i >= 32:
@@ -613,6 +620,7 @@ class Lowering:
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
         self.fence_cb = self.scratch_cb = -1  # matmul chains (opgen/ttmetal/chain.py)
         self.scratch_l1: SSAValue | None = None
+        self.cached: dict[int, int] = {}  # cache number (opgen/ttmetal/cache.py) -> its CB
         self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")
         return launch
 
@@ -643,7 +651,7 @@ class Lowering:
         budget = self.hconst(L1_BUDGET)
         ok = self.host_op(ir.CmpOp("le", need, budget))
         self.host_op(k.CheckOp(ok, f"the CBs of launch {index} need more than {L1_BUDGET} B of L1 per core "
-                                   "(rows too long for the resident schedule: the streamed one takes over)"))
+                                   "(rows too long for this schedule: the next one takes over)"))
         fits2 = self.host_op(ir.CmpOp("le", self.host_op(ir.AddOp(need, extra)), budget))
         depth = self.host_op(ir.SelectOp(fits2, self.hconst(2), self.hconst(1)))
         for cb in self.cbs:
@@ -850,9 +858,62 @@ class Lowering:
         gm = op.src
         fmt = self.gm_format(gm)
         name = self.gm_name(gm)
+        if "cache" in op.attributes:
+            return self.copy_in_cached(op, op.attributes["cache"].data)
         cb = self.cb(fmt, ir.tensor_type(v).shape[1], f"{name} ({kd})", "in")
         if len(self.scopes) > 1:  # read per loop iteration (not once per core)
             self.dbuf.add(cb)
+        self.read_chunk(op, cb)
+        cap = self.cap_tiles(ir.tensor_type(v).shape[1])
+        cn = self.c.val(cap)
+        self.c.call("cb_wait_front", f"tt::CBIndex::c_{cb}", cn)
+        self.scopes[-1].append((cb, cn))
+        self.env[v] = Node("leaf", cb=cb, mode="tile", n=self.ncols_tiles(op.ncols))
+
+    def copy_in_cached(self, op: t.CopyInOp, key: int) -> None:
+        """A copy the cache-rows-tt pass numbered (opgen/ttmetal/cache.py). The first walk's fills
+        chunk ``c`` of one CB that holds the block's every chunk (``chunks`` x the chunk's tiles):
+        the reader pushes each chunk; compute waits for the cumulative count (the documented use
+        of ``cb_wait_front`` without pops) and reads tile ``c * chunk_tiles + j``. The second
+        walk's twin only reads the same tiles back. The block's scope pops the whole CB."""
+        v = op.results[0]
+        c = self.c
+        cap = self.cap_tiles(ir.tensor_type(v).shape[1])
+        base = c.arith(ir.DivOp, c.val(op.col0), c.const(TILE))
+        if key not in self.cached:
+            name = self.gm_name(op.src)
+            cb = self.cb(self.gm_format(op.src), ("chunks", ir.tensor_type(v).shape[1]),
+                         f"{name} (the block's chunks, read once for both walks)", "in")
+            self.cached[key] = cb
+            self.read_chunk(op, cb)
+            c.call("cb_wait_front", f"tt::CBIndex::c_{cb}", c.arith(ir.AddOp, base, c.val(cap)))
+            total = self.top_val(c, self.chunks_tiles(cap))
+            self.scopes[-2].append((cb, total))
+        self.env[v] = Node("leaf", cb=self.cached[key], mode="tile", n=self.ncols_tiles(op.ncols), base=base)
+
+    def chunks_tiles(self, cap: SSAValue) -> SSAValue:
+        """A tile-level scalar: ``chunks`` x ``cap`` (the pages of a cached block)."""
+        p = t.ParamOp("chunks")
+        self._scratch.add_op(p)
+        mul = ir.MulOp(p.results[0], cap)
+        self._scratch.add_op(mul)
+        return mul.results[0]
+
+    @staticmethod
+    def top_val(b: KernelBuilder, v: SSAValue) -> SSAValue:
+        """Kernel ``b``'s value of tile-level scalar ``v``, computed in its prologue (so that it
+        is defined in every scope)."""
+        b.top = True
+        try:
+            return b.val(v)
+        finally:
+            b.top = False
+
+    def read_chunk(self, op: t.CopyInOp, cb: int) -> None:
+        """Reader: the copy's tiles (or row-vector pages) into ``cb``: reserve the CB's chunk
+        capacity, read, push it."""
+        v, gm = op.results[0], op.src
+        kd, fmt, name = kind(v), self.gm_format(gm), self.gm_name(gm)
         r = self.r
         acc = r.accessor(gm, name)
         tiles = self.ncols_tiles(op.ncols)
@@ -875,10 +936,6 @@ class Lowering:
         r.close_loop()
         r.call("noc_async_read_barrier")
         r.call("cb_push_back", cbn, r.val(cap))
-        cn = self.c.val(cap)
-        self.c.call("cb_wait_front", cbn, cn)
-        self.scopes[-1].append((cb, cn))
-        self.env[v] = Node("leaf", cb=cb, mode="tile", n=tiles)
 
     def copy_out(self, op: t.CopyOutOp) -> None:
         v = op.value
@@ -1160,7 +1217,10 @@ class Lowering:
             self.copied.add(node.cb)
             c.call("reconfig_data_format_srca", cbn)
             c.call("copy_init", cbn)
-            c.call("copy_tile", cbn, j if node.mode == "tile" else "0", str(slot))
+            at = j if node.mode == "tile" else "0"
+            if node.base is not None:
+                at = c.arith(ir.AddOp, node.base, j)
+            c.call("copy_tile", cbn, at, str(slot))
             return False
         if node.op in ("bcast_row", "bcast_col"):
             leaf = node.kids[0]

@@ -9,7 +9,8 @@ are at most ``GROUPS`` (enough for an 8x8 Wormhole grid).
 
 Both schedules of the tile level are kept: *resident* (whole rows of a row block in L1) and, for
 rows too long for it, *streamed* (each row block walked in column chunks of ``CHUNK_TILES``
-tiles: once for the row sums, once for the outputs; one partial row per block). The host
+tiles: once for the row sums, once for the outputs; one partial row per block). The *cached*
+copy of a streamed kernel (opgen/ttmetal/cache.py) is sized as the streamed one. The host
 function runs the first whose CBs fit L1 (opgen/emit/ttmetal.py).
 """
 
@@ -42,7 +43,7 @@ class SizeTilesTt(ModulePass):
         for k in list(op.body.block.ops):
             if not isinstance(k, t.KernelOp):
                 continue
-            streamed = k.attributes.get("schedule") is not None and k.attributes["schedule"].data == "streamed"
+            streamed = k.attributes.get("schedule") in (StringAttr("streamed"), StringAttr("cached"))
             tiling = next(o for o in k.body.block.ops if isinstance(o, t.TilingOp))
             for o in list(tiling.body.block.ops):
                 tiling.body.block.erase_op(o)

@@ -21,10 +21,16 @@
 namespace opgen_tt {
 using namespace tt::tt_metal;
 
-/* the element type of an index tensor (row layout: pages of 32 indices) */
-enum class IndexType { UInt32, Int32, Int64, Int16, Int8, UInt8 };
+/* the element type of an index tensor (row layout: pages of 32 indices); the host converts any
+ * of them once (floats truncate toward zero, bool is 0 or 1) and range-checks every value */
+enum class IndexType { UInt32, Int32, Int64, Int16, Int8, UInt8, Float32, Float16, BFloat16, Float64, Bool };
 inline uint32_t index_size(IndexType t) {
-    return t == IndexType::Int64 ? 8 : t == IndexType::Int16 ? 2 : t == IndexType::Int8 || t == IndexType::UInt8 ? 1 : 4;
+    switch (t) {
+        case IndexType::Int64: case IndexType::Float64: return 8;
+        case IndexType::Int16: case IndexType::Float16: case IndexType::BFloat16: return 2;
+        case IndexType::Int8: case IndexType::UInt8: case IndexType::Bool: return 1;
+        default: return 4;
+    }
 }
 
 int opgen_tt_embedding_bw_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,

@@ -2,6 +2,7 @@
 #include "host.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -45,22 +46,70 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
     return CoreRangeSet(ranges);
 }
 
-/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
-template <typename I, typename RowFn>
-int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
-                       const char* what, const RowFn& row_fn) {
-    if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
-    const I* idx = reinterpret_cast<const I*>(raw.data());
-    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
-    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+/* the value of a 16-bit IEEE float (the index conversion) */
+double opgen_tt_half(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e == 0 ? std::ldexp((double)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((double)(m | 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* index i of a tensor of IndexType `type`, as a double (exact for every integer type but 64-bit
+ * values past 2^53, which are handled by the caller) */
+double opgen_tt_index_float(const uint8_t* p, IndexType type) {
+    switch (type) {
+        case IndexType::Float32: { float f; std::memcpy(&f, p, 4); return f; }
+        case IndexType::Float64: { double d; std::memcpy(&d, p, 8); return d; }
+        case IndexType::Float16: { uint16_t h; std::memcpy(&h, p, 2); return opgen_tt_half(h); }
+        case IndexType::BFloat16: { uint16_t h; std::memcpy(&h, p, 2); const uint32_t u = (uint32_t)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
+        default: return 0.0;
+    }
+}
+
+/* The boundary conversion of an index tensor, once: every value of any IndexType as int64 —
+ * floats truncate toward zero, bool is 0 or 1 — each checked to lie in [0, rows). An
+ * out-of-range, NaN or infinite value is refused with its position before any launch. */
+int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n, uint32_t rows,
+                     std::vector<int64_t>& out, const char* what) {
+    const size_t size = index_size(type);
+    if (raw.size() < (size_t)n * size) return opgen_tt_error("the index tensor is smaller than its dims");
+    out.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
-        const long long v = (long long)idx[i];
-        if (v < 0 || v >= (long long)rows) {
-            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
+        const uint8_t* p = raw.data() + (size_t)i * size;
+        int64_t v = 0;
+        switch (type) {
+            case IndexType::Int64: std::memcpy(&v, p, 8); break;
+            case IndexType::Int32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::Int16: { int16_t x; std::memcpy(&x, p, 2); v = x; break; }
+            case IndexType::Int8: v = (int8_t)*p; break;
+            case IndexType::UInt8: v = *p; break;
+            case IndexType::Bool: v = *p != 0; break;
+            default: {
+                const double d = opgen_tt_index_float(p, type);
+                if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
+                    std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
+                    return 1;
+                }
+                v = (int64_t)d;  // truncation toward zero
+            }
+        }
+        if (v < 0 || v >= (int64_t)rows) {
+            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, (long long)v, i, rows);
             return 1;
         }
-        ++count[(size_t)v];
+        out[i] = v;
     }
+    return 0;
+}
+
+/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) over
+ * converted indices */
+template <typename RowFn>
+int opgen_tt_plan_from(const std::vector<int64_t>& idx, uint32_t rows, std::vector<uint32_t>& plan, const RowFn& row_fn) {
+    const uint32_t n = (uint32_t)idx.size();
+    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
+    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+    for (uint32_t i = 0; i < n; ++i) ++count[(size_t)idx[i]];
     std::vector<uint32_t> prefix(rows + 1, 0), factor(rows, 0);
     std::vector<bool> keep(rows, true);
     for (uint32_t v = 0; v < rows; ++v) prefix[v + 1] = prefix[v] + count[v];
@@ -99,17 +148,10 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
     std::vector<uint8_t> raw;
     std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
     if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    std::vector<int64_t> idx;
+    if (opgen_tt_indices(raw, type, n, rows, idx, what)) return 1;
     std::vector<uint32_t> words;
-    int rc = 0;
-    switch (type) {
-        case IndexType::Int64: rc = opgen_tt_plan_from<int64_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int32: rc = opgen_tt_plan_from<int32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt32: rc = opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int16: rc = opgen_tt_plan_from<int16_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int8: rc = opgen_tt_plan_from<int8_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt8: rc = opgen_tt_plan_from<uint8_t>(raw, n, rows, words, what, row_fn); break;
-    }
-    if (rc) return rc;
+    if (int rc = opgen_tt_plan_from(idx, rows, words, row_fn)) return rc;
     plan = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
@@ -186,7 +228,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
     const int64_t v44 = v42 + v43;
     const int64_t v45 = v44 + v41;
     const bool v46 = v45 <= 1400000;
-    if (!(v46)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v46)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v47 = v45 + 0;
     const bool v48 = v47 <= 1400000;
     {  // launch 0
@@ -305,7 +347,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
     const int64_t v44 = v42 + v43;
     const int64_t v45 = v44 + v41;
     const bool v46 = v45 <= 1400000;
-    if (!(v46)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v46)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v47 = v45 + 0;
     const bool v48 = v47 <= 1400000;
     {  // launch 0

@@ -2,6 +2,7 @@
 #include "host.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -45,22 +46,70 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
     return CoreRangeSet(ranges);
 }
 
-/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
-template <typename I, typename RowFn>
-int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
-                       const char* what, const RowFn& row_fn) {
-    if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
-    const I* idx = reinterpret_cast<const I*>(raw.data());
-    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
-    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+/* the value of a 16-bit IEEE float (the index conversion) */
+double opgen_tt_half(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e == 0 ? std::ldexp((double)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((double)(m | 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* index i of a tensor of IndexType `type`, as a double (exact for every integer type but 64-bit
+ * values past 2^53, which are handled by the caller) */
+double opgen_tt_index_float(const uint8_t* p, IndexType type) {
+    switch (type) {
+        case IndexType::Float32: { float f; std::memcpy(&f, p, 4); return f; }
+        case IndexType::Float64: { double d; std::memcpy(&d, p, 8); return d; }
+        case IndexType::Float16: { uint16_t h; std::memcpy(&h, p, 2); return opgen_tt_half(h); }
+        case IndexType::BFloat16: { uint16_t h; std::memcpy(&h, p, 2); const uint32_t u = (uint32_t)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
+        default: return 0.0;
+    }
+}
+
+/* The boundary conversion of an index tensor, once: every value of any IndexType as int64 —
+ * floats truncate toward zero, bool is 0 or 1 — each checked to lie in [0, rows). An
+ * out-of-range, NaN or infinite value is refused with its position before any launch. */
+int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n, uint32_t rows,
+                     std::vector<int64_t>& out, const char* what) {
+    const size_t size = index_size(type);
+    if (raw.size() < (size_t)n * size) return opgen_tt_error("the index tensor is smaller than its dims");
+    out.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
-        const long long v = (long long)idx[i];
-        if (v < 0 || v >= (long long)rows) {
-            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
+        const uint8_t* p = raw.data() + (size_t)i * size;
+        int64_t v = 0;
+        switch (type) {
+            case IndexType::Int64: std::memcpy(&v, p, 8); break;
+            case IndexType::Int32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::Int16: { int16_t x; std::memcpy(&x, p, 2); v = x; break; }
+            case IndexType::Int8: v = (int8_t)*p; break;
+            case IndexType::UInt8: v = *p; break;
+            case IndexType::Bool: v = *p != 0; break;
+            default: {
+                const double d = opgen_tt_index_float(p, type);
+                if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
+                    std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
+                    return 1;
+                }
+                v = (int64_t)d;  // truncation toward zero
+            }
+        }
+        if (v < 0 || v >= (int64_t)rows) {
+            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, (long long)v, i, rows);
             return 1;
         }
-        ++count[(size_t)v];
+        out[i] = v;
     }
+    return 0;
+}
+
+/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) over
+ * converted indices */
+template <typename RowFn>
+int opgen_tt_plan_from(const std::vector<int64_t>& idx, uint32_t rows, std::vector<uint32_t>& plan, const RowFn& row_fn) {
+    const uint32_t n = (uint32_t)idx.size();
+    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
+    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+    for (uint32_t i = 0; i < n; ++i) ++count[(size_t)idx[i]];
     std::vector<uint32_t> prefix(rows + 1, 0), factor(rows, 0);
     std::vector<bool> keep(rows, true);
     for (uint32_t v = 0; v < rows; ++v) prefix[v + 1] = prefix[v] + count[v];
@@ -99,17 +148,10 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
     std::vector<uint8_t> raw;
     std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
     if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    std::vector<int64_t> idx;
+    if (opgen_tt_indices(raw, type, n, rows, idx, what)) return 1;
     std::vector<uint32_t> words;
-    int rc = 0;
-    switch (type) {
-        case IndexType::Int64: rc = opgen_tt_plan_from<int64_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int32: rc = opgen_tt_plan_from<int32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt32: rc = opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int16: rc = opgen_tt_plan_from<int16_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int8: rc = opgen_tt_plan_from<int8_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt8: rc = opgen_tt_plan_from<uint8_t>(raw, n, rows, words, what, row_fn); break;
-    }
-    if (rc) return rc;
+    if (int rc = opgen_tt_plan_from(idx, rows, words, row_fn)) return rc;
     plan = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
@@ -263,7 +305,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -352,7 +394,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -626,7 +668,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -715,7 +757,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -990,7 +1032,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -1079,7 +1121,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -1353,7 +1395,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -1442,7 +1484,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -1729,7 +1771,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v101 = v100 + v85;
     const int64_t v102 = v97 + v85;
     const bool v103 = v101 <= 1400000;
-    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v104 = v101 + v102;
     const bool v105 = v104 <= 1400000;
     const int64_t v106 = (v105 ? 2 : 1);
@@ -1829,7 +1871,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v182 = v181 + v166;
     const int64_t v183 = v178 + v166;
     const bool v184 = v182 <= 1400000;
-    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v185 = v182 + v183;
     const bool v186 = v185 <= 1400000;
     const int64_t v187 = (v186 ? 2 : 1);
@@ -2132,7 +2174,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v100 = v99 + v84;
     const int64_t v101 = v96 + v84;
     const bool v102 = v100 <= 1400000;
-    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v103 = v100 + v101;
     const bool v104 = v103 <= 1400000;
     const int64_t v105 = (v104 ? 2 : 1);
@@ -2232,7 +2274,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v181 = v180 + v165;
     const int64_t v182 = v177 + v165;
     const bool v183 = v181 <= 1400000;
-    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v184 = v181 + v182;
     const bool v185 = v184 <= 1400000;
     const int64_t v186 = (v185 ? 2 : 1);
@@ -2536,7 +2578,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v101 = v100 + v85;
     const int64_t v102 = v97 + v85;
     const bool v103 = v101 <= 1400000;
-    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v104 = v101 + v102;
     const bool v105 = v104 <= 1400000;
     const int64_t v106 = (v105 ? 2 : 1);
@@ -2636,7 +2678,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v182 = v181 + v166;
     const int64_t v183 = v178 + v166;
     const bool v184 = v182 <= 1400000;
-    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v185 = v182 + v183;
     const bool v186 = v185 <= 1400000;
     const int64_t v187 = (v186 ? 2 : 1);
@@ -2939,7 +2981,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v100 = v99 + v84;
     const int64_t v101 = v96 + v84;
     const bool v102 = v100 <= 1400000;
-    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v103 = v100 + v101;
     const bool v104 = v103 <= 1400000;
     const int64_t v105 = (v104 ? 2 : 1);
@@ -3039,7 +3081,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v181 = v180 + v165;
     const int64_t v182 = v177 + v165;
     const bool v183 = v181 <= 1400000;
-    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v184 = v181 + v182;
     const bool v185 = v184 <= 1400000;
     const int64_t v186 = (v185 ? 2 : 1);
@@ -3332,7 +3374,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -3421,7 +3463,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -3697,7 +3739,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -3786,7 +3828,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -4063,7 +4105,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -4152,7 +4194,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -4428,7 +4470,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -4517,7 +4559,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -4794,7 +4836,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -4883,7 +4925,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -5159,7 +5201,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -5248,7 +5290,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -5525,7 +5567,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -5614,7 +5656,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -5890,7 +5932,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -5979,7 +6021,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -6257,7 +6299,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -6346,7 +6388,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -6624,7 +6666,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -6713,7 +6755,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);
@@ -6992,7 +7034,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v93 = v92 + v76;
     const int64_t v94 = v86 + v76;
     const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v93 + v94;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -7081,7 +7123,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v166 = v165 + v149;
     const int64_t v167 = v159 + v149;
     const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v169 = v166 + v167;
     const bool v170 = v169 <= 1400000;
     const int64_t v171 = (v170 ? 2 : 1);
@@ -7359,7 +7401,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v92 = v91 + v75;
     const int64_t v93 = v85 + v75;
     const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v95 = v92 + v93;
     const bool v96 = v95 <= 1400000;
     const int64_t v97 = (v96 ? 2 : 1);
@@ -7448,7 +7490,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v165 = v164 + v148;
     const int64_t v166 = v158 + v148;
     const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v168 = v165 + v166;
     const bool v169 = v168 <= 1400000;
     const int64_t v170 = (v169 ? 2 : 1);

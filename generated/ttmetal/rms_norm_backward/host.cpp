@@ -2,6 +2,7 @@
 #include "host.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -45,22 +46,70 @@ CoreRangeSet opgen_tt_cores(CoreCoord grid, uint32_t n) {
     return CoreRangeSet(ranges);
 }
 
-/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) */
-template <typename I, typename RowFn>
-int opgen_tt_plan_from(const std::vector<uint8_t>& raw, uint32_t n, uint32_t rows, std::vector<uint32_t>& plan,
-                       const char* what, const RowFn& row_fn) {
-    if (raw.size() < (size_t)n * sizeof(I)) return opgen_tt_error("the index tensor is smaller than its dims");
-    const I* idx = reinterpret_cast<const I*>(raw.data());
-    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
-    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+/* the value of a 16-bit IEEE float (the index conversion) */
+double opgen_tt_half(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e == 0 ? std::ldexp((double)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((double)(m | 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* index i of a tensor of IndexType `type`, as a double (exact for every integer type but 64-bit
+ * values past 2^53, which are handled by the caller) */
+double opgen_tt_index_float(const uint8_t* p, IndexType type) {
+    switch (type) {
+        case IndexType::Float32: { float f; std::memcpy(&f, p, 4); return f; }
+        case IndexType::Float64: { double d; std::memcpy(&d, p, 8); return d; }
+        case IndexType::Float16: { uint16_t h; std::memcpy(&h, p, 2); return opgen_tt_half(h); }
+        case IndexType::BFloat16: { uint16_t h; std::memcpy(&h, p, 2); const uint32_t u = (uint32_t)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
+        default: return 0.0;
+    }
+}
+
+/* The boundary conversion of an index tensor, once: every value of any IndexType as int64 —
+ * floats truncate toward zero, bool is 0 or 1 — each checked to lie in [0, rows). An
+ * out-of-range, NaN or infinite value is refused with its position before any launch. */
+int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n, uint32_t rows,
+                     std::vector<int64_t>& out, const char* what) {
+    const size_t size = index_size(type);
+    if (raw.size() < (size_t)n * size) return opgen_tt_error("the index tensor is smaller than its dims");
+    out.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
-        const long long v = (long long)idx[i];
-        if (v < 0 || v >= (long long)rows) {
-            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, v, i, rows);
+        const uint8_t* p = raw.data() + (size_t)i * size;
+        int64_t v = 0;
+        switch (type) {
+            case IndexType::Int64: std::memcpy(&v, p, 8); break;
+            case IndexType::Int32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); v = x; break; }
+            case IndexType::Int16: { int16_t x; std::memcpy(&x, p, 2); v = x; break; }
+            case IndexType::Int8: v = (int8_t)*p; break;
+            case IndexType::UInt8: v = *p; break;
+            case IndexType::Bool: v = *p != 0; break;
+            default: {
+                const double d = opgen_tt_index_float(p, type);
+                if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
+                    std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
+                    return 1;
+                }
+                v = (int64_t)d;  // truncation toward zero
+            }
+        }
+        if (v < 0 || v >= (int64_t)rows) {
+            std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, (long long)v, i, rows);
             return 1;
         }
-        ++count[(size_t)v];
+        out[i] = v;
     }
+    return 0;
+}
+
+/* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) over
+ * converted indices */
+template <typename RowFn>
+int opgen_tt_plan_from(const std::vector<int64_t>& idx, uint32_t rows, std::vector<uint32_t>& plan, const RowFn& row_fn) {
+    const uint32_t n = (uint32_t)idx.size();
+    const uint32_t tiles = (rows + 31) / 32, heads = (tiles + 15) / 16;
+    std::vector<uint32_t> count(rows, 0), batches(tiles, 0), first(tiles, 0);
+    for (uint32_t i = 0; i < n; ++i) ++count[(size_t)idx[i]];
     std::vector<uint32_t> prefix(rows + 1, 0), factor(rows, 0);
     std::vector<bool> keep(rows, true);
     for (uint32_t v = 0; v < rows; ++v) prefix[v + 1] = prefix[v] + count[v];
@@ -99,17 +148,10 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
     std::vector<uint8_t> raw;
     std::shared_ptr<distributed::MeshBuffer> buf = indices;  // (the API takes a non-const reference)
     if (n > 0) distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    std::vector<int64_t> idx;
+    if (opgen_tt_indices(raw, type, n, rows, idx, what)) return 1;
     std::vector<uint32_t> words;
-    int rc = 0;
-    switch (type) {
-        case IndexType::Int64: rc = opgen_tt_plan_from<int64_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int32: rc = opgen_tt_plan_from<int32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt32: rc = opgen_tt_plan_from<uint32_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int16: rc = opgen_tt_plan_from<int16_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::Int8: rc = opgen_tt_plan_from<int8_t>(raw, n, rows, words, what, row_fn); break;
-        case IndexType::UInt8: rc = opgen_tt_plan_from<uint8_t>(raw, n, rows, words, what, row_fn); break;
-    }
-    if (rc) return rc;
+    if (int rc = opgen_tt_plan_from(idx, rows, words, row_fn)) return rc;
     plan = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)words.size() * 4},
         distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
@@ -194,7 +236,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const int64_t v57 = v33 * 4096;
     const int64_t v58 = v56 + v57;
     const bool v59 = v58 <= 1400000;
-    if (!(v59)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v59)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v60 = v58 + v40;
     const bool v61 = v60 <= 1400000;
     const int64_t v62 = (v61 ? 2 : 1);
@@ -228,7 +270,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const int64_t v90 = v85 * 4096;
     const int64_t v91 = v89 + v90;
     const bool v92 = v91 <= 1400000;
-    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v93 = v91 + v88;
     const bool v94 = v93 <= 1400000;
     const int64_t v95 = (v94 ? 2 : 1);
@@ -304,6 +346,197 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
             SetRuntimeArgs(program, k_reader, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v83, (uint32_t)v84, (uint32_t)v64, (uint32_t)32});
             SetRuntimeArgs(program, k_compute, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v72, (uint32_t)v83, (uint32_t)32, (uint32_t)v64});
             SetRuntimeArgs(program, k_writer, core, {(uint32_t)v98, (uint32_t)v67, (uint32_t)v68, (uint32_t)v83, (uint32_t)v86, (uint32_t)v64, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    return 0;
+}
+
+/* rms_norm_backward.f32.cached: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N,
+    bool quiet) {
+    auto& cq = mesh.mesh_command_queue();
+    const int64_t v1 = (int64_t)D;
+    const bool v2 = v1 == 0;
+    const int64_t v3 = (int64_t)N;
+    const bool v4 = v3 == 0;
+    const bool v5 = v4 || v2;
+    const bool v6 = v2 && v5;
+    if (v6) return 0;  // every output is empty
+    const int64_t v7 = v3 + 32;
+    const int64_t v8 = v7 - 1;
+    const int64_t v9 = v8 / 32;
+    const int64_t v10 = std::min<int64_t>((int64_t)(grid.x * grid.y), v9 > 1 ? v9 : 1);
+    const int64_t v11 = (1 > 1 ? 1 : 1);
+    const int64_t v12 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v13 = v1 + 32;
+    const int64_t v14 = v13 - 1;
+    const int64_t v15 = v14 / 32;
+    const int64_t v16 = v15 * 32;
+    const int64_t v17 = (256 < v16 ? 256 : v16);
+    const int64_t v18 = (v17 > 32 ? v17 : 32);
+    const int64_t v19 = v1 + v18;
+    const int64_t v20 = v19 - 1;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = v18 + 31;
+    const int64_t v23 = v22 / 32;
+    const int64_t v24 = (v23 > 1 ? v23 : 1);
+    const int64_t v25 = v21 * v24;
+    const int64_t v26 = (v25 > 1 ? v25 : 1);
+    const int64_t v27 = (int64_t)x->address();
+    const int64_t v28 = (2 > 1 ? 2 : 1);
+    const int64_t v29 = (6 > 1 ? 6 : 1);
+    const int64_t v30 = (int64_t)grad_y->address();
+    const int64_t v31 = (int64_t)w->address();
+    const int64_t v32 = v1 + 31;
+    const int64_t v33 = v32 / 32;
+    const int64_t v34 = v9 * v33;
+    const int64_t v35 = (v34 > 1 ? v34 : 1);
+    const int64_t v36 = v35 * 128;
+    auto ws_partials0 = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v36},
+        distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
+    const float v37 = (float)(v1);
+    const int64_t v38 = (int64_t)opgen_tt_bits(v37);
+    const float v39 = eps;
+    const int64_t v40 = (int64_t)opgen_tt_bits(v39);
+    const int64_t v41 = (3 > 1 ? 3 : 1);
+    const int64_t v42 = (int64_t)ws_partials0->address();
+    const int64_t v43 = (int64_t)grad_x->address();
+    const int64_t v44 = v11 * 4096;
+    const int64_t v45 = 0 + v44;
+    const int64_t v46 = v45 + v44;
+    const int64_t v47 = v26 * 4096;
+    const int64_t v48 = v46 + v47;
+    const int64_t v49 = v11 * 2048;
+    const int64_t v50 = v48 + v49;
+    const int64_t v51 = v28 * 2048;
+    const int64_t v52 = v50 + v51;
+    const int64_t v53 = v29 * 4096;
+    const int64_t v54 = v52 + v53;
+    const int64_t v55 = v54 + v44;
+    const int64_t v56 = v55 + v47;
+    const int64_t v57 = v24 * 4096;
+    const int64_t v58 = v56 + v57;
+    const int64_t v59 = 0 + v57;
+    const int64_t v60 = v58 + v44;
+    const int64_t v61 = v60 + v49;
+    const int64_t v62 = v28 * 4096;
+    const int64_t v63 = v61 + v62;
+    const int64_t v64 = v41 * 4096;
+    const int64_t v65 = v63 + v64;
+    const bool v66 = v65 <= 1400000;
+    if (!(v66)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.cached: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v67 = v65 + v59;
+    const bool v68 = v67 <= 1400000;
+    const int64_t v69 = (v68 ? 2 : 1);
+    const int64_t v70 = v24 * v69;
+    const int64_t v71 = (int64_t)D;
+    const int64_t v72 = v71 + 32;
+    const int64_t v73 = v72 - 1;
+    const int64_t v74 = v73 / 32;
+    const int64_t v75 = std::min<int64_t>((int64_t)(grid.x * grid.y), v74 > 1 ? v74 : 1);
+    const int64_t v76 = 32 + 31;
+    const int64_t v77 = v76 / 32;
+    const int64_t v78 = (v77 > 1 ? v77 : 1);
+    const int64_t v79 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v80 = (int64_t)N;
+    const int64_t v81 = v80 + 32;
+    const int64_t v82 = v81 - 1;
+    const int64_t v83 = v82 / 32;
+    const int64_t v84 = (int64_t)ws_partials0->address();
+    const int64_t v85 = (2 > 1 ? 2 : 1);
+    const int64_t v86 = (int64_t)grad_w->address();
+    const int64_t v87 = v78 * 4096;
+    const int64_t v88 = 0 + v87;
+    const int64_t v89 = v88 + v87;
+    const int64_t v90 = v85 * 4096;
+    const int64_t v91 = v89 + v90;
+    const bool v92 = v91 <= 1400000;
+    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.cached: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v93 = v91 + v88;
+    const bool v94 = v93 <= 1400000;
+    const int64_t v95 = (v94 ? 2 : 1);
+    const int64_t v96 = v78 * v95;
+    {  // launch 0
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // x (the block's chunks, read once for both walks)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v29) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // grad_y (the block's chunks, read once for both walks)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // w (row); w (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out); grad_x (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*w).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_0[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[7] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[8] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
+        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v97 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v27, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v30, (uint32_t)v31, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v38, (uint32_t)v40});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v97, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v42, (uint32_t)v1, (uint32_t)v18, (uint32_t)v43, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    {  // launch 1
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v75);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v78) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v96) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v85) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v75; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v98 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v83, (uint32_t)v84, (uint32_t)v71, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v79, (uint32_t)v83, (uint32_t)32, (uint32_t)v71});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v98, (uint32_t)v74, (uint32_t)v75, (uint32_t)v83, (uint32_t)v86, (uint32_t)v71, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -393,7 +626,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const int64_t v63 = v39 * 4096;
     const int64_t v64 = v62 + v63;
     const bool v65 = v64 <= 1400000;
-    if (!(v65)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v65)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v66 = v64 + v58;
     const bool v67 = v66 <= 1400000;
     const int64_t v68 = (v67 ? 2 : 1);
@@ -420,7 +653,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const int64_t v89 = v84 * 4096;
     const int64_t v90 = v88 + v89;
     const bool v91 = v90 <= 1400000;
-    if (!(v91)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v91)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.f32.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v92 = v90 + v87;
     const bool v93 = v92 <= 1400000;
     const int64_t v94 = (v93 ? 2 : 1);
@@ -502,7 +735,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     return 0;
 }
 
-/* rms_norm_backward.f32: schedules tried in order: opgen_tt_rms_norm_backward_f32_resident, opgen_tt_rms_norm_backward_f32_streamed. */
+/* rms_norm_backward.f32: schedules tried in order: opgen_tt_rms_norm_backward_f32_resident, opgen_tt_rms_norm_backward_f32_cached, opgen_tt_rms_norm_backward_f32_streamed. */
 int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,
@@ -513,6 +746,7 @@ int opgen_tt_rms_norm_backward_f32(distributed::MeshDevice& mesh, const std::str
     uint32_t D,
     uint32_t N) {
     if (int rc = opgen_tt_rms_norm_backward_f32_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
+    if (int rc = opgen_tt_rms_norm_backward_f32_cached(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
     return opgen_tt_rms_norm_backward_f32_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
 }
 
@@ -594,7 +828,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const int64_t v60 = v26 * 4096;
     const int64_t v61 = v59 + v60;
     const bool v62 = v61 <= 1400000;
-    if (!(v62)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v62)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v63 = v61 + v44;
     const bool v64 = v63 <= 1400000;
     const int64_t v65 = (v64 ? 2 : 1);
@@ -628,7 +862,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const int64_t v93 = v88 * 2048;
     const int64_t v94 = v92 + v93;
     const bool v95 = v94 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v95)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v96 = v94 + v91;
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
@@ -702,6 +936,196 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
             SetRuntimeArgs(program, k_reader, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v86, (uint32_t)v87, (uint32_t)v67, (uint32_t)32});
             SetRuntimeArgs(program, k_compute, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v75, (uint32_t)v86, (uint32_t)32, (uint32_t)v67});
             SetRuntimeArgs(program, k_writer, core, {(uint32_t)v101, (uint32_t)v70, (uint32_t)v71, (uint32_t)v86, (uint32_t)v89, (uint32_t)v67, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    return 0;
+}
+
+/* rms_norm_backward.bf16.cached: 2 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_y,
+    const std::shared_ptr<distributed::MeshBuffer>& x,
+    const std::shared_ptr<distributed::MeshBuffer>& w,
+    float eps,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_x,
+    const std::shared_ptr<distributed::MeshBuffer>& grad_w,
+    uint32_t D,
+    uint32_t N,
+    bool quiet) {
+    auto& cq = mesh.mesh_command_queue();
+    const int64_t v1 = (int64_t)D;
+    const bool v2 = v1 == 0;
+    const int64_t v3 = (int64_t)N;
+    const bool v4 = v3 == 0;
+    const bool v5 = v4 || v2;
+    const bool v6 = v2 && v5;
+    if (v6) return 0;  // every output is empty
+    const int64_t v7 = v3 + 32;
+    const int64_t v8 = v7 - 1;
+    const int64_t v9 = v8 / 32;
+    const int64_t v10 = std::min<int64_t>((int64_t)(grid.x * grid.y), v9 > 1 ? v9 : 1);
+    const int64_t v11 = (1 > 1 ? 1 : 1);
+    const int64_t v12 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v13 = v1 + 32;
+    const int64_t v14 = v13 - 1;
+    const int64_t v15 = v14 / 32;
+    const int64_t v16 = v15 * 32;
+    const int64_t v17 = (256 < v16 ? 256 : v16);
+    const int64_t v18 = (v17 > 32 ? v17 : 32);
+    const int64_t v19 = v1 + v18;
+    const int64_t v20 = v19 - 1;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = v18 + 31;
+    const int64_t v23 = v22 / 32;
+    const int64_t v24 = (v23 > 1 ? v23 : 1);
+    const int64_t v25 = v21 * v24;
+    const int64_t v26 = (v25 > 1 ? v25 : 1);
+    const int64_t v27 = (int64_t)x->address();
+    const int64_t v28 = (2 > 1 ? 2 : 1);
+    const int64_t v29 = (6 > 1 ? 6 : 1);
+    const int64_t v30 = (int64_t)grad_y->address();
+    const int64_t v31 = (int64_t)w->address();
+    const int64_t v32 = v1 + 31;
+    const int64_t v33 = v32 / 32;
+    const int64_t v34 = v9 * v33;
+    const int64_t v35 = (v34 > 1 ? v34 : 1);
+    const int64_t v36 = v35 * 128;
+    auto ws_partials0 = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v36},
+        distributed::DeviceLocalBufferConfig{.page_size = 128, .buffer_type = BufferType::DRAM}, &mesh);
+    const float v37 = (float)(v1);
+    const int64_t v38 = (int64_t)opgen_tt_bits(v37);
+    const float v39 = eps;
+    const int64_t v40 = (int64_t)opgen_tt_bits(v39);
+    const int64_t v41 = (3 > 1 ? 3 : 1);
+    const int64_t v42 = (int64_t)ws_partials0->address();
+    const int64_t v43 = (int64_t)grad_x->address();
+    const int64_t v44 = v11 * 4096;
+    const int64_t v45 = 0 + v44;
+    const int64_t v46 = v45 + v44;
+    const int64_t v47 = v26 * 2048;
+    const int64_t v48 = v46 + v47;
+    const int64_t v49 = v11 * 2048;
+    const int64_t v50 = v48 + v49;
+    const int64_t v51 = v28 * 2048;
+    const int64_t v52 = v50 + v51;
+    const int64_t v53 = v29 * 4096;
+    const int64_t v54 = v52 + v53;
+    const int64_t v55 = v54 + v44;
+    const int64_t v56 = v55 + v47;
+    const int64_t v57 = v24 * 2048;
+    const int64_t v58 = v56 + v57;
+    const int64_t v59 = 0 + v57;
+    const int64_t v60 = v58 + v44;
+    const int64_t v61 = v60 + v49;
+    const int64_t v62 = v28 * 4096;
+    const int64_t v63 = v61 + v62;
+    const int64_t v64 = v41 * 4096;
+    const int64_t v65 = v63 + v64;
+    const int64_t v66 = v65 + v51;
+    const bool v67 = v66 <= 1400000;
+    if (!(v67)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.cached: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v68 = v66 + v59;
+    const bool v69 = v68 <= 1400000;
+    const int64_t v70 = (v69 ? 2 : 1);
+    const int64_t v71 = v24 * v70;
+    const int64_t v72 = (int64_t)D;
+    const int64_t v73 = v72 + 32;
+    const int64_t v74 = v73 - 1;
+    const int64_t v75 = v74 / 32;
+    const int64_t v76 = std::min<int64_t>((int64_t)(grid.x * grid.y), v75 > 1 ? v75 : 1);
+    const int64_t v77 = 32 + 31;
+    const int64_t v78 = v77 / 32;
+    const int64_t v79 = (v78 > 1 ? v78 : 1);
+    const int64_t v80 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v81 = (int64_t)N;
+    const int64_t v82 = v81 + 32;
+    const int64_t v83 = v82 - 1;
+    const int64_t v84 = v83 / 32;
+    const int64_t v85 = (int64_t)ws_partials0->address();
+    const int64_t v86 = (2 > 1 ? 2 : 1);
+    const int64_t v87 = (int64_t)grad_w->address();
+    const int64_t v88 = v79 * 4096;
+    const int64_t v89 = 0 + v88;
+    const int64_t v90 = v89 + v88;
+    const int64_t v91 = v86 * 2048;
+    const int64_t v92 = v90 + v91;
+    const bool v93 = v92 <= 1400000;
+    if (!(v93)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.cached: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v94 = v92 + v89;
+    const bool v95 = v94 <= 1400000;
+    const int64_t v96 = (v95 ? 2 : 1);
+    const int64_t v97 = v79 * v96;
+    {  // launch 0
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // loop-carried col (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // x (the block's chunks, read once for both walks)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // reduce scaler (1.0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // column masks (all ones, last tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v29) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // row-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // grad_y (the block's chunks, read once for both walks)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // w (row); w (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // row sums (column 0); per-row values
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // row mask (valid rows of the block)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_partials0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // column-sum operand (hi, mid, lo)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{13, tt::DataFormat::Float16_b}}).set_page_size(13, 2048));  // grad_x (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*x).append_to(ct_reader);
+        TensorAccessorArgs(*grad_y).append_to(ct_reader);
+        TensorAccessorArgs(*w).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_0[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
+        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
+        TensorAccessorArgs(*grad_x).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v98 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v98, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v27, (uint32_t)v1, (uint32_t)v18, (uint32_t)32, (uint32_t)v30, (uint32_t)v31, (uint32_t)v3});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v98, (uint32_t)v9, (uint32_t)v10, (uint32_t)v12, (uint32_t)v12, (uint32_t)v21, (uint32_t)v18, (uint32_t)v1, (uint32_t)v38, (uint32_t)v40});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v98, (uint32_t)v9, (uint32_t)v10, (uint32_t)v21, (uint32_t)v42, (uint32_t)v1, (uint32_t)v18, (uint32_t)v43, (uint32_t)32});
+        }
+        distributed::MeshWorkload workload;
+        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
+        distributed::EnqueueMeshWorkload(cq, workload, false);
+    }
+    {  // launch 1
+        Program program = CreateProgram();
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v76);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v79) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v97) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_partials0 (row); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v86) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
+        std::vector<uint32_t> ct_reader;
+        TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        std::vector<uint32_t> ct_compute;
+        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
+        utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
+        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        std::vector<uint32_t> ct_writer;
+        TensorAccessorArgs(*grad_w).append_to(ct_writer);
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        for (uint32_t core_i = 0; core_i < (uint32_t)v76; ++core_i) {
+            const CoreCoord core{core_i % grid.x, core_i / grid.x};
+            const int64_t v99 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v99, (uint32_t)v75, (uint32_t)v76, (uint32_t)v84, (uint32_t)v85, (uint32_t)v72, (uint32_t)32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v99, (uint32_t)v75, (uint32_t)v76, (uint32_t)v80, (uint32_t)v84, (uint32_t)32, (uint32_t)v72});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v99, (uint32_t)v75, (uint32_t)v76, (uint32_t)v84, (uint32_t)v87, (uint32_t)v72, (uint32_t)32});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -792,7 +1216,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const int64_t v64 = v62 + v63;
     const int64_t v65 = v64 + v50;
     const bool v66 = v65 <= 1400000;
-    if (!(v66)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v66)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v67 = v65 + v58;
     const bool v68 = v67 <= 1400000;
     const int64_t v69 = (v68 ? 2 : 1);
@@ -819,7 +1243,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const int64_t v90 = v85 * 2048;
     const int64_t v91 = v89 + v90;
     const bool v92 = v91 <= 1400000;
-    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for the resident schedule: the streamed one takes over)");
+    if (!(v92)) return quiet ? 2 : opgen_tt_error("rms_norm_backward.bf16.streamed: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v93 = v91 + v88;
     const bool v94 = v93 <= 1400000;
     const int64_t v95 = (v94 ? 2 : 1);
@@ -899,7 +1323,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     return 0;
 }
 
-/* rms_norm_backward.bf16: schedules tried in order: opgen_tt_rms_norm_backward_bf16_resident, opgen_tt_rms_norm_backward_bf16_streamed. */
+/* rms_norm_backward.bf16: schedules tried in order: opgen_tt_rms_norm_backward_bf16_resident, opgen_tt_rms_norm_backward_bf16_cached, opgen_tt_rms_norm_backward_bf16_streamed. */
 int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad_y,
     const std::shared_ptr<distributed::MeshBuffer>& x,
@@ -910,6 +1334,7 @@ int opgen_tt_rms_norm_backward_bf16(distributed::MeshDevice& mesh, const std::st
     uint32_t D,
     uint32_t N) {
     if (int rc = opgen_tt_rms_norm_backward_bf16_resident(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
+    if (int rc = opgen_tt_rms_norm_backward_bf16_cached(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, true); rc != 2) return rc;
     return opgen_tt_rms_norm_backward_bf16_streamed(mesh, kernel_dir, grid, grad_y, x, w, eps, grad_x, grad_w, D, N, false);
 }
 
