@@ -575,3 +575,56 @@ def test_flce_refuses_bad_input_before_writing(flce_exe, tmp_path):
         assert proc.returncode == 3 and msg in proc.stderr, (what, proc.returncode, proc.stderr[-2000:])
         for k in ("input_grad", "weight_grad"):
             assert outs[k].tobytes() == a[k].tobytes(), f"{what}: {k} was written"
+
+
+# ------------------------------------------------------------------------ static report
+def _report_of_run(op: str, args: dict[str, Any], dims: dict[str, int], indices: dict[str, np.ndarray] | None = None):
+    """The static report of the schedule the host runs for ``args`` (the first that fits)."""
+    from opgen.passes import pipeline
+    from opgen.ttmetal import report
+
+    base = runner.variant(op, args)["variant"]
+    m = registry.get(op).module()
+    pipeline.run(m, "ttmetal")
+    progs = {p.sym_name.data: p for p in ttmetal.programs(m)}
+    for name in (base, f"{base}.cached", f"{base}.streamed"):
+        if name in progs:
+            scalars = {n: int(v) for n, v in args.items() if isinstance(v, bool | int)}
+            r = report.report(progs[name], dims, (8, 8), indices, scalars)
+            if not r.refused:
+                return r
+    raise AssertionError(f"no schedule of {base} fits at {dims}")
+
+
+def test_static_report_predicts_the_model_traffic(rms_exe, edb_exe, ebw_exe, eb_exe, flce_exe, tmp_path):
+    """The report's DRAM bytes (the generated program interpreted at concrete sizes and index
+    values) equal what the model's NOC transfers moved, byte for byte, for every schedule: RMSNorm
+    resident, cached and streamed; the scatter-adds with their actual indices (uniform and one hot
+    row); FLCE. So the traffic ratios in docs/backend_ttmetal.md are the programs'."""
+    from tests.cpu_cases import eb_args, ebw_args, edb_args, flce_args
+
+    rng = np.random.default_rng(41)
+    cases = [(rms_exe, "rms_norm_backward", rms_args(rng, T, s, 1e-6), {"N": s[0], "D": s[1]}, None)
+             for T, s in (("f32", (70, 96)), ("bf16", (300, 520)), ("f32", (37, 4100)), ("f32", (9, 6100)))]
+    a = edb_args(rng, "f32", "i64", (50,), 40, 300, -1, True)
+    cases.append((edb_exe, "embedding_dense_backward", a, {"N": 50, "D": 40, "V": 300}, {"indices": a["indices"]}))
+    a = edb_args(rng, "bf16", "i64", (90,), 70, 37, -1, False)
+    a["indices"][:] = 5  # one hot row: 90 batches in its table tile
+    cases.append((edb_exe, "embedding_dense_backward", a, {"N": 90, "D": 70, "V": 37}, {"indices": a["indices"]}))
+    a = ebw_args(rng, "i32", "f32", "f32", N=61, D=33, V=100)
+    cases.append((ebw_exe, "embedding_bw", a, {"N": 61, "D": 33, "V": 100}, {"indices": a["indices"]}))
+    a = eb_args(rng, "f32", "i64", N=37, D=40, N1=7, N2=35)
+    cases.append((eb_exe, "embedding_backward", a, {"N": 37, "D": 40, "N1": 7, "N2": 35},
+                  {"i1": a["i1"], "i2": a["i2"]}))
+    a = flce_args(rng, "bf16", "u8", "i64", "memory_saving", BT=300, H=70, V=500)
+    cases.append((flce_exe, FLCE, a, {"BT": 300, "H": 70, "V": 500, "L": a["target_mask"].size}, None))
+    failures = []
+    for i, (exe, op, args, dims, idx) in enumerate(cases):
+        proc, _ = runner.run(exe, op, args, tmp_path / f"traffic-{i}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        read, written = runner.model_traffic(proc)
+        r = _report_of_run(op, args, dims, idx)
+        got = (sum(ln.read for ln in r.launches), sum(ln.written for ln in r.launches))
+        if got != (read, written):
+            failures.append(f"{r.program} at {dims}: report {got}, model {(read, written)}")
+    assert not failures, "\n".join(failures)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
 {cases}
     if (rc < 0) { std::fprintf(stderr, "runner: unknown variant %s\n", variant.c_str()); return 2; }
     distributed::Finish(cq);  // (a refused call: the buffers are read back to show nothing was written)
+    std::fprintf(stderr, "model DRAM traffic: read %llu written %llu\n",
+                 (unsigned long long)ttmodel::dram().read_bytes, (unsigned long long)ttmodel::dram().written_bytes);
     for (auto& [name, buf] : bufs) {
         std::vector<uint8_t> data;
         distributed::EnqueueReadMeshBuffer(cq, data, buf, true);
@@ -193,19 +196,30 @@ def _scalar(x: Any, dtype: str) -> str:
     return repr(float(x)) if dtype == "f32" else str(int(bool(x)) if dtype == "bool" else int(x))
 
 
+def variant(op: str, args: dict[str, Any]) -> dict:
+    """The manifest entry of ``op``'s variant whose tensors and dtypes match ``args`` (its first
+    schedule; the host function tries the others after it)."""
+    given = {k for k, x in args.items() if isinstance(x, np.ndarray)}
+    for v in manifest(op)["variants"]:
+        names = {a["name"] for a in v["args"] if a["kind"] == "tensor"}
+        typed = [a for a in v["args"] if a["kind"] == "tensor" and a["dtype"] in NP]
+        if names == given and all(NP[a["dtype"]] == args[a["name"]].dtype for a in typed):
+            return v
+    raise KeyError(f"no TT-Metal variant of {op} for these dtypes")
+
+
+def model_traffic(proc: subprocess.CompletedProcess) -> tuple[int, int]:
+    """(DRAM bytes read, written) by the kernels of a run, as the model counted them."""
+    m = re.search(r"model DRAM traffic: read (\d+) written (\d+)", proc.stderr)
+    assert m, proc.stderr[-2000:]
+    return int(m.group(1)), int(m.group(2))
+
+
 def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, int] = (8, 8),
         alias: dict[str, str] | None = None, env: dict[str, str] | None = None,
         ) -> tuple[subprocess.CompletedProcess, dict[str, np.ndarray]]:
     """Run the variant of ``op`` whose dtypes match ``args`` on a ``grid`` of model cores."""
-    man = manifest(op)
-    given = {k for k, x in args.items() if isinstance(x, np.ndarray)}
-    for v in man["variants"]:  # the variant of the tensors given, with their dtypes
-        names = {a["name"] for a in v["args"] if a["kind"] == "tensor"}
-        typed = [a for a in v["args"] if a["kind"] == "tensor" and a["dtype"] in NP]
-        if names == given and all(NP[a["dtype"]] == args[a["name"]].dtype for a in typed):
-            break
-    else:
-        raise KeyError(f"no TT-Metal variant of {op} for these dtypes")
+    v = variant(op, args)
     in_dir, out_dir = tmp / "in", tmp / "out"
     in_dir.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -104,27 +104,31 @@ def fence(low: Lowering) -> None:
     r.call("cb_pop_front", f, "1")
 
 
-def reader_scratch(low: Lowering) -> SSAValue:
-    """The reader's 128-byte L1 scratch page (scalar loads, a scatter plan's pages), reserved before
-    its loops; pushed at the end of the launch and popped there by compute."""
+def reader_scratch(low: Lowering, pages: int = 1, what: str = "scalar loads") -> SSAValue:
+    """The reader's L1 scratch of ``pages`` 128-byte pages (scalar loads; a scatter plan's page
+    cache), reserved before its loops; pushed at the end of the launch and popped there by
+    compute. One per launch."""
     if low.scratch_cb < 0:
-        low.scratch_cb = low.cb("UInt32", 1, "the reader's scratch page (scalar loads, plan pages)", "in")
+        low.scratch_cb = low.cb("UInt32", pages, f"the reader's scratch ({what})", "in")
+        low.scratch_pages = pages
         r = low.r
         r.top = True
         try:
-            r.call("cb_reserve_back", _cbn(low.scratch_cb), "1")
+            r.call("cb_reserve_back", _cbn(low.scratch_cb), str(pages))
             low.scratch_l1 = r.call("get_write_ptr", _cbn(low.scratch_cb), result=True)
         finally:
             r.top = False
+    assert low.scratch_pages == pages, "one reader scratch per launch"
     return low.scratch_l1
 
 
 def end_scratch(low: Lowering) -> None:
-    """At the end of a launch: the reader's scratch page pushed, and popped by compute."""
+    """At the end of a launch: the reader's scratch pushed, and popped by compute."""
     if low.scratch_cb >= 0:
-        low.r.call("cb_push_back", _cbn(low.scratch_cb), "1")
-        low.c.call("cb_wait_front", _cbn(low.scratch_cb), "1")
-        low.c.call("cb_pop_front", _cbn(low.scratch_cb), "1")
+        n = str(low.scratch_pages)
+        low.r.call("cb_push_back", _cbn(low.scratch_cb), n)
+        low.c.call("cb_wait_front", _cbn(low.scratch_cb), n)
+        low.c.call("cb_pop_front", _cbn(low.scratch_cb), n)
 
 
 # ------------------------------------------------------------------------------ reader-built tiles

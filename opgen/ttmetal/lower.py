@@ -619,6 +619,7 @@ class Lowering:
         self.copied: set[int] = set()
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
         self.fence_cb = self.scratch_cb = -1  # matmul chains (opgen/ttmetal/chain.py)
+        self.scratch_pages = 0
         self.scratch_l1: SSAValue | None = None
         self.cached: dict[int, int] = {}  # cache number (opgen/ttmetal/cache.py) -> its CB
         self.at_top(self.c, "compute_kernel_hw_startup", "tt::CBIndex::c_0", "tt::CBIndex::c_0")

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 from xdsl.dialects.builtin import FloatAttr, IntAttr
 from xdsl.ir import Block, Operation, SSAValue
 
@@ -42,10 +43,11 @@ class ProgramReport:
     launches: list[LaunchReport]
     minimum: int
     refused: str = ""
+    host: int = 0  # bytes the host reads and writes (a scatter plan's indices and pages)
 
     @property
     def moved(self) -> int:
-        return sum(ln.read + ln.written for ln in self.launches)
+        return self.host + sum(ln.read + ln.written for ln in self.launches)
 
 
 class _Eval:
@@ -56,8 +58,8 @@ class _Eval:
     CMP: ClassVar[dict] = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
            "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
 
-    def __init__(self, dims: dict[str, int], grid: int):
-        self.dims, self.grid = dims, grid
+    def __init__(self, dims: dict[str, int], grid: int, scalars: dict[str, float | int] | None = None):
+        self.dims, self.grid, self.scalars = dims, grid, scalars or {}
         self.v: dict[SSAValue, float | int] = {}
 
     def op(self, op: Operation, core: int = 0) -> None:
@@ -85,6 +87,8 @@ class _Eval:
             r = min(self.grid, max(int(a[0]), 1))
         elif isinstance(op, k.CoreIndexOp):
             r = core
+        elif isinstance(op, k.ScalarArgOp):  # (only flags choosing what to read matter)
+            r = self.scalars.get(op.arg.data, 0)
         else:  # addresses, scalar arguments, bits: irrelevant to sizes
             r = 0
         self.v[op.results[0]] = r
@@ -94,53 +98,159 @@ def _pages(cb: k.CbOp, e: _Eval) -> int:
     return int(e.v[cb.pages])
 
 
-def _dram(block: Block, e: _Eval, pages: dict[str, int], counts: list[int]) -> None:
-    """Walk a reader/writer body: counts[0] += bytes read, counts[1] += bytes written."""
+@dataclass
+class _Walk:
+    """What a reader/writer walk needs beyond scalars: page sizes by accessor, the scatter plans
+    (their words, by buffer), the plan pages read into L1 (by address), and the bytes counted."""
+
+    pages: dict[str, int]
+    plans: dict[str, np.ndarray]
+    l1: dict[int, np.ndarray] = field(default_factory=dict)
+    counts: list[int] = field(default_factory=lambda: [0, 0])
+    tags: dict[int, int] = field(default_factory=dict)  # the plan page cache: L1 slot address -> page
+
+    def cached_page(self, plan: str, page: int, tags_l1: int, slots: int) -> int:
+        """``opgen_tt_cached_page``: the slot's address; a miss reads the page from DRAM."""
+        at = tags_l1 + 128 * (1 + page % slots)
+        if self.tags.get(at) != page:
+            self.counts[0] += self.pages[plan]
+            self.l1[at] = self.plans[plan][page * 32:(page + 1) * 32]
+            self.tags[at] = page
+        return at
+
+
+def _call_args(op: k.CallOp, e: _Eval) -> list:
+    """The call's arguments: operand values, and literals (ints where they are numbers)."""
+    out: list = []
+    for a in op.args.data:
+        if isinstance(a, IntAttr):
+            out.append(e.v[op.operands_[a.data]])
+        else:
+            out.append(int(a.data) if a.data.isdigit() else a.data)
+    return out
+
+
+def _chunks(elem: int, row0: int, n: int) -> int:
+    """The aligned 32-byte chunks of a row-layout tensor (pages of 32 elements) that elements
+    ``[row0, row0 + n)`` lie in (``opgen_tt_col_from_row`` reads each once)."""
+    return len({(pos // 32, (pos % 32) * elem // 32) for pos in range(row0, row0 + n)})
+
+
+def _dram(block: Block, e: _Eval, w: _Walk) -> None:
+    """Walk a reader/writer body: w.counts[0] += bytes read, w.counts[1] += bytes written. The
+    data-movement helpers of templates/ttmetal/opgen_tt_dataflow.h.j2 count the NOC transfers
+    they make; a scatter plan's pages are read as data (batch counts, source rows)."""
     for op in block.ops:
         if isinstance(op, t.ForOp):
             lo, hi, step = (int(e.v[x]) for x in (op.lo, op.hi, op.step))
             for i in range(lo, hi, step):
                 e.v[op.iv] = i
-                _dram(op.body.block, e, pages, counts)
+                _dram(op.body.block, e, w)
         elif isinstance(op, k.CallOp):
-            name = op.callee.data
+            name, a = op.callee.data, _call_args(op, e)
+            r = 0
             if name in ("noc_async_read_page", "noc_async_write_page"):
-                acc = next(a.data for a in op.args.data if not isinstance(a, IntAttr))
-                counts[name == "noc_async_write_page"] += pages[acc]
+                w.counts[name == "noc_async_write_page"] += w.pages[a[1]]
+                if a[1] in w.plans:
+                    w.l1[a[2]] = w.plans[a[1]][a[0] * 32:(a[0] + 1) * 32]
             elif name in ("noc_async_read", "noc_async_write"):  # (size: the last argument)
-                counts[name == "noc_async_write"] += int(op.args.data[-1].data)
+                w.counts[name == "noc_async_write"] += a[-1]
+            elif name in ("get_write_ptr", "get_read_ptr"):  # one L1 address per CB
+                r = (int(a[0].rsplit("_", 1)[-1]) + 1) << 20
+            elif name == "opgen_tt_l1_word":
+                r = int(w.l1[a[0]][a[1]]) if a[0] in w.l1 else 0
+            elif name == "opgen_tt_l1_words":
+                r = a[0]
+            elif name == "opgen_tt_plan_cache_init":
+                w.tags.clear()
+            elif name == "opgen_tt_plan_header":
+                r = w.cached_page(a[0], a[1], a[2], 1)
+            elif name == "opgen_tt_plan_page":
+                r = w.cached_page(a[0], a[1], a[2] + 256, PLAN_SLOTS)
+            elif name == "opgen_tt_copy_words":
+                if a[1] in w.l1:
+                    w.l1[a[0]] = w.l1[a[1]]
+            elif name == "opgen_tt_gather_rows":  # 32 elements per source row named in the batch
+                rows = int(np.count_nonzero(w.l1[a[3]] != NO_ROW)) if a[3] in w.l1 else 0
+                w.counts[0] += rows * 32 * (a[2] // 1024)
+            elif name == "opgen_tt_read_tile_or_zero":
+                w.counts[0] += a[3] if a[4] else 0
+            elif name in ("opgen_tt_load_elem", "opgen_tt_load_bit"):
+                w.counts[0] += 32
+            elif name == "opgen_tt_col_from_row":
+                w.counts[0] += 32 * _chunks(a[1], a[2], a[3])
             if op.res:
-                e.v[op.res[0]] = 0
+                e.v[op.res[0]] = r
         elif isinstance(op, k.ArgOp):
             pass  # set by the caller
         else:
             e.op(op)
 
 
-def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 8)) -> ProgramReport:
-    """The static report of ``prog`` at ``dims`` on a ``grid`` of cores (see the module docstring)."""
+#: a batch entry naming no source row
+NO_ROW = 0xFFFFFFFF
+#: the data pages of the plan page cache (OPGEN_TT_PLAN_SLOTS in templates/ttmetal/opgen_tt_dataflow.h.j2)
+PLAN_SLOTS = 16
+
+
+def plan_words(idx: np.ndarray, rows: int) -> np.ndarray:
+    """The words of a scatter plan (``ttk.scatter_plan``, built by templates/ttmetal/host.cpp.j2)
+    over in-range indices ``idx`` into ``rows`` table rows, every row kept: the layout only
+    (factors 1.0), enough to count what the kernels read."""
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+    tiles = -(-rows // TILE)
+    heads = -(-tiles // 16)
+    count = np.bincount(idx, minlength=rows) if rows else np.zeros(0, np.int64)
+    padded = np.zeros(tiles * TILE, np.int64)
+    padded[:rows] = count
+    batches = padded.reshape(tiles, TILE).max(axis=1) if tiles else np.zeros(0, np.int64)
+    first = heads + np.concatenate([[0], np.cumsum(1 + batches)[:-1]]).astype(np.int64) if tiles else batches
+    pages = heads + int(np.sum(1 + batches))
+    plan = np.full(max(pages, 1) * 32, NO_ROW, np.uint32)
+    for tt in range(tiles):
+        plan[(tt // 16) * 32 + (tt % 16) * 2] = first[tt]
+        plan[(tt // 16) * 32 + (tt % 16) * 2 + 1] = batches[tt]
+        plan[first[tt] * 32:first[tt] * 32 + 32] = np.float32(1.0).view(np.uint32)
+    order = np.argsort(idx, kind="stable")  # ascending n within each row
+    sorted_rows = idx[order]
+    starts = np.searchsorted(sorted_rows, sorted_rows, side="left")
+    k_th = np.arange(len(order)) - starts
+    plan[(first[sorted_rows // TILE] + 1 + k_th) * 32 + sorted_rows % TILE] = order
+    return plan
+
+
+def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 8),
+           indices: dict[str, np.ndarray] | None = None,
+           scalars: dict[str, float | int] | None = None) -> ProgramReport:
+    """The static report of ``prog`` at ``dims`` on a ``grid`` of cores (see the module docstring).
+    A scatter-add's traffic depends on its index values: ``indices`` gives them by tensor name
+    (default: uniform random over the table rows, seed 0; read as int64). The host's index read
+    and plan upload count as DRAM traffic; the minimum counts the indices once. ``scalars``: the
+    op's scalar arguments by name (default 0: e.g. embedding_backward's tables not accumulated)."""
     ncores = grid[0] * grid[1]
     launches: list[LaunchReport] = []
+    plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
     minimum = 0
     for name, ty, kind, lay in zip(prog.arg_names.data, prog.arg_types.data, prog.arg_kinds.data,
                                    prog.attributes["layouts"].data, strict=True):
-        read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | \
-            {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
+        read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
         if kind.data != "tensor" or name.data == "workspace" or name.data not in read:
             continue
         shape = [dims[d] if not d.isdigit() else int(d) for d in ty.shape]
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
         cols = shape[-1] if shape else 1
-        elem = 2 if ty.dtype == "bf16" else 4
-        if lay.data == "tile":  # whole tiles
+        elem = 8 if name.data in plans else 2 if ty.dtype == "bf16" else 4
+        if name.data in plans:  # indices: read by the host, as they are
+            minimum += rows * cols * elem
+        elif lay.data == "tile":  # whole tiles
             minimum += math.ceil(rows / TILE) * math.ceil(cols / TILE) * TILE * TILE * elem
         else:  # whole 32-element pages
             minimum += rows * math.ceil(cols / TILE) * TILE * elem
     refused = ""
-    if any(isinstance(o, k.ScatterPlanOp) for o in prog.walk()):  # reads depend on the index values
-        refused = "DRAM traffic depends on the index values (scatter-add): not in the static report"
+    words: dict[str, np.ndarray] = {}
+    host = 0  # the host's index reads and plan uploads
     for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):
-        e = _Eval(dims, ncores)
+        e = _Eval(dims, ncores, scalars)
         cbs, kernels, core_dep = [], [], set()
         for op in ln.body.block.ops:
             if isinstance(op, k.CbOp):
@@ -149,6 +259,12 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
                 kernels.append(op)
             elif isinstance(op, k.CoreIndexOp) or any(o in core_dep for o in op.operands):
                 core_dep.update(op.results)
+            elif isinstance(op, k.ScatterPlanOp):
+                n, rows = int(e.v[op.n]), int(e.v[op.rows])
+                given = (indices or {}).get(op.indices.data)
+                idx = np.random.default_rng(0).integers(0, max(rows, 1), n) if given is None else given
+                words[op.sym.data] = plan_words(idx, rows)
+                host += n * 8 + len(words[op.sym.data]) * 4
             else:
                 e.op(op)
                 if isinstance(op, k.ReturnIfOp) and e.v[op.cond]:
@@ -163,7 +279,7 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
             r.refused = f"CBs need {r.l1} B of L1 per core"
         else:
             for core in range(r.cores):
-                ce = _Eval(dims, ncores)
+                ce = _Eval(dims, ncores, scalars)
                 ce.v = dict(e.v)
                 for op in ln.body.block.ops:
                     if op.results and op.results[0] in core_dep:
@@ -171,18 +287,18 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
                 for kern in kernels:
                     if kern.role.data == "compute":
                         continue
-                    ke = _Eval(dims, ncores)
+                    ke = _Eval(dims, ncores, scalars)
                     args = [ce.v[a] for a in kern.rt_args]
                     pages = {a.sym.data: a.page.data for a in kern.body.block.ops if isinstance(a, k.AccessorOp)}
                     for op in kern.body.block.ops:
                         if isinstance(op, k.ArgOp):
                             ke.v[op.result] = args[op.index.data]
-                    counts = [0, 0]
-                    _dram(kern.body.block, ke, pages, counts)
-                    r.read += counts[0]
-                    r.written += counts[1]
+                    w = _Walk(pages, words)
+                    _dram(kern.body.block, ke, w)
+                    r.read += w.counts[0]
+                    r.written += w.counts[1]
         launches.append(r)
-    return ProgramReport(prog.sym_name.data, grid, launches, minimum, refused)
+    return ProgramReport(prog.sym_name.data, grid, launches, minimum, refused, host)
 
 
 def format_report(rs: list[ProgramReport]) -> str:
@@ -195,8 +311,9 @@ def format_report(rs: list[ProgramReport]) -> str:
             l1 = f"{ln.l1} / {L1_BUDGET} ({100 * ln.l1 / L1_BUDGET:.0f}%)"
             moved = "refused: " + ln.refused if ln.refused else f"{ln.read} + {ln.written}"
             lines.append(f"| {r.program} | {ln.index} | {ln.cores} / {n} ({ln.units}) | {l1} | {pages} | {moved} |")
-        total = (r.refused if r.refused.startswith("DRAM traffic depends") else "refused: " + r.refused) \
-            if r.refused else (
+        if r.host:
+            lines.append(f"| {r.program} | host | | | | {r.host} (indices read, plan uploaded) |")
+        total = "refused: " + r.refused if r.refused else (
             f"{r.moved} / minimum {r.minimum} ({r.moved / r.minimum:.3f}x)" if r.minimum else "nothing moved")
         lines.append(f"| {r.program} | all | | | | {total} |")
     return "\n".join(lines)

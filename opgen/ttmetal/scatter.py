@@ -3,8 +3,8 @@
 The tile level walks blocks of table rows, each with the segments of the indices that hit it
 (``tile.segments``), and adds every hitting grad row into its table row (``tile.add_row``). On
 TT-Metal the same sums are made per *unit* = (32-row table tile T, column tile j), the units
-split over the cores, so every output tile has one owner and cores stay busy when the table is
-short or narrow:
+split over the cores in strips of ``STRIP`` consecutive units, so every output tile has one owner
+and cores stay busy when the table is short or narrow:
 
 * the host builds the plan once (``ttk.scatter_plan``): it reads the indices, refuses an
   out-of-range one before any launch, and groups each table tile's contributions into
@@ -12,7 +12,8 @@ short or narrow:
 * the reader of a unit reads the tile's header from the plan (one page, pushed to compute:
   compute reads the batch count with ``read_tile_value``), then per batch gathers the grad rows
   into a zeroed tile at their table rows (``opgen_tt_gather_rows``: two 16-element NOC reads
-  per row);
+  per row); plan pages go through a small L1 cache, so the units of a strip (one table tile's
+  column tiles, mostly) read them from DRAM once;
 * compute adds the batches in order into one DST tile (f32) inside one section, so each table
   row sums its contributions in ascending n, on any number of cores (bitwise identical);
 * the writer writes the tile (zero where nothing hit).
@@ -38,6 +39,10 @@ from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported, host_
 
 #: the plan's pages: 32 uint32
 PLAN_PAGE = 128
+#: the reader's plan page cache (OPGEN_TT_PLAN_CACHE_PAGES in templates/ttmetal/opgen_tt_dataflow.h.j2)
+PLAN_CACHE_PAGES = 19
+#: units a core walks in a row (strips of one table tile's column tiles share its plan pages)
+STRIP = 8
 
 
 def _strip(v: SSAValue) -> SSAValue:
@@ -202,10 +207,11 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     fmt_in, fmt_out = low.gm_format(gm_grad), low.gm_format(gm_out)
     units = {}
 
-    def host_units() -> SSAValue:
+    def host_units() -> SSAValue:  # (the strips of units: what the cores share)
         vt, wt = low.host_tiles(v_dim), low.host_tiles("D")
         units["vt"] = vt
-        return low.host_op(ir.MulOp(vt, wt))
+        n = low.host_op(ir.MulOp(vt, wt))
+        return low.host_op(ir.DivOp(low.host_op(ir.AddOp(n, low.hconst(STRIP - 1))), low.hconst(STRIP)))
 
     launch = low.begin_launch(low.launch_base, host_units)
     plan_sym = f"plan{low.part or ''}"
@@ -213,7 +219,10 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
                                 _row_fn(low, add, keep, factors)))
     r, c, w = low.r, low.c, low.w
     mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
-    scratch_l1 = reader_scratch(low)  # (the reader's plan page; pushed and popped at the launch's end)
+    cache = reader_scratch(low, PLAN_CACHE_PAGES, "the plan page cache")  # (pushed, popped at the end)
+    r.top = True  # (in the prologue, after the cache's reservation)
+    r.call("opgen_tt_plan_cache_init", cache)
+    r.top = False
     batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
     fac = low.cb("Float32", 1, "the table tile's row factors (column 0)", "in")
     low.copied.add(fac)
@@ -233,11 +242,15 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         return b.val(low.tiles("D"))
 
     def unit_loop(b) -> tuple[SSAValue, SSAValue, SSAValue]:
-        """for u in (core, units, cores): T = u / Wt, j = u % Wt."""
+        """for s in (core, strips, cores): for u in [s * STRIP, min(units, s * STRIP + STRIP)):
+        T = u / Wt, j = u % Wt (two loops to close)."""
         vt = b.arith(ir.DivOp, b.arith(ir.AddOp, dim(b, v_dim), b.const(TILE - 1)), b.const(TILE))
         wt = wt_of(b)
-        u = b.open_loop(b.rt_arg("core", low.host_op(k.CoreIndexOp())), b.arith(ir.MulOp, vt, wt),
-                        b.rt_arg("cores", low.cores), "u")
+        n = b.arith(ir.MulOp, vt, wt)
+        strips = b.arith(ir.DivOp, b.arith(ir.AddOp, n, b.const(STRIP - 1)), b.const(STRIP))
+        st = b.open_loop(b.rt_arg("core", low.host_op(k.CoreIndexOp())), strips, b.rt_arg("cores", low.cores), "s")
+        u0 = b.arith(ir.MulOp, st, b.const(STRIP))
+        u = b.open_loop(u0, b.arith(ir.MinOp, n, b.arith(ir.AddOp, u0, b.const(STRIP))), b.const(1), "u")
         tt_ = b.arith(ir.DivOp, u, wt)
         return tt_, b.arith(ir.SubOp, u, b.arith(ir.MulOp, tt_, wt)), wt
 
@@ -247,17 +260,16 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     tt_, j, wt = unit_loop(r)
     r.call("cb_reserve_back", mbn, "1")
     hdr = r.call("get_write_ptr", mbn, result=True)
-    r.call("noc_async_read_page", r.arith(ir.DivOp, tt_, r.const(16)), plan, hdr)
-    r.call("noc_async_read_barrier")
+    hp = r.call("opgen_tt_plan_header", plan, r.arith(ir.DivOp, tt_, r.const(16)), cache, result=True)
+    r.call("opgen_tt_copy_words", hdr, hp, "32")
     word = r.arith(ir.MulOp, r.arith(ir.SubOp, tt_, r.arith(ir.MulOp, r.arith(ir.DivOp, tt_, r.const(16)),
                                                                 r.const(16))), r.const(2))
-    first = r.call("opgen_tt_l1_word", hdr, word, result=True)
-    nb = r.call("opgen_tt_l1_word", hdr, r.arith(ir.AddOp, word, r.const(1)), result=True)
+    first = r.call("opgen_tt_l1_word", hp, word, result=True)
+    nb = r.call("opgen_tt_l1_word", hp, r.arith(ir.AddOp, word, r.const(1)), result=True)
     r.call("cb_push_back", mbn, "1")
-    r.call("noc_async_read_page", first, plan, scratch_l1)  # the row factors: column 0 of a tile
-    r.call("noc_async_read_barrier")
+    fp = r.call("opgen_tt_plan_page", plan, first, cache, result=True)  # the row factors: column 0 of a tile
     r.call("cb_reserve_back", fn, "1")
-    r.call("opgen_tt_col_tile", r.call("get_write_ptr", fn, result=True), scratch_l1)
+    r.call("opgen_tt_col_tile", r.call("get_write_ptr", fn, result=True), fp)
     r.call("cb_push_back", fn, "1")
     if init is not None:  # the table's tile (T, j), or zeros when the flag is off
         tab = r.accessor(low.args[initial[0]], initial[0])
@@ -268,14 +280,13 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
                r.call("get_write_ptr", inn, result=True), str(TILE_BYTES[low.gm_format(low.args[initial[0]])]), flag)
         r.call("cb_push_back", inn, "1")
     b = r.open_loop(r.const(1), r.arith(ir.AddOp, nb, r.const(1)), r.const(1), "b")
-    r.call("noc_async_read_page", r.arith(ir.AddOp, first, b), plan, scratch_l1)
-    r.call("noc_async_read_barrier")
+    bp = r.call("opgen_tt_plan_page", plan, r.arith(ir.AddOp, first, b), cache, result=True)
     r.call("cb_reserve_back", bn, "1")
     r.call("opgen_tt_gather_rows", g, r.call("get_write_ptr", bn, result=True), str(TILE_BYTES[fmt_in]),
-           r.call("opgen_tt_l1_words", scratch_l1, result=True, rtype="volatile tt_l1_ptr uint32_t*"), j, wt)
+           r.call("opgen_tt_l1_words", bp, result=True, rtype="volatile tt_l1_ptr uint32_t*"), j, wt)
     r.call("cb_push_back", bn, "1")
-    r.close_loop()
-    r.close_loop()
+    for _ in range(3):
+        r.close_loop()
 
     # compute
     tt_, j, _ = unit_loop(c)
@@ -306,6 +317,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     c.call("cb_pop_front", mbn, "1")
     low.pack(res)
     c.close_loop()
+    c.close_loop()
 
     # writer
     o = w.accessor(gm_out, out)
@@ -315,6 +327,7 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
            w.call("get_read_ptr", on, result=True))
     w.call("noc_async_writes_flushed")
     w.call("cb_pop_front", on, "1")
+    w.close_loop()
     w.close_loop()
     w.call("noc_async_write_barrier")
     return low.end_launch(launch, low.launch_base)

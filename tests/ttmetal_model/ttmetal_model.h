@@ -126,6 +126,9 @@ struct Dram {
     uint8_t *base = nullptr;
     uint64_t size = 0, top = 4096;
     std::vector<DramBuffer> buffers;
+    /* bytes the kernels' NOC transfers read and wrote (what the static report predicts); kept
+     * here, in the host's object, since each kernel library has its own copy of every global */
+    std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
 };
 inline Dram &dram() { static Dram d; return d; }
 inline uint32_t dram_alloc(uint32_t bytes) {

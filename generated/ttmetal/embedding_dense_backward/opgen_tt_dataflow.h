@@ -76,6 +76,49 @@ inline void opgen_tt_gather_rows(const Accessor& grad, uint32_t l1_tile, uint32_
     noc_async_read_barrier();
 }
 
+/* The reader's L1 cache of plan pages (128 B each): a core walks strips of consecutive units, which
+ * share their table tile, so a tile's header, factor and batch pages are read from DRAM once per
+ * strip. Layout at `cache` (OPGEN_TT_PLAN_CACHE_PAGES pages): the header cache (a tag page, one data
+ * page), then the page cache (a tag page, OPGEN_TT_PLAN_SLOTS data pages, direct-mapped by page). */
+constexpr uint32_t OPGEN_TT_PLAN_SLOTS = 16;
+constexpr uint32_t OPGEN_TT_PLAN_CACHE_PAGES = 3 + OPGEN_TT_PLAN_SLOTS;
+
+inline void opgen_tt_plan_cache_init(uint32_t cache) {
+    reinterpret_cast<volatile tt_l1_ptr uint32_t*>(cache)[0] = OPGEN_TT_NO_ROW;
+    volatile tt_l1_ptr uint32_t* tags = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(cache + 256);
+    for (uint32_t i = 0; i < OPGEN_TT_PLAN_SLOTS; ++i) tags[i] = OPGEN_TT_NO_ROW;
+}
+
+/* the L1 address of plan page `page` in a cache of `slots` pages whose tags are at `tags_l1` */
+template <typename Accessor>
+inline uint32_t opgen_tt_cached_page(const Accessor& plan, uint32_t page, uint32_t tags_l1, uint32_t slots) {
+    volatile tt_l1_ptr uint32_t* tags = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(tags_l1);
+    const uint32_t slot = page % slots, at = tags_l1 + 128 * (1 + slot);
+    if (tags[slot] != page) {
+        noc_async_read_page(page, plan, at);
+        noc_async_read_barrier();
+        tags[slot] = page;
+    }
+    return at;
+}
+
+/* a plan header page (the header cache) and any other plan page (the page cache) */
+template <typename Accessor>
+inline uint32_t opgen_tt_plan_header(const Accessor& plan, uint32_t page, uint32_t cache) {
+    return opgen_tt_cached_page(plan, page, cache, 1);
+}
+template <typename Accessor>
+inline uint32_t opgen_tt_plan_page(const Accessor& plan, uint32_t page, uint32_t cache) {
+    return opgen_tt_cached_page(plan, page, cache + 256, OPGEN_TT_PLAN_SLOTS);
+}
+
+/* n words from L1 `src` to L1 `dst` */
+inline void opgen_tt_copy_words(uint32_t dst, uint32_t src, uint32_t n) {
+    volatile tt_l1_ptr uint32_t* d = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(dst);
+    const volatile tt_l1_ptr uint32_t* s = reinterpret_cast<volatile tt_l1_ptr uint32_t*>(src);
+    for (uint32_t i = 0; i < n; ++i) d[i] = s[i];
+}
+
 /* word i of an L1 page (plan headers) and the page as words (plan batches) */
 inline uint32_t opgen_tt_l1_word(uint32_t l1_addr, uint32_t i) {
     return reinterpret_cast<volatile tt_l1_ptr uint32_t*>(l1_addr)[i];

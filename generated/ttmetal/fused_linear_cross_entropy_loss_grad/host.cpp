@@ -407,7 +407,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -459,7 +459,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -770,7 +770,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -822,7 +822,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -1134,7 +1134,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -1186,7 +1186,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -1497,7 +1497,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -1549,7 +1549,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -1886,7 +1886,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -1946,7 +1946,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -2289,7 +2289,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -2349,7 +2349,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -2693,7 +2693,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -2753,7 +2753,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -3096,7 +3096,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -3156,7 +3156,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
@@ -3476,7 +3476,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -3528,7 +3528,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -3841,7 +3841,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -3893,7 +3893,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -4207,7 +4207,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -4259,7 +4259,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -4572,7 +4572,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -4624,7 +4624,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -4938,7 +4938,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -4990,7 +4990,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -5303,7 +5303,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -5355,7 +5355,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -5669,7 +5669,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -5721,7 +5721,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -6034,7 +6034,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -6086,7 +6086,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -6401,7 +6401,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -6453,7 +6453,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -6768,7 +6768,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -6820,7 +6820,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -7136,7 +7136,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -7188,7 +7188,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
@@ -7503,7 +7503,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
@@ -7555,7 +7555,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch page (scalar loads, plan pages)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)

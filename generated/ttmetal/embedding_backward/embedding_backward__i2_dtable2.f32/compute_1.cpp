@@ -34,50 +34,57 @@ void kernel_main() {
     const uint32_t v3 = D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
-    for (uint32_t u6 = core; u6 < v5; u6 += cores) {
-        const uint32_t v7 = u6 / v4;
-        cb_wait_front(tt::CBIndex::c_0, 1);
-        const uint32_t v8 = v7 / 16;
-        const uint32_t v9 = v8 * 16;
-        const uint32_t v10 = v7 - v9;
-        const uint32_t v11 = v10 * 2;
-        const uint32_t v12 = v11 + 1;
-        const uint32_t v13 = read_tile_value(tt::CBIndex::c_0, 0, v12);
-        tile_regs_acquire();
-        fill_tile_init();
-        fill_tile_bitcast(0, 0);
-        for (uint32_t b14 = 0; b14 < v13; b14 += 1) {
-            cb_wait_front(tt::CBIndex::c_2, 1);
-            reconfig_data_format_srca(tt::CBIndex::c_2);
-            copy_init(tt::CBIndex::c_2);
-            copy_tile(tt::CBIndex::c_2, 0, 1);
+    const uint32_t v6 = v5 + 7;
+    const uint32_t v7 = v6 / 8;
+    for (uint32_t s8 = core; s8 < v7; s8 += cores) {
+        const uint32_t v9 = s8 * 8;
+        const uint32_t v10 = v9 + 8;
+        const uint32_t v11 = (v5 < v10 ? v5 : v10);
+        for (uint32_t u12 = v9; u12 < v11; u12 += 1) {
+            const uint32_t v13 = u12 / v4;
+            cb_wait_front(tt::CBIndex::c_0, 1);
+            const uint32_t v14 = v13 / 16;
+            const uint32_t v15 = v14 * 16;
+            const uint32_t v16 = v13 - v15;
+            const uint32_t v17 = v16 * 2;
+            const uint32_t v18 = v17 + 1;
+            const uint32_t v19 = read_tile_value(tt::CBIndex::c_0, 0, v18);
+            tile_regs_acquire();
+            fill_tile_init();
+            fill_tile_bitcast(0, 0);
+            for (uint32_t b20 = 0; b20 < v19; b20 += 1) {
+                cb_wait_front(tt::CBIndex::c_2, 1);
+                reconfig_data_format_srca(tt::CBIndex::c_2);
+                copy_init(tt::CBIndex::c_2);
+                copy_tile(tt::CBIndex::c_2, 0, 1);
+                add_binary_tile_init();
+                add_binary_tile(0, 1, 0);
+                cb_pop_front(tt::CBIndex::c_2, 1);
+            }
+            cb_wait_front(tt::CBIndex::c_3, 1);
+            reconfig_data_format_srca(tt::CBIndex::c_3);
+            unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_3);
+            unary_bcast<BroadcastType::COL>(tt::CBIndex::c_3, 0, 1);
+            mul_binary_tile_init();
+            mul_binary_tile(0, 1, 0);
+            cb_pop_front(tt::CBIndex::c_3, 1);
+            cb_wait_front(tt::CBIndex::c_4, 1);
+            reconfig_data_format_srca(tt::CBIndex::c_4);
+            copy_init(tt::CBIndex::c_4);
+            copy_tile(tt::CBIndex::c_4, 0, 1);
             add_binary_tile_init();
-            add_binary_tile(0, 1, 0);
-            cb_pop_front(tt::CBIndex::c_2, 1);
+            add_binary_tile(1, 0, 0);
+            cb_pop_front(tt::CBIndex::c_4, 1);
+            tile_regs_commit();
+            cb_pop_front(tt::CBIndex::c_0, 1);
+            tile_regs_wait();
+            cb_reserve_back(tt::CBIndex::c_5, 1);
+            pack_reconfig_data_format(tt::CBIndex::c_5);
+            pack_tile(0, tt::CBIndex::c_5);
+            cb_push_back(tt::CBIndex::c_5, 1);
+            tile_regs_release();
         }
-        cb_wait_front(tt::CBIndex::c_3, 1);
-        reconfig_data_format_srca(tt::CBIndex::c_3);
-        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_3);
-        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_3, 0, 1);
-        mul_binary_tile_init();
-        mul_binary_tile(0, 1, 0);
-        cb_pop_front(tt::CBIndex::c_3, 1);
-        cb_wait_front(tt::CBIndex::c_4, 1);
-        reconfig_data_format_srca(tt::CBIndex::c_4);
-        copy_init(tt::CBIndex::c_4);
-        copy_tile(tt::CBIndex::c_4, 0, 1);
-        add_binary_tile_init();
-        add_binary_tile(1, 0, 0);
-        cb_pop_front(tt::CBIndex::c_4, 1);
-        tile_regs_commit();
-        cb_pop_front(tt::CBIndex::c_0, 1);
-        tile_regs_wait();
-        cb_reserve_back(tt::CBIndex::c_5, 1);
-        pack_reconfig_data_format(tt::CBIndex::c_5);
-        pack_tile(0, tt::CBIndex::c_5);
-        cb_push_back(tt::CBIndex::c_5, 1);
-        tile_regs_release();
     }
-    cb_wait_front(tt::CBIndex::c_1, 1);
-    cb_pop_front(tt::CBIndex::c_1, 1);
+    cb_wait_front(tt::CBIndex::c_1, 19);
+    cb_pop_front(tt::CBIndex::c_1, 19);
 }

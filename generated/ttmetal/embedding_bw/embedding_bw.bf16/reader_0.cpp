@@ -14,46 +14,52 @@ void kernel_main() {
     const uint32_t D = get_arg_val<uint32_t>(3);
     const uint32_t core = get_arg_val<uint32_t>(4);
     const uint32_t cores = get_arg_val<uint32_t>(5);
-    cb_reserve_back(tt::CBIndex::c_1, 1);
+    cb_reserve_back(tt::CBIndex::c_1, 19);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_1);
+    opgen_tt_plan_cache_init(v1);
     const uint32_t v2 = V + 31;
     const uint32_t v3 = v2 / 32;
     const uint32_t v4 = D + 31;
     const uint32_t v5 = v4 / 32;
     const uint32_t v6 = v3 * v5;
-    for (uint32_t u7 = core; u7 < v6; u7 += cores) {
-        const uint32_t v8 = u7 / v5;
-        const uint32_t v9 = v8 * v5;
-        const uint32_t v10 = u7 - v9;
-        cb_reserve_back(tt::CBIndex::c_0, 1);
-        const uint32_t v11 = get_write_ptr(tt::CBIndex::c_0);
-        const uint32_t v12 = v8 / 16;
-        noc_async_read_page(v12, plan, v11);
-        noc_async_read_barrier();
-        const uint32_t v13 = v12 * 16;
-        const uint32_t v14 = v8 - v13;
-        const uint32_t v15 = v14 * 2;
-        const uint32_t v16 = opgen_tt_l1_word(v11, v15);
-        const uint32_t v17 = v15 + 1;
-        const uint32_t v18 = opgen_tt_l1_word(v11, v17);
-        cb_push_back(tt::CBIndex::c_0, 1);
-        noc_async_read_page(v16, plan, v1);
-        noc_async_read_barrier();
-        cb_reserve_back(tt::CBIndex::c_3, 1);
-        const uint32_t v19 = get_write_ptr(tt::CBIndex::c_3);
-        opgen_tt_col_tile(v19, v1);
-        cb_push_back(tt::CBIndex::c_3, 1);
-        const uint32_t v20 = v18 + 1;
-        for (uint32_t b21 = 1; b21 < v20; b21 += 1) {
-            const uint32_t v22 = v16 + b21;
-            noc_async_read_page(v22, plan, v1);
-            noc_async_read_barrier();
-            cb_reserve_back(tt::CBIndex::c_2, 1);
-            const uint32_t v23 = get_write_ptr(tt::CBIndex::c_2);
-            const volatile tt_l1_ptr uint32_t* v24 = opgen_tt_l1_words(v1);
-            opgen_tt_gather_rows(grad, v23, 2048, v24, v10, v5);
-            cb_push_back(tt::CBIndex::c_2, 1);
+    const uint32_t v7 = v6 + 7;
+    const uint32_t v8 = v7 / 8;
+    for (uint32_t s9 = core; s9 < v8; s9 += cores) {
+        const uint32_t v10 = s9 * 8;
+        const uint32_t v11 = v10 + 8;
+        const uint32_t v12 = (v6 < v11 ? v6 : v11);
+        for (uint32_t u13 = v10; u13 < v12; u13 += 1) {
+            const uint32_t v14 = u13 / v5;
+            const uint32_t v15 = v14 * v5;
+            const uint32_t v16 = u13 - v15;
+            cb_reserve_back(tt::CBIndex::c_0, 1);
+            const uint32_t v17 = get_write_ptr(tt::CBIndex::c_0);
+            const uint32_t v18 = v14 / 16;
+            const uint32_t v19 = opgen_tt_plan_header(plan, v18, v1);
+            opgen_tt_copy_words(v17, v19, 32);
+            const uint32_t v20 = v18 * 16;
+            const uint32_t v21 = v14 - v20;
+            const uint32_t v22 = v21 * 2;
+            const uint32_t v23 = opgen_tt_l1_word(v19, v22);
+            const uint32_t v24 = v22 + 1;
+            const uint32_t v25 = opgen_tt_l1_word(v19, v24);
+            cb_push_back(tt::CBIndex::c_0, 1);
+            const uint32_t v26 = opgen_tt_plan_page(plan, v23, v1);
+            cb_reserve_back(tt::CBIndex::c_3, 1);
+            const uint32_t v27 = get_write_ptr(tt::CBIndex::c_3);
+            opgen_tt_col_tile(v27, v26);
+            cb_push_back(tt::CBIndex::c_3, 1);
+            const uint32_t v28 = v25 + 1;
+            for (uint32_t b29 = 1; b29 < v28; b29 += 1) {
+                const uint32_t v30 = v23 + b29;
+                const uint32_t v31 = opgen_tt_plan_page(plan, v30, v1);
+                cb_reserve_back(tt::CBIndex::c_2, 1);
+                const uint32_t v32 = get_write_ptr(tt::CBIndex::c_2);
+                const volatile tt_l1_ptr uint32_t* v33 = opgen_tt_l1_words(v31);
+                opgen_tt_gather_rows(grad, v32, 2048, v33, v16, v5);
+                cb_push_back(tt::CBIndex::c_2, 1);
+            }
         }
     }
-    cb_push_back(tt::CBIndex::c_1, 1);
+    cb_push_back(tt::CBIndex::c_1, 19);
 }

@@ -15,16 +15,23 @@ void kernel_main() {
     const uint32_t v3 = D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
-    for (uint32_t u6 = core; u6 < v5; u6 += cores) {
-        const uint32_t v7 = u6 / v4;
-        const uint32_t v8 = v7 * v4;
-        const uint32_t v9 = u6 - v8;
-        cb_wait_front(tt::CBIndex::c_4, 1);
-        const uint32_t v10 = v8 + v9;
-        const uint32_t v11 = get_read_ptr(tt::CBIndex::c_4);
-        noc_async_write_page(v10, out, v11);
-        noc_async_writes_flushed();
-        cb_pop_front(tt::CBIndex::c_4, 1);
+    const uint32_t v6 = v5 + 7;
+    const uint32_t v7 = v6 / 8;
+    for (uint32_t s8 = core; s8 < v7; s8 += cores) {
+        const uint32_t v9 = s8 * 8;
+        const uint32_t v10 = v9 + 8;
+        const uint32_t v11 = (v5 < v10 ? v5 : v10);
+        for (uint32_t u12 = v9; u12 < v11; u12 += 1) {
+            const uint32_t v13 = u12 / v4;
+            const uint32_t v14 = v13 * v4;
+            const uint32_t v15 = u12 - v14;
+            cb_wait_front(tt::CBIndex::c_4, 1);
+            const uint32_t v16 = v14 + v15;
+            const uint32_t v17 = get_read_ptr(tt::CBIndex::c_4);
+            noc_async_write_page(v16, out, v17);
+            noc_async_writes_flushed();
+            cb_pop_front(tt::CBIndex::c_4, 1);
+        }
     }
     noc_async_write_barrier();
 }

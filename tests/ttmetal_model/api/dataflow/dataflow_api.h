@@ -60,6 +60,7 @@ inline void noc_read(uint64_t src, uint32_t dst, uint32_t n, const char *fn, int
         if (a % dram_read_align()) fail(3, "NOC", "%s: DRAM source address %llu is not %u-B aligned", fn, (unsigned long long)a, dram_read_align());
         dram_check(*t.core->dram, a, n, fn);
         s = t.core->dram->base + a;
+        t.core->dram->read_bytes += n;
     } else if (tag == kNocL1) {
         if (a % kL1Align) fail(3, "NOC", "%s: L1 source address 0x%llx is not 16-B aligned", fn, (unsigned long long)a);
         if (!in_l1(*t.core, a, n)) fail(0, "model", "%s: L1 source 0x%llx + %u B is outside this core's L1", fn, (unsigned long long)a, n);
@@ -86,6 +87,7 @@ inline void noc_write(uint32_t src, uint64_t dst, uint32_t n, const char *fn, in
         if (a % kDramWriteAlign) fail(3, "NOC", "%s: DRAM destination address %llu is not 16-B aligned", fn, (unsigned long long)a);
         dram_check(*t.core->dram, a, n, fn);
         d = t.core->dram->base + a;
+        t.core->dram->written_bytes += n;
     } else if (tag == kNocL1) {
         if (a % kL1Align) fail(3, "NOC", "%s: L1 destination 0x%llx is not 16-B aligned", fn, (unsigned long long)a);
         if (!in_l1(*t.core, a, n)) fail(0, "model", "%s: L1 destination 0x%llx + %u B is outside this core's L1", fn, (unsigned long long)a, n);
