@@ -251,7 +251,7 @@ class _View:
 
 def matmul(low: Lowering, op: t.MatmulOp) -> None:
     """``tile.matmul`` as a unit of the three kernels (see the module docstring)."""
-    from opgen.ttmetal.lower import TILE_BYTES, TtUnsupported
+    from opgen.ttmetal.lower import DST_SLOTS, TILE_BYTES, TtUnsupported
 
     for x in (op.a, op.b):
         if x.type.dtype != "bf16":
@@ -259,27 +259,29 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
                                           "it reads f32 as TF32)")
     ta, tb = bool(op.trans_a.data), bool(op.trans_b.data)
     fa, fb, fc = (low.gm_format(x) for x in (op.a, op.b, op.c))
+    g_max = DST_SLOTS  # output tiles (i, j..j+G-1) per DST section: one A tile read serves G products
     ca = low.cb(fa, 2, f"{low.gm_name(op.a)} (matmul A tiles)", "in")
-    cbb = low.cb(fb, 2, f"{low.gm_name(op.b)} (matmul B tiles)", "in")
+    cbb = low.cb(fb, 2 * g_max, f"{low.gm_name(op.b)} (matmul B tiles, a group's)", "in")
     co = low.cb(fc, 2, f"{low.gm_name(op.c)} (matmul C tiles)", "out")
     mt, nt, kt = (low.ncols_tiles(v) for v in (op.m, op.n, op.k))
 
-    def loops(b: KernelBuilder) -> tuple[SSAValue, SSAValue]:
+    def loops(b: KernelBuilder) -> tuple[SSAValue, SSAValue, SSAValue]:
+        """for i (rows of C tiles), for j0 in steps of G: (i, j0, the group's tiles)."""
         i = b.open_loop(b.const(0), b.val(mt), b.const(1), "i")
-        j = b.open_loop(b.const(0), b.val(nt), b.const(1), "j")
-        return i, j
+        j0 = b.open_loop(b.const(0), b.val(nt), b.const(g_max), "j")
+        return i, j0, b.arith(ir.MinOp, b.arith(ir.SubOp, b.val(nt), j0), b.const(g_max))
 
-    # reader: A (i, kk) and B (kk, j) for each inner tile, the inner dim's tail zeroed
+    # reader: per inner tile kk, A (i, kk) once and B (kk, j) for each j of the group; the inner
+    # dim's tail zeroed
     r = low.r
     acc_a, acc_b = r.accessor(op.a, low.gm_name(op.a)), r.accessor(op.b, low.gm_name(op.b))
     va, vb = _View(low, r, op.a, op.a_off), _View(low, r, op.b, op.b_off)
-    i, j = loops(r)
+    i, j0, ng = loops(r)
     kk = r.open_loop(r.const(0), r.val(kt), r.const(1), "kk")
     valid = r.arith(ir.SubOp, r.val(op.k), r.arith(ir.MulOp, kk, r.const(TILE)))
     full = r.const(TILE)
-    for cb, acc, page, keep, trans, fmt in (
-            (ca, acc_a, va.page(kk, i) if ta else va.page(i, kk), (valid, full) if ta else (full, valid), ta, fa),
-            (cbb, acc_b, vb.page(j, kk) if tb else vb.page(kk, j), (full, valid) if tb else (valid, full), False, fb)):
+
+    def read(cb: int, acc: str, page: SSAValue, keep: tuple, trans: bool, fmt: str) -> None:
         elem = str(TILE_BYTES[fmt] // 1024)
         r.call("cb_reserve_back", _cbn(cb), "1")
         l1 = r.call("get_write_ptr", _cbn(cb), result=True)
@@ -289,39 +291,55 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
         if trans:
             r.call("opgen_tt_transpose", l1, elem)
         r.call("cb_push_back", _cbn(cb), "1")
-    for _ in range(3):
+
+    read(ca, acc_a, va.page(kk, i) if ta else va.page(i, kk), (valid, full) if ta else (full, valid), ta, fa)
+    g = r.open_loop(r.const(0), ng, r.const(1), "g")
+    j = r.arith(ir.AddOp, j0, g)
+    read(cbb, acc_b, vb.page(j, kk) if tb else vb.page(kk, j), (full, valid) if tb else (valid, full), False, fb)
+    for _ in range(4):
         r.close_loop()
 
-    # compute: the inner tiles' products summed in DST, in order
+    # compute: the inner tiles' products summed in DST slot g for output tile (i, j0 + g), in order
     c = low.c
-    loops(c)
+    _, _, ng = loops(c)
     c.call("tile_regs_acquire")
     c.call("reconfig_data_format_srca", _cbn(cbb))  # (the matrix unit: in1 -> SrcA, in0 -> SrcB)
     c.call("reconfig_data_format_srcb", _cbn(ca))
     c.call("matmul_init", _cbn(ca), _cbn(cbb), "1" if tb else "0")
     c.open_loop(c.const(0), c.val(kt), c.const(1), "kk")
     c.call("cb_wait_front", _cbn(ca), "1")
+    g = c.open_loop(c.const(0), ng, c.const(1), "g")
     c.call("cb_wait_front", _cbn(cbb), "1")
-    c.call("matmul_tiles", _cbn(ca), _cbn(cbb), "0", "0", "0")
-    c.call("cb_pop_front", _cbn(ca), "1")
+    c.call("matmul_tiles", _cbn(ca), _cbn(cbb), "0", "0", g)
     c.call("cb_pop_front", _cbn(cbb), "1")
     c.close_loop()
+    c.call("cb_pop_front", _cbn(ca), "1")
+    c.close_loop()
     c.call("tile_regs_commit")
-    low.pack(co)
+    c.call("tile_regs_wait")
+    c.call("pack_reconfig_data_format", _cbn(co))
+    g = c.open_loop(c.const(0), ng, c.const(1), "g")
+    c.call("cb_reserve_back", _cbn(co), "1")
+    c.call("pack_tile", g, _cbn(co))
+    c.call("cb_push_back", _cbn(co), "1")
+    c.close_loop()
+    c.call("tile_regs_release")
     c.close_loop()
     c.close_loop()
 
-    # writer: tile (i, j) of C
+    # writer: tiles (i, j0 + g) of C
     w = low.w
     acc_c = w.accessor(op.c, low.gm_name(op.c))
     vc = _View(low, w, op.c, op.c_off)
-    i, j = loops(w)
+    i, j0, ng = loops(w)
+    g = w.open_loop(w.const(0), ng, w.const(1), "g")
     w.call("cb_wait_front", _cbn(co), "1")
-    w.call("noc_async_write_page", vc.page(i, j), acc_c, w.call("get_read_ptr", _cbn(co), result=True))
+    w.call("noc_async_write_page", vc.page(i, w.arith(ir.AddOp, j0, g)), acc_c,
+           w.call("get_read_ptr", _cbn(co), result=True))
     w.call("noc_async_writes_flushed")
     w.call("cb_pop_front", _cbn(co), "1")
-    w.close_loop()
-    w.close_loop()
+    for _ in range(3):
+        w.close_loop()
     w.call("noc_async_write_barrier")
     for cb in (ca, cbb, co):
         low.release(cb)

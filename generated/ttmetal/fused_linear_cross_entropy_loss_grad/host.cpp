@@ -273,147 +273,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -443,10 +447,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -454,18 +458,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -493,12 +497,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -636,147 +640,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -806,10 +814,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -817,18 +825,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -856,12 +864,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1000,147 +1008,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -1170,10 +1182,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1181,18 +1193,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -1220,12 +1232,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1363,147 +1375,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -1533,10 +1549,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1544,18 +1560,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -1583,12 +1599,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1709,190 +1725,194 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v54 = v53 - 1;
     const int64_t v55 = v54 / 2048;
     const int64_t v56 = (1 > 1 ? 1 : 1);
-    const int64_t v57 = v46 * 64;
-    const int64_t v58 = (v57 > 1 ? v57 : 1);
-    const int64_t v59 = v58 * 4096;
+    const int64_t v57 = (8 > 1 ? 8 : 1);
+    const int64_t v58 = v46 * 64;
+    const int64_t v59 = (v58 > 1 ? v58 : 1);
+    const int64_t v60 = v59 * 4096;
     auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v59},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v60},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v60 = (int64_t)input->address();
-    const int64_t v61 = (int64_t)weight->address();
-    const int64_t v62 = (int64_t)ws_ws_p->address();
-    const int64_t v63 = 128 + 31;
-    const int64_t v64 = v63 / 32;
-    const int64_t v65 = (v64 > 1 ? v64 : 1);
-    const int64_t v66 = (int64_t)logits_max->address();
-    const int64_t v67 = (int64_t)sum_exp_logits->address();
-    const int64_t v68 = (int64_t)masked_target->address();
-    const int64_t v69 = (int64_t)target_mask->address();
-    const int64_t v70 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v71 = (int64_t)grad->address();
-    const int64_t v72 = v58 * 2048;
+    const int64_t v61 = (int64_t)input->address();
+    const int64_t v62 = (int64_t)weight->address();
+    const int64_t v63 = (int64_t)ws_ws_p->address();
+    const int64_t v64 = 128 + 31;
+    const int64_t v65 = v64 / 32;
+    const int64_t v66 = (v65 > 1 ? v65 : 1);
+    const int64_t v67 = (int64_t)logits_max->address();
+    const int64_t v68 = (int64_t)sum_exp_logits->address();
+    const int64_t v69 = (int64_t)masked_target->address();
+    const int64_t v70 = (int64_t)target_mask->address();
+    const int64_t v71 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v72 = (int64_t)grad->address();
+    const int64_t v73 = v59 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v73},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v73 = (int64_t)ws_ws_g->address();
+    const int64_t v74 = (int64_t)ws_ws_g->address();
     auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v73},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v74 = (int64_t)ws_ws_gl->address();
+    const int64_t v75 = (int64_t)ws_ws_gl->address();
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v75 = (int64_t)ws_ws_c0->address();
+    const int64_t v76 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v76 = (int64_t)ws_ws_c0l->address();
-    const int64_t v77 = (int64_t)input_grad->address();
-    const int64_t v78 = v50 * 4096;
-    const int64_t v79 = 0 + v78;
-    const int64_t v80 = v56 * 128;
-    const int64_t v81 = v79 + v80;
-    const int64_t v82 = v50 * 2048;
-    const int64_t v83 = v81 + v82;
-    const int64_t v84 = v83 + v82;
-    const int64_t v85 = v65 * 4096;
+    const int64_t v77 = (int64_t)ws_ws_c0l->address();
+    const int64_t v78 = (int64_t)input_grad->address();
+    const int64_t v79 = v50 * 4096;
+    const int64_t v80 = 0 + v79;
+    const int64_t v81 = v56 * 128;
+    const int64_t v82 = v80 + v81;
+    const int64_t v83 = v50 * 2048;
+    const int64_t v84 = v82 + v83;
+    const int64_t v85 = v57 * 2048;
     const int64_t v86 = v84 + v85;
-    const int64_t v87 = 0 + v85;
-    const int64_t v88 = v56 * 4096;
-    const int64_t v89 = v86 + v88;
-    const int64_t v90 = v87 + v88;
-    const int64_t v91 = v89 + v80;
-    const int64_t v92 = v91 + v88;
-    const int64_t v93 = v90 + v88;
-    const int64_t v94 = v92 + v85;
-    const int64_t v95 = v93 + v85;
-    const int64_t v96 = v94 + v88;
-    const int64_t v97 = v95 + v88;
-    const int64_t v98 = v65 * 2048;
-    const int64_t v99 = v96 + v98;
-    const int64_t v100 = v99 + v82;
-    const int64_t v101 = v100 + v85;
-    const int64_t v102 = v97 + v85;
-    const bool v103 = v101 <= 1400000;
-    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v104 = v101 + v102;
-    const bool v105 = v104 <= 1400000;
-    const int64_t v106 = (v105 ? 2 : 1);
-    const int64_t v107 = v65 * v106;
-    const int64_t v108 = v56 * v106;
-    const int64_t v109 = (int64_t)V;
-    const bool v110 = v109 == 0;
-    const int64_t v111 = (int64_t)H;
+    const int64_t v87 = v66 * 4096;
+    const int64_t v88 = v86 + v87;
+    const int64_t v89 = 0 + v87;
+    const int64_t v90 = v56 * 4096;
+    const int64_t v91 = v88 + v90;
+    const int64_t v92 = v89 + v90;
+    const int64_t v93 = v91 + v81;
+    const int64_t v94 = v93 + v90;
+    const int64_t v95 = v92 + v90;
+    const int64_t v96 = v94 + v87;
+    const int64_t v97 = v95 + v87;
+    const int64_t v98 = v96 + v90;
+    const int64_t v99 = v97 + v90;
+    const int64_t v100 = v66 * 2048;
+    const int64_t v101 = v98 + v100;
+    const int64_t v102 = v101 + v83;
+    const int64_t v103 = v102 + v87;
+    const int64_t v104 = v99 + v87;
+    const bool v105 = v103 <= 1400000;
+    if (!(v105)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v106 = v103 + v104;
+    const bool v107 = v106 <= 1400000;
+    const int64_t v108 = (v107 ? 2 : 1);
+    const int64_t v109 = v66 * v108;
+    const int64_t v110 = v56 * v108;
+    const int64_t v111 = (int64_t)V;
     const bool v112 = v111 == 0;
-    const bool v113 = v110 || v112;
-    const int64_t v114 = v109 + 128;
-    const int64_t v115 = v114 - 1;
-    const int64_t v116 = v115 / 128;
-    const int64_t v117 = (v113 ? 0 : v116);
-    const int64_t v118 = std::min<int64_t>((int64_t)(grid.x * grid.y), v117 > 1 ? v117 : 1);
-    const int64_t v119 = v118 * 128;
-    const int64_t v120 = v119 + 31;
-    const int64_t v121 = v120 / 32;
-    const int64_t v122 = v111 + 31;
+    const int64_t v113 = (int64_t)H;
+    const bool v114 = v113 == 0;
+    const bool v115 = v112 || v114;
+    const int64_t v116 = v111 + 128;
+    const int64_t v117 = v116 - 1;
+    const int64_t v118 = v117 / 128;
+    const int64_t v119 = (v115 ? 0 : v118);
+    const int64_t v120 = std::min<int64_t>((int64_t)(grid.x * grid.y), v119 > 1 ? v119 : 1);
+    const int64_t v121 = v120 * 128;
+    const int64_t v122 = v121 + 31;
     const int64_t v123 = v122 / 32;
-    const int64_t v124 = v121 * v123;
-    const int64_t v125 = (v124 > 1 ? v124 : 1);
-    const int64_t v126 = v125 * 4096;
+    const int64_t v124 = v113 + 31;
+    const int64_t v125 = v124 / 32;
+    const int64_t v126 = v123 * v125;
+    const int64_t v127 = (v126 > 1 ? v126 : 1);
+    const int64_t v128 = v127 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v127 = (2 > 1 ? 2 : 1);
-    const int64_t v128 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v129 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v130 = (int64_t)BT;
-    const int64_t v131 = v130 + 2048;
-    const int64_t v132 = v131 - 1;
-    const int64_t v133 = v132 / 2048;
-    const int64_t v134 = (1 > 1 ? 1 : 1);
-    const int64_t v135 = v118 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 4096;
+    const int64_t v129 = (2 > 1 ? 2 : 1);
+    const int64_t v130 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v131 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v132 = (int64_t)BT;
+    const int64_t v133 = v132 + 2048;
+    const int64_t v134 = v133 - 1;
+    const int64_t v135 = v134 / 2048;
+    const int64_t v136 = (1 > 1 ? 1 : 1);
+    const int64_t v137 = (8 > 1 ? 8 : 1);
+    const int64_t v138 = v120 * 2048;
+    const int64_t v139 = v138 + 31;
+    const int64_t v140 = v139 / 32;
+    const int64_t v141 = v140 * 4;
+    const int64_t v142 = (v141 > 1 ? v141 : 1);
+    const int64_t v143 = v142 * 4096;
     auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v143},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)input->address();
-    const int64_t v142 = (int64_t)weight->address();
-    const int64_t v143 = (int64_t)ws1_ws_p->address();
-    const int64_t v144 = 128 + 31;
-    const int64_t v145 = v144 / 32;
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = (int64_t)logits_max->address();
-    const int64_t v148 = (int64_t)sum_exp_logits->address();
-    const int64_t v149 = (int64_t)masked_target->address();
-    const int64_t v150 = (int64_t)target_mask->address();
-    const int64_t v151 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v152 = (int64_t)grad->address();
-    const int64_t v153 = v139 * 2048;
+    const int64_t v144 = (int64_t)input->address();
+    const int64_t v145 = (int64_t)weight->address();
+    const int64_t v146 = (int64_t)ws1_ws_p->address();
+    const int64_t v147 = 128 + 31;
+    const int64_t v148 = v147 / 32;
+    const int64_t v149 = (v148 > 1 ? v148 : 1);
+    const int64_t v150 = (int64_t)logits_max->address();
+    const int64_t v151 = (int64_t)sum_exp_logits->address();
+    const int64_t v152 = (int64_t)masked_target->address();
+    const int64_t v153 = (int64_t)target_mask->address();
+    const int64_t v154 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v155 = (int64_t)grad->address();
+    const int64_t v156 = v142 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v153},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v156},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v154 = (int64_t)ws1_ws_g->address();
+    const int64_t v157 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v153},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v156},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v155 = (int64_t)ws1_ws_gl->address();
+    const int64_t v158 = (int64_t)ws1_ws_gl->address();
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v156 = (int64_t)ws1_ws_c0->address();
+    const int64_t v159 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v157 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v158 = (int64_t)weight_grad->address();
-    const int64_t v159 = v127 * 4096;
-    const int64_t v160 = 0 + v159;
-    const int64_t v161 = v134 * 128;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v127 * 2048;
-    const int64_t v164 = v162 + v163;
-    const int64_t v165 = v164 + v163;
-    const int64_t v166 = v146 * 4096;
+    const int64_t v160 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v161 = (int64_t)weight_grad->address();
+    const int64_t v162 = v129 * 4096;
+    const int64_t v163 = 0 + v162;
+    const int64_t v164 = v136 * 128;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v129 * 2048;
     const int64_t v167 = v165 + v166;
-    const int64_t v168 = 0 + v166;
-    const int64_t v169 = v134 * 4096;
-    const int64_t v170 = v167 + v169;
-    const int64_t v171 = v168 + v169;
-    const int64_t v172 = v170 + v161;
-    const int64_t v173 = v172 + v169;
-    const int64_t v174 = v171 + v169;
-    const int64_t v175 = v173 + v166;
-    const int64_t v176 = v174 + v166;
-    const int64_t v177 = v175 + v169;
-    const int64_t v178 = v176 + v169;
-    const int64_t v179 = v146 * 2048;
-    const int64_t v180 = v177 + v179;
-    const int64_t v181 = v180 + v163;
-    const int64_t v182 = v181 + v166;
-    const int64_t v183 = v178 + v166;
-    const bool v184 = v182 <= 1400000;
-    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v185 = v182 + v183;
-    const bool v186 = v185 <= 1400000;
-    const int64_t v187 = (v186 ? 2 : 1);
-    const int64_t v188 = v146 * v187;
-    const int64_t v189 = v134 * v187;
+    const int64_t v168 = v137 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v149 * 4096;
+    const int64_t v171 = v169 + v170;
+    const int64_t v172 = 0 + v170;
+    const int64_t v173 = v136 * 4096;
+    const int64_t v174 = v171 + v173;
+    const int64_t v175 = v172 + v173;
+    const int64_t v176 = v174 + v164;
+    const int64_t v177 = v176 + v173;
+    const int64_t v178 = v175 + v173;
+    const int64_t v179 = v177 + v170;
+    const int64_t v180 = v178 + v170;
+    const int64_t v181 = v179 + v173;
+    const int64_t v182 = v180 + v173;
+    const int64_t v183 = v149 * 2048;
+    const int64_t v184 = v181 + v183;
+    const int64_t v185 = v184 + v166;
+    const int64_t v186 = v185 + v170;
+    const int64_t v187 = v182 + v170;
+    const bool v188 = v186 <= 1400000;
+    if (!(v188)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v189 = v186 + v187;
+    const bool v190 = v189 <= 1400000;
+    const int64_t v191 = (v190 ? 2 : 1);
+    const int64_t v192 = v149 * v191;
+    const int64_t v193 = v136 * v191;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -1928,10 +1948,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v190 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v55, (uint32_t)v60, (uint32_t)v61, (uint32_t)v3, (uint32_t)v62, (uint32_t)128, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v73, (uint32_t)v74, (uint32_t)v52, (uint32_t)v75, (uint32_t)v76});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v52, (uint32_t)v55, (uint32_t)v62, (uint32_t)v3, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77});
+            const int64_t v194 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v55, (uint32_t)v61, (uint32_t)v62, (uint32_t)v3, (uint32_t)v63, (uint32_t)128, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72, (uint32_t)v74, (uint32_t)v75, (uint32_t)v52, (uint32_t)v76, (uint32_t)v77});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v52, (uint32_t)v55, (uint32_t)v63, (uint32_t)v3, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v78});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1939,20 +1959,20 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v118);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v120);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v137) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v149) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -1986,12 +2006,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v118; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v120; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v191 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v133, (uint32_t)v141, (uint32_t)v142, (uint32_t)v130, (uint32_t)v143, (uint32_t)128, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v154, (uint32_t)v155, (uint32_t)v129, (uint32_t)v156, (uint32_t)v157});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v128, (uint32_t)v133, (uint32_t)v130, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v129, (uint32_t)v133, (uint32_t)v143, (uint32_t)v130, (uint32_t)v154, (uint32_t)v155, (uint32_t)v156, (uint32_t)v157, (uint32_t)v158});
+            const int64_t v195 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v135, (uint32_t)v144, (uint32_t)v145, (uint32_t)v132, (uint32_t)v146, (uint32_t)128, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v153, (uint32_t)v154, (uint32_t)v155, (uint32_t)v157, (uint32_t)v158, (uint32_t)v131, (uint32_t)v159, (uint32_t)v160});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v130, (uint32_t)v135, (uint32_t)v132, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v131, (uint32_t)v135, (uint32_t)v146, (uint32_t)v132, (uint32_t)v157, (uint32_t)v158, (uint32_t)v159, (uint32_t)v160, (uint32_t)v161});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -2112,190 +2132,194 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v53 = v52 - 1;
     const int64_t v54 = v53 / 2048;
     const int64_t v55 = (1 > 1 ? 1 : 1);
-    const int64_t v56 = v45 * 64;
-    const int64_t v57 = (v56 > 1 ? v56 : 1);
-    const int64_t v58 = v57 * 4096;
+    const int64_t v56 = (8 > 1 ? 8 : 1);
+    const int64_t v57 = v45 * 64;
+    const int64_t v58 = (v57 > 1 ? v57 : 1);
+    const int64_t v59 = v58 * 4096;
     auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v58},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v59},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v59 = (int64_t)input->address();
-    const int64_t v60 = (int64_t)weight->address();
-    const int64_t v61 = (int64_t)ws_ws_p->address();
-    const int64_t v62 = 128 + 31;
-    const int64_t v63 = v62 / 32;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = (int64_t)logits_max->address();
-    const int64_t v66 = (int64_t)sum_exp_logits->address();
-    const int64_t v67 = (int64_t)masked_target->address();
-    const int64_t v68 = (int64_t)target_mask->address();
-    const int64_t v69 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v70 = (int64_t)grad->address();
-    const int64_t v71 = v57 * 2048;
+    const int64_t v60 = (int64_t)input->address();
+    const int64_t v61 = (int64_t)weight->address();
+    const int64_t v62 = (int64_t)ws_ws_p->address();
+    const int64_t v63 = 128 + 31;
+    const int64_t v64 = v63 / 32;
+    const int64_t v65 = (v64 > 1 ? v64 : 1);
+    const int64_t v66 = (int64_t)logits_max->address();
+    const int64_t v67 = (int64_t)sum_exp_logits->address();
+    const int64_t v68 = (int64_t)masked_target->address();
+    const int64_t v69 = (int64_t)target_mask->address();
+    const int64_t v70 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v71 = (int64_t)grad->address();
+    const int64_t v72 = v58 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v71},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_g->address();
+    const int64_t v73 = (int64_t)ws_ws_g->address();
     auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v71},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v73 = (int64_t)ws_ws_gl->address();
+    const int64_t v74 = (int64_t)ws_ws_gl->address();
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v74 = (int64_t)ws_ws_c0->address();
+    const int64_t v75 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v75 = (int64_t)ws_ws_c0l->address();
-    const int64_t v76 = (int64_t)input_grad->address();
-    const int64_t v77 = v49 * 4096;
-    const int64_t v78 = 0 + v77;
-    const int64_t v79 = v55 * 128;
-    const int64_t v80 = v78 + v79;
-    const int64_t v81 = v49 * 2048;
-    const int64_t v82 = v80 + v81;
-    const int64_t v83 = v82 + v81;
-    const int64_t v84 = v64 * 4096;
+    const int64_t v76 = (int64_t)ws_ws_c0l->address();
+    const int64_t v77 = (int64_t)input_grad->address();
+    const int64_t v78 = v49 * 4096;
+    const int64_t v79 = 0 + v78;
+    const int64_t v80 = v55 * 128;
+    const int64_t v81 = v79 + v80;
+    const int64_t v82 = v49 * 2048;
+    const int64_t v83 = v81 + v82;
+    const int64_t v84 = v56 * 2048;
     const int64_t v85 = v83 + v84;
-    const int64_t v86 = 0 + v84;
-    const int64_t v87 = v55 * 4096;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v86 + v87;
-    const int64_t v90 = v88 + v79;
-    const int64_t v91 = v90 + v87;
-    const int64_t v92 = v89 + v87;
-    const int64_t v93 = v91 + v84;
-    const int64_t v94 = v92 + v84;
-    const int64_t v95 = v93 + v87;
-    const int64_t v96 = v94 + v87;
-    const int64_t v97 = v64 * 2048;
-    const int64_t v98 = v95 + v97;
-    const int64_t v99 = v98 + v81;
-    const int64_t v100 = v99 + v84;
-    const int64_t v101 = v96 + v84;
-    const bool v102 = v100 <= 1400000;
-    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v103 = v100 + v101;
-    const bool v104 = v103 <= 1400000;
-    const int64_t v105 = (v104 ? 2 : 1);
-    const int64_t v106 = v64 * v105;
-    const int64_t v107 = v55 * v105;
-    const int64_t v108 = (int64_t)V;
-    const bool v109 = v108 == 0;
-    const int64_t v110 = (int64_t)H;
+    const int64_t v86 = v65 * 4096;
+    const int64_t v87 = v85 + v86;
+    const int64_t v88 = 0 + v86;
+    const int64_t v89 = v55 * 4096;
+    const int64_t v90 = v87 + v89;
+    const int64_t v91 = v88 + v89;
+    const int64_t v92 = v90 + v80;
+    const int64_t v93 = v92 + v89;
+    const int64_t v94 = v91 + v89;
+    const int64_t v95 = v93 + v86;
+    const int64_t v96 = v94 + v86;
+    const int64_t v97 = v95 + v89;
+    const int64_t v98 = v96 + v89;
+    const int64_t v99 = v65 * 2048;
+    const int64_t v100 = v97 + v99;
+    const int64_t v101 = v100 + v82;
+    const int64_t v102 = v101 + v86;
+    const int64_t v103 = v98 + v86;
+    const bool v104 = v102 <= 1400000;
+    if (!(v104)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v105 = v102 + v103;
+    const bool v106 = v105 <= 1400000;
+    const int64_t v107 = (v106 ? 2 : 1);
+    const int64_t v108 = v65 * v107;
+    const int64_t v109 = v55 * v107;
+    const int64_t v110 = (int64_t)V;
     const bool v111 = v110 == 0;
-    const bool v112 = v109 || v111;
-    const int64_t v113 = v108 + 128;
-    const int64_t v114 = v113 - 1;
-    const int64_t v115 = v114 / 128;
-    const int64_t v116 = (v112 ? 0 : v115);
-    const int64_t v117 = std::min<int64_t>((int64_t)(grid.x * grid.y), v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 128;
-    const int64_t v119 = v118 + 31;
-    const int64_t v120 = v119 / 32;
-    const int64_t v121 = v110 + 31;
+    const int64_t v112 = (int64_t)H;
+    const bool v113 = v112 == 0;
+    const bool v114 = v111 || v113;
+    const int64_t v115 = v110 + 128;
+    const int64_t v116 = v115 - 1;
+    const int64_t v117 = v116 / 128;
+    const int64_t v118 = (v114 ? 0 : v117);
+    const int64_t v119 = std::min<int64_t>((int64_t)(grid.x * grid.y), v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 128;
+    const int64_t v121 = v120 + 31;
     const int64_t v122 = v121 / 32;
-    const int64_t v123 = v120 * v122;
-    const int64_t v124 = (v123 > 1 ? v123 : 1);
-    const int64_t v125 = v124 * 4096;
+    const int64_t v123 = v112 + 31;
+    const int64_t v124 = v123 / 32;
+    const int64_t v125 = v122 * v124;
+    const int64_t v126 = (v125 > 1 ? v125 : 1);
+    const int64_t v127 = v126 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v126 = (2 > 1 ? 2 : 1);
-    const int64_t v127 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v128 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v129 = (int64_t)BT;
-    const int64_t v130 = v129 + 2048;
-    const int64_t v131 = v130 - 1;
-    const int64_t v132 = v131 / 2048;
-    const int64_t v133 = (1 > 1 ? 1 : 1);
-    const int64_t v134 = v117 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 4096;
+    const int64_t v128 = (2 > 1 ? 2 : 1);
+    const int64_t v129 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v130 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v131 = (int64_t)BT;
+    const int64_t v132 = v131 + 2048;
+    const int64_t v133 = v132 - 1;
+    const int64_t v134 = v133 / 2048;
+    const int64_t v135 = (1 > 1 ? 1 : 1);
+    const int64_t v136 = (8 > 1 ? 8 : 1);
+    const int64_t v137 = v119 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 4096;
     auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)input->address();
-    const int64_t v141 = (int64_t)weight->address();
-    const int64_t v142 = (int64_t)ws1_ws_p->address();
-    const int64_t v143 = 128 + 31;
-    const int64_t v144 = v143 / 32;
-    const int64_t v145 = (v144 > 1 ? v144 : 1);
-    const int64_t v146 = (int64_t)logits_max->address();
-    const int64_t v147 = (int64_t)sum_exp_logits->address();
-    const int64_t v148 = (int64_t)masked_target->address();
-    const int64_t v149 = (int64_t)target_mask->address();
-    const int64_t v150 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v151 = (int64_t)grad->address();
-    const int64_t v152 = v138 * 2048;
+    const int64_t v143 = (int64_t)input->address();
+    const int64_t v144 = (int64_t)weight->address();
+    const int64_t v145 = (int64_t)ws1_ws_p->address();
+    const int64_t v146 = 128 + 31;
+    const int64_t v147 = v146 / 32;
+    const int64_t v148 = (v147 > 1 ? v147 : 1);
+    const int64_t v149 = (int64_t)logits_max->address();
+    const int64_t v150 = (int64_t)sum_exp_logits->address();
+    const int64_t v151 = (int64_t)masked_target->address();
+    const int64_t v152 = (int64_t)target_mask->address();
+    const int64_t v153 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v154 = (int64_t)grad->address();
+    const int64_t v155 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v152},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v155},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v153 = (int64_t)ws1_ws_g->address();
+    const int64_t v156 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v152},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v155},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v154 = (int64_t)ws1_ws_gl->address();
+    const int64_t v157 = (int64_t)ws1_ws_gl->address();
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v155 = (int64_t)ws1_ws_c0->address();
+    const int64_t v158 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v156 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v157 = (int64_t)weight_grad->address();
-    const int64_t v158 = v126 * 4096;
-    const int64_t v159 = 0 + v158;
-    const int64_t v160 = v133 * 128;
-    const int64_t v161 = v159 + v160;
-    const int64_t v162 = v126 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v145 * 4096;
+    const int64_t v159 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v160 = (int64_t)weight_grad->address();
+    const int64_t v161 = v128 * 4096;
+    const int64_t v162 = 0 + v161;
+    const int64_t v163 = v135 * 128;
+    const int64_t v164 = v162 + v163;
+    const int64_t v165 = v128 * 2048;
     const int64_t v166 = v164 + v165;
-    const int64_t v167 = 0 + v165;
-    const int64_t v168 = v133 * 4096;
-    const int64_t v169 = v166 + v168;
-    const int64_t v170 = v167 + v168;
-    const int64_t v171 = v169 + v160;
-    const int64_t v172 = v171 + v168;
-    const int64_t v173 = v170 + v168;
-    const int64_t v174 = v172 + v165;
-    const int64_t v175 = v173 + v165;
-    const int64_t v176 = v174 + v168;
-    const int64_t v177 = v175 + v168;
-    const int64_t v178 = v145 * 2048;
-    const int64_t v179 = v176 + v178;
-    const int64_t v180 = v179 + v162;
-    const int64_t v181 = v180 + v165;
-    const int64_t v182 = v177 + v165;
-    const bool v183 = v181 <= 1400000;
-    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v184 = v181 + v182;
-    const bool v185 = v184 <= 1400000;
-    const int64_t v186 = (v185 ? 2 : 1);
-    const int64_t v187 = v145 * v186;
-    const int64_t v188 = v133 * v186;
+    const int64_t v167 = v136 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v148 * 4096;
+    const int64_t v170 = v168 + v169;
+    const int64_t v171 = 0 + v169;
+    const int64_t v172 = v135 * 4096;
+    const int64_t v173 = v170 + v172;
+    const int64_t v174 = v171 + v172;
+    const int64_t v175 = v173 + v163;
+    const int64_t v176 = v175 + v172;
+    const int64_t v177 = v174 + v172;
+    const int64_t v178 = v176 + v169;
+    const int64_t v179 = v177 + v169;
+    const int64_t v180 = v178 + v172;
+    const int64_t v181 = v179 + v172;
+    const int64_t v182 = v148 * 2048;
+    const int64_t v183 = v180 + v182;
+    const int64_t v184 = v183 + v165;
+    const int64_t v185 = v184 + v169;
+    const int64_t v186 = v181 + v169;
+    const bool v187 = v185 <= 1400000;
+    if (!(v187)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v188 = v185 + v186;
+    const bool v189 = v188 <= 1400000;
+    const int64_t v190 = (v189 ? 2 : 1);
+    const int64_t v191 = v148 * v190;
+    const int64_t v192 = v135 * v190;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -2331,10 +2355,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v189 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v54, (uint32_t)v59, (uint32_t)v60, (uint32_t)v3, (uint32_t)v61, (uint32_t)128, (uint32_t)v65, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v72, (uint32_t)v73, (uint32_t)v51, (uint32_t)v74, (uint32_t)v75});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v54, (uint32_t)v61, (uint32_t)v3, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76});
+            const int64_t v193 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v54, (uint32_t)v60, (uint32_t)v61, (uint32_t)v3, (uint32_t)v62, (uint32_t)128, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v73, (uint32_t)v74, (uint32_t)v51, (uint32_t)v75, (uint32_t)v76});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v54, (uint32_t)v62, (uint32_t)v3, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -2342,20 +2366,20 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v117);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v119);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v135) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v135) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v148) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -2389,12 +2413,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v117; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v119; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v190 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v132, (uint32_t)v140, (uint32_t)v141, (uint32_t)v129, (uint32_t)v142, (uint32_t)128, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v153, (uint32_t)v154, (uint32_t)v128, (uint32_t)v155, (uint32_t)v156});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v127, (uint32_t)v132, (uint32_t)v129, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v128, (uint32_t)v132, (uint32_t)v142, (uint32_t)v129, (uint32_t)v153, (uint32_t)v154, (uint32_t)v155, (uint32_t)v156, (uint32_t)v157});
+            const int64_t v194 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v134, (uint32_t)v143, (uint32_t)v144, (uint32_t)v131, (uint32_t)v145, (uint32_t)128, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v153, (uint32_t)v154, (uint32_t)v156, (uint32_t)v157, (uint32_t)v130, (uint32_t)v158, (uint32_t)v159});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v129, (uint32_t)v134, (uint32_t)v131, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v130, (uint32_t)v134, (uint32_t)v145, (uint32_t)v131, (uint32_t)v156, (uint32_t)v157, (uint32_t)v158, (uint32_t)v159, (uint32_t)v160});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -2516,190 +2540,194 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v54 = v53 - 1;
     const int64_t v55 = v54 / 2048;
     const int64_t v56 = (1 > 1 ? 1 : 1);
-    const int64_t v57 = v46 * 64;
-    const int64_t v58 = (v57 > 1 ? v57 : 1);
-    const int64_t v59 = v58 * 4096;
+    const int64_t v57 = (8 > 1 ? 8 : 1);
+    const int64_t v58 = v46 * 64;
+    const int64_t v59 = (v58 > 1 ? v58 : 1);
+    const int64_t v60 = v59 * 4096;
     auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v59},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v60},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v60 = (int64_t)input->address();
-    const int64_t v61 = (int64_t)weight->address();
-    const int64_t v62 = (int64_t)ws_ws_p->address();
-    const int64_t v63 = 128 + 31;
-    const int64_t v64 = v63 / 32;
-    const int64_t v65 = (v64 > 1 ? v64 : 1);
-    const int64_t v66 = (int64_t)logits_max->address();
-    const int64_t v67 = (int64_t)sum_exp_logits->address();
-    const int64_t v68 = (int64_t)masked_target->address();
-    const int64_t v69 = (int64_t)target_mask->address();
-    const int64_t v70 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v71 = (int64_t)grad->address();
-    const int64_t v72 = v58 * 2048;
+    const int64_t v61 = (int64_t)input->address();
+    const int64_t v62 = (int64_t)weight->address();
+    const int64_t v63 = (int64_t)ws_ws_p->address();
+    const int64_t v64 = 128 + 31;
+    const int64_t v65 = v64 / 32;
+    const int64_t v66 = (v65 > 1 ? v65 : 1);
+    const int64_t v67 = (int64_t)logits_max->address();
+    const int64_t v68 = (int64_t)sum_exp_logits->address();
+    const int64_t v69 = (int64_t)masked_target->address();
+    const int64_t v70 = (int64_t)target_mask->address();
+    const int64_t v71 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v72 = (int64_t)grad->address();
+    const int64_t v73 = v59 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v73},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v73 = (int64_t)ws_ws_g->address();
+    const int64_t v74 = (int64_t)ws_ws_g->address();
     auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v73},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v74 = (int64_t)ws_ws_gl->address();
+    const int64_t v75 = (int64_t)ws_ws_gl->address();
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v75 = (int64_t)ws_ws_c0->address();
+    const int64_t v76 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v76 = (int64_t)ws_ws_c0l->address();
-    const int64_t v77 = (int64_t)input_grad->address();
-    const int64_t v78 = v50 * 4096;
-    const int64_t v79 = 0 + v78;
-    const int64_t v80 = v56 * 128;
-    const int64_t v81 = v79 + v80;
-    const int64_t v82 = v50 * 2048;
-    const int64_t v83 = v81 + v82;
-    const int64_t v84 = v83 + v82;
-    const int64_t v85 = v65 * 4096;
+    const int64_t v77 = (int64_t)ws_ws_c0l->address();
+    const int64_t v78 = (int64_t)input_grad->address();
+    const int64_t v79 = v50 * 4096;
+    const int64_t v80 = 0 + v79;
+    const int64_t v81 = v56 * 128;
+    const int64_t v82 = v80 + v81;
+    const int64_t v83 = v50 * 2048;
+    const int64_t v84 = v82 + v83;
+    const int64_t v85 = v57 * 2048;
     const int64_t v86 = v84 + v85;
-    const int64_t v87 = 0 + v85;
-    const int64_t v88 = v56 * 4096;
-    const int64_t v89 = v86 + v88;
-    const int64_t v90 = v87 + v88;
-    const int64_t v91 = v89 + v80;
-    const int64_t v92 = v91 + v88;
-    const int64_t v93 = v90 + v88;
-    const int64_t v94 = v92 + v85;
-    const int64_t v95 = v93 + v85;
-    const int64_t v96 = v94 + v88;
-    const int64_t v97 = v95 + v88;
-    const int64_t v98 = v65 * 2048;
-    const int64_t v99 = v96 + v98;
-    const int64_t v100 = v99 + v82;
-    const int64_t v101 = v100 + v85;
-    const int64_t v102 = v97 + v85;
-    const bool v103 = v101 <= 1400000;
-    if (!(v103)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v104 = v101 + v102;
-    const bool v105 = v104 <= 1400000;
-    const int64_t v106 = (v105 ? 2 : 1);
-    const int64_t v107 = v65 * v106;
-    const int64_t v108 = v56 * v106;
-    const int64_t v109 = (int64_t)V;
-    const bool v110 = v109 == 0;
-    const int64_t v111 = (int64_t)H;
+    const int64_t v87 = v66 * 4096;
+    const int64_t v88 = v86 + v87;
+    const int64_t v89 = 0 + v87;
+    const int64_t v90 = v56 * 4096;
+    const int64_t v91 = v88 + v90;
+    const int64_t v92 = v89 + v90;
+    const int64_t v93 = v91 + v81;
+    const int64_t v94 = v93 + v90;
+    const int64_t v95 = v92 + v90;
+    const int64_t v96 = v94 + v87;
+    const int64_t v97 = v95 + v87;
+    const int64_t v98 = v96 + v90;
+    const int64_t v99 = v97 + v90;
+    const int64_t v100 = v66 * 2048;
+    const int64_t v101 = v98 + v100;
+    const int64_t v102 = v101 + v83;
+    const int64_t v103 = v102 + v87;
+    const int64_t v104 = v99 + v87;
+    const bool v105 = v103 <= 1400000;
+    if (!(v105)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v106 = v103 + v104;
+    const bool v107 = v106 <= 1400000;
+    const int64_t v108 = (v107 ? 2 : 1);
+    const int64_t v109 = v66 * v108;
+    const int64_t v110 = v56 * v108;
+    const int64_t v111 = (int64_t)V;
     const bool v112 = v111 == 0;
-    const bool v113 = v110 || v112;
-    const int64_t v114 = v109 + 128;
-    const int64_t v115 = v114 - 1;
-    const int64_t v116 = v115 / 128;
-    const int64_t v117 = (v113 ? 0 : v116);
-    const int64_t v118 = std::min<int64_t>((int64_t)(grid.x * grid.y), v117 > 1 ? v117 : 1);
-    const int64_t v119 = v118 * 128;
-    const int64_t v120 = v119 + 31;
-    const int64_t v121 = v120 / 32;
-    const int64_t v122 = v111 + 31;
+    const int64_t v113 = (int64_t)H;
+    const bool v114 = v113 == 0;
+    const bool v115 = v112 || v114;
+    const int64_t v116 = v111 + 128;
+    const int64_t v117 = v116 - 1;
+    const int64_t v118 = v117 / 128;
+    const int64_t v119 = (v115 ? 0 : v118);
+    const int64_t v120 = std::min<int64_t>((int64_t)(grid.x * grid.y), v119 > 1 ? v119 : 1);
+    const int64_t v121 = v120 * 128;
+    const int64_t v122 = v121 + 31;
     const int64_t v123 = v122 / 32;
-    const int64_t v124 = v121 * v123;
-    const int64_t v125 = (v124 > 1 ? v124 : 1);
-    const int64_t v126 = v125 * 4096;
+    const int64_t v124 = v113 + 31;
+    const int64_t v125 = v124 / 32;
+    const int64_t v126 = v123 * v125;
+    const int64_t v127 = (v126 > 1 ? v126 : 1);
+    const int64_t v128 = v127 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v127 = (2 > 1 ? 2 : 1);
-    const int64_t v128 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v129 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v130 = (int64_t)BT;
-    const int64_t v131 = v130 + 2048;
-    const int64_t v132 = v131 - 1;
-    const int64_t v133 = v132 / 2048;
-    const int64_t v134 = (1 > 1 ? 1 : 1);
-    const int64_t v135 = v118 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 4096;
+    const int64_t v129 = (2 > 1 ? 2 : 1);
+    const int64_t v130 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v131 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v132 = (int64_t)BT;
+    const int64_t v133 = v132 + 2048;
+    const int64_t v134 = v133 - 1;
+    const int64_t v135 = v134 / 2048;
+    const int64_t v136 = (1 > 1 ? 1 : 1);
+    const int64_t v137 = (8 > 1 ? 8 : 1);
+    const int64_t v138 = v120 * 2048;
+    const int64_t v139 = v138 + 31;
+    const int64_t v140 = v139 / 32;
+    const int64_t v141 = v140 * 4;
+    const int64_t v142 = (v141 > 1 ? v141 : 1);
+    const int64_t v143 = v142 * 4096;
     auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v143},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)input->address();
-    const int64_t v142 = (int64_t)weight->address();
-    const int64_t v143 = (int64_t)ws1_ws_p->address();
-    const int64_t v144 = 128 + 31;
-    const int64_t v145 = v144 / 32;
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = (int64_t)logits_max->address();
-    const int64_t v148 = (int64_t)sum_exp_logits->address();
-    const int64_t v149 = (int64_t)masked_target->address();
-    const int64_t v150 = (int64_t)target_mask->address();
-    const int64_t v151 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v152 = (int64_t)grad->address();
-    const int64_t v153 = v139 * 2048;
+    const int64_t v144 = (int64_t)input->address();
+    const int64_t v145 = (int64_t)weight->address();
+    const int64_t v146 = (int64_t)ws1_ws_p->address();
+    const int64_t v147 = 128 + 31;
+    const int64_t v148 = v147 / 32;
+    const int64_t v149 = (v148 > 1 ? v148 : 1);
+    const int64_t v150 = (int64_t)logits_max->address();
+    const int64_t v151 = (int64_t)sum_exp_logits->address();
+    const int64_t v152 = (int64_t)masked_target->address();
+    const int64_t v153 = (int64_t)target_mask->address();
+    const int64_t v154 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v155 = (int64_t)grad->address();
+    const int64_t v156 = v142 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v153},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v156},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v154 = (int64_t)ws1_ws_g->address();
+    const int64_t v157 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v153},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v156},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v155 = (int64_t)ws1_ws_gl->address();
+    const int64_t v158 = (int64_t)ws1_ws_gl->address();
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v156 = (int64_t)ws1_ws_c0->address();
+    const int64_t v159 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v126},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v128},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v157 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v158 = (int64_t)weight_grad->address();
-    const int64_t v159 = v127 * 4096;
-    const int64_t v160 = 0 + v159;
-    const int64_t v161 = v134 * 128;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v127 * 2048;
-    const int64_t v164 = v162 + v163;
-    const int64_t v165 = v164 + v163;
-    const int64_t v166 = v146 * 4096;
+    const int64_t v160 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v161 = (int64_t)weight_grad->address();
+    const int64_t v162 = v129 * 4096;
+    const int64_t v163 = 0 + v162;
+    const int64_t v164 = v136 * 128;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v129 * 2048;
     const int64_t v167 = v165 + v166;
-    const int64_t v168 = 0 + v166;
-    const int64_t v169 = v134 * 4096;
-    const int64_t v170 = v167 + v169;
-    const int64_t v171 = v168 + v169;
-    const int64_t v172 = v170 + v161;
-    const int64_t v173 = v172 + v169;
-    const int64_t v174 = v171 + v169;
-    const int64_t v175 = v173 + v166;
-    const int64_t v176 = v174 + v166;
-    const int64_t v177 = v175 + v169;
-    const int64_t v178 = v176 + v169;
-    const int64_t v179 = v146 * 2048;
-    const int64_t v180 = v177 + v179;
-    const int64_t v181 = v180 + v163;
-    const int64_t v182 = v181 + v166;
-    const int64_t v183 = v178 + v166;
-    const bool v184 = v182 <= 1400000;
-    if (!(v184)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v185 = v182 + v183;
-    const bool v186 = v185 <= 1400000;
-    const int64_t v187 = (v186 ? 2 : 1);
-    const int64_t v188 = v146 * v187;
-    const int64_t v189 = v134 * v187;
+    const int64_t v168 = v137 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v149 * 4096;
+    const int64_t v171 = v169 + v170;
+    const int64_t v172 = 0 + v170;
+    const int64_t v173 = v136 * 4096;
+    const int64_t v174 = v171 + v173;
+    const int64_t v175 = v172 + v173;
+    const int64_t v176 = v174 + v164;
+    const int64_t v177 = v176 + v173;
+    const int64_t v178 = v175 + v173;
+    const int64_t v179 = v177 + v170;
+    const int64_t v180 = v178 + v170;
+    const int64_t v181 = v179 + v173;
+    const int64_t v182 = v180 + v173;
+    const int64_t v183 = v149 * 2048;
+    const int64_t v184 = v181 + v183;
+    const int64_t v185 = v184 + v166;
+    const int64_t v186 = v185 + v170;
+    const int64_t v187 = v182 + v170;
+    const bool v188 = v186 <= 1400000;
+    if (!(v188)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v189 = v186 + v187;
+    const bool v190 = v189 <= 1400000;
+    const int64_t v191 = (v190 ? 2 : 1);
+    const int64_t v192 = v149 * v191;
+    const int64_t v193 = v136 * v191;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -2735,10 +2763,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v190 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v55, (uint32_t)v60, (uint32_t)v61, (uint32_t)v3, (uint32_t)v62, (uint32_t)128, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v73, (uint32_t)v74, (uint32_t)v52, (uint32_t)v75, (uint32_t)v76});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v190, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v52, (uint32_t)v55, (uint32_t)v62, (uint32_t)v3, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77});
+            const int64_t v194 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v55, (uint32_t)v61, (uint32_t)v62, (uint32_t)v3, (uint32_t)v63, (uint32_t)128, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72, (uint32_t)v74, (uint32_t)v75, (uint32_t)v52, (uint32_t)v76, (uint32_t)v77});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v194, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v52, (uint32_t)v55, (uint32_t)v63, (uint32_t)v3, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v78});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -2746,20 +2774,20 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v118);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v134) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v189) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v120);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v137) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v193) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v149) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -2793,12 +2821,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v118; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v120; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v191 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v133, (uint32_t)v141, (uint32_t)v142, (uint32_t)v130, (uint32_t)v143, (uint32_t)128, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v154, (uint32_t)v155, (uint32_t)v129, (uint32_t)v156, (uint32_t)v157});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v128, (uint32_t)v133, (uint32_t)v130, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v191, (uint32_t)v117, (uint32_t)v118, (uint32_t)v109, (uint32_t)128, (uint32_t)32, (uint32_t)v111, (uint32_t)v129, (uint32_t)v133, (uint32_t)v143, (uint32_t)v130, (uint32_t)v154, (uint32_t)v155, (uint32_t)v156, (uint32_t)v157, (uint32_t)v158});
+            const int64_t v195 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v135, (uint32_t)v144, (uint32_t)v145, (uint32_t)v132, (uint32_t)v146, (uint32_t)128, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v153, (uint32_t)v154, (uint32_t)v155, (uint32_t)v157, (uint32_t)v158, (uint32_t)v131, (uint32_t)v159, (uint32_t)v160});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v130, (uint32_t)v135, (uint32_t)v132, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v195, (uint32_t)v119, (uint32_t)v120, (uint32_t)v111, (uint32_t)128, (uint32_t)32, (uint32_t)v113, (uint32_t)v131, (uint32_t)v135, (uint32_t)v146, (uint32_t)v132, (uint32_t)v157, (uint32_t)v158, (uint32_t)v159, (uint32_t)v160, (uint32_t)v161});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -2919,190 +2947,194 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v53 = v52 - 1;
     const int64_t v54 = v53 / 2048;
     const int64_t v55 = (1 > 1 ? 1 : 1);
-    const int64_t v56 = v45 * 64;
-    const int64_t v57 = (v56 > 1 ? v56 : 1);
-    const int64_t v58 = v57 * 4096;
+    const int64_t v56 = (8 > 1 ? 8 : 1);
+    const int64_t v57 = v45 * 64;
+    const int64_t v58 = (v57 > 1 ? v57 : 1);
+    const int64_t v59 = v58 * 4096;
     auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v58},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v59},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v59 = (int64_t)input->address();
-    const int64_t v60 = (int64_t)weight->address();
-    const int64_t v61 = (int64_t)ws_ws_p->address();
-    const int64_t v62 = 128 + 31;
-    const int64_t v63 = v62 / 32;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = (int64_t)logits_max->address();
-    const int64_t v66 = (int64_t)sum_exp_logits->address();
-    const int64_t v67 = (int64_t)masked_target->address();
-    const int64_t v68 = (int64_t)target_mask->address();
-    const int64_t v69 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v70 = (int64_t)grad->address();
-    const int64_t v71 = v57 * 2048;
+    const int64_t v60 = (int64_t)input->address();
+    const int64_t v61 = (int64_t)weight->address();
+    const int64_t v62 = (int64_t)ws_ws_p->address();
+    const int64_t v63 = 128 + 31;
+    const int64_t v64 = v63 / 32;
+    const int64_t v65 = (v64 > 1 ? v64 : 1);
+    const int64_t v66 = (int64_t)logits_max->address();
+    const int64_t v67 = (int64_t)sum_exp_logits->address();
+    const int64_t v68 = (int64_t)masked_target->address();
+    const int64_t v69 = (int64_t)target_mask->address();
+    const int64_t v70 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v71 = (int64_t)grad->address();
+    const int64_t v72 = v58 * 2048;
     auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v71},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_g->address();
+    const int64_t v73 = (int64_t)ws_ws_g->address();
     auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v71},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v72},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v73 = (int64_t)ws_ws_gl->address();
+    const int64_t v74 = (int64_t)ws_ws_gl->address();
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v74 = (int64_t)ws_ws_c0->address();
+    const int64_t v75 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v75 = (int64_t)ws_ws_c0l->address();
-    const int64_t v76 = (int64_t)input_grad->address();
-    const int64_t v77 = v49 * 4096;
-    const int64_t v78 = 0 + v77;
-    const int64_t v79 = v55 * 128;
-    const int64_t v80 = v78 + v79;
-    const int64_t v81 = v49 * 2048;
-    const int64_t v82 = v80 + v81;
-    const int64_t v83 = v82 + v81;
-    const int64_t v84 = v64 * 4096;
+    const int64_t v76 = (int64_t)ws_ws_c0l->address();
+    const int64_t v77 = (int64_t)input_grad->address();
+    const int64_t v78 = v49 * 4096;
+    const int64_t v79 = 0 + v78;
+    const int64_t v80 = v55 * 128;
+    const int64_t v81 = v79 + v80;
+    const int64_t v82 = v49 * 2048;
+    const int64_t v83 = v81 + v82;
+    const int64_t v84 = v56 * 2048;
     const int64_t v85 = v83 + v84;
-    const int64_t v86 = 0 + v84;
-    const int64_t v87 = v55 * 4096;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v86 + v87;
-    const int64_t v90 = v88 + v79;
-    const int64_t v91 = v90 + v87;
-    const int64_t v92 = v89 + v87;
-    const int64_t v93 = v91 + v84;
-    const int64_t v94 = v92 + v84;
-    const int64_t v95 = v93 + v87;
-    const int64_t v96 = v94 + v87;
-    const int64_t v97 = v64 * 2048;
-    const int64_t v98 = v95 + v97;
-    const int64_t v99 = v98 + v81;
-    const int64_t v100 = v99 + v84;
-    const int64_t v101 = v96 + v84;
-    const bool v102 = v100 <= 1400000;
-    if (!(v102)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v103 = v100 + v101;
-    const bool v104 = v103 <= 1400000;
-    const int64_t v105 = (v104 ? 2 : 1);
-    const int64_t v106 = v64 * v105;
-    const int64_t v107 = v55 * v105;
-    const int64_t v108 = (int64_t)V;
-    const bool v109 = v108 == 0;
-    const int64_t v110 = (int64_t)H;
+    const int64_t v86 = v65 * 4096;
+    const int64_t v87 = v85 + v86;
+    const int64_t v88 = 0 + v86;
+    const int64_t v89 = v55 * 4096;
+    const int64_t v90 = v87 + v89;
+    const int64_t v91 = v88 + v89;
+    const int64_t v92 = v90 + v80;
+    const int64_t v93 = v92 + v89;
+    const int64_t v94 = v91 + v89;
+    const int64_t v95 = v93 + v86;
+    const int64_t v96 = v94 + v86;
+    const int64_t v97 = v95 + v89;
+    const int64_t v98 = v96 + v89;
+    const int64_t v99 = v65 * 2048;
+    const int64_t v100 = v97 + v99;
+    const int64_t v101 = v100 + v82;
+    const int64_t v102 = v101 + v86;
+    const int64_t v103 = v98 + v86;
+    const bool v104 = v102 <= 1400000;
+    if (!(v104)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v105 = v102 + v103;
+    const bool v106 = v105 <= 1400000;
+    const int64_t v107 = (v106 ? 2 : 1);
+    const int64_t v108 = v65 * v107;
+    const int64_t v109 = v55 * v107;
+    const int64_t v110 = (int64_t)V;
     const bool v111 = v110 == 0;
-    const bool v112 = v109 || v111;
-    const int64_t v113 = v108 + 128;
-    const int64_t v114 = v113 - 1;
-    const int64_t v115 = v114 / 128;
-    const int64_t v116 = (v112 ? 0 : v115);
-    const int64_t v117 = std::min<int64_t>((int64_t)(grid.x * grid.y), v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 128;
-    const int64_t v119 = v118 + 31;
-    const int64_t v120 = v119 / 32;
-    const int64_t v121 = v110 + 31;
+    const int64_t v112 = (int64_t)H;
+    const bool v113 = v112 == 0;
+    const bool v114 = v111 || v113;
+    const int64_t v115 = v110 + 128;
+    const int64_t v116 = v115 - 1;
+    const int64_t v117 = v116 / 128;
+    const int64_t v118 = (v114 ? 0 : v117);
+    const int64_t v119 = std::min<int64_t>((int64_t)(grid.x * grid.y), v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 128;
+    const int64_t v121 = v120 + 31;
     const int64_t v122 = v121 / 32;
-    const int64_t v123 = v120 * v122;
-    const int64_t v124 = (v123 > 1 ? v123 : 1);
-    const int64_t v125 = v124 * 4096;
+    const int64_t v123 = v112 + 31;
+    const int64_t v124 = v123 / 32;
+    const int64_t v125 = v122 * v124;
+    const int64_t v126 = (v125 > 1 ? v125 : 1);
+    const int64_t v127 = v126 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v126 = (2 > 1 ? 2 : 1);
-    const int64_t v127 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v128 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v129 = (int64_t)BT;
-    const int64_t v130 = v129 + 2048;
-    const int64_t v131 = v130 - 1;
-    const int64_t v132 = v131 / 2048;
-    const int64_t v133 = (1 > 1 ? 1 : 1);
-    const int64_t v134 = v117 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 4096;
+    const int64_t v128 = (2 > 1 ? 2 : 1);
+    const int64_t v129 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v130 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v131 = (int64_t)BT;
+    const int64_t v132 = v131 + 2048;
+    const int64_t v133 = v132 - 1;
+    const int64_t v134 = v133 / 2048;
+    const int64_t v135 = (1 > 1 ? 1 : 1);
+    const int64_t v136 = (8 > 1 ? 8 : 1);
+    const int64_t v137 = v119 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 4096;
     auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)input->address();
-    const int64_t v141 = (int64_t)weight->address();
-    const int64_t v142 = (int64_t)ws1_ws_p->address();
-    const int64_t v143 = 128 + 31;
-    const int64_t v144 = v143 / 32;
-    const int64_t v145 = (v144 > 1 ? v144 : 1);
-    const int64_t v146 = (int64_t)logits_max->address();
-    const int64_t v147 = (int64_t)sum_exp_logits->address();
-    const int64_t v148 = (int64_t)masked_target->address();
-    const int64_t v149 = (int64_t)target_mask->address();
-    const int64_t v150 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v151 = (int64_t)grad->address();
-    const int64_t v152 = v138 * 2048;
+    const int64_t v143 = (int64_t)input->address();
+    const int64_t v144 = (int64_t)weight->address();
+    const int64_t v145 = (int64_t)ws1_ws_p->address();
+    const int64_t v146 = 128 + 31;
+    const int64_t v147 = v146 / 32;
+    const int64_t v148 = (v147 > 1 ? v147 : 1);
+    const int64_t v149 = (int64_t)logits_max->address();
+    const int64_t v150 = (int64_t)sum_exp_logits->address();
+    const int64_t v151 = (int64_t)masked_target->address();
+    const int64_t v152 = (int64_t)target_mask->address();
+    const int64_t v153 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v154 = (int64_t)grad->address();
+    const int64_t v155 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v152},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v155},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v153 = (int64_t)ws1_ws_g->address();
+    const int64_t v156 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v152},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v155},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v154 = (int64_t)ws1_ws_gl->address();
+    const int64_t v157 = (int64_t)ws1_ws_gl->address();
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v155 = (int64_t)ws1_ws_c0->address();
+    const int64_t v158 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v125},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v127},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v156 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v157 = (int64_t)weight_grad->address();
-    const int64_t v158 = v126 * 4096;
-    const int64_t v159 = 0 + v158;
-    const int64_t v160 = v133 * 128;
-    const int64_t v161 = v159 + v160;
-    const int64_t v162 = v126 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v145 * 4096;
+    const int64_t v159 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v160 = (int64_t)weight_grad->address();
+    const int64_t v161 = v128 * 4096;
+    const int64_t v162 = 0 + v161;
+    const int64_t v163 = v135 * 128;
+    const int64_t v164 = v162 + v163;
+    const int64_t v165 = v128 * 2048;
     const int64_t v166 = v164 + v165;
-    const int64_t v167 = 0 + v165;
-    const int64_t v168 = v133 * 4096;
-    const int64_t v169 = v166 + v168;
-    const int64_t v170 = v167 + v168;
-    const int64_t v171 = v169 + v160;
-    const int64_t v172 = v171 + v168;
-    const int64_t v173 = v170 + v168;
-    const int64_t v174 = v172 + v165;
-    const int64_t v175 = v173 + v165;
-    const int64_t v176 = v174 + v168;
-    const int64_t v177 = v175 + v168;
-    const int64_t v178 = v145 * 2048;
-    const int64_t v179 = v176 + v178;
-    const int64_t v180 = v179 + v162;
-    const int64_t v181 = v180 + v165;
-    const int64_t v182 = v177 + v165;
-    const bool v183 = v181 <= 1400000;
-    if (!(v183)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v184 = v181 + v182;
-    const bool v185 = v184 <= 1400000;
-    const int64_t v186 = (v185 ? 2 : 1);
-    const int64_t v187 = v145 * v186;
-    const int64_t v188 = v133 * v186;
+    const int64_t v167 = v136 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v148 * 4096;
+    const int64_t v170 = v168 + v169;
+    const int64_t v171 = 0 + v169;
+    const int64_t v172 = v135 * 4096;
+    const int64_t v173 = v170 + v172;
+    const int64_t v174 = v171 + v172;
+    const int64_t v175 = v173 + v163;
+    const int64_t v176 = v175 + v172;
+    const int64_t v177 = v174 + v172;
+    const int64_t v178 = v176 + v169;
+    const int64_t v179 = v177 + v169;
+    const int64_t v180 = v178 + v172;
+    const int64_t v181 = v179 + v172;
+    const int64_t v182 = v148 * 2048;
+    const int64_t v183 = v180 + v182;
+    const int64_t v184 = v183 + v165;
+    const int64_t v185 = v184 + v169;
+    const int64_t v186 = v181 + v169;
+    const bool v187 = v185 <= 1400000;
+    if (!(v187)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v188 = v185 + v186;
+    const bool v189 = v188 <= 1400000;
+    const int64_t v190 = (v189 ? 2 : 1);
+    const int64_t v191 = v148 * v190;
+    const int64_t v192 = v135 * v190;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v107) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v109) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v106) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v108) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -3138,10 +3170,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v189 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v54, (uint32_t)v59, (uint32_t)v60, (uint32_t)v3, (uint32_t)v61, (uint32_t)128, (uint32_t)v65, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v72, (uint32_t)v73, (uint32_t)v51, (uint32_t)v74, (uint32_t)v75});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v189, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v54, (uint32_t)v61, (uint32_t)v3, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76});
+            const int64_t v193 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v54, (uint32_t)v60, (uint32_t)v61, (uint32_t)v3, (uint32_t)v62, (uint32_t)128, (uint32_t)v66, (uint32_t)v67, (uint32_t)v68, (uint32_t)v69, (uint32_t)v70, (uint32_t)v71, (uint32_t)v73, (uint32_t)v74, (uint32_t)v51, (uint32_t)v75, (uint32_t)v76});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v193, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v51, (uint32_t)v54, (uint32_t)v62, (uint32_t)v3, (uint32_t)v73, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -3149,20 +3181,20 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v117);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles); ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v133) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v188) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v126) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v187) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v119);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v135) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v136) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v135) * 128, {{6, tt::DataFormat::UInt32}}).set_page_size(6, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{7, tt::DataFormat::Float32}}).set_page_size(7, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v192) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v148) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v191) * 4096, {{12, tt::DataFormat::Float32}}).set_page_size(12, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*input).append_to(ct_reader);
         TensorAccessorArgs(*weight).append_to(ct_reader);
@@ -3196,12 +3228,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v117; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v119; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v190 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v132, (uint32_t)v140, (uint32_t)v141, (uint32_t)v129, (uint32_t)v142, (uint32_t)128, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v153, (uint32_t)v154, (uint32_t)v128, (uint32_t)v155, (uint32_t)v156});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v127, (uint32_t)v132, (uint32_t)v129, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v190, (uint32_t)v116, (uint32_t)v117, (uint32_t)v108, (uint32_t)128, (uint32_t)32, (uint32_t)v110, (uint32_t)v128, (uint32_t)v132, (uint32_t)v142, (uint32_t)v129, (uint32_t)v153, (uint32_t)v154, (uint32_t)v155, (uint32_t)v156, (uint32_t)v157});
+            const int64_t v194 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v134, (uint32_t)v143, (uint32_t)v144, (uint32_t)v131, (uint32_t)v145, (uint32_t)128, (uint32_t)v149, (uint32_t)v150, (uint32_t)v151, (uint32_t)v152, (uint32_t)v153, (uint32_t)v154, (uint32_t)v156, (uint32_t)v157, (uint32_t)v130, (uint32_t)v158, (uint32_t)v159});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v129, (uint32_t)v134, (uint32_t)v131, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v194, (uint32_t)v118, (uint32_t)v119, (uint32_t)v110, (uint32_t)128, (uint32_t)32, (uint32_t)v112, (uint32_t)v130, (uint32_t)v134, (uint32_t)v145, (uint32_t)v131, (uint32_t)v156, (uint32_t)v157, (uint32_t)v158, (uint32_t)v159, (uint32_t)v160});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -3342,147 +3374,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -3512,10 +3548,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -3523,18 +3559,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -3562,12 +3598,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -3707,147 +3743,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -3877,10 +3917,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -3888,18 +3928,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -3927,12 +3967,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4073,147 +4113,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -4243,10 +4287,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4254,18 +4298,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -4293,12 +4337,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4438,147 +4482,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -4608,10 +4656,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4619,18 +4667,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -4658,12 +4706,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4804,147 +4852,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -4974,10 +5026,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -4985,18 +5037,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -5024,12 +5076,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -5169,147 +5221,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -5339,10 +5395,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -5350,18 +5406,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -5389,12 +5445,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -5535,147 +5591,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -5705,10 +5765,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -5716,18 +5776,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -5755,12 +5815,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -5900,147 +5960,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6070,10 +6134,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -6081,18 +6145,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6120,12 +6184,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -6267,147 +6331,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6437,10 +6505,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -6448,18 +6516,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6487,12 +6555,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -6634,147 +6702,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6804,10 +6876,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -6815,18 +6887,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -6854,12 +6926,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -7002,147 +7074,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v67},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v69 = (int64_t)ws_ws_gl->address();
+    const int64_t v70 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v70 = (int64_t)weight->address();
-    const int64_t v71 = (int64_t)ws_ws_c0->address();
+    const int64_t v71 = (int64_t)weight->address();
+    const int64_t v72 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v49},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v72 = (int64_t)ws_ws_c0l->address();
-    const int64_t v73 = (int64_t)input_grad->address();
-    const int64_t v74 = v50 * 4096;
-    const int64_t v75 = 0 + v74;
-    const int64_t v76 = v58 * 4096;
-    const int64_t v77 = v75 + v76;
-    const int64_t v78 = 0 + v76;
-    const int64_t v79 = v60 * 128;
-    const int64_t v80 = v77 + v79;
-    const int64_t v81 = v80 + v76;
-    const int64_t v82 = v78 + v76;
-    const int64_t v83 = v81 + v79;
-    const int64_t v84 = v60 * 4096;
-    const int64_t v85 = v83 + v84;
-    const int64_t v86 = v82 + v84;
-    const int64_t v87 = v58 * 2048;
-    const int64_t v88 = v85 + v87;
-    const int64_t v89 = v50 * 2048;
-    const int64_t v90 = v88 + v89;
-    const int64_t v91 = v90 + v89;
-    const int64_t v92 = v91 + v89;
-    const int64_t v93 = v92 + v76;
-    const int64_t v94 = v86 + v76;
-    const bool v95 = v93 <= 1400000;
-    if (!(v95)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v96 = v93 + v94;
-    const bool v97 = v96 <= 1400000;
-    const int64_t v98 = (v97 ? 2 : 1);
-    const int64_t v99 = v58 * v98;
-    const int64_t v100 = v60 * v98;
-    const int64_t v101 = (int64_t)V;
-    const bool v102 = v101 == 0;
-    const int64_t v103 = (int64_t)H;
+    const int64_t v73 = (int64_t)ws_ws_c0l->address();
+    const int64_t v74 = (int64_t)input_grad->address();
+    const int64_t v75 = v50 * 4096;
+    const int64_t v76 = 0 + v75;
+    const int64_t v77 = v58 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = 0 + v77;
+    const int64_t v80 = v60 * 128;
+    const int64_t v81 = v78 + v80;
+    const int64_t v82 = v81 + v77;
+    const int64_t v83 = v79 + v77;
+    const int64_t v84 = v82 + v80;
+    const int64_t v85 = v60 * 4096;
+    const int64_t v86 = v84 + v85;
+    const int64_t v87 = v83 + v85;
+    const int64_t v88 = v58 * 2048;
+    const int64_t v89 = v86 + v88;
+    const int64_t v90 = v50 * 2048;
+    const int64_t v91 = v89 + v90;
+    const int64_t v92 = v91 + v90;
+    const int64_t v93 = v70 * 2048;
+    const int64_t v94 = v92 + v93;
+    const int64_t v95 = v94 + v77;
+    const int64_t v96 = v87 + v77;
+    const bool v97 = v95 <= 1400000;
+    if (!(v97)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v98 = v95 + v96;
+    const bool v99 = v98 <= 1400000;
+    const int64_t v100 = (v99 ? 2 : 1);
+    const int64_t v101 = v58 * v100;
+    const int64_t v102 = v60 * v100;
+    const int64_t v103 = (int64_t)V;
     const bool v104 = v103 == 0;
-    const bool v105 = v102 || v104;
-    const int64_t v106 = v101 + 128;
-    const int64_t v107 = v106 - 1;
-    const int64_t v108 = v107 / 128;
-    const int64_t v109 = (v105 ? 0 : v108);
-    const int64_t v110 = std::min<int64_t>((int64_t)(grid.x * grid.y), v109 > 1 ? v109 : 1);
-    const int64_t v111 = v110 * 128;
-    const int64_t v112 = v111 + 31;
-    const int64_t v113 = v112 / 32;
-    const int64_t v114 = v103 + 31;
+    const int64_t v105 = (int64_t)H;
+    const bool v106 = v105 == 0;
+    const bool v107 = v104 || v106;
+    const int64_t v108 = v103 + 128;
+    const int64_t v109 = v108 - 1;
+    const int64_t v110 = v109 / 128;
+    const int64_t v111 = (v107 ? 0 : v110);
+    const int64_t v112 = std::min<int64_t>((int64_t)(grid.x * grid.y), v111 > 1 ? v111 : 1);
+    const int64_t v113 = v112 * 128;
+    const int64_t v114 = v113 + 31;
     const int64_t v115 = v114 / 32;
-    const int64_t v116 = v113 * v115;
-    const int64_t v117 = (v116 > 1 ? v116 : 1);
-    const int64_t v118 = v117 * 4096;
+    const int64_t v116 = v105 + 31;
+    const int64_t v117 = v116 / 32;
+    const int64_t v118 = v115 * v117;
+    const int64_t v119 = (v118 > 1 ? v118 : 1);
+    const int64_t v120 = v119 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v119 = (2 > 1 ? 2 : 1);
-    const int64_t v120 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v121 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v122 = (int64_t)BT;
-    const int64_t v123 = v122 + 2048;
-    const int64_t v124 = v123 - 1;
-    const int64_t v125 = v124 / 2048;
-    const int64_t v126 = 128 + 31;
-    const int64_t v127 = v126 / 32;
-    const int64_t v128 = (v127 > 1 ? v127 : 1);
-    const int64_t v129 = (int64_t)softmax->address();
-    const int64_t v130 = (1 > 1 ? 1 : 1);
-    const int64_t v131 = (int64_t)masked_target->address();
-    const int64_t v132 = (int64_t)target_mask->address();
-    const int64_t v133 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v134 = (int64_t)grad->address();
-    const int64_t v135 = v110 * 2048;
-    const int64_t v136 = v135 + 31;
-    const int64_t v137 = v136 / 32;
-    const int64_t v138 = v137 * 4;
-    const int64_t v139 = (v138 > 1 ? v138 : 1);
-    const int64_t v140 = v139 * 2048;
+    const int64_t v121 = (2 > 1 ? 2 : 1);
+    const int64_t v122 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v123 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v124 = (int64_t)BT;
+    const int64_t v125 = v124 + 2048;
+    const int64_t v126 = v125 - 1;
+    const int64_t v127 = v126 / 2048;
+    const int64_t v128 = 128 + 31;
+    const int64_t v129 = v128 / 32;
+    const int64_t v130 = (v129 > 1 ? v129 : 1);
+    const int64_t v131 = (int64_t)softmax->address();
+    const int64_t v132 = (1 > 1 ? 1 : 1);
+    const int64_t v133 = (int64_t)masked_target->address();
+    const int64_t v134 = (int64_t)target_mask->address();
+    const int64_t v135 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v136 = (int64_t)grad->address();
+    const int64_t v137 = v112 * 2048;
+    const int64_t v138 = v137 + 31;
+    const int64_t v139 = v138 / 32;
+    const int64_t v140 = v139 * 4;
+    const int64_t v141 = (v140 > 1 ? v140 : 1);
+    const int64_t v142 = v141 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_g->address();
+    const int64_t v143 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v140},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v142},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (int64_t)ws1_ws_gl->address();
+    const int64_t v145 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v143 = (int64_t)input->address();
-    const int64_t v144 = (int64_t)ws1_ws_c0->address();
+    const int64_t v146 = (int64_t)input->address();
+    const int64_t v147 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v118},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v120},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v145 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v146 = (int64_t)weight_grad->address();
-    const int64_t v147 = v119 * 4096;
-    const int64_t v148 = 0 + v147;
-    const int64_t v149 = v128 * 4096;
-    const int64_t v150 = v148 + v149;
-    const int64_t v151 = 0 + v149;
-    const int64_t v152 = v130 * 128;
-    const int64_t v153 = v150 + v152;
-    const int64_t v154 = v153 + v149;
-    const int64_t v155 = v151 + v149;
-    const int64_t v156 = v154 + v152;
-    const int64_t v157 = v130 * 4096;
-    const int64_t v158 = v156 + v157;
-    const int64_t v159 = v155 + v157;
-    const int64_t v160 = v128 * 2048;
-    const int64_t v161 = v158 + v160;
-    const int64_t v162 = v119 * 2048;
-    const int64_t v163 = v161 + v162;
-    const int64_t v164 = v163 + v162;
-    const int64_t v165 = v164 + v162;
-    const int64_t v166 = v165 + v149;
-    const int64_t v167 = v159 + v149;
-    const bool v168 = v166 <= 1400000;
-    if (!(v168)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v169 = v166 + v167;
-    const bool v170 = v169 <= 1400000;
-    const int64_t v171 = (v170 ? 2 : 1);
-    const int64_t v172 = v128 * v171;
-    const int64_t v173 = v130 * v171;
+    const int64_t v148 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v149 = (int64_t)weight_grad->address();
+    const int64_t v150 = v121 * 4096;
+    const int64_t v151 = 0 + v150;
+    const int64_t v152 = v130 * 4096;
+    const int64_t v153 = v151 + v152;
+    const int64_t v154 = 0 + v152;
+    const int64_t v155 = v132 * 128;
+    const int64_t v156 = v153 + v155;
+    const int64_t v157 = v156 + v152;
+    const int64_t v158 = v154 + v152;
+    const int64_t v159 = v157 + v155;
+    const int64_t v160 = v132 * 4096;
+    const int64_t v161 = v159 + v160;
+    const int64_t v162 = v158 + v160;
+    const int64_t v163 = v130 * 2048;
+    const int64_t v164 = v161 + v163;
+    const int64_t v165 = v121 * 2048;
+    const int64_t v166 = v164 + v165;
+    const int64_t v167 = v166 + v165;
+    const int64_t v168 = v145 * 2048;
+    const int64_t v169 = v167 + v168;
+    const int64_t v170 = v169 + v152;
+    const int64_t v171 = v162 + v152;
+    const bool v172 = v170 <= 1400000;
+    if (!(v172)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v173 = v170 + v171;
+    const bool v174 = v173 <= 1400000;
+    const int64_t v175 = (v174 ? 2 : 1);
+    const int64_t v176 = v130 * v175;
+    const int64_t v177 = v132 * v175;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v43);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v60) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v102) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v58) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v50) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v70) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -7172,10 +7248,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v43; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v70, (uint32_t)v69, (uint32_t)v52, (uint32_t)v71, (uint32_t)v72});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v55, (uint32_t)v3, (uint32_t)v59, (uint32_t)128, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v64, (uint32_t)v68, (uint32_t)v71, (uint32_t)v69, (uint32_t)v52, (uint32_t)v72, (uint32_t)v73});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v51, (uint32_t)v55, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v42, (uint32_t)v43, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v52, (uint32_t)v55, (uint32_t)v3, (uint32_t)v68, (uint32_t)v69, (uint32_t)v72, (uint32_t)v73, (uint32_t)v74});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -7183,18 +7259,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v110);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v173) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v128) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v119) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v112);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v132) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v177) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v121) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -7222,12 +7298,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v110; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v112; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v175 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v125, (uint32_t)v122, (uint32_t)v129, (uint32_t)128, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v141, (uint32_t)v143, (uint32_t)v142, (uint32_t)v121, (uint32_t)v144, (uint32_t)v145});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v120, (uint32_t)v125, (uint32_t)v122, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v175, (uint32_t)v109, (uint32_t)v110, (uint32_t)v101, (uint32_t)128, (uint32_t)32, (uint32_t)v103, (uint32_t)v121, (uint32_t)v125, (uint32_t)v122, (uint32_t)v141, (uint32_t)v142, (uint32_t)v144, (uint32_t)v145, (uint32_t)v146});
+            const int64_t v179 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v127, (uint32_t)v124, (uint32_t)v131, (uint32_t)128, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v136, (uint32_t)v143, (uint32_t)v146, (uint32_t)v144, (uint32_t)v123, (uint32_t)v147, (uint32_t)v148});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v122, (uint32_t)v127, (uint32_t)v124, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v179, (uint32_t)v111, (uint32_t)v112, (uint32_t)v103, (uint32_t)128, (uint32_t)32, (uint32_t)v105, (uint32_t)v123, (uint32_t)v127, (uint32_t)v124, (uint32_t)v143, (uint32_t)v144, (uint32_t)v147, (uint32_t)v148, (uint32_t)v149});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -7369,147 +7445,151 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v66},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
     const int64_t v68 = (int64_t)ws_ws_gl->address();
+    const int64_t v69 = (8 > 1 ? 8 : 1);
     auto ws_ws_c0 = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v69 = (int64_t)weight->address();
-    const int64_t v70 = (int64_t)ws_ws_c0->address();
+    const int64_t v70 = (int64_t)weight->address();
+    const int64_t v71 = (int64_t)ws_ws_c0->address();
     auto ws_ws_c0l = distributed::MeshBuffer::create(
         distributed::ReplicatedBufferConfig{.size = (uint64_t)v48},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v71 = (int64_t)ws_ws_c0l->address();
-    const int64_t v72 = (int64_t)input_grad->address();
-    const int64_t v73 = v49 * 4096;
-    const int64_t v74 = 0 + v73;
-    const int64_t v75 = v57 * 4096;
-    const int64_t v76 = v74 + v75;
-    const int64_t v77 = 0 + v75;
-    const int64_t v78 = v59 * 128;
-    const int64_t v79 = v76 + v78;
-    const int64_t v80 = v79 + v75;
-    const int64_t v81 = v77 + v75;
-    const int64_t v82 = v80 + v78;
-    const int64_t v83 = v59 * 4096;
-    const int64_t v84 = v82 + v83;
-    const int64_t v85 = v81 + v83;
-    const int64_t v86 = v57 * 2048;
-    const int64_t v87 = v84 + v86;
-    const int64_t v88 = v49 * 2048;
-    const int64_t v89 = v87 + v88;
-    const int64_t v90 = v89 + v88;
-    const int64_t v91 = v90 + v88;
-    const int64_t v92 = v91 + v75;
-    const int64_t v93 = v85 + v75;
-    const bool v94 = v92 <= 1400000;
-    if (!(v94)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v95 = v92 + v93;
-    const bool v96 = v95 <= 1400000;
-    const int64_t v97 = (v96 ? 2 : 1);
-    const int64_t v98 = v57 * v97;
-    const int64_t v99 = v59 * v97;
-    const int64_t v100 = (int64_t)V;
-    const bool v101 = v100 == 0;
-    const int64_t v102 = (int64_t)H;
+    const int64_t v72 = (int64_t)ws_ws_c0l->address();
+    const int64_t v73 = (int64_t)input_grad->address();
+    const int64_t v74 = v49 * 4096;
+    const int64_t v75 = 0 + v74;
+    const int64_t v76 = v57 * 4096;
+    const int64_t v77 = v75 + v76;
+    const int64_t v78 = 0 + v76;
+    const int64_t v79 = v59 * 128;
+    const int64_t v80 = v77 + v79;
+    const int64_t v81 = v80 + v76;
+    const int64_t v82 = v78 + v76;
+    const int64_t v83 = v81 + v79;
+    const int64_t v84 = v59 * 4096;
+    const int64_t v85 = v83 + v84;
+    const int64_t v86 = v82 + v84;
+    const int64_t v87 = v57 * 2048;
+    const int64_t v88 = v85 + v87;
+    const int64_t v89 = v49 * 2048;
+    const int64_t v90 = v88 + v89;
+    const int64_t v91 = v90 + v89;
+    const int64_t v92 = v69 * 2048;
+    const int64_t v93 = v91 + v92;
+    const int64_t v94 = v93 + v76;
+    const int64_t v95 = v86 + v76;
+    const bool v96 = v94 <= 1400000;
+    if (!(v96)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v97 = v94 + v95;
+    const bool v98 = v97 <= 1400000;
+    const int64_t v99 = (v98 ? 2 : 1);
+    const int64_t v100 = v57 * v99;
+    const int64_t v101 = v59 * v99;
+    const int64_t v102 = (int64_t)V;
     const bool v103 = v102 == 0;
-    const bool v104 = v101 || v103;
-    const int64_t v105 = v100 + 128;
-    const int64_t v106 = v105 - 1;
-    const int64_t v107 = v106 / 128;
-    const int64_t v108 = (v104 ? 0 : v107);
-    const int64_t v109 = std::min<int64_t>((int64_t)(grid.x * grid.y), v108 > 1 ? v108 : 1);
-    const int64_t v110 = v109 * 128;
-    const int64_t v111 = v110 + 31;
-    const int64_t v112 = v111 / 32;
-    const int64_t v113 = v102 + 31;
+    const int64_t v104 = (int64_t)H;
+    const bool v105 = v104 == 0;
+    const bool v106 = v103 || v105;
+    const int64_t v107 = v102 + 128;
+    const int64_t v108 = v107 - 1;
+    const int64_t v109 = v108 / 128;
+    const int64_t v110 = (v106 ? 0 : v109);
+    const int64_t v111 = std::min<int64_t>((int64_t)(grid.x * grid.y), v110 > 1 ? v110 : 1);
+    const int64_t v112 = v111 * 128;
+    const int64_t v113 = v112 + 31;
     const int64_t v114 = v113 / 32;
-    const int64_t v115 = v112 * v114;
-    const int64_t v116 = (v115 > 1 ? v115 : 1);
-    const int64_t v117 = v116 * 4096;
+    const int64_t v115 = v104 + 31;
+    const int64_t v116 = v115 / 32;
+    const int64_t v117 = v114 * v116;
+    const int64_t v118 = (v117 > 1 ? v117 : 1);
+    const int64_t v119 = v118 * 4096;
     auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v118 = (2 > 1 ? 2 : 1);
-    const int64_t v119 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v120 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v121 = (int64_t)BT;
-    const int64_t v122 = v121 + 2048;
-    const int64_t v123 = v122 - 1;
-    const int64_t v124 = v123 / 2048;
-    const int64_t v125 = 128 + 31;
-    const int64_t v126 = v125 / 32;
-    const int64_t v127 = (v126 > 1 ? v126 : 1);
-    const int64_t v128 = (int64_t)softmax->address();
-    const int64_t v129 = (1 > 1 ? 1 : 1);
-    const int64_t v130 = (int64_t)masked_target->address();
-    const int64_t v131 = (int64_t)target_mask->address();
-    const int64_t v132 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v133 = (int64_t)grad->address();
-    const int64_t v134 = v109 * 2048;
-    const int64_t v135 = v134 + 31;
-    const int64_t v136 = v135 / 32;
-    const int64_t v137 = v136 * 4;
-    const int64_t v138 = (v137 > 1 ? v137 : 1);
-    const int64_t v139 = v138 * 2048;
+    const int64_t v120 = (2 > 1 ? 2 : 1);
+    const int64_t v121 = (int64_t)opgen_tt_bits(0.0f);
+    const int64_t v122 = (int64_t)ws1_ws_acc0->address();
+    const int64_t v123 = (int64_t)BT;
+    const int64_t v124 = v123 + 2048;
+    const int64_t v125 = v124 - 1;
+    const int64_t v126 = v125 / 2048;
+    const int64_t v127 = 128 + 31;
+    const int64_t v128 = v127 / 32;
+    const int64_t v129 = (v128 > 1 ? v128 : 1);
+    const int64_t v130 = (int64_t)softmax->address();
+    const int64_t v131 = (1 > 1 ? 1 : 1);
+    const int64_t v132 = (int64_t)masked_target->address();
+    const int64_t v133 = (int64_t)target_mask->address();
+    const int64_t v134 = (int64_t)opgen_tt_bits(1.0f);
+    const int64_t v135 = (int64_t)grad->address();
+    const int64_t v136 = v111 * 2048;
+    const int64_t v137 = v136 + 31;
+    const int64_t v138 = v137 / 32;
+    const int64_t v139 = v138 * 4;
+    const int64_t v140 = (v139 > 1 ? v139 : 1);
+    const int64_t v141 = v140 * 2048;
     auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v140 = (int64_t)ws1_ws_g->address();
+    const int64_t v142 = (int64_t)ws1_ws_g->address();
     auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v139},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v141},
         distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v141 = (int64_t)ws1_ws_gl->address();
+    const int64_t v143 = (int64_t)ws1_ws_gl->address();
+    const int64_t v144 = (8 > 1 ? 8 : 1);
     auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v142 = (int64_t)input->address();
-    const int64_t v143 = (int64_t)ws1_ws_c0->address();
+    const int64_t v145 = (int64_t)input->address();
+    const int64_t v146 = (int64_t)ws1_ws_c0->address();
     auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v117},
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)v119},
         distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v144 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v145 = (int64_t)weight_grad->address();
-    const int64_t v146 = v118 * 4096;
-    const int64_t v147 = 0 + v146;
-    const int64_t v148 = v127 * 4096;
-    const int64_t v149 = v147 + v148;
-    const int64_t v150 = 0 + v148;
-    const int64_t v151 = v129 * 128;
-    const int64_t v152 = v149 + v151;
-    const int64_t v153 = v152 + v148;
-    const int64_t v154 = v150 + v148;
-    const int64_t v155 = v153 + v151;
-    const int64_t v156 = v129 * 4096;
-    const int64_t v157 = v155 + v156;
-    const int64_t v158 = v154 + v156;
-    const int64_t v159 = v127 * 2048;
-    const int64_t v160 = v157 + v159;
-    const int64_t v161 = v118 * 2048;
-    const int64_t v162 = v160 + v161;
-    const int64_t v163 = v162 + v161;
-    const int64_t v164 = v163 + v161;
-    const int64_t v165 = v164 + v148;
-    const int64_t v166 = v158 + v148;
-    const bool v167 = v165 <= 1400000;
-    if (!(v167)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v168 = v165 + v166;
-    const bool v169 = v168 <= 1400000;
-    const int64_t v170 = (v169 ? 2 : 1);
-    const int64_t v171 = v127 * v170;
-    const int64_t v172 = v129 * v170;
+    const int64_t v147 = (int64_t)ws1_ws_c0l->address();
+    const int64_t v148 = (int64_t)weight_grad->address();
+    const int64_t v149 = v120 * 4096;
+    const int64_t v150 = 0 + v149;
+    const int64_t v151 = v129 * 4096;
+    const int64_t v152 = v150 + v151;
+    const int64_t v153 = 0 + v151;
+    const int64_t v154 = v131 * 128;
+    const int64_t v155 = v152 + v154;
+    const int64_t v156 = v155 + v151;
+    const int64_t v157 = v153 + v151;
+    const int64_t v158 = v156 + v154;
+    const int64_t v159 = v131 * 4096;
+    const int64_t v160 = v158 + v159;
+    const int64_t v161 = v157 + v159;
+    const int64_t v162 = v129 * 2048;
+    const int64_t v163 = v160 + v162;
+    const int64_t v164 = v120 * 2048;
+    const int64_t v165 = v163 + v164;
+    const int64_t v166 = v165 + v164;
+    const int64_t v167 = v144 * 2048;
+    const int64_t v168 = v166 + v167;
+    const int64_t v169 = v168 + v151;
+    const int64_t v170 = v161 + v151;
+    const bool v171 = v169 <= 1400000;
+    if (!(v171)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v172 = v169 + v170;
+    const bool v173 = v172 <= 1400000;
+    const int64_t v174 = (v173 ? 2 : 1);
+    const int64_t v175 = v129 * v174;
+    const int64_t v176 = v131 * v174;
     {  // launch 0
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v42);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v59) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v101) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v57) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); weight (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v98) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v49) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v100) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -7539,10 +7619,10 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v42; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v173 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v69, (uint32_t)v68, (uint32_t)v51, (uint32_t)v70, (uint32_t)v71});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v173, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v70, (uint32_t)v71, (uint32_t)v72});
+            const int64_t v177 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v54, (uint32_t)v3, (uint32_t)v58, (uint32_t)128, (uint32_t)v60, (uint32_t)v61, (uint32_t)v62, (uint32_t)v63, (uint32_t)v67, (uint32_t)v70, (uint32_t)v68, (uint32_t)v51, (uint32_t)v71, (uint32_t)v72});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v50, (uint32_t)v54, (uint32_t)v3, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v177, (uint32_t)v41, (uint32_t)v42, (uint32_t)v7, (uint32_t)128, (uint32_t)32, (uint32_t)v18, (uint32_t)v51, (uint32_t)v54, (uint32_t)v3, (uint32_t)v67, (uint32_t)v68, (uint32_t)v71, (uint32_t)v72, (uint32_t)v73});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -7550,18 +7630,18 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v109);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v172) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v127) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); input (matmul B tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v118) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v171) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v111);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v176) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v129) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v120) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v144) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v175) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*softmax).append_to(ct_reader);
         TensorAccessorArgs(*masked_target).append_to(ct_reader);
@@ -7589,12 +7669,12 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v109; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v111; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v174 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v124, (uint32_t)v121, (uint32_t)v128, (uint32_t)128, (uint32_t)v130, (uint32_t)v131, (uint32_t)v132, (uint32_t)v133, (uint32_t)v140, (uint32_t)v142, (uint32_t)v141, (uint32_t)v120, (uint32_t)v143, (uint32_t)v144});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v119, (uint32_t)v124, (uint32_t)v121, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v174, (uint32_t)v108, (uint32_t)v109, (uint32_t)v100, (uint32_t)128, (uint32_t)32, (uint32_t)v102, (uint32_t)v120, (uint32_t)v124, (uint32_t)v121, (uint32_t)v140, (uint32_t)v141, (uint32_t)v143, (uint32_t)v144, (uint32_t)v145});
+            const int64_t v178 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v126, (uint32_t)v123, (uint32_t)v130, (uint32_t)128, (uint32_t)v132, (uint32_t)v133, (uint32_t)v134, (uint32_t)v135, (uint32_t)v142, (uint32_t)v145, (uint32_t)v143, (uint32_t)v122, (uint32_t)v146, (uint32_t)v147});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v121, (uint32_t)v126, (uint32_t)v123, (uint32_t)128});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v178, (uint32_t)v110, (uint32_t)v111, (uint32_t)v102, (uint32_t)128, (uint32_t)32, (uint32_t)v104, (uint32_t)v122, (uint32_t)v126, (uint32_t)v123, (uint32_t)v142, (uint32_t)v143, (uint32_t)v146, (uint32_t)v147, (uint32_t)v148});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));

@@ -143,156 +143,166 @@ void kernel_main() {
             const uint32_t v74 = v5 + 31;
             const uint32_t v75 = v74 / 32;
             for (uint32_t i76 = 0; i76 < v75; i76 += 1) {
-                for (uint32_t j77 = 0; j77 < v73; j77 += 1) {
-                    const uint32_t v78 = v12 + 31;
-                    const uint32_t v79 = v78 / 32;
-                    for (uint32_t kk80 = 0; kk80 < v79; kk80 += 1) {
-                        const uint32_t v81 = kk80 * 32;
-                        const uint32_t v82 = v12 - v81;
-                        const uint32_t v83 = v62 + kk80;
-                        const uint32_t v84 = v83 * v65;
-                        const uint32_t v85 = v63 + i76;
-                        const uint32_t v86 = v84 + v85;
-                        const uint32_t v87 = v70 + kk80;
-                        const uint32_t v88 = v87 * v73;
-                        const uint32_t v89 = v71 + j77;
-                        const uint32_t v90 = v88 + v89;
+                for (uint32_t j77 = 0; j77 < v73; j77 += 4) {
+                    const uint32_t v78 = v73 - j77;
+                    const uint32_t v79 = (v78 < 4 ? v78 : 4);
+                    const uint32_t v80 = v12 + 31;
+                    const uint32_t v81 = v80 / 32;
+                    for (uint32_t kk82 = 0; kk82 < v81; kk82 += 1) {
+                        const uint32_t v83 = kk82 * 32;
+                        const uint32_t v84 = v12 - v83;
+                        const uint32_t v85 = v62 + kk82;
+                        const uint32_t v86 = v85 * v65;
+                        const uint32_t v87 = v63 + i76;
+                        const uint32_t v88 = v86 + v87;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v91 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v86, ws1_ws_g, v91);
+                        const uint32_t v89 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v88, ws1_ws_g, v89);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v91, 2, v82, 32);
-                        opgen_tt_transpose(v91, 2);
+                        opgen_tt_keep(v89, 2, v84, 32);
+                        opgen_tt_transpose(v89, 2);
                         cb_push_back(tt::CBIndex::c_8, 1);
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v92 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v90, input, v92);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v92, 2, v82, 32);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+                        for (uint32_t g90 = 0; g90 < v79; g90 += 1) {
+                            const uint32_t v91 = j77 + g90;
+                            const uint32_t v92 = v70 + kk82;
+                            const uint32_t v93 = v92 * v73;
+                            const uint32_t v94 = v71 + v91;
+                            const uint32_t v95 = v93 + v94;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v96 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v95, input, v96);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v96, 2, v84, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i93 = 0; i93 < v75; i93 += 1) {
-                for (uint32_t j94 = 0; j94 < v73; j94 += 1) {
-                    const uint32_t v95 = v12 + 31;
-                    const uint32_t v96 = v95 / 32;
-                    for (uint32_t kk97 = 0; kk97 < v96; kk97 += 1) {
-                        const uint32_t v98 = kk97 * 32;
-                        const uint32_t v99 = v12 - v98;
-                        const uint32_t v100 = v62 + kk97;
-                        const uint32_t v101 = v100 * v65;
-                        const uint32_t v102 = v63 + i93;
-                        const uint32_t v103 = v101 + v102;
-                        const uint32_t v104 = v70 + kk97;
-                        const uint32_t v105 = v104 * v73;
-                        const uint32_t v106 = v71 + j94;
-                        const uint32_t v107 = v105 + v106;
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v108 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v103, ws1_ws_gl, v108);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v108, 2, v99, 32);
-                        opgen_tt_transpose(v108, 2);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+            for (uint32_t i97 = 0; i97 < v75; i97 += 1) {
+                for (uint32_t j98 = 0; j98 < v73; j98 += 4) {
+                    const uint32_t v99 = v73 - j98;
+                    const uint32_t v100 = (v99 < 4 ? v99 : 4);
+                    const uint32_t v101 = v12 + 31;
+                    const uint32_t v102 = v101 / 32;
+                    for (uint32_t kk103 = 0; kk103 < v102; kk103 += 1) {
+                        const uint32_t v104 = kk103 * 32;
+                        const uint32_t v105 = v12 - v104;
+                        const uint32_t v106 = v62 + kk103;
+                        const uint32_t v107 = v106 * v65;
+                        const uint32_t v108 = v63 + i97;
+                        const uint32_t v109 = v107 + v108;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v109 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v107, input, v109);
+                        const uint32_t v110 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v109, ws1_ws_gl, v110);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v109, 2, v99, 32);
+                        opgen_tt_keep(v110, 2, v105, 32);
+                        opgen_tt_transpose(v110, 2);
                         cb_push_back(tt::CBIndex::c_8, 1);
+                        for (uint32_t g111 = 0; g111 < v100; g111 += 1) {
+                            const uint32_t v112 = j98 + g111;
+                            const uint32_t v113 = v70 + kk103;
+                            const uint32_t v114 = v113 * v73;
+                            const uint32_t v115 = v71 + v112;
+                            const uint32_t v116 = v114 + v115;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v117 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v116, input, v117);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v117, 2, v105, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r110 = 0; r110 < v8; r110 += 1) {
-                const uint32_t v111 = H + 128;
-                const uint32_t v112 = v111 - 1;
-                const uint32_t v113 = v112 / 128;
-                for (uint32_t c114 = 0; c114 < v113; c114 += 1) {
-                    const uint32_t v115 = c114 * 128;
-                    const uint32_t v116 = H - v115;
-                    const uint32_t v117 = (v116 < 128 ? v116 : 128);
-                    const uint32_t v118 = v117 + 31;
-                    const uint32_t v119 = v118 / 32;
-                    const uint32_t v120 = core * 128;
-                    const uint32_t v121 = r110 * rows;
-                    const uint32_t v122 = v120 + v121;
-                    const uint32_t v123 = v122 / 32;
-                    const uint32_t v124 = v123 * v73;
-                    const uint32_t v125 = v115 / 32;
-                    const uint32_t v126 = v124 + v125;
-                    const uint32_t v127 = chunk + 31;
-                    const uint32_t v128 = v127 / 32;
-                    const uint32_t v129 = (v128 > 1 ? v128 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v129);
-                    const uint32_t v130 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j131 = 0; j131 < v119; j131 += 1) {
-                        const uint32_t v132 = v126 + j131;
-                        const uint32_t v133 = j131 * 4096;
-                        const uint32_t v134 = v130 + v133;
-                        noc_async_read_page(v132, ws1_ws_acc0, v134);
+            for (uint32_t r118 = 0; r118 < v8; r118 += 1) {
+                const uint32_t v119 = H + 128;
+                const uint32_t v120 = v119 - 1;
+                const uint32_t v121 = v120 / 128;
+                for (uint32_t c122 = 0; c122 < v121; c122 += 1) {
+                    const uint32_t v123 = c122 * 128;
+                    const uint32_t v124 = H - v123;
+                    const uint32_t v125 = (v124 < 128 ? v124 : 128);
+                    const uint32_t v126 = v125 + 31;
+                    const uint32_t v127 = v126 / 32;
+                    const uint32_t v128 = core * 128;
+                    const uint32_t v129 = r118 * rows;
+                    const uint32_t v130 = v128 + v129;
+                    const uint32_t v131 = v130 / 32;
+                    const uint32_t v132 = v131 * v73;
+                    const uint32_t v133 = v123 / 32;
+                    const uint32_t v134 = v132 + v133;
+                    const uint32_t v135 = chunk + 31;
+                    const uint32_t v136 = v135 / 32;
+                    const uint32_t v137 = (v136 > 1 ? v136 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v137);
+                    const uint32_t v138 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j139 = 0; j139 < v127; j139 += 1) {
+                        const uint32_t v140 = v134 + j139;
+                        const uint32_t v141 = j139 * 4096;
+                        const uint32_t v142 = v138 + v141;
+                        noc_async_read_page(v140, ws1_ws_acc0, v142);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v129);
-                    cb_reserve_back(tt::CBIndex::c_3, v129);
-                    const uint32_t v135 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j136 = 0; j136 < v119; j136 += 1) {
-                        const uint32_t v137 = v126 + j136;
-                        const uint32_t v138 = j136 * 4096;
-                        const uint32_t v139 = v135 + v138;
-                        noc_async_read_page(v137, ws1_ws_c0, v139);
+                    cb_push_back(tt::CBIndex::c_1, v137);
+                    cb_reserve_back(tt::CBIndex::c_3, v137);
+                    const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j144 = 0; j144 < v127; j144 += 1) {
+                        const uint32_t v145 = v134 + j144;
+                        const uint32_t v146 = j144 * 4096;
+                        const uint32_t v147 = v143 + v146;
+                        noc_async_read_page(v145, ws1_ws_c0, v147);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v129);
-                    cb_reserve_back(tt::CBIndex::c_10, v129);
-                    const uint32_t v140 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j141 = 0; j141 < v119; j141 += 1) {
-                        const uint32_t v142 = v126 + j141;
-                        const uint32_t v143 = j141 * 4096;
-                        const uint32_t v144 = v140 + v143;
-                        noc_async_read_page(v142, ws1_ws_c0l, v144);
+                    cb_push_back(tt::CBIndex::c_3, v137);
+                    cb_reserve_back(tt::CBIndex::c_10, v137);
+                    const uint32_t v148 = get_write_ptr(tt::CBIndex::c_10);
+                    for (uint32_t j149 = 0; j149 < v127; j149 += 1) {
+                        const uint32_t v150 = v134 + j149;
+                        const uint32_t v151 = j149 * 4096;
+                        const uint32_t v152 = v148 + v151;
+                        noc_async_read_page(v150, ws1_ws_c0l, v152);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v129);
+                    cb_push_back(tt::CBIndex::c_10, v137);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r145 = 0; r145 < v8; r145 += 1) {
-            const uint32_t v146 = H + 128;
-            const uint32_t v147 = v146 - 1;
-            const uint32_t v148 = v147 / 128;
-            for (uint32_t c149 = 0; c149 < v148; c149 += 1) {
-                const uint32_t v150 = c149 * 128;
-                const uint32_t v151 = H - v150;
-                const uint32_t v152 = (v151 < 128 ? v151 : 128);
-                const uint32_t v153 = v152 + 31;
-                const uint32_t v154 = v153 / 32;
-                const uint32_t v155 = H + 31;
-                const uint32_t v156 = v155 / 32;
-                const uint32_t v157 = core * 128;
-                const uint32_t v158 = r145 * rows;
-                const uint32_t v159 = v157 + v158;
-                const uint32_t v160 = v159 / 32;
-                const uint32_t v161 = v160 * v156;
-                const uint32_t v162 = v150 / 32;
-                const uint32_t v163 = v161 + v162;
-                const uint32_t v164 = chunk + 31;
-                const uint32_t v165 = v164 / 32;
-                const uint32_t v166 = (v165 > 1 ? v165 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v166);
-                const uint32_t v167 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j168 = 0; j168 < v154; j168 += 1) {
-                    const uint32_t v169 = v163 + j168;
-                    const uint32_t v170 = j168 * 4096;
-                    const uint32_t v171 = v167 + v170;
-                    noc_async_read_page(v169, ws1_ws_acc0, v171);
+        for (uint32_t r153 = 0; r153 < v8; r153 += 1) {
+            const uint32_t v154 = H + 128;
+            const uint32_t v155 = v154 - 1;
+            const uint32_t v156 = v155 / 128;
+            for (uint32_t c157 = 0; c157 < v156; c157 += 1) {
+                const uint32_t v158 = c157 * 128;
+                const uint32_t v159 = H - v158;
+                const uint32_t v160 = (v159 < 128 ? v159 : 128);
+                const uint32_t v161 = v160 + 31;
+                const uint32_t v162 = v161 / 32;
+                const uint32_t v163 = H + 31;
+                const uint32_t v164 = v163 / 32;
+                const uint32_t v165 = core * 128;
+                const uint32_t v166 = r153 * rows;
+                const uint32_t v167 = v165 + v166;
+                const uint32_t v168 = v167 / 32;
+                const uint32_t v169 = v168 * v164;
+                const uint32_t v170 = v158 / 32;
+                const uint32_t v171 = v169 + v170;
+                const uint32_t v172 = chunk + 31;
+                const uint32_t v173 = v172 / 32;
+                const uint32_t v174 = (v173 > 1 ? v173 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v174);
+                const uint32_t v175 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j176 = 0; j176 < v162; j176 += 1) {
+                    const uint32_t v177 = v171 + j176;
+                    const uint32_t v178 = j176 * 4096;
+                    const uint32_t v179 = v175 + v178;
+                    noc_async_read_page(v177, ws1_ws_acc0, v179);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v166);
+                cb_push_back(tt::CBIndex::c_1, v174);
             }
         }
     }

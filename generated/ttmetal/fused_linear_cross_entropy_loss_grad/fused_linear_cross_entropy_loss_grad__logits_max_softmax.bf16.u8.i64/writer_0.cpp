@@ -129,57 +129,67 @@ void kernel_main() {
             const uint32_t v66 = v4 + 31;
             const uint32_t v67 = v66 / 32;
             for (uint32_t i68 = 0; i68 < v67; i68 += 1) {
-                for (uint32_t j69 = 0; j69 < v65; j69 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v70 = v62 + i68;
-                    const uint32_t v71 = v70 * v65;
-                    const uint32_t v72 = v63 + j69;
-                    const uint32_t v73 = v71 + v72;
-                    const uint32_t v74 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v73, ws_ws_c0, v74);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
+                for (uint32_t j69 = 0; j69 < v65; j69 += 4) {
+                    const uint32_t v70 = v65 - j69;
+                    const uint32_t v71 = (v70 < 4 ? v70 : 4);
+                    for (uint32_t g72 = 0; g72 < v71; g72 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v73 = j69 + g72;
+                        const uint32_t v74 = v62 + i68;
+                        const uint32_t v75 = v74 * v65;
+                        const uint32_t v76 = v63 + v73;
+                        const uint32_t v77 = v75 + v76;
+                        const uint32_t v78 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v77, ws_ws_c0, v78);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
                 }
             }
             noc_async_write_barrier();
-            for (uint32_t i75 = 0; i75 < v67; i75 += 1) {
-                for (uint32_t j76 = 0; j76 < v65; j76 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v77 = v62 + i75;
-                    const uint32_t v78 = v77 * v65;
-                    const uint32_t v79 = v63 + j76;
-                    const uint32_t v80 = v78 + v79;
-                    const uint32_t v81 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v80, ws_ws_c0l, v81);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
+            for (uint32_t i79 = 0; i79 < v67; i79 += 1) {
+                for (uint32_t j80 = 0; j80 < v65; j80 += 4) {
+                    const uint32_t v81 = v65 - j80;
+                    const uint32_t v82 = (v81 < 4 ? v81 : 4);
+                    for (uint32_t g83 = 0; g83 < v82; g83 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v84 = j80 + g83;
+                        const uint32_t v85 = v62 + i79;
+                        const uint32_t v86 = v85 * v65;
+                        const uint32_t v87 = v63 + v84;
+                        const uint32_t v88 = v86 + v87;
+                        const uint32_t v89 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v88, ws_ws_c0l, v89);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
                 }
             }
             noc_async_write_barrier();
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
-            for (uint32_t r82 = 0; r82 < v7; r82 += 1) {
-                const uint32_t v83 = H + 128;
-                const uint32_t v84 = v83 - 1;
-                const uint32_t v85 = v84 / 128;
-                for (uint32_t c86 = 0; c86 < v85; c86 += 1) {
-                    const uint32_t v87 = c86 * 128;
-                    const uint32_t v88 = H - v87;
-                    const uint32_t v89 = (v88 < 128 ? v88 : 128);
-                    const uint32_t v90 = v89 + 31;
-                    const uint32_t v91 = v90 / 32;
-                    const uint32_t v92 = r82 * rows;
-                    const uint32_t v93 = v57 + v92;
-                    const uint32_t v94 = v93 / 32;
-                    const uint32_t v95 = v94 * v65;
-                    const uint32_t v96 = v87 / 32;
-                    const uint32_t v97 = v95 + v96;
-                    for (uint32_t j98 = 0; j98 < v91; j98 += 1) {
+            for (uint32_t r90 = 0; r90 < v7; r90 += 1) {
+                const uint32_t v91 = H + 128;
+                const uint32_t v92 = v91 - 1;
+                const uint32_t v93 = v92 / 128;
+                for (uint32_t c94 = 0; c94 < v93; c94 += 1) {
+                    const uint32_t v95 = c94 * 128;
+                    const uint32_t v96 = H - v95;
+                    const uint32_t v97 = (v96 < 128 ? v96 : 128);
+                    const uint32_t v98 = v97 + 31;
+                    const uint32_t v99 = v98 / 32;
+                    const uint32_t v100 = r90 * rows;
+                    const uint32_t v101 = v57 + v100;
+                    const uint32_t v102 = v101 / 32;
+                    const uint32_t v103 = v102 * v65;
+                    const uint32_t v104 = v95 / 32;
+                    const uint32_t v105 = v103 + v104;
+                    for (uint32_t j106 = 0; j106 < v99; j106 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v99 = v97 + j98;
-                        const uint32_t v100 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v99, ws_ws_acc0, v100);
+                        const uint32_t v107 = v105 + j106;
+                        const uint32_t v108 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v107, ws_ws_acc0, v108);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -190,29 +200,29 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_2, 1);
         cb_push_back(tt::CBIndex::c_2, 1);
-        for (uint32_t r101 = 0; r101 < v7; r101 += 1) {
-            const uint32_t v102 = H + 128;
-            const uint32_t v103 = v102 - 1;
-            const uint32_t v104 = v103 / 128;
-            for (uint32_t c105 = 0; c105 < v104; c105 += 1) {
-                const uint32_t v106 = c105 * 128;
-                const uint32_t v107 = H - v106;
-                const uint32_t v108 = (v107 < 128 ? v107 : 128);
-                const uint32_t v109 = v108 + 31;
-                const uint32_t v110 = v109 / 32;
-                const uint32_t v111 = H + 31;
-                const uint32_t v112 = v111 / 32;
-                const uint32_t v113 = r101 * rows;
-                const uint32_t v114 = v2 + v113;
-                const uint32_t v115 = v114 / 32;
-                const uint32_t v116 = v115 * v112;
-                const uint32_t v117 = v106 / 32;
-                const uint32_t v118 = v116 + v117;
-                for (uint32_t j119 = 0; j119 < v110; j119 += 1) {
+        for (uint32_t r109 = 0; r109 < v7; r109 += 1) {
+            const uint32_t v110 = H + 128;
+            const uint32_t v111 = v110 - 1;
+            const uint32_t v112 = v111 / 128;
+            for (uint32_t c113 = 0; c113 < v112; c113 += 1) {
+                const uint32_t v114 = c113 * 128;
+                const uint32_t v115 = H - v114;
+                const uint32_t v116 = (v115 < 128 ? v115 : 128);
+                const uint32_t v117 = v116 + 31;
+                const uint32_t v118 = v117 / 32;
+                const uint32_t v119 = H + 31;
+                const uint32_t v120 = v119 / 32;
+                const uint32_t v121 = r109 * rows;
+                const uint32_t v122 = v2 + v121;
+                const uint32_t v123 = v122 / 32;
+                const uint32_t v124 = v123 * v120;
+                const uint32_t v125 = v114 / 32;
+                const uint32_t v126 = v124 + v125;
+                for (uint32_t j127 = 0; j127 < v118; j127 += 1) {
                     cb_wait_front(tt::CBIndex::c_7, 1);
-                    const uint32_t v120 = v118 + j119;
-                    const uint32_t v121 = get_read_ptr(tt::CBIndex::c_7);
-                    noc_async_write_page(v120, input_grad, v121);
+                    const uint32_t v128 = v126 + j127;
+                    const uint32_t v129 = get_read_ptr(tt::CBIndex::c_7);
+                    noc_async_write_page(v128, input_grad, v129);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_7, 1);
                 }

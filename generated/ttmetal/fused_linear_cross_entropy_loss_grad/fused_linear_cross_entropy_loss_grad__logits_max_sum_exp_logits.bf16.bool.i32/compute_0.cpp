@@ -76,50 +76,56 @@ void kernel_main() {
                 const uint32_t v25 = (v24 < 2048 ? v24 : 2048);
                 const uint32_t v26 = v25 + 31;
                 const uint32_t v27 = v26 / 32;
-                for (uint32_t j28 = 0; j28 < v27; j28 += 1) {
+                for (uint32_t j28 = 0; j28 < v27; j28 += 4) {
+                    const uint32_t v29 = v27 - j28;
+                    const uint32_t v30 = (v29 < 4 ? v29 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 1);
-                    const uint32_t v29 = H + 31;
-                    const uint32_t v30 = v29 / 32;
-                    for (uint32_t kk31 = 0; kk31 < v30; kk31 += 1) {
+                    const uint32_t v31 = H + 31;
+                    const uint32_t v32 = v31 / 32;
+                    for (uint32_t kk33 = 0; kk33 < v32; kk33 += 1) {
                         cb_wait_front(tt::CBIndex::c_2, 1);
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, 0);
+                        for (uint32_t g34 = 0; g34 < v30; g34 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g34);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_2, 1);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g35 = 0; g35 < v30; g35 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g35, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t r32 = 0; r32 < v7; r32 += 1) {
-                const uint32_t v33 = x19 * 2048;
-                const uint32_t v34 = V - v33;
-                const uint32_t v35 = (v34 < 2048 ? v34 : 2048);
-                const uint32_t v36 = v35 + 128;
-                const uint32_t v37 = v36 - 1;
-                const uint32_t v38 = v37 / 128;
-                for (uint32_t c39 = 0; c39 < v38; c39 += 1) {
-                    const uint32_t v40 = chunk + 31;
-                    const uint32_t v41 = v40 / 32;
-                    const uint32_t v42 = (v41 > 1 ? v41 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v42);
+            for (uint32_t r36 = 0; r36 < v7; r36 += 1) {
+                const uint32_t v37 = x19 * 2048;
+                const uint32_t v38 = V - v37;
+                const uint32_t v39 = (v38 < 2048 ? v38 : 2048);
+                const uint32_t v40 = v39 + 128;
+                const uint32_t v41 = v40 - 1;
+                const uint32_t v42 = v41 / 128;
+                for (uint32_t c43 = 0; c43 < v42; c43 += 1) {
+                    const uint32_t v44 = chunk + 31;
+                    const uint32_t v45 = v44 / 32;
+                    const uint32_t v46 = (v45 > 1 ? v45 : 1);
+                    cb_wait_front(tt::CBIndex::c_4, v46);
                     cb_wait_front(tt::CBIndex::c_5, 1);
                     cb_wait_front(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_8, v42);
+                    cb_wait_front(tt::CBIndex::c_8, v46);
                     cb_wait_front(tt::CBIndex::c_9, 1);
-                    for (uint32_t j43 = 0; j43 < v42; j43 += 1) {
+                    for (uint32_t j47 = 0; j47 < v46; j47 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j43, 0);
+                        copy_tile(tt::CBIndex::c_4, j47, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
                         unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
                         unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
@@ -134,7 +140,7 @@ void kernel_main() {
                         div_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j43, 1);
+                        copy_tile(tt::CBIndex::c_8, j47, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_9);
@@ -150,17 +156,17 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_10, 1);
                         tile_regs_release();
                     }
-                    cb_wait_front(tt::CBIndex::c_10, v42);
-                    const uint32_t v44 = c39 * 128;
-                    const uint32_t v45 = v35 - v44;
-                    const uint32_t v46 = (v45 < 128 ? v45 : 128);
-                    const uint32_t v47 = v46 + 31;
-                    const uint32_t v48 = v47 / 32;
-                    for (uint32_t j49 = 0; j49 < v48; j49 += 1) {
+                    cb_wait_front(tt::CBIndex::c_10, v46);
+                    const uint32_t v48 = c43 * 128;
+                    const uint32_t v49 = v39 - v48;
+                    const uint32_t v50 = (v49 < 128 ? v49 : 128);
+                    const uint32_t v51 = v50 + 31;
+                    const uint32_t v52 = v51 / 32;
+                    for (uint32_t j53 = 0; j53 < v52; j53 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j49, 0);
+                        copy_tile(tt::CBIndex::c_10, j53, 0);
                         tile_regs_commit();
                         tile_regs_wait();
                         cb_reserve_back(tt::CBIndex::c_11, 1);
@@ -169,11 +175,11 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_11, 1);
                         tile_regs_release();
                     }
-                    for (uint32_t j50 = 0; j50 < v48; j50 += 1) {
+                    for (uint32_t j54 = 0; j54 < v52; j54 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j50, 0);
+                        copy_tile(tt::CBIndex::c_4, j54, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
                         unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
                         unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
@@ -188,7 +194,7 @@ void kernel_main() {
                         div_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j50, 1);
+                        copy_tile(tt::CBIndex::c_8, j54, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_9);
@@ -198,7 +204,7 @@ void kernel_main() {
                         mul_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j50, 1);
+                        copy_tile(tt::CBIndex::c_10, j54, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         tile_regs_commit();
@@ -209,101 +215,113 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_11, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v42);
+                    cb_pop_front(tt::CBIndex::c_10, v46);
                     cb_pop_front(tt::CBIndex::c_9, 1);
-                    cb_pop_front(tt::CBIndex::c_8, v42);
+                    cb_pop_front(tt::CBIndex::c_8, v46);
                     cb_pop_front(tt::CBIndex::c_7, 1);
                     cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_4, v42);
+                    cb_pop_front(tt::CBIndex::c_4, v46);
                 }
             }
-            for (uint32_t i51 = 0; i51 < v21; i51 += 1) {
-                const uint32_t v52 = H + 31;
-                const uint32_t v53 = v52 / 32;
-                for (uint32_t j54 = 0; j54 < v53; j54 += 1) {
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_2);
-                    reconfig_data_format_srcb(tt::CBIndex::c_3);
-                    matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_2, 0);
-                    const uint32_t v55 = x19 * 2048;
-                    const uint32_t v56 = V - v55;
-                    const uint32_t v57 = (v56 < 2048 ? v56 : 2048);
-                    const uint32_t v58 = v57 + 31;
-                    const uint32_t v59 = v58 / 32;
-                    for (uint32_t kk60 = 0; kk60 < v59; kk60 += 1) {
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        matmul_tiles(tt::CBIndex::c_3, tt::CBIndex::c_2, 0, 0, 0);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t i61 = 0; i61 < v21; i61 += 1) {
-                const uint32_t v62 = H + 31;
-                const uint32_t v63 = v62 / 32;
-                for (uint32_t j64 = 0; j64 < v63; j64 += 1) {
+            for (uint32_t i55 = 0; i55 < v21; i55 += 1) {
+                const uint32_t v56 = H + 31;
+                const uint32_t v57 = v56 / 32;
+                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
+                    const uint32_t v59 = v57 - j58;
+                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    const uint32_t v65 = x19 * 2048;
-                    const uint32_t v66 = V - v65;
-                    const uint32_t v67 = (v66 < 2048 ? v66 : 2048);
-                    const uint32_t v68 = v67 + 31;
-                    const uint32_t v69 = v68 / 32;
-                    for (uint32_t kk70 = 0; kk70 < v69; kk70 += 1) {
+                    const uint32_t v61 = x19 * 2048;
+                    const uint32_t v62 = V - v61;
+                    const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
+                    const uint32_t v64 = v63 + 31;
+                    const uint32_t v65 = v64 / 32;
+                    for (uint32_t kk66 = 0; kk66 < v65; kk66 += 1) {
                         cb_wait_front(tt::CBIndex::c_2, 1);
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, 0);
+                        for (uint32_t g67 = 0; g67 < v60; g67 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g67);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_2, 1);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g68 = 0; g68 < v60; g68 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g68, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t r71 = 0; r71 < v7; r71 += 1) {
-                const uint32_t v72 = H + 128;
-                const uint32_t v73 = v72 - 1;
-                const uint32_t v74 = v73 / 128;
-                for (uint32_t c75 = 0; c75 < v74; c75 += 1) {
-                    const uint32_t v76 = chunk + 31;
-                    const uint32_t v77 = v76 / 32;
-                    const uint32_t v78 = (v77 > 1 ? v77 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v78);
-                    cb_wait_front(tt::CBIndex::c_8, v78);
-                    cb_wait_front(tt::CBIndex::c_12, v78);
-                    const uint32_t v79 = c75 * 128;
-                    const uint32_t v80 = H - v79;
-                    const uint32_t v81 = (v80 < 128 ? v80 : 128);
-                    const uint32_t v82 = v81 + 31;
-                    const uint32_t v83 = v82 / 32;
-                    for (uint32_t j84 = 0; j84 < v83; j84 += 1) {
+            for (uint32_t i69 = 0; i69 < v21; i69 += 1) {
+                const uint32_t v70 = H + 31;
+                const uint32_t v71 = v70 / 32;
+                for (uint32_t j72 = 0; j72 < v71; j72 += 4) {
+                    const uint32_t v73 = v71 - j72;
+                    const uint32_t v74 = (v73 < 4 ? v73 : 4);
+                    tile_regs_acquire();
+                    reconfig_data_format_srca(tt::CBIndex::c_3);
+                    reconfig_data_format_srcb(tt::CBIndex::c_2);
+                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
+                    const uint32_t v75 = x19 * 2048;
+                    const uint32_t v76 = V - v75;
+                    const uint32_t v77 = (v76 < 2048 ? v76 : 2048);
+                    const uint32_t v78 = v77 + 31;
+                    const uint32_t v79 = v78 / 32;
+                    for (uint32_t kk80 = 0; kk80 < v79; kk80 += 1) {
+                        cb_wait_front(tt::CBIndex::c_2, 1);
+                        for (uint32_t g81 = 0; g81 < v74; g81 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g81);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
+                        cb_pop_front(tt::CBIndex::c_2, 1);
+                    }
+                    tile_regs_commit();
+                    tile_regs_wait();
+                    pack_reconfig_data_format(tt::CBIndex::c_0);
+                    for (uint32_t g82 = 0; g82 < v74; g82 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g82, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
+                    tile_regs_release();
+                }
+            }
+            for (uint32_t r83 = 0; r83 < v7; r83 += 1) {
+                const uint32_t v84 = H + 128;
+                const uint32_t v85 = v84 - 1;
+                const uint32_t v86 = v85 / 128;
+                for (uint32_t c87 = 0; c87 < v86; c87 += 1) {
+                    const uint32_t v88 = chunk + 31;
+                    const uint32_t v89 = v88 / 32;
+                    const uint32_t v90 = (v89 > 1 ? v89 : 1);
+                    cb_wait_front(tt::CBIndex::c_4, v90);
+                    cb_wait_front(tt::CBIndex::c_8, v90);
+                    cb_wait_front(tt::CBIndex::c_12, v90);
+                    const uint32_t v91 = c87 * 128;
+                    const uint32_t v92 = H - v91;
+                    const uint32_t v93 = (v92 < 128 ? v92 : 128);
+                    const uint32_t v94 = v93 + 31;
+                    const uint32_t v95 = v94 / 32;
+                    for (uint32_t j96 = 0; j96 < v95; j96 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j84, 0);
+                        copy_tile(tt::CBIndex::c_8, j96, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_12);
                         copy_init(tt::CBIndex::c_12);
-                        copy_tile(tt::CBIndex::c_12, j84, 1);
+                        copy_tile(tt::CBIndex::c_12, j96, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j84, 1);
+                        copy_tile(tt::CBIndex::c_4, j96, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -314,31 +332,31 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_12, v78);
-                    cb_pop_front(tt::CBIndex::c_8, v78);
-                    cb_pop_front(tt::CBIndex::c_4, v78);
+                    cb_pop_front(tt::CBIndex::c_12, v90);
+                    cb_pop_front(tt::CBIndex::c_8, v90);
+                    cb_pop_front(tt::CBIndex::c_4, v90);
                 }
             }
         }
-        for (uint32_t r85 = 0; r85 < v7; r85 += 1) {
-            const uint32_t v86 = H + 128;
-            const uint32_t v87 = v86 - 1;
-            const uint32_t v88 = v87 / 128;
-            for (uint32_t c89 = 0; c89 < v88; c89 += 1) {
-                const uint32_t v90 = chunk + 31;
-                const uint32_t v91 = v90 / 32;
-                const uint32_t v92 = (v91 > 1 ? v91 : 1);
-                cb_wait_front(tt::CBIndex::c_4, v92);
-                const uint32_t v93 = c89 * 128;
-                const uint32_t v94 = H - v93;
-                const uint32_t v95 = (v94 < 128 ? v94 : 128);
-                const uint32_t v96 = v95 + 31;
-                const uint32_t v97 = v96 / 32;
-                for (uint32_t j98 = 0; j98 < v97; j98 += 1) {
+        for (uint32_t r97 = 0; r97 < v7; r97 += 1) {
+            const uint32_t v98 = H + 128;
+            const uint32_t v99 = v98 - 1;
+            const uint32_t v100 = v99 / 128;
+            for (uint32_t c101 = 0; c101 < v100; c101 += 1) {
+                const uint32_t v102 = chunk + 31;
+                const uint32_t v103 = v102 / 32;
+                const uint32_t v104 = (v103 > 1 ? v103 : 1);
+                cb_wait_front(tt::CBIndex::c_4, v104);
+                const uint32_t v105 = c101 * 128;
+                const uint32_t v106 = H - v105;
+                const uint32_t v107 = (v106 < 128 ? v106 : 128);
+                const uint32_t v108 = v107 + 31;
+                const uint32_t v109 = v108 / 32;
+                for (uint32_t j110 = 0; j110 < v109; j110 += 1) {
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_4);
                     copy_init(tt::CBIndex::c_4);
-                    copy_tile(tt::CBIndex::c_4, j98, 0);
+                    copy_tile(tt::CBIndex::c_4, j110, 0);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_11, 1);
@@ -347,7 +365,7 @@ void kernel_main() {
                     cb_push_back(tt::CBIndex::c_11, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_4, v92);
+                cb_pop_front(tt::CBIndex::c_4, v104);
             }
         }
     }

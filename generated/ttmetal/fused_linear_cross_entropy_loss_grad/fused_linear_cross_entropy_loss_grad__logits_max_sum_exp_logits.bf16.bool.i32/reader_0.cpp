@@ -88,268 +88,283 @@ void kernel_main() {
                 const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
                 const uint32_t v30 = v29 + 31;
                 const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 1) {
-                    for (uint32_t kk33 = 0; kk33 < v17; kk33 += 1) {
-                        const uint32_t v34 = kk33 * 32;
-                        const uint32_t v35 = H - v34;
-                        const uint32_t v36 = v14 + i27;
-                        const uint32_t v37 = v36 * v17;
-                        const uint32_t v38 = v15 + kk33;
-                        const uint32_t v39 = v37 + v38;
-                        const uint32_t v40 = v23 + j32;
-                        const uint32_t v41 = v40 * v17;
-                        const uint32_t v42 = v24 + kk33;
-                        const uint32_t v43 = v41 + v42;
+                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
+                    const uint32_t v33 = v31 - j32;
+                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
+                    for (uint32_t kk35 = 0; kk35 < v17; kk35 += 1) {
+                        const uint32_t v36 = kk35 * 32;
+                        const uint32_t v37 = H - v36;
+                        const uint32_t v38 = v14 + i27;
+                        const uint32_t v39 = v38 * v17;
+                        const uint32_t v40 = v15 + kk35;
+                        const uint32_t v41 = v39 + v40;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v44 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v39, input, v44);
+                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v41, input, v42);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v44, 2, 32, v35);
+                        opgen_tt_keep(v42, 2, 32, v37);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v45 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v43, weight, v45);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v45, 2, 32, v35);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
+                            const uint32_t v44 = j32 + g43;
+                            const uint32_t v45 = v23 + v44;
+                            const uint32_t v46 = v45 * v17;
+                            const uint32_t v47 = v24 + kk35;
+                            const uint32_t v48 = v46 + v47;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v48, weight, v49);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v49, 2, 32, v37);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r46 = 0; r46 < v8; r46 += 1) {
-                const uint32_t v47 = V - v18;
-                const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
-                const uint32_t v49 = v48 + 128;
-                const uint32_t v50 = v49 - 1;
-                const uint32_t v51 = v50 / 128;
-                for (uint32_t c52 = 0; c52 < v51; c52 += 1) {
-                    const uint32_t v53 = c52 * 128;
-                    const uint32_t v54 = v48 - v53;
-                    const uint32_t v55 = (v54 < 128 ? v54 : 128);
-                    const uint32_t v56 = v55 + 31;
-                    const uint32_t v57 = v56 / 32;
-                    const uint32_t v58 = core * 128;
-                    const uint32_t v59 = r46 * rows;
-                    const uint32_t v60 = v58 + v59;
+            for (uint32_t r50 = 0; r50 < v8; r50 += 1) {
+                const uint32_t v51 = V - v18;
+                const uint32_t v52 = (v51 < 2048 ? v51 : 2048);
+                const uint32_t v53 = v52 + 128;
+                const uint32_t v54 = v53 - 1;
+                const uint32_t v55 = v54 / 128;
+                for (uint32_t c56 = 0; c56 < v55; c56 += 1) {
+                    const uint32_t v57 = c56 * 128;
+                    const uint32_t v58 = v52 - v57;
+                    const uint32_t v59 = (v58 < 128 ? v58 : 128);
+                    const uint32_t v60 = v59 + 31;
                     const uint32_t v61 = v60 / 32;
-                    const uint32_t v62 = v61 * 64;
-                    const uint32_t v63 = v53 / 32;
+                    const uint32_t v62 = core * 128;
+                    const uint32_t v63 = r50 * rows;
                     const uint32_t v64 = v62 + v63;
-                    const uint32_t v65 = chunk + 31;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = (v66 > 1 ? v66 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v67);
-                    const uint32_t v68 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j69 = 0; j69 < v57; j69 += 1) {
-                        const uint32_t v70 = v64 + j69;
-                        const uint32_t v71 = j69 * 4096;
-                        const uint32_t v72 = v68 + v71;
-                        noc_async_read_page(v70, ws_ws_p, v72);
+                    const uint32_t v65 = v64 / 32;
+                    const uint32_t v66 = v65 * 64;
+                    const uint32_t v67 = v57 / 32;
+                    const uint32_t v68 = v66 + v67;
+                    const uint32_t v69 = chunk + 31;
+                    const uint32_t v70 = v69 / 32;
+                    const uint32_t v71 = (v70 > 1 ? v70 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v71);
+                    const uint32_t v72 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j73 = 0; j73 < v61; j73 += 1) {
+                        const uint32_t v74 = v68 + j73;
+                        const uint32_t v75 = j73 * 4096;
+                        const uint32_t v76 = v72 + v75;
+                        noc_async_read_page(v74, ws_ws_p, v76);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v67);
+                    cb_push_back(tt::CBIndex::c_4, v71);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v73 = v3 + v59;
-                    const uint32_t v74 = v5 - v59;
-                    const uint32_t v75 = (v74 < rows ? v74 : rows);
-                    const uint32_t v76 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v73, v75, v76, v1);
+                    const uint32_t v77 = v3 + v63;
+                    const uint32_t v78 = v5 - v63;
+                    const uint32_t v79 = (v78 < rows ? v78 : rows);
+                    const uint32_t v80 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(logits_max, 4, v77, v79, v80, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                     cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v77 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v73, v75, v77, v1);
+                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_7);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v77, v79, v81, v1);
                     cb_push_back(tt::CBIndex::c_7, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v67);
-                    const uint32_t v78 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v79 = v67 * 4096;
-                    opgen_tt_zero_l1(v78, v79);
-                    for (uint32_t h80 = 0; h80 < v75; h80 += 1) {
-                        const uint32_t v81 = v73 + h80;
-                        const uint32_t v82 = opgen_tt_load_elem(masked_target, 4, v81, v1);
-                        const uint32_t v83 = opgen_tt_load_bit(target_mask, 0, v81, v1);
-                        const bool v84 = v83 != 0;
-                        const bool v85 = !v84;
-                        const uint32_t v86 = (uint32_t)(v82);
-                        const uint32_t v87 = v18 + v53;
-                        const uint32_t v88 = v86 - v87;
-                        const uint32_t v89 = (v85 ? v88 : -1);
-                        opgen_tt_set_word(v78, h80, v89, v55, f17);
+                    cb_reserve_back(tt::CBIndex::c_8, v71);
+                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_8);
+                    const uint32_t v83 = v71 * 4096;
+                    opgen_tt_zero_l1(v82, v83);
+                    for (uint32_t h84 = 0; h84 < v79; h84 += 1) {
+                        const uint32_t v85 = v77 + h84;
+                        const uint32_t v86 = opgen_tt_load_elem(masked_target, 4, v85, v1);
+                        const uint32_t v87 = opgen_tt_load_bit(target_mask, 0, v85, v1);
+                        const bool v88 = v87 != 0;
+                        const bool v89 = !v88;
+                        const uint32_t v90 = (uint32_t)(v86);
+                        const uint32_t v91 = v18 + v57;
+                        const uint32_t v92 = v90 - v91;
+                        const uint32_t v93 = (v89 ? v92 : -1);
+                        opgen_tt_set_word(v82, h84, v93, v59, f17);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v67);
+                    cb_push_back(tt::CBIndex::c_8, v71);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v90 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v73, v75, v90, v1);
+                    const uint32_t v94 = get_write_ptr(tt::CBIndex::c_9);
+                    opgen_tt_col_from_row(grad, 4, v77, v79, v94, v1);
                     cb_push_back(tt::CBIndex::c_9, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v91 = core * 128;
-            const uint32_t v92 = v91 * 2048;
-            const uint32_t v93 = v92 / 2048;
-            const uint32_t v94 = v93 * 2048;
-            const uint32_t v95 = v92 - v94;
-            const uint32_t v96 = v93 / 32;
-            const uint32_t v97 = v95 / 32;
-            const uint32_t v98 = 2048 + 31;
-            const uint32_t v99 = v98 / 32;
-            for (uint32_t i100 = 0; i100 < v26; i100 += 1) {
-                for (uint32_t j101 = 0; j101 < v17; j101 += 1) {
-                    const uint32_t v102 = V - v18;
-                    const uint32_t v103 = (v102 < 2048 ? v102 : 2048);
-                    const uint32_t v104 = v103 + 31;
-                    const uint32_t v105 = v104 / 32;
-                    for (uint32_t kk106 = 0; kk106 < v105; kk106 += 1) {
-                        const uint32_t v107 = kk106 * 32;
-                        const uint32_t v108 = v103 - v107;
-                        const uint32_t v109 = v96 + i100;
-                        const uint32_t v110 = v109 * v99;
-                        const uint32_t v111 = v97 + kk106;
-                        const uint32_t v112 = v110 + v111;
-                        const uint32_t v113 = v23 + kk106;
-                        const uint32_t v114 = v113 * v17;
-                        const uint32_t v115 = v24 + j101;
-                        const uint32_t v116 = v114 + v115;
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v117 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v112, ws_ws_g, v117);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v117, 2, 32, v108);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+            const uint32_t v95 = core * 128;
+            const uint32_t v96 = v95 * 2048;
+            const uint32_t v97 = v96 / 2048;
+            const uint32_t v98 = v97 * 2048;
+            const uint32_t v99 = v96 - v98;
+            const uint32_t v100 = v97 / 32;
+            const uint32_t v101 = v99 / 32;
+            const uint32_t v102 = 2048 + 31;
+            const uint32_t v103 = v102 / 32;
+            for (uint32_t i104 = 0; i104 < v26; i104 += 1) {
+                for (uint32_t j105 = 0; j105 < v17; j105 += 4) {
+                    const uint32_t v106 = v17 - j105;
+                    const uint32_t v107 = (v106 < 4 ? v106 : 4);
+                    const uint32_t v108 = V - v18;
+                    const uint32_t v109 = (v108 < 2048 ? v108 : 2048);
+                    const uint32_t v110 = v109 + 31;
+                    const uint32_t v111 = v110 / 32;
+                    for (uint32_t kk112 = 0; kk112 < v111; kk112 += 1) {
+                        const uint32_t v113 = kk112 * 32;
+                        const uint32_t v114 = v109 - v113;
+                        const uint32_t v115 = v100 + i104;
+                        const uint32_t v116 = v115 * v103;
+                        const uint32_t v117 = v101 + kk112;
+                        const uint32_t v118 = v116 + v117;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v118 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v116, weight, v118);
+                        const uint32_t v119 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v118, ws_ws_g, v119);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v118, 2, v108, 32);
+                        opgen_tt_keep(v119, 2, 32, v114);
                         cb_push_back(tt::CBIndex::c_2, 1);
+                        for (uint32_t g120 = 0; g120 < v107; g120 += 1) {
+                            const uint32_t v121 = j105 + g120;
+                            const uint32_t v122 = v23 + kk112;
+                            const uint32_t v123 = v122 * v17;
+                            const uint32_t v124 = v24 + v121;
+                            const uint32_t v125 = v123 + v124;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v126 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v125, weight, v126);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v126, 2, v114, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i119 = 0; i119 < v26; i119 += 1) {
-                for (uint32_t j120 = 0; j120 < v17; j120 += 1) {
-                    const uint32_t v121 = V - v18;
-                    const uint32_t v122 = (v121 < 2048 ? v121 : 2048);
-                    const uint32_t v123 = v122 + 31;
-                    const uint32_t v124 = v123 / 32;
-                    for (uint32_t kk125 = 0; kk125 < v124; kk125 += 1) {
-                        const uint32_t v126 = kk125 * 32;
-                        const uint32_t v127 = v122 - v126;
-                        const uint32_t v128 = v96 + i119;
-                        const uint32_t v129 = v128 * v99;
-                        const uint32_t v130 = v97 + kk125;
-                        const uint32_t v131 = v129 + v130;
-                        const uint32_t v132 = v23 + kk125;
-                        const uint32_t v133 = v132 * v17;
-                        const uint32_t v134 = v24 + j120;
-                        const uint32_t v135 = v133 + v134;
+            for (uint32_t i127 = 0; i127 < v26; i127 += 1) {
+                for (uint32_t j128 = 0; j128 < v17; j128 += 4) {
+                    const uint32_t v129 = v17 - j128;
+                    const uint32_t v130 = (v129 < 4 ? v129 : 4);
+                    const uint32_t v131 = V - v18;
+                    const uint32_t v132 = (v131 < 2048 ? v131 : 2048);
+                    const uint32_t v133 = v132 + 31;
+                    const uint32_t v134 = v133 / 32;
+                    for (uint32_t kk135 = 0; kk135 < v134; kk135 += 1) {
+                        const uint32_t v136 = kk135 * 32;
+                        const uint32_t v137 = v132 - v136;
+                        const uint32_t v138 = v100 + i127;
+                        const uint32_t v139 = v138 * v103;
+                        const uint32_t v140 = v101 + kk135;
+                        const uint32_t v141 = v139 + v140;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v136 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v131, ws_ws_gl, v136);
+                        const uint32_t v142 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v141, ws_ws_gl, v142);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v136, 2, 32, v127);
+                        opgen_tt_keep(v142, 2, 32, v137);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v137 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v135, weight, v137);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v137, 2, v127, 32);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g143 = 0; g143 < v130; g143 += 1) {
+                            const uint32_t v144 = j128 + g143;
+                            const uint32_t v145 = v23 + kk135;
+                            const uint32_t v146 = v145 * v17;
+                            const uint32_t v147 = v24 + v144;
+                            const uint32_t v148 = v146 + v147;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v149 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v148, weight, v149);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v149, 2, v137, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r138 = 0; r138 < v8; r138 += 1) {
-                const uint32_t v139 = H + 128;
-                const uint32_t v140 = v139 - 1;
-                const uint32_t v141 = v140 / 128;
-                for (uint32_t c142 = 0; c142 < v141; c142 += 1) {
-                    const uint32_t v143 = c142 * 128;
-                    const uint32_t v144 = H - v143;
-                    const uint32_t v145 = (v144 < 128 ? v144 : 128);
-                    const uint32_t v146 = v145 + 31;
-                    const uint32_t v147 = v146 / 32;
-                    const uint32_t v148 = r138 * rows;
-                    const uint32_t v149 = v91 + v148;
-                    const uint32_t v150 = v149 / 32;
-                    const uint32_t v151 = v150 * v17;
-                    const uint32_t v152 = v143 / 32;
-                    const uint32_t v153 = v151 + v152;
-                    const uint32_t v154 = chunk + 31;
-                    const uint32_t v155 = v154 / 32;
-                    const uint32_t v156 = (v155 > 1 ? v155 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v156);
-                    const uint32_t v157 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j158 = 0; j158 < v147; j158 += 1) {
-                        const uint32_t v159 = v153 + j158;
-                        const uint32_t v160 = j158 * 4096;
-                        const uint32_t v161 = v157 + v160;
-                        noc_async_read_page(v159, ws_ws_acc0, v161);
+            for (uint32_t r150 = 0; r150 < v8; r150 += 1) {
+                const uint32_t v151 = H + 128;
+                const uint32_t v152 = v151 - 1;
+                const uint32_t v153 = v152 / 128;
+                for (uint32_t c154 = 0; c154 < v153; c154 += 1) {
+                    const uint32_t v155 = c154 * 128;
+                    const uint32_t v156 = H - v155;
+                    const uint32_t v157 = (v156 < 128 ? v156 : 128);
+                    const uint32_t v158 = v157 + 31;
+                    const uint32_t v159 = v158 / 32;
+                    const uint32_t v160 = r150 * rows;
+                    const uint32_t v161 = v95 + v160;
+                    const uint32_t v162 = v161 / 32;
+                    const uint32_t v163 = v162 * v17;
+                    const uint32_t v164 = v155 / 32;
+                    const uint32_t v165 = v163 + v164;
+                    const uint32_t v166 = chunk + 31;
+                    const uint32_t v167 = v166 / 32;
+                    const uint32_t v168 = (v167 > 1 ? v167 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v168);
+                    const uint32_t v169 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j170 = 0; j170 < v159; j170 += 1) {
+                        const uint32_t v171 = v165 + j170;
+                        const uint32_t v172 = j170 * 4096;
+                        const uint32_t v173 = v169 + v172;
+                        noc_async_read_page(v171, ws_ws_acc0, v173);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v156);
-                    cb_reserve_back(tt::CBIndex::c_8, v156);
-                    const uint32_t v162 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j163 = 0; j163 < v147; j163 += 1) {
-                        const uint32_t v164 = v153 + j163;
-                        const uint32_t v165 = j163 * 4096;
-                        const uint32_t v166 = v162 + v165;
-                        noc_async_read_page(v164, ws_ws_c0, v166);
+                    cb_push_back(tt::CBIndex::c_4, v168);
+                    cb_reserve_back(tt::CBIndex::c_8, v168);
+                    const uint32_t v174 = get_write_ptr(tt::CBIndex::c_8);
+                    for (uint32_t j175 = 0; j175 < v159; j175 += 1) {
+                        const uint32_t v176 = v165 + j175;
+                        const uint32_t v177 = j175 * 4096;
+                        const uint32_t v178 = v174 + v177;
+                        noc_async_read_page(v176, ws_ws_c0, v178);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v156);
-                    cb_reserve_back(tt::CBIndex::c_12, v156);
-                    const uint32_t v167 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j168 = 0; j168 < v147; j168 += 1) {
-                        const uint32_t v169 = v153 + j168;
-                        const uint32_t v170 = j168 * 4096;
-                        const uint32_t v171 = v167 + v170;
-                        noc_async_read_page(v169, ws_ws_c0l, v171);
+                    cb_push_back(tt::CBIndex::c_8, v168);
+                    cb_reserve_back(tt::CBIndex::c_12, v168);
+                    const uint32_t v179 = get_write_ptr(tt::CBIndex::c_12);
+                    for (uint32_t j180 = 0; j180 < v159; j180 += 1) {
+                        const uint32_t v181 = v165 + j180;
+                        const uint32_t v182 = j180 * 4096;
+                        const uint32_t v183 = v179 + v182;
+                        noc_async_read_page(v181, ws_ws_c0l, v183);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v156);
+                    cb_push_back(tt::CBIndex::c_12, v168);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r172 = 0; r172 < v8; r172 += 1) {
-            const uint32_t v173 = H + 128;
-            const uint32_t v174 = v173 - 1;
-            const uint32_t v175 = v174 / 128;
-            for (uint32_t c176 = 0; c176 < v175; c176 += 1) {
-                const uint32_t v177 = c176 * 128;
-                const uint32_t v178 = H - v177;
-                const uint32_t v179 = (v178 < 128 ? v178 : 128);
-                const uint32_t v180 = v179 + 31;
-                const uint32_t v181 = v180 / 32;
-                const uint32_t v182 = H + 31;
-                const uint32_t v183 = v182 / 32;
-                const uint32_t v184 = core * 128;
-                const uint32_t v185 = r172 * rows;
-                const uint32_t v186 = v184 + v185;
-                const uint32_t v187 = v186 / 32;
-                const uint32_t v188 = v187 * v183;
-                const uint32_t v189 = v177 / 32;
-                const uint32_t v190 = v188 + v189;
-                const uint32_t v191 = chunk + 31;
-                const uint32_t v192 = v191 / 32;
-                const uint32_t v193 = (v192 > 1 ? v192 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v193);
-                const uint32_t v194 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j195 = 0; j195 < v181; j195 += 1) {
-                    const uint32_t v196 = v190 + j195;
-                    const uint32_t v197 = j195 * 4096;
-                    const uint32_t v198 = v194 + v197;
-                    noc_async_read_page(v196, ws_ws_acc0, v198);
+        for (uint32_t r184 = 0; r184 < v8; r184 += 1) {
+            const uint32_t v185 = H + 128;
+            const uint32_t v186 = v185 - 1;
+            const uint32_t v187 = v186 / 128;
+            for (uint32_t c188 = 0; c188 < v187; c188 += 1) {
+                const uint32_t v189 = c188 * 128;
+                const uint32_t v190 = H - v189;
+                const uint32_t v191 = (v190 < 128 ? v190 : 128);
+                const uint32_t v192 = v191 + 31;
+                const uint32_t v193 = v192 / 32;
+                const uint32_t v194 = H + 31;
+                const uint32_t v195 = v194 / 32;
+                const uint32_t v196 = core * 128;
+                const uint32_t v197 = r184 * rows;
+                const uint32_t v198 = v196 + v197;
+                const uint32_t v199 = v198 / 32;
+                const uint32_t v200 = v199 * v195;
+                const uint32_t v201 = v189 / 32;
+                const uint32_t v202 = v200 + v201;
+                const uint32_t v203 = chunk + 31;
+                const uint32_t v204 = v203 / 32;
+                const uint32_t v205 = (v204 > 1 ? v204 : 1);
+                cb_reserve_back(tt::CBIndex::c_4, v205);
+                const uint32_t v206 = get_write_ptr(tt::CBIndex::c_4);
+                for (uint32_t j207 = 0; j207 < v193; j207 += 1) {
+                    const uint32_t v208 = v202 + j207;
+                    const uint32_t v209 = j207 * 4096;
+                    const uint32_t v210 = v206 + v209;
+                    noc_async_read_page(v208, ws_ws_acc0, v210);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v193);
+                cb_push_back(tt::CBIndex::c_4, v205);
             }
         }
     }

@@ -88,266 +88,281 @@ void kernel_main() {
             for (uint32_t i29 = 0; i29 < v28; i29 += 1) {
                 const uint32_t v30 = v5 + 31;
                 const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 1) {
-                    for (uint32_t kk33 = 0; kk33 < v18; kk33 += 1) {
-                        const uint32_t v34 = kk33 * 32;
-                        const uint32_t v35 = H - v34;
-                        const uint32_t v36 = v15 + i29;
-                        const uint32_t v37 = v36 * v18;
-                        const uint32_t v38 = v16 + kk33;
-                        const uint32_t v39 = v37 + v38;
-                        const uint32_t v40 = v23 + j32;
-                        const uint32_t v41 = v40 * v18;
-                        const uint32_t v42 = v24 + kk33;
-                        const uint32_t v43 = v41 + v42;
+                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
+                    const uint32_t v33 = v31 - j32;
+                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
+                    for (uint32_t kk35 = 0; kk35 < v18; kk35 += 1) {
+                        const uint32_t v36 = kk35 * 32;
+                        const uint32_t v37 = H - v36;
+                        const uint32_t v38 = v15 + i29;
+                        const uint32_t v39 = v38 * v18;
+                        const uint32_t v40 = v16 + kk35;
+                        const uint32_t v41 = v39 + v40;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v44 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v39, input, v44);
+                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v41, input, v42);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v44, 2, 32, v35);
+                        opgen_tt_keep(v42, 2, 32, v37);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v45 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v43, weight, v45);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v45, 2, 32, v35);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
+                            const uint32_t v44 = j32 + g43;
+                            const uint32_t v45 = v23 + v44;
+                            const uint32_t v46 = v45 * v18;
+                            const uint32_t v47 = v24 + kk35;
+                            const uint32_t v48 = v46 + v47;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v48, weight, v49);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v49, 2, 32, v37);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v46 = v26 + rows;
-            const uint32_t v47 = v46 - 1;
-            const uint32_t v48 = v47 / rows;
-            for (uint32_t r49 = 0; r49 < v48; r49 += 1) {
-                const uint32_t v50 = v5 + 128;
-                const uint32_t v51 = v50 - 1;
-                const uint32_t v52 = v51 / 128;
-                for (uint32_t c53 = 0; c53 < v52; c53 += 1) {
-                    const uint32_t v54 = c53 * 128;
-                    const uint32_t v55 = v5 - v54;
-                    const uint32_t v56 = (v55 < 128 ? v55 : 128);
-                    const uint32_t v57 = v56 + 31;
-                    const uint32_t v58 = v57 / 32;
-                    const uint32_t v59 = core * 2048;
-                    const uint32_t v60 = r49 * rows;
-                    const uint32_t v61 = v59 + v60;
+            const uint32_t v50 = v26 + rows;
+            const uint32_t v51 = v50 - 1;
+            const uint32_t v52 = v51 / rows;
+            for (uint32_t r53 = 0; r53 < v52; r53 += 1) {
+                const uint32_t v54 = v5 + 128;
+                const uint32_t v55 = v54 - 1;
+                const uint32_t v56 = v55 / 128;
+                for (uint32_t c57 = 0; c57 < v56; c57 += 1) {
+                    const uint32_t v58 = c57 * 128;
+                    const uint32_t v59 = v5 - v58;
+                    const uint32_t v60 = (v59 < 128 ? v59 : 128);
+                    const uint32_t v61 = v60 + 31;
                     const uint32_t v62 = v61 / 32;
-                    const uint32_t v63 = v62 * 4;
-                    const uint32_t v64 = v54 / 32;
+                    const uint32_t v63 = core * 2048;
+                    const uint32_t v64 = r53 * rows;
                     const uint32_t v65 = v63 + v64;
-                    const uint32_t v66 = chunk + 31;
-                    const uint32_t v67 = v66 / 32;
-                    const uint32_t v68 = (v67 > 1 ? v67 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v68);
-                    const uint32_t v69 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j70 = 0; j70 < v58; j70 += 1) {
-                        const uint32_t v71 = v65 + j70;
-                        const uint32_t v72 = j70 * 4096;
-                        const uint32_t v73 = v69 + v72;
-                        noc_async_read_page(v71, ws1_ws_p, v73);
+                    const uint32_t v66 = v65 / 32;
+                    const uint32_t v67 = v66 * 4;
+                    const uint32_t v68 = v58 / 32;
+                    const uint32_t v69 = v67 + v68;
+                    const uint32_t v70 = chunk + 31;
+                    const uint32_t v71 = v70 / 32;
+                    const uint32_t v72 = (v71 > 1 ? v71 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v72);
+                    const uint32_t v73 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j74 = 0; j74 < v62; j74 += 1) {
+                        const uint32_t v75 = v69 + j74;
+                        const uint32_t v76 = j74 * 4096;
+                        const uint32_t v77 = v73 + v76;
+                        noc_async_read_page(v75, ws1_ws_p, v77);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v68);
+                    cb_push_back(tt::CBIndex::c_4, v72);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v74 = v10 + v60;
-                    const uint32_t v75 = v26 - v60;
-                    const uint32_t v76 = (v75 < rows ? v75 : rows);
-                    const uint32_t v77 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v74, v76, v77, v1);
+                    const uint32_t v78 = v10 + v64;
+                    const uint32_t v79 = v26 - v64;
+                    const uint32_t v80 = (v79 < rows ? v79 : rows);
+                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(logits_max, 4, v78, v80, v81, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                     cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v78 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v74, v76, v78, v1);
+                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_7);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v78, v80, v82, v1);
                     cb_push_back(tt::CBIndex::c_7, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v68);
-                    const uint32_t v79 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v80 = v68 * 4096;
-                    opgen_tt_zero_l1(v79, v80);
-                    for (uint32_t h81 = 0; h81 < v76; h81 += 1) {
-                        const uint32_t v82 = v74 + h81;
-                        const uint32_t v83 = opgen_tt_load_elem(masked_target, 4, v82, v1);
-                        const uint32_t v84 = opgen_tt_load_bit(target_mask, 0, v82, v1);
-                        const bool v85 = v84 != 0;
-                        const bool v86 = !v85;
-                        const uint32_t v87 = (uint32_t)(v83);
-                        const uint32_t v88 = v3 + v54;
-                        const uint32_t v89 = v87 - v88;
-                        const uint32_t v90 = (v86 ? v89 : -1);
-                        opgen_tt_set_word(v79, h81, v90, v56, f17);
+                    cb_reserve_back(tt::CBIndex::c_8, v72);
+                    const uint32_t v83 = get_write_ptr(tt::CBIndex::c_8);
+                    const uint32_t v84 = v72 * 4096;
+                    opgen_tt_zero_l1(v83, v84);
+                    for (uint32_t h85 = 0; h85 < v80; h85 += 1) {
+                        const uint32_t v86 = v78 + h85;
+                        const uint32_t v87 = opgen_tt_load_elem(masked_target, 4, v86, v1);
+                        const uint32_t v88 = opgen_tt_load_bit(target_mask, 0, v86, v1);
+                        const bool v89 = v88 != 0;
+                        const bool v90 = !v89;
+                        const uint32_t v91 = (uint32_t)(v87);
+                        const uint32_t v92 = v3 + v58;
+                        const uint32_t v93 = v91 - v92;
+                        const uint32_t v94 = (v90 ? v93 : -1);
+                        opgen_tt_set_word(v83, h85, v94, v60, f17);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v68);
+                    cb_push_back(tt::CBIndex::c_8, v72);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v91 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v74, v76, v91, v1);
+                    const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
+                    opgen_tt_col_from_row(grad, 4, v78, v80, v95, v1);
                     cb_push_back(tt::CBIndex::c_9, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v92 = core * 2048;
-            const uint32_t v93 = v92 * 128;
-            const uint32_t v94 = v93 / 128;
-            const uint32_t v95 = v94 * 128;
-            const uint32_t v96 = v93 - v95;
-            const uint32_t v97 = v94 / 32;
-            const uint32_t v98 = v96 / 32;
-            const uint32_t v99 = 128 + 31;
-            const uint32_t v100 = v99 / 32;
-            const uint32_t v101 = v5 + 31;
-            const uint32_t v102 = v101 / 32;
-            for (uint32_t i103 = 0; i103 < v102; i103 += 1) {
-                for (uint32_t j104 = 0; j104 < v18; j104 += 1) {
-                    for (uint32_t kk105 = 0; kk105 < v28; kk105 += 1) {
-                        const uint32_t v106 = kk105 * 32;
-                        const uint32_t v107 = v26 - v106;
-                        const uint32_t v108 = v97 + kk105;
-                        const uint32_t v109 = v108 * v100;
-                        const uint32_t v110 = v98 + i103;
-                        const uint32_t v111 = v109 + v110;
-                        const uint32_t v112 = v15 + kk105;
-                        const uint32_t v113 = v112 * v18;
-                        const uint32_t v114 = v16 + j104;
-                        const uint32_t v115 = v113 + v114;
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v116 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v111, ws1_ws_g, v116);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v116, 2, v107, 32);
-                        opgen_tt_transpose(v116, 2);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+            const uint32_t v96 = core * 2048;
+            const uint32_t v97 = v96 * 128;
+            const uint32_t v98 = v97 / 128;
+            const uint32_t v99 = v98 * 128;
+            const uint32_t v100 = v97 - v99;
+            const uint32_t v101 = v98 / 32;
+            const uint32_t v102 = v100 / 32;
+            const uint32_t v103 = 128 + 31;
+            const uint32_t v104 = v103 / 32;
+            const uint32_t v105 = v5 + 31;
+            const uint32_t v106 = v105 / 32;
+            for (uint32_t i107 = 0; i107 < v106; i107 += 1) {
+                for (uint32_t j108 = 0; j108 < v18; j108 += 4) {
+                    const uint32_t v109 = v18 - j108;
+                    const uint32_t v110 = (v109 < 4 ? v109 : 4);
+                    for (uint32_t kk111 = 0; kk111 < v28; kk111 += 1) {
+                        const uint32_t v112 = kk111 * 32;
+                        const uint32_t v113 = v26 - v112;
+                        const uint32_t v114 = v101 + kk111;
+                        const uint32_t v115 = v114 * v104;
+                        const uint32_t v116 = v102 + i107;
+                        const uint32_t v117 = v115 + v116;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v117 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v115, input, v117);
+                        const uint32_t v118 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v117, ws1_ws_g, v118);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v117, 2, v107, 32);
+                        opgen_tt_keep(v118, 2, v113, 32);
+                        opgen_tt_transpose(v118, 2);
                         cb_push_back(tt::CBIndex::c_2, 1);
+                        for (uint32_t g119 = 0; g119 < v110; g119 += 1) {
+                            const uint32_t v120 = j108 + g119;
+                            const uint32_t v121 = v15 + kk111;
+                            const uint32_t v122 = v121 * v18;
+                            const uint32_t v123 = v16 + v120;
+                            const uint32_t v124 = v122 + v123;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v125 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v124, input, v125);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v125, 2, v113, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i118 = 0; i118 < v102; i118 += 1) {
-                for (uint32_t j119 = 0; j119 < v18; j119 += 1) {
-                    for (uint32_t kk120 = 0; kk120 < v28; kk120 += 1) {
-                        const uint32_t v121 = kk120 * 32;
-                        const uint32_t v122 = v26 - v121;
-                        const uint32_t v123 = v97 + kk120;
-                        const uint32_t v124 = v123 * v100;
-                        const uint32_t v125 = v98 + i118;
-                        const uint32_t v126 = v124 + v125;
-                        const uint32_t v127 = v15 + kk120;
-                        const uint32_t v128 = v127 * v18;
-                        const uint32_t v129 = v16 + j119;
-                        const uint32_t v130 = v128 + v129;
+            for (uint32_t i126 = 0; i126 < v106; i126 += 1) {
+                for (uint32_t j127 = 0; j127 < v18; j127 += 4) {
+                    const uint32_t v128 = v18 - j127;
+                    const uint32_t v129 = (v128 < 4 ? v128 : 4);
+                    for (uint32_t kk130 = 0; kk130 < v28; kk130 += 1) {
+                        const uint32_t v131 = kk130 * 32;
+                        const uint32_t v132 = v26 - v131;
+                        const uint32_t v133 = v101 + kk130;
+                        const uint32_t v134 = v133 * v104;
+                        const uint32_t v135 = v102 + i126;
+                        const uint32_t v136 = v134 + v135;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v131 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v126, ws1_ws_gl, v131);
+                        const uint32_t v137 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v136, ws1_ws_gl, v137);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v131, 2, v122, 32);
-                        opgen_tt_transpose(v131, 2);
+                        opgen_tt_keep(v137, 2, v132, 32);
+                        opgen_tt_transpose(v137, 2);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v132 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v130, input, v132);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v132, 2, v122, 32);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g138 = 0; g138 < v129; g138 += 1) {
+                            const uint32_t v139 = j127 + g138;
+                            const uint32_t v140 = v15 + kk130;
+                            const uint32_t v141 = v140 * v18;
+                            const uint32_t v142 = v16 + v139;
+                            const uint32_t v143 = v141 + v142;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v144 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v143, input, v144);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v144, 2, v132, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r133 = 0; r133 < v8; r133 += 1) {
-                const uint32_t v134 = H + 128;
-                const uint32_t v135 = v134 - 1;
-                const uint32_t v136 = v135 / 128;
-                for (uint32_t c137 = 0; c137 < v136; c137 += 1) {
-                    const uint32_t v138 = c137 * 128;
-                    const uint32_t v139 = H - v138;
-                    const uint32_t v140 = (v139 < 128 ? v139 : 128);
-                    const uint32_t v141 = v140 + 31;
-                    const uint32_t v142 = v141 / 32;
-                    const uint32_t v143 = core * 128;
-                    const uint32_t v144 = r133 * rows;
-                    const uint32_t v145 = v143 + v144;
-                    const uint32_t v146 = v145 / 32;
-                    const uint32_t v147 = v146 * v18;
-                    const uint32_t v148 = v138 / 32;
-                    const uint32_t v149 = v147 + v148;
-                    const uint32_t v150 = chunk + 31;
-                    const uint32_t v151 = v150 / 32;
-                    const uint32_t v152 = (v151 > 1 ? v151 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v152);
-                    const uint32_t v153 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j154 = 0; j154 < v142; j154 += 1) {
-                        const uint32_t v155 = v149 + j154;
-                        const uint32_t v156 = j154 * 4096;
-                        const uint32_t v157 = v153 + v156;
-                        noc_async_read_page(v155, ws1_ws_acc0, v157);
+            for (uint32_t r145 = 0; r145 < v8; r145 += 1) {
+                const uint32_t v146 = H + 128;
+                const uint32_t v147 = v146 - 1;
+                const uint32_t v148 = v147 / 128;
+                for (uint32_t c149 = 0; c149 < v148; c149 += 1) {
+                    const uint32_t v150 = c149 * 128;
+                    const uint32_t v151 = H - v150;
+                    const uint32_t v152 = (v151 < 128 ? v151 : 128);
+                    const uint32_t v153 = v152 + 31;
+                    const uint32_t v154 = v153 / 32;
+                    const uint32_t v155 = core * 128;
+                    const uint32_t v156 = r145 * rows;
+                    const uint32_t v157 = v155 + v156;
+                    const uint32_t v158 = v157 / 32;
+                    const uint32_t v159 = v158 * v18;
+                    const uint32_t v160 = v150 / 32;
+                    const uint32_t v161 = v159 + v160;
+                    const uint32_t v162 = chunk + 31;
+                    const uint32_t v163 = v162 / 32;
+                    const uint32_t v164 = (v163 > 1 ? v163 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v164);
+                    const uint32_t v165 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j166 = 0; j166 < v154; j166 += 1) {
+                        const uint32_t v167 = v161 + j166;
+                        const uint32_t v168 = j166 * 4096;
+                        const uint32_t v169 = v165 + v168;
+                        noc_async_read_page(v167, ws1_ws_acc0, v169);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v152);
-                    cb_reserve_back(tt::CBIndex::c_8, v152);
-                    const uint32_t v158 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j159 = 0; j159 < v142; j159 += 1) {
-                        const uint32_t v160 = v149 + j159;
-                        const uint32_t v161 = j159 * 4096;
-                        const uint32_t v162 = v158 + v161;
-                        noc_async_read_page(v160, ws1_ws_c0, v162);
+                    cb_push_back(tt::CBIndex::c_4, v164);
+                    cb_reserve_back(tt::CBIndex::c_8, v164);
+                    const uint32_t v170 = get_write_ptr(tt::CBIndex::c_8);
+                    for (uint32_t j171 = 0; j171 < v154; j171 += 1) {
+                        const uint32_t v172 = v161 + j171;
+                        const uint32_t v173 = j171 * 4096;
+                        const uint32_t v174 = v170 + v173;
+                        noc_async_read_page(v172, ws1_ws_c0, v174);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v152);
-                    cb_reserve_back(tt::CBIndex::c_12, v152);
-                    const uint32_t v163 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j164 = 0; j164 < v142; j164 += 1) {
-                        const uint32_t v165 = v149 + j164;
-                        const uint32_t v166 = j164 * 4096;
-                        const uint32_t v167 = v163 + v166;
-                        noc_async_read_page(v165, ws1_ws_c0l, v167);
+                    cb_push_back(tt::CBIndex::c_8, v164);
+                    cb_reserve_back(tt::CBIndex::c_12, v164);
+                    const uint32_t v175 = get_write_ptr(tt::CBIndex::c_12);
+                    for (uint32_t j176 = 0; j176 < v154; j176 += 1) {
+                        const uint32_t v177 = v161 + j176;
+                        const uint32_t v178 = j176 * 4096;
+                        const uint32_t v179 = v175 + v178;
+                        noc_async_read_page(v177, ws1_ws_c0l, v179);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v152);
+                    cb_push_back(tt::CBIndex::c_12, v164);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r168 = 0; r168 < v8; r168 += 1) {
-            const uint32_t v169 = H + 128;
-            const uint32_t v170 = v169 - 1;
-            const uint32_t v171 = v170 / 128;
-            for (uint32_t c172 = 0; c172 < v171; c172 += 1) {
-                const uint32_t v173 = c172 * 128;
-                const uint32_t v174 = H - v173;
-                const uint32_t v175 = (v174 < 128 ? v174 : 128);
-                const uint32_t v176 = v175 + 31;
-                const uint32_t v177 = v176 / 32;
-                const uint32_t v178 = H + 31;
-                const uint32_t v179 = v178 / 32;
-                const uint32_t v180 = core * 128;
-                const uint32_t v181 = r168 * rows;
-                const uint32_t v182 = v180 + v181;
-                const uint32_t v183 = v182 / 32;
-                const uint32_t v184 = v183 * v179;
-                const uint32_t v185 = v173 / 32;
-                const uint32_t v186 = v184 + v185;
-                const uint32_t v187 = chunk + 31;
-                const uint32_t v188 = v187 / 32;
-                const uint32_t v189 = (v188 > 1 ? v188 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v189);
-                const uint32_t v190 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j191 = 0; j191 < v177; j191 += 1) {
-                    const uint32_t v192 = v186 + j191;
-                    const uint32_t v193 = j191 * 4096;
-                    const uint32_t v194 = v190 + v193;
-                    noc_async_read_page(v192, ws1_ws_acc0, v194);
+        for (uint32_t r180 = 0; r180 < v8; r180 += 1) {
+            const uint32_t v181 = H + 128;
+            const uint32_t v182 = v181 - 1;
+            const uint32_t v183 = v182 / 128;
+            for (uint32_t c184 = 0; c184 < v183; c184 += 1) {
+                const uint32_t v185 = c184 * 128;
+                const uint32_t v186 = H - v185;
+                const uint32_t v187 = (v186 < 128 ? v186 : 128);
+                const uint32_t v188 = v187 + 31;
+                const uint32_t v189 = v188 / 32;
+                const uint32_t v190 = H + 31;
+                const uint32_t v191 = v190 / 32;
+                const uint32_t v192 = core * 128;
+                const uint32_t v193 = r180 * rows;
+                const uint32_t v194 = v192 + v193;
+                const uint32_t v195 = v194 / 32;
+                const uint32_t v196 = v195 * v191;
+                const uint32_t v197 = v185 / 32;
+                const uint32_t v198 = v196 + v197;
+                const uint32_t v199 = chunk + 31;
+                const uint32_t v200 = v199 / 32;
+                const uint32_t v201 = (v200 > 1 ? v200 : 1);
+                cb_reserve_back(tt::CBIndex::c_4, v201);
+                const uint32_t v202 = get_write_ptr(tt::CBIndex::c_4);
+                for (uint32_t j203 = 0; j203 < v189; j203 += 1) {
+                    const uint32_t v204 = v198 + j203;
+                    const uint32_t v205 = j203 * 4096;
+                    const uint32_t v206 = v202 + v205;
+                    noc_async_read_page(v204, ws1_ws_acc0, v206);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v189);
+                cb_push_back(tt::CBIndex::c_4, v201);
             }
         }
     }

@@ -88,265 +88,280 @@ void kernel_main() {
             for (uint32_t i29 = 0; i29 < v28; i29 += 1) {
                 const uint32_t v30 = v5 + 31;
                 const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 1) {
-                    for (uint32_t kk33 = 0; kk33 < v18; kk33 += 1) {
-                        const uint32_t v34 = kk33 * 32;
-                        const uint32_t v35 = H - v34;
-                        const uint32_t v36 = v15 + i29;
-                        const uint32_t v37 = v36 * v18;
-                        const uint32_t v38 = v16 + kk33;
-                        const uint32_t v39 = v37 + v38;
-                        const uint32_t v40 = v23 + j32;
-                        const uint32_t v41 = v40 * v18;
-                        const uint32_t v42 = v24 + kk33;
-                        const uint32_t v43 = v41 + v42;
+                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
+                    const uint32_t v33 = v31 - j32;
+                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
+                    for (uint32_t kk35 = 0; kk35 < v18; kk35 += 1) {
+                        const uint32_t v36 = kk35 * 32;
+                        const uint32_t v37 = H - v36;
+                        const uint32_t v38 = v15 + i29;
+                        const uint32_t v39 = v38 * v18;
+                        const uint32_t v40 = v16 + kk35;
+                        const uint32_t v41 = v39 + v40;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v44 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v39, input, v44);
+                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v41, input, v42);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v44, 2, 32, v35);
+                        opgen_tt_keep(v42, 2, 32, v37);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v45 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v43, weight, v45);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v45, 2, 32, v35);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
+                            const uint32_t v44 = j32 + g43;
+                            const uint32_t v45 = v23 + v44;
+                            const uint32_t v46 = v45 * v18;
+                            const uint32_t v47 = v24 + kk35;
+                            const uint32_t v48 = v46 + v47;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v48, weight, v49);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v49, 2, 32, v37);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v46 = v26 + rows;
-            const uint32_t v47 = v46 - 1;
-            const uint32_t v48 = v47 / rows;
-            for (uint32_t r49 = 0; r49 < v48; r49 += 1) {
-                const uint32_t v50 = v5 + 128;
-                const uint32_t v51 = v50 - 1;
-                const uint32_t v52 = v51 / 128;
-                for (uint32_t c53 = 0; c53 < v52; c53 += 1) {
-                    const uint32_t v54 = c53 * 128;
-                    const uint32_t v55 = v5 - v54;
-                    const uint32_t v56 = (v55 < 128 ? v55 : 128);
-                    const uint32_t v57 = v56 + 31;
-                    const uint32_t v58 = v57 / 32;
-                    const uint32_t v59 = core * 2048;
-                    const uint32_t v60 = r49 * rows;
-                    const uint32_t v61 = v59 + v60;
+            const uint32_t v50 = v26 + rows;
+            const uint32_t v51 = v50 - 1;
+            const uint32_t v52 = v51 / rows;
+            for (uint32_t r53 = 0; r53 < v52; r53 += 1) {
+                const uint32_t v54 = v5 + 128;
+                const uint32_t v55 = v54 - 1;
+                const uint32_t v56 = v55 / 128;
+                for (uint32_t c57 = 0; c57 < v56; c57 += 1) {
+                    const uint32_t v58 = c57 * 128;
+                    const uint32_t v59 = v5 - v58;
+                    const uint32_t v60 = (v59 < 128 ? v59 : 128);
+                    const uint32_t v61 = v60 + 31;
                     const uint32_t v62 = v61 / 32;
-                    const uint32_t v63 = v62 * 4;
-                    const uint32_t v64 = v54 / 32;
+                    const uint32_t v63 = core * 2048;
+                    const uint32_t v64 = r53 * rows;
                     const uint32_t v65 = v63 + v64;
-                    const uint32_t v66 = chunk + 31;
-                    const uint32_t v67 = v66 / 32;
-                    const uint32_t v68 = (v67 > 1 ? v67 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v68);
-                    const uint32_t v69 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j70 = 0; j70 < v58; j70 += 1) {
-                        const uint32_t v71 = v65 + j70;
-                        const uint32_t v72 = j70 * 4096;
-                        const uint32_t v73 = v69 + v72;
-                        noc_async_read_page(v71, ws1_ws_p, v73);
+                    const uint32_t v66 = v65 / 32;
+                    const uint32_t v67 = v66 * 4;
+                    const uint32_t v68 = v58 / 32;
+                    const uint32_t v69 = v67 + v68;
+                    const uint32_t v70 = chunk + 31;
+                    const uint32_t v71 = v70 / 32;
+                    const uint32_t v72 = (v71 > 1 ? v71 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v72);
+                    const uint32_t v73 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j74 = 0; j74 < v62; j74 += 1) {
+                        const uint32_t v75 = v69 + j74;
+                        const uint32_t v76 = j74 * 4096;
+                        const uint32_t v77 = v73 + v76;
+                        noc_async_read_page(v75, ws1_ws_p, v77);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v68);
+                    cb_push_back(tt::CBIndex::c_4, v72);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v74 = v10 + v60;
-                    const uint32_t v75 = v26 - v60;
-                    const uint32_t v76 = (v75 < rows ? v75 : rows);
-                    const uint32_t v77 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v74, v76, v77, v1);
+                    const uint32_t v78 = v10 + v64;
+                    const uint32_t v79 = v26 - v64;
+                    const uint32_t v80 = (v79 < rows ? v79 : rows);
+                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(logits_max, 4, v78, v80, v81, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                     cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v78 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v74, v76, v78, v1);
+                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_7);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v78, v80, v82, v1);
                     cb_push_back(tt::CBIndex::c_7, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v68);
-                    const uint32_t v79 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v80 = v68 * 4096;
-                    opgen_tt_zero_l1(v79, v80);
-                    for (uint32_t h81 = 0; h81 < v76; h81 += 1) {
-                        const uint32_t v82 = v74 + h81;
-                        const uint32_t v83 = opgen_tt_load_elem(masked_target, 8, v82, v1);
-                        const uint32_t v84 = opgen_tt_load_bit(target_mask, 0, v82, v1);
-                        const bool v85 = v84 != 0;
-                        const bool v86 = !v85;
-                        const uint32_t v87 = v3 + v54;
-                        const uint32_t v88 = v83 - v87;
-                        const uint32_t v89 = (v86 ? v88 : -1);
-                        opgen_tt_set_word(v79, h81, v89, v56, f17);
+                    cb_reserve_back(tt::CBIndex::c_8, v72);
+                    const uint32_t v83 = get_write_ptr(tt::CBIndex::c_8);
+                    const uint32_t v84 = v72 * 4096;
+                    opgen_tt_zero_l1(v83, v84);
+                    for (uint32_t h85 = 0; h85 < v80; h85 += 1) {
+                        const uint32_t v86 = v78 + h85;
+                        const uint32_t v87 = opgen_tt_load_elem(masked_target, 8, v86, v1);
+                        const uint32_t v88 = opgen_tt_load_bit(target_mask, 0, v86, v1);
+                        const bool v89 = v88 != 0;
+                        const bool v90 = !v89;
+                        const uint32_t v91 = v3 + v58;
+                        const uint32_t v92 = v87 - v91;
+                        const uint32_t v93 = (v90 ? v92 : -1);
+                        opgen_tt_set_word(v83, h85, v93, v60, f17);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v68);
+                    cb_push_back(tt::CBIndex::c_8, v72);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v90 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v74, v76, v90, v1);
+                    const uint32_t v94 = get_write_ptr(tt::CBIndex::c_9);
+                    opgen_tt_col_from_row(grad, 4, v78, v80, v94, v1);
                     cb_push_back(tt::CBIndex::c_9, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v91 = core * 2048;
-            const uint32_t v92 = v91 * 128;
-            const uint32_t v93 = v92 / 128;
-            const uint32_t v94 = v93 * 128;
-            const uint32_t v95 = v92 - v94;
-            const uint32_t v96 = v93 / 32;
-            const uint32_t v97 = v95 / 32;
-            const uint32_t v98 = 128 + 31;
-            const uint32_t v99 = v98 / 32;
-            const uint32_t v100 = v5 + 31;
-            const uint32_t v101 = v100 / 32;
-            for (uint32_t i102 = 0; i102 < v101; i102 += 1) {
-                for (uint32_t j103 = 0; j103 < v18; j103 += 1) {
-                    for (uint32_t kk104 = 0; kk104 < v28; kk104 += 1) {
-                        const uint32_t v105 = kk104 * 32;
-                        const uint32_t v106 = v26 - v105;
-                        const uint32_t v107 = v96 + kk104;
-                        const uint32_t v108 = v107 * v99;
-                        const uint32_t v109 = v97 + i102;
-                        const uint32_t v110 = v108 + v109;
-                        const uint32_t v111 = v15 + kk104;
-                        const uint32_t v112 = v111 * v18;
-                        const uint32_t v113 = v16 + j103;
-                        const uint32_t v114 = v112 + v113;
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v115 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v110, ws1_ws_g, v115);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v115, 2, v106, 32);
-                        opgen_tt_transpose(v115, 2);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+            const uint32_t v95 = core * 2048;
+            const uint32_t v96 = v95 * 128;
+            const uint32_t v97 = v96 / 128;
+            const uint32_t v98 = v97 * 128;
+            const uint32_t v99 = v96 - v98;
+            const uint32_t v100 = v97 / 32;
+            const uint32_t v101 = v99 / 32;
+            const uint32_t v102 = 128 + 31;
+            const uint32_t v103 = v102 / 32;
+            const uint32_t v104 = v5 + 31;
+            const uint32_t v105 = v104 / 32;
+            for (uint32_t i106 = 0; i106 < v105; i106 += 1) {
+                for (uint32_t j107 = 0; j107 < v18; j107 += 4) {
+                    const uint32_t v108 = v18 - j107;
+                    const uint32_t v109 = (v108 < 4 ? v108 : 4);
+                    for (uint32_t kk110 = 0; kk110 < v28; kk110 += 1) {
+                        const uint32_t v111 = kk110 * 32;
+                        const uint32_t v112 = v26 - v111;
+                        const uint32_t v113 = v100 + kk110;
+                        const uint32_t v114 = v113 * v103;
+                        const uint32_t v115 = v101 + i106;
+                        const uint32_t v116 = v114 + v115;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v116 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v114, input, v116);
+                        const uint32_t v117 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v116, ws1_ws_g, v117);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v116, 2, v106, 32);
+                        opgen_tt_keep(v117, 2, v112, 32);
+                        opgen_tt_transpose(v117, 2);
                         cb_push_back(tt::CBIndex::c_2, 1);
+                        for (uint32_t g118 = 0; g118 < v109; g118 += 1) {
+                            const uint32_t v119 = j107 + g118;
+                            const uint32_t v120 = v15 + kk110;
+                            const uint32_t v121 = v120 * v18;
+                            const uint32_t v122 = v16 + v119;
+                            const uint32_t v123 = v121 + v122;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v124 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v123, input, v124);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v124, 2, v112, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i117 = 0; i117 < v101; i117 += 1) {
-                for (uint32_t j118 = 0; j118 < v18; j118 += 1) {
-                    for (uint32_t kk119 = 0; kk119 < v28; kk119 += 1) {
-                        const uint32_t v120 = kk119 * 32;
-                        const uint32_t v121 = v26 - v120;
-                        const uint32_t v122 = v96 + kk119;
-                        const uint32_t v123 = v122 * v99;
-                        const uint32_t v124 = v97 + i117;
-                        const uint32_t v125 = v123 + v124;
-                        const uint32_t v126 = v15 + kk119;
-                        const uint32_t v127 = v126 * v18;
-                        const uint32_t v128 = v16 + j118;
-                        const uint32_t v129 = v127 + v128;
+            for (uint32_t i125 = 0; i125 < v105; i125 += 1) {
+                for (uint32_t j126 = 0; j126 < v18; j126 += 4) {
+                    const uint32_t v127 = v18 - j126;
+                    const uint32_t v128 = (v127 < 4 ? v127 : 4);
+                    for (uint32_t kk129 = 0; kk129 < v28; kk129 += 1) {
+                        const uint32_t v130 = kk129 * 32;
+                        const uint32_t v131 = v26 - v130;
+                        const uint32_t v132 = v100 + kk129;
+                        const uint32_t v133 = v132 * v103;
+                        const uint32_t v134 = v101 + i125;
+                        const uint32_t v135 = v133 + v134;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v130 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v125, ws1_ws_gl, v130);
+                        const uint32_t v136 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v135, ws1_ws_gl, v136);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v130, 2, v121, 32);
-                        opgen_tt_transpose(v130, 2);
+                        opgen_tt_keep(v136, 2, v131, 32);
+                        opgen_tt_transpose(v136, 2);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v131 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v129, input, v131);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v131, 2, v121, 32);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g137 = 0; g137 < v128; g137 += 1) {
+                            const uint32_t v138 = j126 + g137;
+                            const uint32_t v139 = v15 + kk129;
+                            const uint32_t v140 = v139 * v18;
+                            const uint32_t v141 = v16 + v138;
+                            const uint32_t v142 = v140 + v141;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v142, input, v143);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v143, 2, v131, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r132 = 0; r132 < v8; r132 += 1) {
-                const uint32_t v133 = H + 128;
-                const uint32_t v134 = v133 - 1;
-                const uint32_t v135 = v134 / 128;
-                for (uint32_t c136 = 0; c136 < v135; c136 += 1) {
-                    const uint32_t v137 = c136 * 128;
-                    const uint32_t v138 = H - v137;
-                    const uint32_t v139 = (v138 < 128 ? v138 : 128);
-                    const uint32_t v140 = v139 + 31;
-                    const uint32_t v141 = v140 / 32;
-                    const uint32_t v142 = core * 128;
-                    const uint32_t v143 = r132 * rows;
-                    const uint32_t v144 = v142 + v143;
-                    const uint32_t v145 = v144 / 32;
-                    const uint32_t v146 = v145 * v18;
-                    const uint32_t v147 = v137 / 32;
-                    const uint32_t v148 = v146 + v147;
-                    const uint32_t v149 = chunk + 31;
-                    const uint32_t v150 = v149 / 32;
-                    const uint32_t v151 = (v150 > 1 ? v150 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v151);
-                    const uint32_t v152 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j153 = 0; j153 < v141; j153 += 1) {
-                        const uint32_t v154 = v148 + j153;
-                        const uint32_t v155 = j153 * 4096;
-                        const uint32_t v156 = v152 + v155;
-                        noc_async_read_page(v154, ws1_ws_acc0, v156);
+            for (uint32_t r144 = 0; r144 < v8; r144 += 1) {
+                const uint32_t v145 = H + 128;
+                const uint32_t v146 = v145 - 1;
+                const uint32_t v147 = v146 / 128;
+                for (uint32_t c148 = 0; c148 < v147; c148 += 1) {
+                    const uint32_t v149 = c148 * 128;
+                    const uint32_t v150 = H - v149;
+                    const uint32_t v151 = (v150 < 128 ? v150 : 128);
+                    const uint32_t v152 = v151 + 31;
+                    const uint32_t v153 = v152 / 32;
+                    const uint32_t v154 = core * 128;
+                    const uint32_t v155 = r144 * rows;
+                    const uint32_t v156 = v154 + v155;
+                    const uint32_t v157 = v156 / 32;
+                    const uint32_t v158 = v157 * v18;
+                    const uint32_t v159 = v149 / 32;
+                    const uint32_t v160 = v158 + v159;
+                    const uint32_t v161 = chunk + 31;
+                    const uint32_t v162 = v161 / 32;
+                    const uint32_t v163 = (v162 > 1 ? v162 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v163);
+                    const uint32_t v164 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j165 = 0; j165 < v153; j165 += 1) {
+                        const uint32_t v166 = v160 + j165;
+                        const uint32_t v167 = j165 * 4096;
+                        const uint32_t v168 = v164 + v167;
+                        noc_async_read_page(v166, ws1_ws_acc0, v168);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v151);
-                    cb_reserve_back(tt::CBIndex::c_8, v151);
-                    const uint32_t v157 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j158 = 0; j158 < v141; j158 += 1) {
-                        const uint32_t v159 = v148 + j158;
-                        const uint32_t v160 = j158 * 4096;
-                        const uint32_t v161 = v157 + v160;
-                        noc_async_read_page(v159, ws1_ws_c0, v161);
+                    cb_push_back(tt::CBIndex::c_4, v163);
+                    cb_reserve_back(tt::CBIndex::c_8, v163);
+                    const uint32_t v169 = get_write_ptr(tt::CBIndex::c_8);
+                    for (uint32_t j170 = 0; j170 < v153; j170 += 1) {
+                        const uint32_t v171 = v160 + j170;
+                        const uint32_t v172 = j170 * 4096;
+                        const uint32_t v173 = v169 + v172;
+                        noc_async_read_page(v171, ws1_ws_c0, v173);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v151);
-                    cb_reserve_back(tt::CBIndex::c_12, v151);
-                    const uint32_t v162 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j163 = 0; j163 < v141; j163 += 1) {
-                        const uint32_t v164 = v148 + j163;
-                        const uint32_t v165 = j163 * 4096;
-                        const uint32_t v166 = v162 + v165;
-                        noc_async_read_page(v164, ws1_ws_c0l, v166);
+                    cb_push_back(tt::CBIndex::c_8, v163);
+                    cb_reserve_back(tt::CBIndex::c_12, v163);
+                    const uint32_t v174 = get_write_ptr(tt::CBIndex::c_12);
+                    for (uint32_t j175 = 0; j175 < v153; j175 += 1) {
+                        const uint32_t v176 = v160 + j175;
+                        const uint32_t v177 = j175 * 4096;
+                        const uint32_t v178 = v174 + v177;
+                        noc_async_read_page(v176, ws1_ws_c0l, v178);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v151);
+                    cb_push_back(tt::CBIndex::c_12, v163);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r167 = 0; r167 < v8; r167 += 1) {
-            const uint32_t v168 = H + 128;
-            const uint32_t v169 = v168 - 1;
-            const uint32_t v170 = v169 / 128;
-            for (uint32_t c171 = 0; c171 < v170; c171 += 1) {
-                const uint32_t v172 = c171 * 128;
-                const uint32_t v173 = H - v172;
-                const uint32_t v174 = (v173 < 128 ? v173 : 128);
-                const uint32_t v175 = v174 + 31;
-                const uint32_t v176 = v175 / 32;
-                const uint32_t v177 = H + 31;
-                const uint32_t v178 = v177 / 32;
-                const uint32_t v179 = core * 128;
-                const uint32_t v180 = r167 * rows;
-                const uint32_t v181 = v179 + v180;
-                const uint32_t v182 = v181 / 32;
-                const uint32_t v183 = v182 * v178;
-                const uint32_t v184 = v172 / 32;
-                const uint32_t v185 = v183 + v184;
-                const uint32_t v186 = chunk + 31;
-                const uint32_t v187 = v186 / 32;
-                const uint32_t v188 = (v187 > 1 ? v187 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v188);
-                const uint32_t v189 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j190 = 0; j190 < v176; j190 += 1) {
-                    const uint32_t v191 = v185 + j190;
-                    const uint32_t v192 = j190 * 4096;
-                    const uint32_t v193 = v189 + v192;
-                    noc_async_read_page(v191, ws1_ws_acc0, v193);
+        for (uint32_t r179 = 0; r179 < v8; r179 += 1) {
+            const uint32_t v180 = H + 128;
+            const uint32_t v181 = v180 - 1;
+            const uint32_t v182 = v181 / 128;
+            for (uint32_t c183 = 0; c183 < v182; c183 += 1) {
+                const uint32_t v184 = c183 * 128;
+                const uint32_t v185 = H - v184;
+                const uint32_t v186 = (v185 < 128 ? v185 : 128);
+                const uint32_t v187 = v186 + 31;
+                const uint32_t v188 = v187 / 32;
+                const uint32_t v189 = H + 31;
+                const uint32_t v190 = v189 / 32;
+                const uint32_t v191 = core * 128;
+                const uint32_t v192 = r179 * rows;
+                const uint32_t v193 = v191 + v192;
+                const uint32_t v194 = v193 / 32;
+                const uint32_t v195 = v194 * v190;
+                const uint32_t v196 = v184 / 32;
+                const uint32_t v197 = v195 + v196;
+                const uint32_t v198 = chunk + 31;
+                const uint32_t v199 = v198 / 32;
+                const uint32_t v200 = (v199 > 1 ? v199 : 1);
+                cb_reserve_back(tt::CBIndex::c_4, v200);
+                const uint32_t v201 = get_write_ptr(tt::CBIndex::c_4);
+                for (uint32_t j202 = 0; j202 < v188; j202 += 1) {
+                    const uint32_t v203 = v197 + j202;
+                    const uint32_t v204 = j202 * 4096;
+                    const uint32_t v205 = v201 + v204;
+                    noc_async_read_page(v203, ws1_ws_acc0, v205);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v188);
+                cb_push_back(tt::CBIndex::c_4, v200);
             }
         }
     }

@@ -91,133 +91,148 @@ void kernel_main() {
             for (uint32_t i45 = 0; i45 < v44; i45 += 1) {
                 const uint32_t v46 = v4 + 31;
                 const uint32_t v47 = v46 / 32;
-                for (uint32_t j48 = 0; j48 < v47; j48 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v49 = v36 + i45;
-                    const uint32_t v50 = v49 * v39;
-                    const uint32_t v51 = v37 + j48;
-                    const uint32_t v52 = v50 + v51;
-                    const uint32_t v53 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v52, ws1_ws_p, v53);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v54 = v42 + rows;
-            const uint32_t v55 = v54 - 1;
-            const uint32_t v56 = v55 / rows;
-            for (uint32_t r57 = 0; r57 < v56; r57 += 1) {
-                const uint32_t v58 = v4 + 128;
-                const uint32_t v59 = v58 - 1;
-                const uint32_t v60 = v59 / 128;
-                for (uint32_t c61 = 0; c61 < v60; c61 += 1) {
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    const uint32_t v62 = c61 * 128;
-                    const uint32_t v63 = v4 - v62;
-                    const uint32_t v64 = (v63 < 128 ? v63 : 128);
-                    const uint32_t v65 = v64 + 31;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = r57 * rows;
-                    const uint32_t v68 = v31 + v67;
-                    const uint32_t v69 = v68 / 32;
-                    const uint32_t v70 = v69 * 4;
-                    const uint32_t v71 = v62 / 32;
-                    const uint32_t v72 = v70 + v71;
-                    for (uint32_t j73 = 0; j73 < v66; j73 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v74 = v72 + j73;
-                        const uint32_t v75 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v74, ws1_ws_g, v75);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                    for (uint32_t j76 = 0; j76 < v66; j76 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v77 = v72 + j76;
-                        const uint32_t v78 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v77, ws1_ws_gl, v78);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                }
-            }
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v79 = core * 128;
-            const uint32_t v80 = v79 * H;
-            const uint32_t v81 = v80 / H;
-            const uint32_t v82 = v81 * H;
-            const uint32_t v83 = v80 - v82;
-            const uint32_t v84 = v81 / 32;
-            const uint32_t v85 = v83 / 32;
-            const uint32_t v86 = H + 31;
-            const uint32_t v87 = v86 / 32;
-            const uint32_t v88 = v4 + 31;
-            const uint32_t v89 = v88 / 32;
-            for (uint32_t i90 = 0; i90 < v89; i90 += 1) {
-                for (uint32_t j91 = 0; j91 < v87; j91 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v92 = v84 + i90;
-                    const uint32_t v93 = v92 * v87;
-                    const uint32_t v94 = v85 + j91;
-                    const uint32_t v95 = v93 + v94;
-                    const uint32_t v96 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v95, ws1_ws_c0, v96);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            for (uint32_t i97 = 0; i97 < v89; i97 += 1) {
-                for (uint32_t j98 = 0; j98 < v87; j98 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v99 = v84 + i97;
-                    const uint32_t v100 = v99 * v87;
-                    const uint32_t v101 = v85 + j98;
-                    const uint32_t v102 = v100 + v101;
-                    const uint32_t v103 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v102, ws1_ws_c0l, v103);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r104 = 0; r104 < v7; r104 += 1) {
-                const uint32_t v105 = H + 128;
-                const uint32_t v106 = v105 - 1;
-                const uint32_t v107 = v106 / 128;
-                for (uint32_t c108 = 0; c108 < v107; c108 += 1) {
-                    const uint32_t v109 = c108 * 128;
-                    const uint32_t v110 = H - v109;
-                    const uint32_t v111 = (v110 < 128 ? v110 : 128);
-                    const uint32_t v112 = v111 + 31;
-                    const uint32_t v113 = v112 / 32;
-                    const uint32_t v114 = r104 * rows;
-                    const uint32_t v115 = v79 + v114;
-                    const uint32_t v116 = v115 / 32;
-                    const uint32_t v117 = v116 * v87;
-                    const uint32_t v118 = v109 / 32;
-                    const uint32_t v119 = v117 + v118;
-                    for (uint32_t j120 = 0; j120 < v113; j120 += 1) {
+                for (uint32_t j48 = 0; j48 < v47; j48 += 4) {
+                    const uint32_t v49 = v47 - j48;
+                    const uint32_t v50 = (v49 < 4 ? v49 : 4);
+                    for (uint32_t g51 = 0; g51 < v50; g51 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v121 = v119 + j120;
-                        const uint32_t v122 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v121, ws1_ws_acc0, v122);
+                        const uint32_t v52 = j48 + g51;
+                        const uint32_t v53 = v36 + i45;
+                        const uint32_t v54 = v53 * v39;
+                        const uint32_t v55 = v37 + v52;
+                        const uint32_t v56 = v54 + v55;
+                        const uint32_t v57 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v56, ws1_ws_p, v57);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            const uint32_t v58 = v42 + rows;
+            const uint32_t v59 = v58 - 1;
+            const uint32_t v60 = v59 / rows;
+            for (uint32_t r61 = 0; r61 < v60; r61 += 1) {
+                const uint32_t v62 = v4 + 128;
+                const uint32_t v63 = v62 - 1;
+                const uint32_t v64 = v63 / 128;
+                for (uint32_t c65 = 0; c65 < v64; c65 += 1) {
+                    noc_async_write_barrier();
+                    cb_reserve_back(tt::CBIndex::c_1, 1);
+                    cb_push_back(tt::CBIndex::c_1, 1);
+                    noc_async_write_barrier();
+                    cb_reserve_back(tt::CBIndex::c_1, 1);
+                    cb_push_back(tt::CBIndex::c_1, 1);
+                    const uint32_t v66 = c65 * 128;
+                    const uint32_t v67 = v4 - v66;
+                    const uint32_t v68 = (v67 < 128 ? v67 : 128);
+                    const uint32_t v69 = v68 + 31;
+                    const uint32_t v70 = v69 / 32;
+                    const uint32_t v71 = r61 * rows;
+                    const uint32_t v72 = v31 + v71;
+                    const uint32_t v73 = v72 / 32;
+                    const uint32_t v74 = v73 * 4;
+                    const uint32_t v75 = v66 / 32;
+                    const uint32_t v76 = v74 + v75;
+                    for (uint32_t j77 = 0; j77 < v70; j77 += 1) {
+                        cb_wait_front(tt::CBIndex::c_11, 1);
+                        const uint32_t v78 = v76 + j77;
+                        const uint32_t v79 = get_read_ptr(tt::CBIndex::c_11);
+                        noc_async_write_page(v78, ws1_ws_g, v79);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_11, 1);
+                    }
+                    noc_async_write_barrier();
+                    for (uint32_t j80 = 0; j80 < v70; j80 += 1) {
+                        cb_wait_front(tt::CBIndex::c_11, 1);
+                        const uint32_t v81 = v76 + j80;
+                        const uint32_t v82 = get_read_ptr(tt::CBIndex::c_11);
+                        noc_async_write_page(v81, ws1_ws_gl, v82);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_11, 1);
+                    }
+                    noc_async_write_barrier();
+                }
+            }
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            const uint32_t v83 = core * 128;
+            const uint32_t v84 = v83 * H;
+            const uint32_t v85 = v84 / H;
+            const uint32_t v86 = v85 * H;
+            const uint32_t v87 = v84 - v86;
+            const uint32_t v88 = v85 / 32;
+            const uint32_t v89 = v87 / 32;
+            const uint32_t v90 = H + 31;
+            const uint32_t v91 = v90 / 32;
+            const uint32_t v92 = v4 + 31;
+            const uint32_t v93 = v92 / 32;
+            for (uint32_t i94 = 0; i94 < v93; i94 += 1) {
+                for (uint32_t j95 = 0; j95 < v91; j95 += 4) {
+                    const uint32_t v96 = v91 - j95;
+                    const uint32_t v97 = (v96 < 4 ? v96 : 4);
+                    for (uint32_t g98 = 0; g98 < v97; g98 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v99 = j95 + g98;
+                        const uint32_t v100 = v88 + i94;
+                        const uint32_t v101 = v100 * v91;
+                        const uint32_t v102 = v89 + v99;
+                        const uint32_t v103 = v101 + v102;
+                        const uint32_t v104 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v103, ws1_ws_c0, v104);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            for (uint32_t i105 = 0; i105 < v93; i105 += 1) {
+                for (uint32_t j106 = 0; j106 < v91; j106 += 4) {
+                    const uint32_t v107 = v91 - j106;
+                    const uint32_t v108 = (v107 < 4 ? v107 : 4);
+                    for (uint32_t g109 = 0; g109 < v108; g109 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v110 = j106 + g109;
+                        const uint32_t v111 = v88 + i105;
+                        const uint32_t v112 = v111 * v91;
+                        const uint32_t v113 = v89 + v110;
+                        const uint32_t v114 = v112 + v113;
+                        const uint32_t v115 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v114, ws1_ws_c0l, v115);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            for (uint32_t r116 = 0; r116 < v7; r116 += 1) {
+                const uint32_t v117 = H + 128;
+                const uint32_t v118 = v117 - 1;
+                const uint32_t v119 = v118 / 128;
+                for (uint32_t c120 = 0; c120 < v119; c120 += 1) {
+                    const uint32_t v121 = c120 * 128;
+                    const uint32_t v122 = H - v121;
+                    const uint32_t v123 = (v122 < 128 ? v122 : 128);
+                    const uint32_t v124 = v123 + 31;
+                    const uint32_t v125 = v124 / 32;
+                    const uint32_t v126 = r116 * rows;
+                    const uint32_t v127 = v83 + v126;
+                    const uint32_t v128 = v127 / 32;
+                    const uint32_t v129 = v128 * v91;
+                    const uint32_t v130 = v121 / 32;
+                    const uint32_t v131 = v129 + v130;
+                    for (uint32_t j132 = 0; j132 < v125; j132 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v133 = v131 + j132;
+                        const uint32_t v134 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v133, ws1_ws_acc0, v134);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -228,29 +243,29 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_1, 1);
         cb_push_back(tt::CBIndex::c_1, 1);
-        for (uint32_t r123 = 0; r123 < v7; r123 += 1) {
-            const uint32_t v124 = H + 128;
-            const uint32_t v125 = v124 - 1;
-            const uint32_t v126 = v125 / 128;
-            for (uint32_t c127 = 0; c127 < v126; c127 += 1) {
-                const uint32_t v128 = c127 * 128;
-                const uint32_t v129 = H - v128;
-                const uint32_t v130 = (v129 < 128 ? v129 : 128);
-                const uint32_t v131 = v130 + 31;
-                const uint32_t v132 = v131 / 32;
-                const uint32_t v133 = H + 31;
-                const uint32_t v134 = v133 / 32;
-                const uint32_t v135 = r123 * rows;
-                const uint32_t v136 = v2 + v135;
-                const uint32_t v137 = v136 / 32;
-                const uint32_t v138 = v137 * v134;
-                const uint32_t v139 = v128 / 32;
-                const uint32_t v140 = v138 + v139;
-                for (uint32_t j141 = 0; j141 < v132; j141 += 1) {
+        for (uint32_t r135 = 0; r135 < v7; r135 += 1) {
+            const uint32_t v136 = H + 128;
+            const uint32_t v137 = v136 - 1;
+            const uint32_t v138 = v137 / 128;
+            for (uint32_t c139 = 0; c139 < v138; c139 += 1) {
+                const uint32_t v140 = c139 * 128;
+                const uint32_t v141 = H - v140;
+                const uint32_t v142 = (v141 < 128 ? v141 : 128);
+                const uint32_t v143 = v142 + 31;
+                const uint32_t v144 = v143 / 32;
+                const uint32_t v145 = H + 31;
+                const uint32_t v146 = v145 / 32;
+                const uint32_t v147 = r135 * rows;
+                const uint32_t v148 = v2 + v147;
+                const uint32_t v149 = v148 / 32;
+                const uint32_t v150 = v149 * v146;
+                const uint32_t v151 = v140 / 32;
+                const uint32_t v152 = v150 + v151;
+                for (uint32_t j153 = 0; j153 < v144; j153 += 1) {
                     cb_wait_front(tt::CBIndex::c_11, 1);
-                    const uint32_t v142 = v140 + j141;
-                    const uint32_t v143 = get_read_ptr(tt::CBIndex::c_11);
-                    noc_async_write_page(v142, weight_grad, v143);
+                    const uint32_t v154 = v152 + j153;
+                    const uint32_t v155 = get_read_ptr(tt::CBIndex::c_11);
+                    noc_async_write_page(v154, weight_grad, v155);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_11, 1);
                 }

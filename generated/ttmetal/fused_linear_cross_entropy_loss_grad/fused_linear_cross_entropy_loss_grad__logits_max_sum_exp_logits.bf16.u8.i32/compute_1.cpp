@@ -76,50 +76,56 @@ void kernel_main() {
             for (uint32_t i25 = 0; i25 < v24; i25 += 1) {
                 const uint32_t v26 = v4 + 31;
                 const uint32_t v27 = v26 / 32;
-                for (uint32_t j28 = 0; j28 < v27; j28 += 1) {
+                for (uint32_t j28 = 0; j28 < v27; j28 += 4) {
+                    const uint32_t v29 = v27 - j28;
+                    const uint32_t v30 = (v29 < 4 ? v29 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 1);
-                    const uint32_t v29 = H + 31;
-                    const uint32_t v30 = v29 / 32;
-                    for (uint32_t kk31 = 0; kk31 < v30; kk31 += 1) {
+                    const uint32_t v31 = H + 31;
+                    const uint32_t v32 = v31 / 32;
+                    for (uint32_t kk33 = 0; kk33 < v32; kk33 += 1) {
                         cb_wait_front(tt::CBIndex::c_2, 1);
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, 0);
+                        for (uint32_t g34 = 0; g34 < v30; g34 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g34);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_2, 1);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g35 = 0; g35 < v30; g35 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g35, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            const uint32_t v32 = v22 + rows;
-            const uint32_t v33 = v32 - 1;
-            const uint32_t v34 = v33 / rows;
-            for (uint32_t r35 = 0; r35 < v34; r35 += 1) {
-                const uint32_t v36 = v4 + 128;
-                const uint32_t v37 = v36 - 1;
-                const uint32_t v38 = v37 / 128;
-                for (uint32_t c39 = 0; c39 < v38; c39 += 1) {
-                    const uint32_t v40 = chunk + 31;
-                    const uint32_t v41 = v40 / 32;
-                    const uint32_t v42 = (v41 > 1 ? v41 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v42);
+            const uint32_t v36 = v22 + rows;
+            const uint32_t v37 = v36 - 1;
+            const uint32_t v38 = v37 / rows;
+            for (uint32_t r39 = 0; r39 < v38; r39 += 1) {
+                const uint32_t v40 = v4 + 128;
+                const uint32_t v41 = v40 - 1;
+                const uint32_t v42 = v41 / 128;
+                for (uint32_t c43 = 0; c43 < v42; c43 += 1) {
+                    const uint32_t v44 = chunk + 31;
+                    const uint32_t v45 = v44 / 32;
+                    const uint32_t v46 = (v45 > 1 ? v45 : 1);
+                    cb_wait_front(tt::CBIndex::c_4, v46);
                     cb_wait_front(tt::CBIndex::c_5, 1);
                     cb_wait_front(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_8, v42);
+                    cb_wait_front(tt::CBIndex::c_8, v46);
                     cb_wait_front(tt::CBIndex::c_9, 1);
-                    for (uint32_t j43 = 0; j43 < v42; j43 += 1) {
+                    for (uint32_t j47 = 0; j47 < v46; j47 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j43, 0);
+                        copy_tile(tt::CBIndex::c_4, j47, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
                         unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
                         unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
@@ -134,7 +140,7 @@ void kernel_main() {
                         div_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j43, 1);
+                        copy_tile(tt::CBIndex::c_8, j47, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_9);
@@ -150,17 +156,17 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_10, 1);
                         tile_regs_release();
                     }
-                    cb_wait_front(tt::CBIndex::c_10, v42);
-                    const uint32_t v44 = c39 * 128;
-                    const uint32_t v45 = v4 - v44;
-                    const uint32_t v46 = (v45 < 128 ? v45 : 128);
-                    const uint32_t v47 = v46 + 31;
-                    const uint32_t v48 = v47 / 32;
-                    for (uint32_t j49 = 0; j49 < v48; j49 += 1) {
+                    cb_wait_front(tt::CBIndex::c_10, v46);
+                    const uint32_t v48 = c43 * 128;
+                    const uint32_t v49 = v4 - v48;
+                    const uint32_t v50 = (v49 < 128 ? v49 : 128);
+                    const uint32_t v51 = v50 + 31;
+                    const uint32_t v52 = v51 / 32;
+                    for (uint32_t j53 = 0; j53 < v52; j53 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j49, 0);
+                        copy_tile(tt::CBIndex::c_10, j53, 0);
                         tile_regs_commit();
                         tile_regs_wait();
                         cb_reserve_back(tt::CBIndex::c_11, 1);
@@ -169,11 +175,11 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_11, 1);
                         tile_regs_release();
                     }
-                    for (uint32_t j50 = 0; j50 < v48; j50 += 1) {
+                    for (uint32_t j54 = 0; j54 < v52; j54 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j50, 0);
+                        copy_tile(tt::CBIndex::c_4, j54, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
                         unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
                         unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
@@ -188,7 +194,7 @@ void kernel_main() {
                         div_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j50, 1);
+                        copy_tile(tt::CBIndex::c_8, j54, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_9);
@@ -198,7 +204,7 @@ void kernel_main() {
                         mul_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j50, 1);
+                        copy_tile(tt::CBIndex::c_10, j54, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         tile_regs_commit();
@@ -209,93 +215,105 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_11, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v42);
+                    cb_pop_front(tt::CBIndex::c_10, v46);
                     cb_pop_front(tt::CBIndex::c_9, 1);
-                    cb_pop_front(tt::CBIndex::c_8, v42);
+                    cb_pop_front(tt::CBIndex::c_8, v46);
                     cb_pop_front(tt::CBIndex::c_7, 1);
                     cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_4, v42);
+                    cb_pop_front(tt::CBIndex::c_4, v46);
                 }
             }
-            const uint32_t v51 = v4 + 31;
-            const uint32_t v52 = v51 / 32;
-            for (uint32_t i53 = 0; i53 < v52; i53 += 1) {
-                const uint32_t v54 = H + 31;
-                const uint32_t v55 = v54 / 32;
-                for (uint32_t j56 = 0; j56 < v55; j56 += 1) {
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_2);
-                    reconfig_data_format_srcb(tt::CBIndex::c_3);
-                    matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_2, 0);
-                    for (uint32_t kk57 = 0; kk57 < v24; kk57 += 1) {
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        matmul_tiles(tt::CBIndex::c_3, tt::CBIndex::c_2, 0, 0, 0);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t i58 = 0; i58 < v52; i58 += 1) {
-                const uint32_t v59 = H + 31;
-                const uint32_t v60 = v59 / 32;
-                for (uint32_t j61 = 0; j61 < v60; j61 += 1) {
+            const uint32_t v55 = v4 + 31;
+            const uint32_t v56 = v55 / 32;
+            for (uint32_t i57 = 0; i57 < v56; i57 += 1) {
+                const uint32_t v58 = H + 31;
+                const uint32_t v59 = v58 / 32;
+                for (uint32_t j60 = 0; j60 < v59; j60 += 4) {
+                    const uint32_t v61 = v59 - j60;
+                    const uint32_t v62 = (v61 < 4 ? v61 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_3);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
                     matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    for (uint32_t kk62 = 0; kk62 < v24; kk62 += 1) {
+                    for (uint32_t kk63 = 0; kk63 < v24; kk63 += 1) {
                         cb_wait_front(tt::CBIndex::c_2, 1);
-                        cb_wait_front(tt::CBIndex::c_3, 1);
-                        matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, 0);
+                        for (uint32_t g64 = 0; g64 < v62; g64 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g64);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_2, 1);
-                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g65 = 0; g65 < v62; g65 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g65, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t r63 = 0; r63 < v7; r63 += 1) {
-                const uint32_t v64 = H + 128;
-                const uint32_t v65 = v64 - 1;
-                const uint32_t v66 = v65 / 128;
-                for (uint32_t c67 = 0; c67 < v66; c67 += 1) {
-                    const uint32_t v68 = chunk + 31;
-                    const uint32_t v69 = v68 / 32;
-                    const uint32_t v70 = (v69 > 1 ? v69 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v70);
-                    cb_wait_front(tt::CBIndex::c_8, v70);
-                    cb_wait_front(tt::CBIndex::c_12, v70);
-                    const uint32_t v71 = c67 * 128;
-                    const uint32_t v72 = H - v71;
-                    const uint32_t v73 = (v72 < 128 ? v72 : 128);
-                    const uint32_t v74 = v73 + 31;
-                    const uint32_t v75 = v74 / 32;
-                    for (uint32_t j76 = 0; j76 < v75; j76 += 1) {
+            for (uint32_t i66 = 0; i66 < v56; i66 += 1) {
+                const uint32_t v67 = H + 31;
+                const uint32_t v68 = v67 / 32;
+                for (uint32_t j69 = 0; j69 < v68; j69 += 4) {
+                    const uint32_t v70 = v68 - j69;
+                    const uint32_t v71 = (v70 < 4 ? v70 : 4);
+                    tile_regs_acquire();
+                    reconfig_data_format_srca(tt::CBIndex::c_3);
+                    reconfig_data_format_srcb(tt::CBIndex::c_2);
+                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
+                    for (uint32_t kk72 = 0; kk72 < v24; kk72 += 1) {
+                        cb_wait_front(tt::CBIndex::c_2, 1);
+                        for (uint32_t g73 = 0; g73 < v71; g73 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g73);
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
+                        cb_pop_front(tt::CBIndex::c_2, 1);
+                    }
+                    tile_regs_commit();
+                    tile_regs_wait();
+                    pack_reconfig_data_format(tt::CBIndex::c_0);
+                    for (uint32_t g74 = 0; g74 < v71; g74 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g74, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
+                    tile_regs_release();
+                }
+            }
+            for (uint32_t r75 = 0; r75 < v7; r75 += 1) {
+                const uint32_t v76 = H + 128;
+                const uint32_t v77 = v76 - 1;
+                const uint32_t v78 = v77 / 128;
+                for (uint32_t c79 = 0; c79 < v78; c79 += 1) {
+                    const uint32_t v80 = chunk + 31;
+                    const uint32_t v81 = v80 / 32;
+                    const uint32_t v82 = (v81 > 1 ? v81 : 1);
+                    cb_wait_front(tt::CBIndex::c_4, v82);
+                    cb_wait_front(tt::CBIndex::c_8, v82);
+                    cb_wait_front(tt::CBIndex::c_12, v82);
+                    const uint32_t v83 = c79 * 128;
+                    const uint32_t v84 = H - v83;
+                    const uint32_t v85 = (v84 < 128 ? v84 : 128);
+                    const uint32_t v86 = v85 + 31;
+                    const uint32_t v87 = v86 / 32;
+                    for (uint32_t j88 = 0; j88 < v87; j88 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_8);
                         copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j76, 0);
+                        copy_tile(tt::CBIndex::c_8, j88, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_12);
                         copy_init(tt::CBIndex::c_12);
-                        copy_tile(tt::CBIndex::c_12, j76, 1);
+                        copy_tile(tt::CBIndex::c_12, j88, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_4);
                         copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j76, 1);
+                        copy_tile(tt::CBIndex::c_4, j88, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -306,31 +324,31 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_12, v70);
-                    cb_pop_front(tt::CBIndex::c_8, v70);
-                    cb_pop_front(tt::CBIndex::c_4, v70);
+                    cb_pop_front(tt::CBIndex::c_12, v82);
+                    cb_pop_front(tt::CBIndex::c_8, v82);
+                    cb_pop_front(tt::CBIndex::c_4, v82);
                 }
             }
         }
-        for (uint32_t r77 = 0; r77 < v7; r77 += 1) {
-            const uint32_t v78 = H + 128;
-            const uint32_t v79 = v78 - 1;
-            const uint32_t v80 = v79 / 128;
-            for (uint32_t c81 = 0; c81 < v80; c81 += 1) {
-                const uint32_t v82 = chunk + 31;
-                const uint32_t v83 = v82 / 32;
-                const uint32_t v84 = (v83 > 1 ? v83 : 1);
-                cb_wait_front(tt::CBIndex::c_4, v84);
-                const uint32_t v85 = c81 * 128;
-                const uint32_t v86 = H - v85;
-                const uint32_t v87 = (v86 < 128 ? v86 : 128);
-                const uint32_t v88 = v87 + 31;
-                const uint32_t v89 = v88 / 32;
-                for (uint32_t j90 = 0; j90 < v89; j90 += 1) {
+        for (uint32_t r89 = 0; r89 < v7; r89 += 1) {
+            const uint32_t v90 = H + 128;
+            const uint32_t v91 = v90 - 1;
+            const uint32_t v92 = v91 / 128;
+            for (uint32_t c93 = 0; c93 < v92; c93 += 1) {
+                const uint32_t v94 = chunk + 31;
+                const uint32_t v95 = v94 / 32;
+                const uint32_t v96 = (v95 > 1 ? v95 : 1);
+                cb_wait_front(tt::CBIndex::c_4, v96);
+                const uint32_t v97 = c93 * 128;
+                const uint32_t v98 = H - v97;
+                const uint32_t v99 = (v98 < 128 ? v98 : 128);
+                const uint32_t v100 = v99 + 31;
+                const uint32_t v101 = v100 / 32;
+                for (uint32_t j102 = 0; j102 < v101; j102 += 1) {
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_4);
                     copy_init(tt::CBIndex::c_4);
-                    copy_tile(tt::CBIndex::c_4, j90, 0);
+                    copy_tile(tt::CBIndex::c_4, j102, 0);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_11, 1);
@@ -339,7 +357,7 @@ void kernel_main() {
                     cb_push_back(tt::CBIndex::c_11, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_4, v84);
+                cb_pop_front(tt::CBIndex::c_4, v96);
             }
         }
     }

@@ -91,130 +91,145 @@ void kernel_main() {
                 const uint32_t v45 = (v44 < 2048 ? v44 : 2048);
                 const uint32_t v46 = v45 + 31;
                 const uint32_t v47 = v46 / 32;
-                for (uint32_t j48 = 0; j48 < v47; j48 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v49 = v36 + i42;
-                    const uint32_t v50 = v49 * v39;
-                    const uint32_t v51 = v37 + j48;
-                    const uint32_t v52 = v50 + v51;
-                    const uint32_t v53 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v52, ws_ws_p, v53);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r54 = 0; r54 < v7; r54 += 1) {
-                const uint32_t v55 = x30 * 2048;
-                const uint32_t v56 = V - v55;
-                const uint32_t v57 = (v56 < 2048 ? v56 : 2048);
-                const uint32_t v58 = v57 + 128;
-                const uint32_t v59 = v58 - 1;
-                const uint32_t v60 = v59 / 128;
-                for (uint32_t c61 = 0; c61 < v60; c61 += 1) {
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    const uint32_t v62 = c61 * 128;
-                    const uint32_t v63 = v57 - v62;
-                    const uint32_t v64 = (v63 < 128 ? v63 : 128);
-                    const uint32_t v65 = v64 + 31;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = r54 * rows;
-                    const uint32_t v68 = v31 + v67;
-                    const uint32_t v69 = v68 / 32;
-                    const uint32_t v70 = v69 * 64;
-                    const uint32_t v71 = v62 / 32;
-                    const uint32_t v72 = v70 + v71;
-                    for (uint32_t j73 = 0; j73 < v66; j73 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v74 = v72 + j73;
-                        const uint32_t v75 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v74, ws_ws_g, v75);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                    for (uint32_t j76 = 0; j76 < v66; j76 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v77 = v72 + j76;
-                        const uint32_t v78 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v77, ws_ws_gl, v78);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                }
-            }
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v79 = v31 * H;
-            const uint32_t v80 = v79 / H;
-            const uint32_t v81 = v80 * H;
-            const uint32_t v82 = v79 - v81;
-            const uint32_t v83 = v80 / 32;
-            const uint32_t v84 = v82 / 32;
-            const uint32_t v85 = H + 31;
-            const uint32_t v86 = v85 / 32;
-            for (uint32_t i87 = 0; i87 < v41; i87 += 1) {
-                for (uint32_t j88 = 0; j88 < v86; j88 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v89 = v83 + i87;
-                    const uint32_t v90 = v89 * v86;
-                    const uint32_t v91 = v84 + j88;
-                    const uint32_t v92 = v90 + v91;
-                    const uint32_t v93 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v92, ws_ws_c0, v93);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            for (uint32_t i94 = 0; i94 < v41; i94 += 1) {
-                for (uint32_t j95 = 0; j95 < v86; j95 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v96 = v83 + i94;
-                    const uint32_t v97 = v96 * v86;
-                    const uint32_t v98 = v84 + j95;
-                    const uint32_t v99 = v97 + v98;
-                    const uint32_t v100 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v99, ws_ws_c0l, v100);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r101 = 0; r101 < v7; r101 += 1) {
-                const uint32_t v102 = H + 128;
-                const uint32_t v103 = v102 - 1;
-                const uint32_t v104 = v103 / 128;
-                for (uint32_t c105 = 0; c105 < v104; c105 += 1) {
-                    const uint32_t v106 = c105 * 128;
-                    const uint32_t v107 = H - v106;
-                    const uint32_t v108 = (v107 < 128 ? v107 : 128);
-                    const uint32_t v109 = v108 + 31;
-                    const uint32_t v110 = v109 / 32;
-                    const uint32_t v111 = r101 * rows;
-                    const uint32_t v112 = v31 + v111;
-                    const uint32_t v113 = v112 / 32;
-                    const uint32_t v114 = v113 * v86;
-                    const uint32_t v115 = v106 / 32;
-                    const uint32_t v116 = v114 + v115;
-                    for (uint32_t j117 = 0; j117 < v110; j117 += 1) {
+                for (uint32_t j48 = 0; j48 < v47; j48 += 4) {
+                    const uint32_t v49 = v47 - j48;
+                    const uint32_t v50 = (v49 < 4 ? v49 : 4);
+                    for (uint32_t g51 = 0; g51 < v50; g51 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v118 = v116 + j117;
-                        const uint32_t v119 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v118, ws_ws_acc0, v119);
+                        const uint32_t v52 = j48 + g51;
+                        const uint32_t v53 = v36 + i42;
+                        const uint32_t v54 = v53 * v39;
+                        const uint32_t v55 = v37 + v52;
+                        const uint32_t v56 = v54 + v55;
+                        const uint32_t v57 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v56, ws_ws_p, v57);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            for (uint32_t r58 = 0; r58 < v7; r58 += 1) {
+                const uint32_t v59 = x30 * 2048;
+                const uint32_t v60 = V - v59;
+                const uint32_t v61 = (v60 < 2048 ? v60 : 2048);
+                const uint32_t v62 = v61 + 128;
+                const uint32_t v63 = v62 - 1;
+                const uint32_t v64 = v63 / 128;
+                for (uint32_t c65 = 0; c65 < v64; c65 += 1) {
+                    noc_async_write_barrier();
+                    cb_reserve_back(tt::CBIndex::c_1, 1);
+                    cb_push_back(tt::CBIndex::c_1, 1);
+                    noc_async_write_barrier();
+                    cb_reserve_back(tt::CBIndex::c_1, 1);
+                    cb_push_back(tt::CBIndex::c_1, 1);
+                    const uint32_t v66 = c65 * 128;
+                    const uint32_t v67 = v61 - v66;
+                    const uint32_t v68 = (v67 < 128 ? v67 : 128);
+                    const uint32_t v69 = v68 + 31;
+                    const uint32_t v70 = v69 / 32;
+                    const uint32_t v71 = r58 * rows;
+                    const uint32_t v72 = v31 + v71;
+                    const uint32_t v73 = v72 / 32;
+                    const uint32_t v74 = v73 * 64;
+                    const uint32_t v75 = v66 / 32;
+                    const uint32_t v76 = v74 + v75;
+                    for (uint32_t j77 = 0; j77 < v70; j77 += 1) {
+                        cb_wait_front(tt::CBIndex::c_11, 1);
+                        const uint32_t v78 = v76 + j77;
+                        const uint32_t v79 = get_read_ptr(tt::CBIndex::c_11);
+                        noc_async_write_page(v78, ws_ws_g, v79);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_11, 1);
+                    }
+                    noc_async_write_barrier();
+                    for (uint32_t j80 = 0; j80 < v70; j80 += 1) {
+                        cb_wait_front(tt::CBIndex::c_11, 1);
+                        const uint32_t v81 = v76 + j80;
+                        const uint32_t v82 = get_read_ptr(tt::CBIndex::c_11);
+                        noc_async_write_page(v81, ws_ws_gl, v82);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_11, 1);
+                    }
+                    noc_async_write_barrier();
+                }
+            }
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            const uint32_t v83 = v31 * H;
+            const uint32_t v84 = v83 / H;
+            const uint32_t v85 = v84 * H;
+            const uint32_t v86 = v83 - v85;
+            const uint32_t v87 = v84 / 32;
+            const uint32_t v88 = v86 / 32;
+            const uint32_t v89 = H + 31;
+            const uint32_t v90 = v89 / 32;
+            for (uint32_t i91 = 0; i91 < v41; i91 += 1) {
+                for (uint32_t j92 = 0; j92 < v90; j92 += 4) {
+                    const uint32_t v93 = v90 - j92;
+                    const uint32_t v94 = (v93 < 4 ? v93 : 4);
+                    for (uint32_t g95 = 0; g95 < v94; g95 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v96 = j92 + g95;
+                        const uint32_t v97 = v87 + i91;
+                        const uint32_t v98 = v97 * v90;
+                        const uint32_t v99 = v88 + v96;
+                        const uint32_t v100 = v98 + v99;
+                        const uint32_t v101 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v100, ws_ws_c0, v101);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            for (uint32_t i102 = 0; i102 < v41; i102 += 1) {
+                for (uint32_t j103 = 0; j103 < v90; j103 += 4) {
+                    const uint32_t v104 = v90 - j103;
+                    const uint32_t v105 = (v104 < 4 ? v104 : 4);
+                    for (uint32_t g106 = 0; g106 < v105; g106 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v107 = j103 + g106;
+                        const uint32_t v108 = v87 + i102;
+                        const uint32_t v109 = v108 * v90;
+                        const uint32_t v110 = v88 + v107;
+                        const uint32_t v111 = v109 + v110;
+                        const uint32_t v112 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v111, ws_ws_c0l, v112);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_1, 1);
+            cb_push_back(tt::CBIndex::c_1, 1);
+            for (uint32_t r113 = 0; r113 < v7; r113 += 1) {
+                const uint32_t v114 = H + 128;
+                const uint32_t v115 = v114 - 1;
+                const uint32_t v116 = v115 / 128;
+                for (uint32_t c117 = 0; c117 < v116; c117 += 1) {
+                    const uint32_t v118 = c117 * 128;
+                    const uint32_t v119 = H - v118;
+                    const uint32_t v120 = (v119 < 128 ? v119 : 128);
+                    const uint32_t v121 = v120 + 31;
+                    const uint32_t v122 = v121 / 32;
+                    const uint32_t v123 = r113 * rows;
+                    const uint32_t v124 = v31 + v123;
+                    const uint32_t v125 = v124 / 32;
+                    const uint32_t v126 = v125 * v90;
+                    const uint32_t v127 = v118 / 32;
+                    const uint32_t v128 = v126 + v127;
+                    for (uint32_t j129 = 0; j129 < v122; j129 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v130 = v128 + j129;
+                        const uint32_t v131 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v130, ws_ws_acc0, v131);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -225,29 +240,29 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_1, 1);
         cb_push_back(tt::CBIndex::c_1, 1);
-        for (uint32_t r120 = 0; r120 < v7; r120 += 1) {
-            const uint32_t v121 = H + 128;
-            const uint32_t v122 = v121 - 1;
-            const uint32_t v123 = v122 / 128;
-            for (uint32_t c124 = 0; c124 < v123; c124 += 1) {
-                const uint32_t v125 = c124 * 128;
-                const uint32_t v126 = H - v125;
-                const uint32_t v127 = (v126 < 128 ? v126 : 128);
-                const uint32_t v128 = v127 + 31;
-                const uint32_t v129 = v128 / 32;
-                const uint32_t v130 = H + 31;
-                const uint32_t v131 = v130 / 32;
-                const uint32_t v132 = r120 * rows;
-                const uint32_t v133 = v2 + v132;
-                const uint32_t v134 = v133 / 32;
-                const uint32_t v135 = v134 * v131;
-                const uint32_t v136 = v125 / 32;
-                const uint32_t v137 = v135 + v136;
-                for (uint32_t j138 = 0; j138 < v129; j138 += 1) {
+        for (uint32_t r132 = 0; r132 < v7; r132 += 1) {
+            const uint32_t v133 = H + 128;
+            const uint32_t v134 = v133 - 1;
+            const uint32_t v135 = v134 / 128;
+            for (uint32_t c136 = 0; c136 < v135; c136 += 1) {
+                const uint32_t v137 = c136 * 128;
+                const uint32_t v138 = H - v137;
+                const uint32_t v139 = (v138 < 128 ? v138 : 128);
+                const uint32_t v140 = v139 + 31;
+                const uint32_t v141 = v140 / 32;
+                const uint32_t v142 = H + 31;
+                const uint32_t v143 = v142 / 32;
+                const uint32_t v144 = r132 * rows;
+                const uint32_t v145 = v2 + v144;
+                const uint32_t v146 = v145 / 32;
+                const uint32_t v147 = v146 * v143;
+                const uint32_t v148 = v137 / 32;
+                const uint32_t v149 = v147 + v148;
+                for (uint32_t j150 = 0; j150 < v141; j150 += 1) {
                     cb_wait_front(tt::CBIndex::c_11, 1);
-                    const uint32_t v139 = v137 + j138;
-                    const uint32_t v140 = get_read_ptr(tt::CBIndex::c_11);
-                    noc_async_write_page(v139, input_grad, v140);
+                    const uint32_t v151 = v149 + j150;
+                    const uint32_t v152 = get_read_ptr(tt::CBIndex::c_11);
+                    noc_async_write_page(v151, input_grad, v152);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_11, 1);
                 }

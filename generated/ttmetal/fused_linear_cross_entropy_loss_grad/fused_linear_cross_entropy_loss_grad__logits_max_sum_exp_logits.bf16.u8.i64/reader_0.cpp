@@ -88,267 +88,282 @@ void kernel_main() {
                 const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
                 const uint32_t v30 = v29 + 31;
                 const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 1) {
-                    for (uint32_t kk33 = 0; kk33 < v17; kk33 += 1) {
-                        const uint32_t v34 = kk33 * 32;
-                        const uint32_t v35 = H - v34;
-                        const uint32_t v36 = v14 + i27;
-                        const uint32_t v37 = v36 * v17;
-                        const uint32_t v38 = v15 + kk33;
-                        const uint32_t v39 = v37 + v38;
-                        const uint32_t v40 = v23 + j32;
-                        const uint32_t v41 = v40 * v17;
-                        const uint32_t v42 = v24 + kk33;
-                        const uint32_t v43 = v41 + v42;
+                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
+                    const uint32_t v33 = v31 - j32;
+                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
+                    for (uint32_t kk35 = 0; kk35 < v17; kk35 += 1) {
+                        const uint32_t v36 = kk35 * 32;
+                        const uint32_t v37 = H - v36;
+                        const uint32_t v38 = v14 + i27;
+                        const uint32_t v39 = v38 * v17;
+                        const uint32_t v40 = v15 + kk35;
+                        const uint32_t v41 = v39 + v40;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v44 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v39, input, v44);
+                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v41, input, v42);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v44, 2, 32, v35);
+                        opgen_tt_keep(v42, 2, 32, v37);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v45 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v43, weight, v45);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v45, 2, 32, v35);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
+                            const uint32_t v44 = j32 + g43;
+                            const uint32_t v45 = v23 + v44;
+                            const uint32_t v46 = v45 * v17;
+                            const uint32_t v47 = v24 + kk35;
+                            const uint32_t v48 = v46 + v47;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v48, weight, v49);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v49, 2, 32, v37);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r46 = 0; r46 < v8; r46 += 1) {
-                const uint32_t v47 = V - v18;
-                const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
-                const uint32_t v49 = v48 + 128;
-                const uint32_t v50 = v49 - 1;
-                const uint32_t v51 = v50 / 128;
-                for (uint32_t c52 = 0; c52 < v51; c52 += 1) {
-                    const uint32_t v53 = c52 * 128;
-                    const uint32_t v54 = v48 - v53;
-                    const uint32_t v55 = (v54 < 128 ? v54 : 128);
-                    const uint32_t v56 = v55 + 31;
-                    const uint32_t v57 = v56 / 32;
-                    const uint32_t v58 = core * 128;
-                    const uint32_t v59 = r46 * rows;
-                    const uint32_t v60 = v58 + v59;
+            for (uint32_t r50 = 0; r50 < v8; r50 += 1) {
+                const uint32_t v51 = V - v18;
+                const uint32_t v52 = (v51 < 2048 ? v51 : 2048);
+                const uint32_t v53 = v52 + 128;
+                const uint32_t v54 = v53 - 1;
+                const uint32_t v55 = v54 / 128;
+                for (uint32_t c56 = 0; c56 < v55; c56 += 1) {
+                    const uint32_t v57 = c56 * 128;
+                    const uint32_t v58 = v52 - v57;
+                    const uint32_t v59 = (v58 < 128 ? v58 : 128);
+                    const uint32_t v60 = v59 + 31;
                     const uint32_t v61 = v60 / 32;
-                    const uint32_t v62 = v61 * 64;
-                    const uint32_t v63 = v53 / 32;
+                    const uint32_t v62 = core * 128;
+                    const uint32_t v63 = r50 * rows;
                     const uint32_t v64 = v62 + v63;
-                    const uint32_t v65 = chunk + 31;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = (v66 > 1 ? v66 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v67);
-                    const uint32_t v68 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j69 = 0; j69 < v57; j69 += 1) {
-                        const uint32_t v70 = v64 + j69;
-                        const uint32_t v71 = j69 * 4096;
-                        const uint32_t v72 = v68 + v71;
-                        noc_async_read_page(v70, ws_ws_p, v72);
+                    const uint32_t v65 = v64 / 32;
+                    const uint32_t v66 = v65 * 64;
+                    const uint32_t v67 = v57 / 32;
+                    const uint32_t v68 = v66 + v67;
+                    const uint32_t v69 = chunk + 31;
+                    const uint32_t v70 = v69 / 32;
+                    const uint32_t v71 = (v70 > 1 ? v70 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v71);
+                    const uint32_t v72 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j73 = 0; j73 < v61; j73 += 1) {
+                        const uint32_t v74 = v68 + j73;
+                        const uint32_t v75 = j73 * 4096;
+                        const uint32_t v76 = v72 + v75;
+                        noc_async_read_page(v74, ws_ws_p, v76);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v67);
+                    cb_push_back(tt::CBIndex::c_4, v71);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v73 = v3 + v59;
-                    const uint32_t v74 = v5 - v59;
-                    const uint32_t v75 = (v74 < rows ? v74 : rows);
-                    const uint32_t v76 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v73, v75, v76, v1);
+                    const uint32_t v77 = v3 + v63;
+                    const uint32_t v78 = v5 - v63;
+                    const uint32_t v79 = (v78 < rows ? v78 : rows);
+                    const uint32_t v80 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(logits_max, 4, v77, v79, v80, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                     cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v77 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v73, v75, v77, v1);
+                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_7);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v77, v79, v81, v1);
                     cb_push_back(tt::CBIndex::c_7, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v67);
-                    const uint32_t v78 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v79 = v67 * 4096;
-                    opgen_tt_zero_l1(v78, v79);
-                    for (uint32_t h80 = 0; h80 < v75; h80 += 1) {
-                        const uint32_t v81 = v73 + h80;
-                        const uint32_t v82 = opgen_tt_load_elem(masked_target, 8, v81, v1);
-                        const uint32_t v83 = opgen_tt_load_bit(target_mask, 1, v81, v1);
-                        const bool v84 = v83 != 0;
-                        const bool v85 = !v84;
-                        const uint32_t v86 = v18 + v53;
-                        const uint32_t v87 = v82 - v86;
-                        const uint32_t v88 = (v85 ? v87 : -1);
-                        opgen_tt_set_word(v78, h80, v88, v55, f17);
+                    cb_reserve_back(tt::CBIndex::c_8, v71);
+                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_8);
+                    const uint32_t v83 = v71 * 4096;
+                    opgen_tt_zero_l1(v82, v83);
+                    for (uint32_t h84 = 0; h84 < v79; h84 += 1) {
+                        const uint32_t v85 = v77 + h84;
+                        const uint32_t v86 = opgen_tt_load_elem(masked_target, 8, v85, v1);
+                        const uint32_t v87 = opgen_tt_load_bit(target_mask, 1, v85, v1);
+                        const bool v88 = v87 != 0;
+                        const bool v89 = !v88;
+                        const uint32_t v90 = v18 + v57;
+                        const uint32_t v91 = v86 - v90;
+                        const uint32_t v92 = (v89 ? v91 : -1);
+                        opgen_tt_set_word(v82, h84, v92, v59, f17);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v67);
+                    cb_push_back(tt::CBIndex::c_8, v71);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
                     cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v89 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v73, v75, v89, v1);
+                    const uint32_t v93 = get_write_ptr(tt::CBIndex::c_9);
+                    opgen_tt_col_from_row(grad, 4, v77, v79, v93, v1);
                     cb_push_back(tt::CBIndex::c_9, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v90 = core * 128;
-            const uint32_t v91 = v90 * 2048;
-            const uint32_t v92 = v91 / 2048;
-            const uint32_t v93 = v92 * 2048;
-            const uint32_t v94 = v91 - v93;
-            const uint32_t v95 = v92 / 32;
-            const uint32_t v96 = v94 / 32;
-            const uint32_t v97 = 2048 + 31;
-            const uint32_t v98 = v97 / 32;
-            for (uint32_t i99 = 0; i99 < v26; i99 += 1) {
-                for (uint32_t j100 = 0; j100 < v17; j100 += 1) {
-                    const uint32_t v101 = V - v18;
-                    const uint32_t v102 = (v101 < 2048 ? v101 : 2048);
-                    const uint32_t v103 = v102 + 31;
-                    const uint32_t v104 = v103 / 32;
-                    for (uint32_t kk105 = 0; kk105 < v104; kk105 += 1) {
-                        const uint32_t v106 = kk105 * 32;
-                        const uint32_t v107 = v102 - v106;
-                        const uint32_t v108 = v95 + i99;
-                        const uint32_t v109 = v108 * v98;
-                        const uint32_t v110 = v96 + kk105;
-                        const uint32_t v111 = v109 + v110;
-                        const uint32_t v112 = v23 + kk105;
-                        const uint32_t v113 = v112 * v17;
-                        const uint32_t v114 = v24 + j100;
-                        const uint32_t v115 = v113 + v114;
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v116 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v111, ws_ws_g, v116);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v116, 2, 32, v107);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+            const uint32_t v94 = core * 128;
+            const uint32_t v95 = v94 * 2048;
+            const uint32_t v96 = v95 / 2048;
+            const uint32_t v97 = v96 * 2048;
+            const uint32_t v98 = v95 - v97;
+            const uint32_t v99 = v96 / 32;
+            const uint32_t v100 = v98 / 32;
+            const uint32_t v101 = 2048 + 31;
+            const uint32_t v102 = v101 / 32;
+            for (uint32_t i103 = 0; i103 < v26; i103 += 1) {
+                for (uint32_t j104 = 0; j104 < v17; j104 += 4) {
+                    const uint32_t v105 = v17 - j104;
+                    const uint32_t v106 = (v105 < 4 ? v105 : 4);
+                    const uint32_t v107 = V - v18;
+                    const uint32_t v108 = (v107 < 2048 ? v107 : 2048);
+                    const uint32_t v109 = v108 + 31;
+                    const uint32_t v110 = v109 / 32;
+                    for (uint32_t kk111 = 0; kk111 < v110; kk111 += 1) {
+                        const uint32_t v112 = kk111 * 32;
+                        const uint32_t v113 = v108 - v112;
+                        const uint32_t v114 = v99 + i103;
+                        const uint32_t v115 = v114 * v102;
+                        const uint32_t v116 = v100 + kk111;
+                        const uint32_t v117 = v115 + v116;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v117 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v115, weight, v117);
+                        const uint32_t v118 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v117, ws_ws_g, v118);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v117, 2, v107, 32);
+                        opgen_tt_keep(v118, 2, 32, v113);
                         cb_push_back(tt::CBIndex::c_2, 1);
+                        for (uint32_t g119 = 0; g119 < v106; g119 += 1) {
+                            const uint32_t v120 = j104 + g119;
+                            const uint32_t v121 = v23 + kk111;
+                            const uint32_t v122 = v121 * v17;
+                            const uint32_t v123 = v24 + v120;
+                            const uint32_t v124 = v122 + v123;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v125 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v124, weight, v125);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v125, 2, v113, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i118 = 0; i118 < v26; i118 += 1) {
-                for (uint32_t j119 = 0; j119 < v17; j119 += 1) {
-                    const uint32_t v120 = V - v18;
-                    const uint32_t v121 = (v120 < 2048 ? v120 : 2048);
-                    const uint32_t v122 = v121 + 31;
-                    const uint32_t v123 = v122 / 32;
-                    for (uint32_t kk124 = 0; kk124 < v123; kk124 += 1) {
-                        const uint32_t v125 = kk124 * 32;
-                        const uint32_t v126 = v121 - v125;
-                        const uint32_t v127 = v95 + i118;
-                        const uint32_t v128 = v127 * v98;
-                        const uint32_t v129 = v96 + kk124;
-                        const uint32_t v130 = v128 + v129;
-                        const uint32_t v131 = v23 + kk124;
-                        const uint32_t v132 = v131 * v17;
-                        const uint32_t v133 = v24 + j119;
-                        const uint32_t v134 = v132 + v133;
+            for (uint32_t i126 = 0; i126 < v26; i126 += 1) {
+                for (uint32_t j127 = 0; j127 < v17; j127 += 4) {
+                    const uint32_t v128 = v17 - j127;
+                    const uint32_t v129 = (v128 < 4 ? v128 : 4);
+                    const uint32_t v130 = V - v18;
+                    const uint32_t v131 = (v130 < 2048 ? v130 : 2048);
+                    const uint32_t v132 = v131 + 31;
+                    const uint32_t v133 = v132 / 32;
+                    for (uint32_t kk134 = 0; kk134 < v133; kk134 += 1) {
+                        const uint32_t v135 = kk134 * 32;
+                        const uint32_t v136 = v131 - v135;
+                        const uint32_t v137 = v99 + i126;
+                        const uint32_t v138 = v137 * v102;
+                        const uint32_t v139 = v100 + kk134;
+                        const uint32_t v140 = v138 + v139;
                         cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v135 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v130, ws_ws_gl, v135);
+                        const uint32_t v141 = get_write_ptr(tt::CBIndex::c_2);
+                        noc_async_read_page(v140, ws_ws_gl, v141);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v135, 2, 32, v126);
+                        opgen_tt_keep(v141, 2, 32, v136);
                         cb_push_back(tt::CBIndex::c_2, 1);
-                        cb_reserve_back(tt::CBIndex::c_3, 1);
-                        const uint32_t v136 = get_write_ptr(tt::CBIndex::c_3);
-                        noc_async_read_page(v134, weight, v136);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v136, 2, v126, 32);
-                        cb_push_back(tt::CBIndex::c_3, 1);
+                        for (uint32_t g142 = 0; g142 < v129; g142 += 1) {
+                            const uint32_t v143 = j127 + g142;
+                            const uint32_t v144 = v23 + kk134;
+                            const uint32_t v145 = v144 * v17;
+                            const uint32_t v146 = v24 + v143;
+                            const uint32_t v147 = v145 + v146;
+                            cb_reserve_back(tt::CBIndex::c_3, 1);
+                            const uint32_t v148 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v147, weight, v148);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v148, 2, v136, 32);
+                            cb_push_back(tt::CBIndex::c_3, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r137 = 0; r137 < v8; r137 += 1) {
-                const uint32_t v138 = H + 128;
-                const uint32_t v139 = v138 - 1;
-                const uint32_t v140 = v139 / 128;
-                for (uint32_t c141 = 0; c141 < v140; c141 += 1) {
-                    const uint32_t v142 = c141 * 128;
-                    const uint32_t v143 = H - v142;
-                    const uint32_t v144 = (v143 < 128 ? v143 : 128);
-                    const uint32_t v145 = v144 + 31;
-                    const uint32_t v146 = v145 / 32;
-                    const uint32_t v147 = r137 * rows;
-                    const uint32_t v148 = v90 + v147;
-                    const uint32_t v149 = v148 / 32;
-                    const uint32_t v150 = v149 * v17;
-                    const uint32_t v151 = v142 / 32;
-                    const uint32_t v152 = v150 + v151;
-                    const uint32_t v153 = chunk + 31;
-                    const uint32_t v154 = v153 / 32;
-                    const uint32_t v155 = (v154 > 1 ? v154 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v155);
-                    const uint32_t v156 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j157 = 0; j157 < v146; j157 += 1) {
-                        const uint32_t v158 = v152 + j157;
-                        const uint32_t v159 = j157 * 4096;
-                        const uint32_t v160 = v156 + v159;
-                        noc_async_read_page(v158, ws_ws_acc0, v160);
+            for (uint32_t r149 = 0; r149 < v8; r149 += 1) {
+                const uint32_t v150 = H + 128;
+                const uint32_t v151 = v150 - 1;
+                const uint32_t v152 = v151 / 128;
+                for (uint32_t c153 = 0; c153 < v152; c153 += 1) {
+                    const uint32_t v154 = c153 * 128;
+                    const uint32_t v155 = H - v154;
+                    const uint32_t v156 = (v155 < 128 ? v155 : 128);
+                    const uint32_t v157 = v156 + 31;
+                    const uint32_t v158 = v157 / 32;
+                    const uint32_t v159 = r149 * rows;
+                    const uint32_t v160 = v94 + v159;
+                    const uint32_t v161 = v160 / 32;
+                    const uint32_t v162 = v161 * v17;
+                    const uint32_t v163 = v154 / 32;
+                    const uint32_t v164 = v162 + v163;
+                    const uint32_t v165 = chunk + 31;
+                    const uint32_t v166 = v165 / 32;
+                    const uint32_t v167 = (v166 > 1 ? v166 : 1);
+                    cb_reserve_back(tt::CBIndex::c_4, v167);
+                    const uint32_t v168 = get_write_ptr(tt::CBIndex::c_4);
+                    for (uint32_t j169 = 0; j169 < v158; j169 += 1) {
+                        const uint32_t v170 = v164 + j169;
+                        const uint32_t v171 = j169 * 4096;
+                        const uint32_t v172 = v168 + v171;
+                        noc_async_read_page(v170, ws_ws_acc0, v172);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v155);
-                    cb_reserve_back(tt::CBIndex::c_8, v155);
-                    const uint32_t v161 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j162 = 0; j162 < v146; j162 += 1) {
-                        const uint32_t v163 = v152 + j162;
-                        const uint32_t v164 = j162 * 4096;
-                        const uint32_t v165 = v161 + v164;
-                        noc_async_read_page(v163, ws_ws_c0, v165);
+                    cb_push_back(tt::CBIndex::c_4, v167);
+                    cb_reserve_back(tt::CBIndex::c_8, v167);
+                    const uint32_t v173 = get_write_ptr(tt::CBIndex::c_8);
+                    for (uint32_t j174 = 0; j174 < v158; j174 += 1) {
+                        const uint32_t v175 = v164 + j174;
+                        const uint32_t v176 = j174 * 4096;
+                        const uint32_t v177 = v173 + v176;
+                        noc_async_read_page(v175, ws_ws_c0, v177);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v155);
-                    cb_reserve_back(tt::CBIndex::c_12, v155);
-                    const uint32_t v166 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j167 = 0; j167 < v146; j167 += 1) {
-                        const uint32_t v168 = v152 + j167;
-                        const uint32_t v169 = j167 * 4096;
-                        const uint32_t v170 = v166 + v169;
-                        noc_async_read_page(v168, ws_ws_c0l, v170);
+                    cb_push_back(tt::CBIndex::c_8, v167);
+                    cb_reserve_back(tt::CBIndex::c_12, v167);
+                    const uint32_t v178 = get_write_ptr(tt::CBIndex::c_12);
+                    for (uint32_t j179 = 0; j179 < v158; j179 += 1) {
+                        const uint32_t v180 = v164 + j179;
+                        const uint32_t v181 = j179 * 4096;
+                        const uint32_t v182 = v178 + v181;
+                        noc_async_read_page(v180, ws_ws_c0l, v182);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v155);
+                    cb_push_back(tt::CBIndex::c_12, v167);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r171 = 0; r171 < v8; r171 += 1) {
-            const uint32_t v172 = H + 128;
-            const uint32_t v173 = v172 - 1;
-            const uint32_t v174 = v173 / 128;
-            for (uint32_t c175 = 0; c175 < v174; c175 += 1) {
-                const uint32_t v176 = c175 * 128;
-                const uint32_t v177 = H - v176;
-                const uint32_t v178 = (v177 < 128 ? v177 : 128);
-                const uint32_t v179 = v178 + 31;
-                const uint32_t v180 = v179 / 32;
-                const uint32_t v181 = H + 31;
-                const uint32_t v182 = v181 / 32;
-                const uint32_t v183 = core * 128;
-                const uint32_t v184 = r171 * rows;
-                const uint32_t v185 = v183 + v184;
-                const uint32_t v186 = v185 / 32;
-                const uint32_t v187 = v186 * v182;
-                const uint32_t v188 = v176 / 32;
-                const uint32_t v189 = v187 + v188;
-                const uint32_t v190 = chunk + 31;
-                const uint32_t v191 = v190 / 32;
-                const uint32_t v192 = (v191 > 1 ? v191 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v192);
-                const uint32_t v193 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j194 = 0; j194 < v180; j194 += 1) {
-                    const uint32_t v195 = v189 + j194;
-                    const uint32_t v196 = j194 * 4096;
-                    const uint32_t v197 = v193 + v196;
-                    noc_async_read_page(v195, ws_ws_acc0, v197);
+        for (uint32_t r183 = 0; r183 < v8; r183 += 1) {
+            const uint32_t v184 = H + 128;
+            const uint32_t v185 = v184 - 1;
+            const uint32_t v186 = v185 / 128;
+            for (uint32_t c187 = 0; c187 < v186; c187 += 1) {
+                const uint32_t v188 = c187 * 128;
+                const uint32_t v189 = H - v188;
+                const uint32_t v190 = (v189 < 128 ? v189 : 128);
+                const uint32_t v191 = v190 + 31;
+                const uint32_t v192 = v191 / 32;
+                const uint32_t v193 = H + 31;
+                const uint32_t v194 = v193 / 32;
+                const uint32_t v195 = core * 128;
+                const uint32_t v196 = r183 * rows;
+                const uint32_t v197 = v195 + v196;
+                const uint32_t v198 = v197 / 32;
+                const uint32_t v199 = v198 * v194;
+                const uint32_t v200 = v188 / 32;
+                const uint32_t v201 = v199 + v200;
+                const uint32_t v202 = chunk + 31;
+                const uint32_t v203 = v202 / 32;
+                const uint32_t v204 = (v203 > 1 ? v203 : 1);
+                cb_reserve_back(tt::CBIndex::c_4, v204);
+                const uint32_t v205 = get_write_ptr(tt::CBIndex::c_4);
+                for (uint32_t j206 = 0; j206 < v192; j206 += 1) {
+                    const uint32_t v207 = v201 + j206;
+                    const uint32_t v208 = j206 * 4096;
+                    const uint32_t v209 = v205 + v208;
+                    noc_async_read_page(v207, ws_ws_acc0, v209);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v192);
+                cb_push_back(tt::CBIndex::c_4, v204);
             }
         }
     }

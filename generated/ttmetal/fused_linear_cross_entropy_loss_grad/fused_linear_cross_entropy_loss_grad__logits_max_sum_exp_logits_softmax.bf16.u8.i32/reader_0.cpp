@@ -141,157 +141,167 @@ void kernel_main() {
             const uint32_t v72 = v5 + 31;
             const uint32_t v73 = v72 / 32;
             for (uint32_t i74 = 0; i74 < v73; i74 += 1) {
-                for (uint32_t j75 = 0; j75 < v71; j75 += 1) {
-                    const uint32_t v76 = V - v63;
-                    const uint32_t v77 = (v76 < 2048 ? v76 : 2048);
-                    const uint32_t v78 = v77 + 31;
-                    const uint32_t v79 = v78 / 32;
-                    for (uint32_t kk80 = 0; kk80 < v79; kk80 += 1) {
-                        const uint32_t v81 = kk80 * 32;
-                        const uint32_t v82 = v77 - v81;
-                        const uint32_t v83 = v59 + i74;
-                        const uint32_t v84 = v83 * v62;
-                        const uint32_t v85 = v60 + kk80;
-                        const uint32_t v86 = v84 + v85;
-                        const uint32_t v87 = v68 + kk80;
-                        const uint32_t v88 = v87 * v71;
-                        const uint32_t v89 = v69 + j75;
-                        const uint32_t v90 = v88 + v89;
+                for (uint32_t j75 = 0; j75 < v71; j75 += 4) {
+                    const uint32_t v76 = v71 - j75;
+                    const uint32_t v77 = (v76 < 4 ? v76 : 4);
+                    const uint32_t v78 = V - v63;
+                    const uint32_t v79 = (v78 < 2048 ? v78 : 2048);
+                    const uint32_t v80 = v79 + 31;
+                    const uint32_t v81 = v80 / 32;
+                    for (uint32_t kk82 = 0; kk82 < v81; kk82 += 1) {
+                        const uint32_t v83 = kk82 * 32;
+                        const uint32_t v84 = v79 - v83;
+                        const uint32_t v85 = v59 + i74;
+                        const uint32_t v86 = v85 * v62;
+                        const uint32_t v87 = v60 + kk82;
+                        const uint32_t v88 = v86 + v87;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v91 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v86, ws_ws_g, v91);
+                        const uint32_t v89 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v88, ws_ws_g, v89);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v91, 2, 32, v82);
+                        opgen_tt_keep(v89, 2, 32, v84);
                         cb_push_back(tt::CBIndex::c_8, 1);
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v92 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v90, weight, v92);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v92, 2, v82, 32);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+                        for (uint32_t g90 = 0; g90 < v77; g90 += 1) {
+                            const uint32_t v91 = j75 + g90;
+                            const uint32_t v92 = v68 + kk82;
+                            const uint32_t v93 = v92 * v71;
+                            const uint32_t v94 = v69 + v91;
+                            const uint32_t v95 = v93 + v94;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v96 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v95, weight, v96);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v96, 2, v84, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i93 = 0; i93 < v73; i93 += 1) {
-                for (uint32_t j94 = 0; j94 < v71; j94 += 1) {
-                    const uint32_t v95 = V - v63;
-                    const uint32_t v96 = (v95 < 2048 ? v95 : 2048);
-                    const uint32_t v97 = v96 + 31;
-                    const uint32_t v98 = v97 / 32;
-                    for (uint32_t kk99 = 0; kk99 < v98; kk99 += 1) {
-                        const uint32_t v100 = kk99 * 32;
-                        const uint32_t v101 = v96 - v100;
-                        const uint32_t v102 = v59 + i93;
-                        const uint32_t v103 = v102 * v62;
-                        const uint32_t v104 = v60 + kk99;
-                        const uint32_t v105 = v103 + v104;
-                        const uint32_t v106 = v68 + kk99;
-                        const uint32_t v107 = v106 * v71;
-                        const uint32_t v108 = v69 + j94;
-                        const uint32_t v109 = v107 + v108;
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v110 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v105, ws_ws_gl, v110);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v110, 2, 32, v101);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+            for (uint32_t i97 = 0; i97 < v73; i97 += 1) {
+                for (uint32_t j98 = 0; j98 < v71; j98 += 4) {
+                    const uint32_t v99 = v71 - j98;
+                    const uint32_t v100 = (v99 < 4 ? v99 : 4);
+                    const uint32_t v101 = V - v63;
+                    const uint32_t v102 = (v101 < 2048 ? v101 : 2048);
+                    const uint32_t v103 = v102 + 31;
+                    const uint32_t v104 = v103 / 32;
+                    for (uint32_t kk105 = 0; kk105 < v104; kk105 += 1) {
+                        const uint32_t v106 = kk105 * 32;
+                        const uint32_t v107 = v102 - v106;
+                        const uint32_t v108 = v59 + i97;
+                        const uint32_t v109 = v108 * v62;
+                        const uint32_t v110 = v60 + kk105;
+                        const uint32_t v111 = v109 + v110;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v111 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v109, weight, v111);
+                        const uint32_t v112 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v111, ws_ws_gl, v112);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v111, 2, v101, 32);
+                        opgen_tt_keep(v112, 2, 32, v107);
                         cb_push_back(tt::CBIndex::c_8, 1);
+                        for (uint32_t g113 = 0; g113 < v100; g113 += 1) {
+                            const uint32_t v114 = j98 + g113;
+                            const uint32_t v115 = v68 + kk105;
+                            const uint32_t v116 = v115 * v71;
+                            const uint32_t v117 = v69 + v114;
+                            const uint32_t v118 = v116 + v117;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v119 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v118, weight, v119);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v119, 2, v107, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r112 = 0; r112 < v8; r112 += 1) {
-                const uint32_t v113 = H + 128;
-                const uint32_t v114 = v113 - 1;
-                const uint32_t v115 = v114 / 128;
-                for (uint32_t c116 = 0; c116 < v115; c116 += 1) {
-                    const uint32_t v117 = c116 * 128;
-                    const uint32_t v118 = H - v117;
-                    const uint32_t v119 = (v118 < 128 ? v118 : 128);
-                    const uint32_t v120 = v119 + 31;
-                    const uint32_t v121 = v120 / 32;
-                    const uint32_t v122 = r112 * rows;
-                    const uint32_t v123 = v54 + v122;
-                    const uint32_t v124 = v123 / 32;
-                    const uint32_t v125 = v124 * v71;
-                    const uint32_t v126 = v117 / 32;
-                    const uint32_t v127 = v125 + v126;
-                    const uint32_t v128 = chunk + 31;
+            for (uint32_t r120 = 0; r120 < v8; r120 += 1) {
+                const uint32_t v121 = H + 128;
+                const uint32_t v122 = v121 - 1;
+                const uint32_t v123 = v122 / 128;
+                for (uint32_t c124 = 0; c124 < v123; c124 += 1) {
+                    const uint32_t v125 = c124 * 128;
+                    const uint32_t v126 = H - v125;
+                    const uint32_t v127 = (v126 < 128 ? v126 : 128);
+                    const uint32_t v128 = v127 + 31;
                     const uint32_t v129 = v128 / 32;
-                    const uint32_t v130 = (v129 > 1 ? v129 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v130);
-                    const uint32_t v131 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j132 = 0; j132 < v121; j132 += 1) {
-                        const uint32_t v133 = v127 + j132;
-                        const uint32_t v134 = j132 * 4096;
-                        const uint32_t v135 = v131 + v134;
-                        noc_async_read_page(v133, ws_ws_acc0, v135);
+                    const uint32_t v130 = r120 * rows;
+                    const uint32_t v131 = v54 + v130;
+                    const uint32_t v132 = v131 / 32;
+                    const uint32_t v133 = v132 * v71;
+                    const uint32_t v134 = v125 / 32;
+                    const uint32_t v135 = v133 + v134;
+                    const uint32_t v136 = chunk + 31;
+                    const uint32_t v137 = v136 / 32;
+                    const uint32_t v138 = (v137 > 1 ? v137 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v138);
+                    const uint32_t v139 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j140 = 0; j140 < v129; j140 += 1) {
+                        const uint32_t v141 = v135 + j140;
+                        const uint32_t v142 = j140 * 4096;
+                        const uint32_t v143 = v139 + v142;
+                        noc_async_read_page(v141, ws_ws_acc0, v143);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v130);
-                    cb_reserve_back(tt::CBIndex::c_3, v130);
-                    const uint32_t v136 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j137 = 0; j137 < v121; j137 += 1) {
-                        const uint32_t v138 = v127 + j137;
-                        const uint32_t v139 = j137 * 4096;
-                        const uint32_t v140 = v136 + v139;
-                        noc_async_read_page(v138, ws_ws_c0, v140);
+                    cb_push_back(tt::CBIndex::c_1, v138);
+                    cb_reserve_back(tt::CBIndex::c_3, v138);
+                    const uint32_t v144 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j145 = 0; j145 < v129; j145 += 1) {
+                        const uint32_t v146 = v135 + j145;
+                        const uint32_t v147 = j145 * 4096;
+                        const uint32_t v148 = v144 + v147;
+                        noc_async_read_page(v146, ws_ws_c0, v148);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v130);
-                    cb_reserve_back(tt::CBIndex::c_10, v130);
-                    const uint32_t v141 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j142 = 0; j142 < v121; j142 += 1) {
-                        const uint32_t v143 = v127 + j142;
-                        const uint32_t v144 = j142 * 4096;
-                        const uint32_t v145 = v141 + v144;
-                        noc_async_read_page(v143, ws_ws_c0l, v145);
+                    cb_push_back(tt::CBIndex::c_3, v138);
+                    cb_reserve_back(tt::CBIndex::c_10, v138);
+                    const uint32_t v149 = get_write_ptr(tt::CBIndex::c_10);
+                    for (uint32_t j150 = 0; j150 < v129; j150 += 1) {
+                        const uint32_t v151 = v135 + j150;
+                        const uint32_t v152 = j150 * 4096;
+                        const uint32_t v153 = v149 + v152;
+                        noc_async_read_page(v151, ws_ws_c0l, v153);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v130);
+                    cb_push_back(tt::CBIndex::c_10, v138);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r146 = 0; r146 < v8; r146 += 1) {
-            const uint32_t v147 = H + 128;
-            const uint32_t v148 = v147 - 1;
-            const uint32_t v149 = v148 / 128;
-            for (uint32_t c150 = 0; c150 < v149; c150 += 1) {
-                const uint32_t v151 = c150 * 128;
-                const uint32_t v152 = H - v151;
-                const uint32_t v153 = (v152 < 128 ? v152 : 128);
-                const uint32_t v154 = v153 + 31;
-                const uint32_t v155 = v154 / 32;
-                const uint32_t v156 = H + 31;
-                const uint32_t v157 = v156 / 32;
-                const uint32_t v158 = core * 128;
-                const uint32_t v159 = r146 * rows;
-                const uint32_t v160 = v158 + v159;
-                const uint32_t v161 = v160 / 32;
-                const uint32_t v162 = v161 * v157;
-                const uint32_t v163 = v151 / 32;
-                const uint32_t v164 = v162 + v163;
-                const uint32_t v165 = chunk + 31;
-                const uint32_t v166 = v165 / 32;
-                const uint32_t v167 = (v166 > 1 ? v166 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v167);
-                const uint32_t v168 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j169 = 0; j169 < v155; j169 += 1) {
-                    const uint32_t v170 = v164 + j169;
-                    const uint32_t v171 = j169 * 4096;
-                    const uint32_t v172 = v168 + v171;
-                    noc_async_read_page(v170, ws_ws_acc0, v172);
+        for (uint32_t r154 = 0; r154 < v8; r154 += 1) {
+            const uint32_t v155 = H + 128;
+            const uint32_t v156 = v155 - 1;
+            const uint32_t v157 = v156 / 128;
+            for (uint32_t c158 = 0; c158 < v157; c158 += 1) {
+                const uint32_t v159 = c158 * 128;
+                const uint32_t v160 = H - v159;
+                const uint32_t v161 = (v160 < 128 ? v160 : 128);
+                const uint32_t v162 = v161 + 31;
+                const uint32_t v163 = v162 / 32;
+                const uint32_t v164 = H + 31;
+                const uint32_t v165 = v164 / 32;
+                const uint32_t v166 = core * 128;
+                const uint32_t v167 = r154 * rows;
+                const uint32_t v168 = v166 + v167;
+                const uint32_t v169 = v168 / 32;
+                const uint32_t v170 = v169 * v165;
+                const uint32_t v171 = v159 / 32;
+                const uint32_t v172 = v170 + v171;
+                const uint32_t v173 = chunk + 31;
+                const uint32_t v174 = v173 / 32;
+                const uint32_t v175 = (v174 > 1 ? v174 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v175);
+                const uint32_t v176 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j177 = 0; j177 < v163; j177 += 1) {
+                    const uint32_t v178 = v172 + j177;
+                    const uint32_t v179 = j177 * 4096;
+                    const uint32_t v180 = v176 + v179;
+                    noc_async_read_page(v178, ws_ws_acc0, v180);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v167);
+                cb_push_back(tt::CBIndex::c_1, v175);
             }
         }
     }

@@ -140,157 +140,167 @@ void kernel_main() {
             const uint32_t v71 = v5 + 31;
             const uint32_t v72 = v71 / 32;
             for (uint32_t i73 = 0; i73 < v72; i73 += 1) {
-                for (uint32_t j74 = 0; j74 < v70; j74 += 1) {
-                    const uint32_t v75 = V - v62;
-                    const uint32_t v76 = (v75 < 2048 ? v75 : 2048);
-                    const uint32_t v77 = v76 + 31;
-                    const uint32_t v78 = v77 / 32;
-                    for (uint32_t kk79 = 0; kk79 < v78; kk79 += 1) {
-                        const uint32_t v80 = kk79 * 32;
-                        const uint32_t v81 = v76 - v80;
-                        const uint32_t v82 = v58 + i73;
-                        const uint32_t v83 = v82 * v61;
-                        const uint32_t v84 = v59 + kk79;
-                        const uint32_t v85 = v83 + v84;
-                        const uint32_t v86 = v67 + kk79;
-                        const uint32_t v87 = v86 * v70;
-                        const uint32_t v88 = v68 + j74;
-                        const uint32_t v89 = v87 + v88;
+                for (uint32_t j74 = 0; j74 < v70; j74 += 4) {
+                    const uint32_t v75 = v70 - j74;
+                    const uint32_t v76 = (v75 < 4 ? v75 : 4);
+                    const uint32_t v77 = V - v62;
+                    const uint32_t v78 = (v77 < 2048 ? v77 : 2048);
+                    const uint32_t v79 = v78 + 31;
+                    const uint32_t v80 = v79 / 32;
+                    for (uint32_t kk81 = 0; kk81 < v80; kk81 += 1) {
+                        const uint32_t v82 = kk81 * 32;
+                        const uint32_t v83 = v78 - v82;
+                        const uint32_t v84 = v58 + i73;
+                        const uint32_t v85 = v84 * v61;
+                        const uint32_t v86 = v59 + kk81;
+                        const uint32_t v87 = v85 + v86;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v90 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v85, ws_ws_g, v90);
+                        const uint32_t v88 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v87, ws_ws_g, v88);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v90, 2, 32, v81);
+                        opgen_tt_keep(v88, 2, 32, v83);
                         cb_push_back(tt::CBIndex::c_8, 1);
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v91 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v89, weight, v91);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v91, 2, v81, 32);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+                        for (uint32_t g89 = 0; g89 < v76; g89 += 1) {
+                            const uint32_t v90 = j74 + g89;
+                            const uint32_t v91 = v67 + kk81;
+                            const uint32_t v92 = v91 * v70;
+                            const uint32_t v93 = v68 + v90;
+                            const uint32_t v94 = v92 + v93;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v94, weight, v95);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v95, 2, v83, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i92 = 0; i92 < v72; i92 += 1) {
-                for (uint32_t j93 = 0; j93 < v70; j93 += 1) {
-                    const uint32_t v94 = V - v62;
-                    const uint32_t v95 = (v94 < 2048 ? v94 : 2048);
-                    const uint32_t v96 = v95 + 31;
-                    const uint32_t v97 = v96 / 32;
-                    for (uint32_t kk98 = 0; kk98 < v97; kk98 += 1) {
-                        const uint32_t v99 = kk98 * 32;
-                        const uint32_t v100 = v95 - v99;
-                        const uint32_t v101 = v58 + i92;
-                        const uint32_t v102 = v101 * v61;
-                        const uint32_t v103 = v59 + kk98;
-                        const uint32_t v104 = v102 + v103;
-                        const uint32_t v105 = v67 + kk98;
-                        const uint32_t v106 = v105 * v70;
-                        const uint32_t v107 = v68 + j93;
-                        const uint32_t v108 = v106 + v107;
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v109 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v104, ws_ws_gl, v109);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v109, 2, 32, v100);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+            for (uint32_t i96 = 0; i96 < v72; i96 += 1) {
+                for (uint32_t j97 = 0; j97 < v70; j97 += 4) {
+                    const uint32_t v98 = v70 - j97;
+                    const uint32_t v99 = (v98 < 4 ? v98 : 4);
+                    const uint32_t v100 = V - v62;
+                    const uint32_t v101 = (v100 < 2048 ? v100 : 2048);
+                    const uint32_t v102 = v101 + 31;
+                    const uint32_t v103 = v102 / 32;
+                    for (uint32_t kk104 = 0; kk104 < v103; kk104 += 1) {
+                        const uint32_t v105 = kk104 * 32;
+                        const uint32_t v106 = v101 - v105;
+                        const uint32_t v107 = v58 + i96;
+                        const uint32_t v108 = v107 * v61;
+                        const uint32_t v109 = v59 + kk104;
+                        const uint32_t v110 = v108 + v109;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v110 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v108, weight, v110);
+                        const uint32_t v111 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v110, ws_ws_gl, v111);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v110, 2, v100, 32);
+                        opgen_tt_keep(v111, 2, 32, v106);
                         cb_push_back(tt::CBIndex::c_8, 1);
+                        for (uint32_t g112 = 0; g112 < v99; g112 += 1) {
+                            const uint32_t v113 = j97 + g112;
+                            const uint32_t v114 = v67 + kk104;
+                            const uint32_t v115 = v114 * v70;
+                            const uint32_t v116 = v68 + v113;
+                            const uint32_t v117 = v115 + v116;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v118 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v117, weight, v118);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v118, 2, v106, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r111 = 0; r111 < v8; r111 += 1) {
-                const uint32_t v112 = H + 128;
-                const uint32_t v113 = v112 - 1;
-                const uint32_t v114 = v113 / 128;
-                for (uint32_t c115 = 0; c115 < v114; c115 += 1) {
-                    const uint32_t v116 = c115 * 128;
-                    const uint32_t v117 = H - v116;
-                    const uint32_t v118 = (v117 < 128 ? v117 : 128);
-                    const uint32_t v119 = v118 + 31;
-                    const uint32_t v120 = v119 / 32;
-                    const uint32_t v121 = r111 * rows;
-                    const uint32_t v122 = v53 + v121;
-                    const uint32_t v123 = v122 / 32;
-                    const uint32_t v124 = v123 * v70;
-                    const uint32_t v125 = v116 / 32;
-                    const uint32_t v126 = v124 + v125;
-                    const uint32_t v127 = chunk + 31;
+            for (uint32_t r119 = 0; r119 < v8; r119 += 1) {
+                const uint32_t v120 = H + 128;
+                const uint32_t v121 = v120 - 1;
+                const uint32_t v122 = v121 / 128;
+                for (uint32_t c123 = 0; c123 < v122; c123 += 1) {
+                    const uint32_t v124 = c123 * 128;
+                    const uint32_t v125 = H - v124;
+                    const uint32_t v126 = (v125 < 128 ? v125 : 128);
+                    const uint32_t v127 = v126 + 31;
                     const uint32_t v128 = v127 / 32;
-                    const uint32_t v129 = (v128 > 1 ? v128 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v129);
-                    const uint32_t v130 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j131 = 0; j131 < v120; j131 += 1) {
-                        const uint32_t v132 = v126 + j131;
-                        const uint32_t v133 = j131 * 4096;
-                        const uint32_t v134 = v130 + v133;
-                        noc_async_read_page(v132, ws_ws_acc0, v134);
+                    const uint32_t v129 = r119 * rows;
+                    const uint32_t v130 = v53 + v129;
+                    const uint32_t v131 = v130 / 32;
+                    const uint32_t v132 = v131 * v70;
+                    const uint32_t v133 = v124 / 32;
+                    const uint32_t v134 = v132 + v133;
+                    const uint32_t v135 = chunk + 31;
+                    const uint32_t v136 = v135 / 32;
+                    const uint32_t v137 = (v136 > 1 ? v136 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v137);
+                    const uint32_t v138 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j139 = 0; j139 < v128; j139 += 1) {
+                        const uint32_t v140 = v134 + j139;
+                        const uint32_t v141 = j139 * 4096;
+                        const uint32_t v142 = v138 + v141;
+                        noc_async_read_page(v140, ws_ws_acc0, v142);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v129);
-                    cb_reserve_back(tt::CBIndex::c_3, v129);
-                    const uint32_t v135 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j136 = 0; j136 < v120; j136 += 1) {
-                        const uint32_t v137 = v126 + j136;
-                        const uint32_t v138 = j136 * 4096;
-                        const uint32_t v139 = v135 + v138;
-                        noc_async_read_page(v137, ws_ws_c0, v139);
+                    cb_push_back(tt::CBIndex::c_1, v137);
+                    cb_reserve_back(tt::CBIndex::c_3, v137);
+                    const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j144 = 0; j144 < v128; j144 += 1) {
+                        const uint32_t v145 = v134 + j144;
+                        const uint32_t v146 = j144 * 4096;
+                        const uint32_t v147 = v143 + v146;
+                        noc_async_read_page(v145, ws_ws_c0, v147);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v129);
-                    cb_reserve_back(tt::CBIndex::c_10, v129);
-                    const uint32_t v140 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j141 = 0; j141 < v120; j141 += 1) {
-                        const uint32_t v142 = v126 + j141;
-                        const uint32_t v143 = j141 * 4096;
-                        const uint32_t v144 = v140 + v143;
-                        noc_async_read_page(v142, ws_ws_c0l, v144);
+                    cb_push_back(tt::CBIndex::c_3, v137);
+                    cb_reserve_back(tt::CBIndex::c_10, v137);
+                    const uint32_t v148 = get_write_ptr(tt::CBIndex::c_10);
+                    for (uint32_t j149 = 0; j149 < v128; j149 += 1) {
+                        const uint32_t v150 = v134 + j149;
+                        const uint32_t v151 = j149 * 4096;
+                        const uint32_t v152 = v148 + v151;
+                        noc_async_read_page(v150, ws_ws_c0l, v152);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v129);
+                    cb_push_back(tt::CBIndex::c_10, v137);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r145 = 0; r145 < v8; r145 += 1) {
-            const uint32_t v146 = H + 128;
-            const uint32_t v147 = v146 - 1;
-            const uint32_t v148 = v147 / 128;
-            for (uint32_t c149 = 0; c149 < v148; c149 += 1) {
-                const uint32_t v150 = c149 * 128;
-                const uint32_t v151 = H - v150;
-                const uint32_t v152 = (v151 < 128 ? v151 : 128);
-                const uint32_t v153 = v152 + 31;
-                const uint32_t v154 = v153 / 32;
-                const uint32_t v155 = H + 31;
-                const uint32_t v156 = v155 / 32;
-                const uint32_t v157 = core * 128;
-                const uint32_t v158 = r145 * rows;
-                const uint32_t v159 = v157 + v158;
-                const uint32_t v160 = v159 / 32;
-                const uint32_t v161 = v160 * v156;
-                const uint32_t v162 = v150 / 32;
-                const uint32_t v163 = v161 + v162;
-                const uint32_t v164 = chunk + 31;
-                const uint32_t v165 = v164 / 32;
-                const uint32_t v166 = (v165 > 1 ? v165 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v166);
-                const uint32_t v167 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j168 = 0; j168 < v154; j168 += 1) {
-                    const uint32_t v169 = v163 + j168;
-                    const uint32_t v170 = j168 * 4096;
-                    const uint32_t v171 = v167 + v170;
-                    noc_async_read_page(v169, ws_ws_acc0, v171);
+        for (uint32_t r153 = 0; r153 < v8; r153 += 1) {
+            const uint32_t v154 = H + 128;
+            const uint32_t v155 = v154 - 1;
+            const uint32_t v156 = v155 / 128;
+            for (uint32_t c157 = 0; c157 < v156; c157 += 1) {
+                const uint32_t v158 = c157 * 128;
+                const uint32_t v159 = H - v158;
+                const uint32_t v160 = (v159 < 128 ? v159 : 128);
+                const uint32_t v161 = v160 + 31;
+                const uint32_t v162 = v161 / 32;
+                const uint32_t v163 = H + 31;
+                const uint32_t v164 = v163 / 32;
+                const uint32_t v165 = core * 128;
+                const uint32_t v166 = r153 * rows;
+                const uint32_t v167 = v165 + v166;
+                const uint32_t v168 = v167 / 32;
+                const uint32_t v169 = v168 * v164;
+                const uint32_t v170 = v158 / 32;
+                const uint32_t v171 = v169 + v170;
+                const uint32_t v172 = chunk + 31;
+                const uint32_t v173 = v172 / 32;
+                const uint32_t v174 = (v173 > 1 ? v173 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v174);
+                const uint32_t v175 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j176 = 0; j176 < v162; j176 += 1) {
+                    const uint32_t v177 = v171 + j176;
+                    const uint32_t v178 = j176 * 4096;
+                    const uint32_t v179 = v175 + v178;
+                    noc_async_read_page(v177, ws_ws_acc0, v179);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v166);
+                cb_push_back(tt::CBIndex::c_1, v174);
             }
         }
     }

@@ -163,90 +163,102 @@ void kernel_main() {
             for (uint32_t i41 = 0; i41 < v40; i41 += 1) {
                 const uint32_t v42 = H + 31;
                 const uint32_t v43 = v42 / 32;
-                for (uint32_t j44 = 0; j44 < v43; j44 += 1) {
+                for (uint32_t j44 = 0; j44 < v43; j44 += 4) {
+                    const uint32_t v45 = v43 - j44;
+                    const uint32_t v46 = (v45 < 4 ? v45 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_9);
                     reconfig_data_format_srcb(tt::CBIndex::c_8);
                     matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v45 = x19 * 2048;
-                    const uint32_t v46 = V - v45;
-                    const uint32_t v47 = (v46 < 2048 ? v46 : 2048);
-                    const uint32_t v48 = v47 + 31;
-                    const uint32_t v49 = v48 / 32;
-                    for (uint32_t kk50 = 0; kk50 < v49; kk50 += 1) {
+                    const uint32_t v47 = x19 * 2048;
+                    const uint32_t v48 = V - v47;
+                    const uint32_t v49 = (v48 < 2048 ? v48 : 2048);
+                    const uint32_t v50 = v49 + 31;
+                    const uint32_t v51 = v50 / 32;
+                    for (uint32_t kk52 = 0; kk52 < v51; kk52 += 1) {
                         cb_wait_front(tt::CBIndex::c_8, 1);
-                        cb_wait_front(tt::CBIndex::c_9, 1);
-                        matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, 0);
+                        for (uint32_t g53 = 0; g53 < v46; g53 += 1) {
+                            cb_wait_front(tt::CBIndex::c_9, 1);
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g53);
+                            cb_pop_front(tt::CBIndex::c_9, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_8, 1);
-                        cb_pop_front(tt::CBIndex::c_9, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g54 = 0; g54 < v46; g54 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g54, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t i51 = 0; i51 < v40; i51 += 1) {
-                const uint32_t v52 = H + 31;
-                const uint32_t v53 = v52 / 32;
-                for (uint32_t j54 = 0; j54 < v53; j54 += 1) {
+            for (uint32_t i55 = 0; i55 < v40; i55 += 1) {
+                const uint32_t v56 = H + 31;
+                const uint32_t v57 = v56 / 32;
+                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
+                    const uint32_t v59 = v57 - j58;
+                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_8);
-                    reconfig_data_format_srcb(tt::CBIndex::c_9);
-                    matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_8, 0);
-                    const uint32_t v55 = x19 * 2048;
-                    const uint32_t v56 = V - v55;
-                    const uint32_t v57 = (v56 < 2048 ? v56 : 2048);
-                    const uint32_t v58 = v57 + 31;
-                    const uint32_t v59 = v58 / 32;
-                    for (uint32_t kk60 = 0; kk60 < v59; kk60 += 1) {
-                        cb_wait_front(tt::CBIndex::c_9, 1);
+                    reconfig_data_format_srca(tt::CBIndex::c_9);
+                    reconfig_data_format_srcb(tt::CBIndex::c_8);
+                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
+                    const uint32_t v61 = x19 * 2048;
+                    const uint32_t v62 = V - v61;
+                    const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
+                    const uint32_t v64 = v63 + 31;
+                    const uint32_t v65 = v64 / 32;
+                    for (uint32_t kk66 = 0; kk66 < v65; kk66 += 1) {
                         cb_wait_front(tt::CBIndex::c_8, 1);
-                        matmul_tiles(tt::CBIndex::c_9, tt::CBIndex::c_8, 0, 0, 0);
-                        cb_pop_front(tt::CBIndex::c_9, 1);
+                        for (uint32_t g67 = 0; g67 < v60; g67 += 1) {
+                            cb_wait_front(tt::CBIndex::c_9, 1);
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g67);
+                            cb_pop_front(tt::CBIndex::c_9, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_8, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g68 = 0; g68 < v60; g68 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g68, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t r61 = 0; r61 < v7; r61 += 1) {
-                const uint32_t v62 = H + 128;
-                const uint32_t v63 = v62 - 1;
-                const uint32_t v64 = v63 / 128;
-                for (uint32_t c65 = 0; c65 < v64; c65 += 1) {
-                    const uint32_t v66 = chunk + 31;
-                    const uint32_t v67 = v66 / 32;
-                    const uint32_t v68 = (v67 > 1 ? v67 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v68);
-                    cb_wait_front(tt::CBIndex::c_3, v68);
-                    cb_wait_front(tt::CBIndex::c_10, v68);
-                    const uint32_t v69 = c65 * 128;
-                    const uint32_t v70 = H - v69;
-                    const uint32_t v71 = (v70 < 128 ? v70 : 128);
-                    const uint32_t v72 = v71 + 31;
-                    const uint32_t v73 = v72 / 32;
-                    for (uint32_t j74 = 0; j74 < v73; j74 += 1) {
+            for (uint32_t r69 = 0; r69 < v7; r69 += 1) {
+                const uint32_t v70 = H + 128;
+                const uint32_t v71 = v70 - 1;
+                const uint32_t v72 = v71 / 128;
+                for (uint32_t c73 = 0; c73 < v72; c73 += 1) {
+                    const uint32_t v74 = chunk + 31;
+                    const uint32_t v75 = v74 / 32;
+                    const uint32_t v76 = (v75 > 1 ? v75 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v76);
+                    cb_wait_front(tt::CBIndex::c_3, v76);
+                    cb_wait_front(tt::CBIndex::c_10, v76);
+                    const uint32_t v77 = c73 * 128;
+                    const uint32_t v78 = H - v77;
+                    const uint32_t v79 = (v78 < 128 ? v78 : 128);
+                    const uint32_t v80 = v79 + 31;
+                    const uint32_t v81 = v80 / 32;
+                    for (uint32_t j82 = 0; j82 < v81; j82 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_3);
                         copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j74, 0);
+                        copy_tile(tt::CBIndex::c_3, j82, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j74, 1);
+                        copy_tile(tt::CBIndex::c_10, j82, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j74, 1);
+                        copy_tile(tt::CBIndex::c_1, j82, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -257,31 +269,31 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v68);
-                    cb_pop_front(tt::CBIndex::c_3, v68);
-                    cb_pop_front(tt::CBIndex::c_1, v68);
+                    cb_pop_front(tt::CBIndex::c_10, v76);
+                    cb_pop_front(tt::CBIndex::c_3, v76);
+                    cb_pop_front(tt::CBIndex::c_1, v76);
                 }
             }
         }
-        for (uint32_t r75 = 0; r75 < v7; r75 += 1) {
-            const uint32_t v76 = H + 128;
-            const uint32_t v77 = v76 - 1;
-            const uint32_t v78 = v77 / 128;
-            for (uint32_t c79 = 0; c79 < v78; c79 += 1) {
-                const uint32_t v80 = chunk + 31;
-                const uint32_t v81 = v80 / 32;
-                const uint32_t v82 = (v81 > 1 ? v81 : 1);
-                cb_wait_front(tt::CBIndex::c_1, v82);
-                const uint32_t v83 = c79 * 128;
-                const uint32_t v84 = H - v83;
-                const uint32_t v85 = (v84 < 128 ? v84 : 128);
-                const uint32_t v86 = v85 + 31;
-                const uint32_t v87 = v86 / 32;
-                for (uint32_t j88 = 0; j88 < v87; j88 += 1) {
+        for (uint32_t r83 = 0; r83 < v7; r83 += 1) {
+            const uint32_t v84 = H + 128;
+            const uint32_t v85 = v84 - 1;
+            const uint32_t v86 = v85 / 128;
+            for (uint32_t c87 = 0; c87 < v86; c87 += 1) {
+                const uint32_t v88 = chunk + 31;
+                const uint32_t v89 = v88 / 32;
+                const uint32_t v90 = (v89 > 1 ? v89 : 1);
+                cb_wait_front(tt::CBIndex::c_1, v90);
+                const uint32_t v91 = c87 * 128;
+                const uint32_t v92 = H - v91;
+                const uint32_t v93 = (v92 < 128 ? v92 : 128);
+                const uint32_t v94 = v93 + 31;
+                const uint32_t v95 = v94 / 32;
+                for (uint32_t j96 = 0; j96 < v95; j96 += 1) {
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_1);
                     copy_init(tt::CBIndex::c_1);
-                    copy_tile(tt::CBIndex::c_1, j88, 0);
+                    copy_tile(tt::CBIndex::c_1, j96, 0);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_7, 1);
@@ -290,7 +302,7 @@ void kernel_main() {
                     cb_push_back(tt::CBIndex::c_7, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_1, v82);
+                cb_pop_front(tt::CBIndex::c_1, v90);
             }
         }
     }

@@ -132,57 +132,67 @@ void kernel_main() {
             const uint32_t v69 = v4 + 31;
             const uint32_t v70 = v69 / 32;
             for (uint32_t i71 = 0; i71 < v70; i71 += 1) {
-                for (uint32_t j72 = 0; j72 < v68; j72 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v73 = v65 + i71;
-                    const uint32_t v74 = v73 * v68;
-                    const uint32_t v75 = v66 + j72;
-                    const uint32_t v76 = v74 + v75;
-                    const uint32_t v77 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v76, ws1_ws_c0, v77);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
+                for (uint32_t j72 = 0; j72 < v68; j72 += 4) {
+                    const uint32_t v73 = v68 - j72;
+                    const uint32_t v74 = (v73 < 4 ? v73 : 4);
+                    for (uint32_t g75 = 0; g75 < v74; g75 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v76 = j72 + g75;
+                        const uint32_t v77 = v65 + i71;
+                        const uint32_t v78 = v77 * v68;
+                        const uint32_t v79 = v66 + v76;
+                        const uint32_t v80 = v78 + v79;
+                        const uint32_t v81 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v80, ws1_ws_c0, v81);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
                 }
             }
             noc_async_write_barrier();
-            for (uint32_t i78 = 0; i78 < v70; i78 += 1) {
-                for (uint32_t j79 = 0; j79 < v68; j79 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v80 = v65 + i78;
-                    const uint32_t v81 = v80 * v68;
-                    const uint32_t v82 = v66 + j79;
-                    const uint32_t v83 = v81 + v82;
-                    const uint32_t v84 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v83, ws1_ws_c0l, v84);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
+            for (uint32_t i82 = 0; i82 < v70; i82 += 1) {
+                for (uint32_t j83 = 0; j83 < v68; j83 += 4) {
+                    const uint32_t v84 = v68 - j83;
+                    const uint32_t v85 = (v84 < 4 ? v84 : 4);
+                    for (uint32_t g86 = 0; g86 < v85; g86 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v87 = j83 + g86;
+                        const uint32_t v88 = v65 + i82;
+                        const uint32_t v89 = v88 * v68;
+                        const uint32_t v90 = v66 + v87;
+                        const uint32_t v91 = v89 + v90;
+                        const uint32_t v92 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v91, ws1_ws_c0l, v92);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
                 }
             }
             noc_async_write_barrier();
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
-            for (uint32_t r85 = 0; r85 < v7; r85 += 1) {
-                const uint32_t v86 = H + 128;
-                const uint32_t v87 = v86 - 1;
-                const uint32_t v88 = v87 / 128;
-                for (uint32_t c89 = 0; c89 < v88; c89 += 1) {
-                    const uint32_t v90 = c89 * 128;
-                    const uint32_t v91 = H - v90;
-                    const uint32_t v92 = (v91 < 128 ? v91 : 128);
-                    const uint32_t v93 = v92 + 31;
-                    const uint32_t v94 = v93 / 32;
-                    const uint32_t v95 = r85 * rows;
-                    const uint32_t v96 = v60 + v95;
-                    const uint32_t v97 = v96 / 32;
-                    const uint32_t v98 = v97 * v68;
-                    const uint32_t v99 = v90 / 32;
-                    const uint32_t v100 = v98 + v99;
-                    for (uint32_t j101 = 0; j101 < v94; j101 += 1) {
+            for (uint32_t r93 = 0; r93 < v7; r93 += 1) {
+                const uint32_t v94 = H + 128;
+                const uint32_t v95 = v94 - 1;
+                const uint32_t v96 = v95 / 128;
+                for (uint32_t c97 = 0; c97 < v96; c97 += 1) {
+                    const uint32_t v98 = c97 * 128;
+                    const uint32_t v99 = H - v98;
+                    const uint32_t v100 = (v99 < 128 ? v99 : 128);
+                    const uint32_t v101 = v100 + 31;
+                    const uint32_t v102 = v101 / 32;
+                    const uint32_t v103 = r93 * rows;
+                    const uint32_t v104 = v60 + v103;
+                    const uint32_t v105 = v104 / 32;
+                    const uint32_t v106 = v105 * v68;
+                    const uint32_t v107 = v98 / 32;
+                    const uint32_t v108 = v106 + v107;
+                    for (uint32_t j109 = 0; j109 < v102; j109 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v102 = v100 + j101;
-                        const uint32_t v103 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v102, ws1_ws_acc0, v103);
+                        const uint32_t v110 = v108 + j109;
+                        const uint32_t v111 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v110, ws1_ws_acc0, v111);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -193,29 +203,29 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_2, 1);
         cb_push_back(tt::CBIndex::c_2, 1);
-        for (uint32_t r104 = 0; r104 < v7; r104 += 1) {
-            const uint32_t v105 = H + 128;
-            const uint32_t v106 = v105 - 1;
-            const uint32_t v107 = v106 / 128;
-            for (uint32_t c108 = 0; c108 < v107; c108 += 1) {
-                const uint32_t v109 = c108 * 128;
-                const uint32_t v110 = H - v109;
-                const uint32_t v111 = (v110 < 128 ? v110 : 128);
-                const uint32_t v112 = v111 + 31;
-                const uint32_t v113 = v112 / 32;
-                const uint32_t v114 = H + 31;
-                const uint32_t v115 = v114 / 32;
-                const uint32_t v116 = r104 * rows;
-                const uint32_t v117 = v2 + v116;
-                const uint32_t v118 = v117 / 32;
-                const uint32_t v119 = v118 * v115;
-                const uint32_t v120 = v109 / 32;
-                const uint32_t v121 = v119 + v120;
-                for (uint32_t j122 = 0; j122 < v113; j122 += 1) {
+        for (uint32_t r112 = 0; r112 < v7; r112 += 1) {
+            const uint32_t v113 = H + 128;
+            const uint32_t v114 = v113 - 1;
+            const uint32_t v115 = v114 / 128;
+            for (uint32_t c116 = 0; c116 < v115; c116 += 1) {
+                const uint32_t v117 = c116 * 128;
+                const uint32_t v118 = H - v117;
+                const uint32_t v119 = (v118 < 128 ? v118 : 128);
+                const uint32_t v120 = v119 + 31;
+                const uint32_t v121 = v120 / 32;
+                const uint32_t v122 = H + 31;
+                const uint32_t v123 = v122 / 32;
+                const uint32_t v124 = r112 * rows;
+                const uint32_t v125 = v2 + v124;
+                const uint32_t v126 = v125 / 32;
+                const uint32_t v127 = v126 * v123;
+                const uint32_t v128 = v117 / 32;
+                const uint32_t v129 = v127 + v128;
+                for (uint32_t j130 = 0; j130 < v121; j130 += 1) {
                     cb_wait_front(tt::CBIndex::c_7, 1);
-                    const uint32_t v123 = v121 + j122;
-                    const uint32_t v124 = get_read_ptr(tt::CBIndex::c_7);
-                    noc_async_write_page(v123, weight_grad, v124);
+                    const uint32_t v131 = v129 + j130;
+                    const uint32_t v132 = get_read_ptr(tt::CBIndex::c_7);
+                    noc_async_write_page(v131, weight_grad, v132);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_7, 1);
                 }

@@ -166,84 +166,96 @@ void kernel_main() {
             for (uint32_t i44 = 0; i44 < v43; i44 += 1) {
                 const uint32_t v45 = H + 31;
                 const uint32_t v46 = v45 / 32;
-                for (uint32_t j47 = 0; j47 < v46; j47 += 1) {
+                for (uint32_t j47 = 0; j47 < v46; j47 += 4) {
+                    const uint32_t v48 = v46 - j47;
+                    const uint32_t v49 = (v48 < 4 ? v48 : 4);
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_9);
                     reconfig_data_format_srcb(tt::CBIndex::c_8);
                     matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v48 = v22 + 31;
-                    const uint32_t v49 = v48 / 32;
-                    for (uint32_t kk50 = 0; kk50 < v49; kk50 += 1) {
+                    const uint32_t v50 = v22 + 31;
+                    const uint32_t v51 = v50 / 32;
+                    for (uint32_t kk52 = 0; kk52 < v51; kk52 += 1) {
                         cb_wait_front(tt::CBIndex::c_8, 1);
-                        cb_wait_front(tt::CBIndex::c_9, 1);
-                        matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, 0);
+                        for (uint32_t g53 = 0; g53 < v49; g53 += 1) {
+                            cb_wait_front(tt::CBIndex::c_9, 1);
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g53);
+                            cb_pop_front(tt::CBIndex::c_9, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_8, 1);
-                        cb_pop_front(tt::CBIndex::c_9, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g54 = 0; g54 < v49; g54 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g54, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t i51 = 0; i51 < v43; i51 += 1) {
-                const uint32_t v52 = H + 31;
-                const uint32_t v53 = v52 / 32;
-                for (uint32_t j54 = 0; j54 < v53; j54 += 1) {
+            for (uint32_t i55 = 0; i55 < v43; i55 += 1) {
+                const uint32_t v56 = H + 31;
+                const uint32_t v57 = v56 / 32;
+                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
+                    const uint32_t v59 = v57 - j58;
+                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_8);
-                    reconfig_data_format_srcb(tt::CBIndex::c_9);
-                    matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_8, 0);
-                    const uint32_t v55 = v22 + 31;
-                    const uint32_t v56 = v55 / 32;
-                    for (uint32_t kk57 = 0; kk57 < v56; kk57 += 1) {
-                        cb_wait_front(tt::CBIndex::c_9, 1);
+                    reconfig_data_format_srca(tt::CBIndex::c_9);
+                    reconfig_data_format_srcb(tt::CBIndex::c_8);
+                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
+                    const uint32_t v61 = v22 + 31;
+                    const uint32_t v62 = v61 / 32;
+                    for (uint32_t kk63 = 0; kk63 < v62; kk63 += 1) {
                         cb_wait_front(tt::CBIndex::c_8, 1);
-                        matmul_tiles(tt::CBIndex::c_9, tt::CBIndex::c_8, 0, 0, 0);
-                        cb_pop_front(tt::CBIndex::c_9, 1);
+                        for (uint32_t g64 = 0; g64 < v60; g64 += 1) {
+                            cb_wait_front(tt::CBIndex::c_9, 1);
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g64);
+                            cb_pop_front(tt::CBIndex::c_9, 1);
+                        }
                         cb_pop_front(tt::CBIndex::c_8, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
+                    for (uint32_t g65 = 0; g65 < v60; g65 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g65, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
                     tile_regs_release();
                 }
             }
-            for (uint32_t r58 = 0; r58 < v7; r58 += 1) {
-                const uint32_t v59 = H + 128;
-                const uint32_t v60 = v59 - 1;
-                const uint32_t v61 = v60 / 128;
-                for (uint32_t c62 = 0; c62 < v61; c62 += 1) {
-                    const uint32_t v63 = chunk + 31;
-                    const uint32_t v64 = v63 / 32;
-                    const uint32_t v65 = (v64 > 1 ? v64 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v65);
-                    cb_wait_front(tt::CBIndex::c_3, v65);
-                    cb_wait_front(tt::CBIndex::c_10, v65);
-                    const uint32_t v66 = c62 * 128;
-                    const uint32_t v67 = H - v66;
-                    const uint32_t v68 = (v67 < 128 ? v67 : 128);
-                    const uint32_t v69 = v68 + 31;
-                    const uint32_t v70 = v69 / 32;
-                    for (uint32_t j71 = 0; j71 < v70; j71 += 1) {
+            for (uint32_t r66 = 0; r66 < v7; r66 += 1) {
+                const uint32_t v67 = H + 128;
+                const uint32_t v68 = v67 - 1;
+                const uint32_t v69 = v68 / 128;
+                for (uint32_t c70 = 0; c70 < v69; c70 += 1) {
+                    const uint32_t v71 = chunk + 31;
+                    const uint32_t v72 = v71 / 32;
+                    const uint32_t v73 = (v72 > 1 ? v72 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v73);
+                    cb_wait_front(tt::CBIndex::c_3, v73);
+                    cb_wait_front(tt::CBIndex::c_10, v73);
+                    const uint32_t v74 = c70 * 128;
+                    const uint32_t v75 = H - v74;
+                    const uint32_t v76 = (v75 < 128 ? v75 : 128);
+                    const uint32_t v77 = v76 + 31;
+                    const uint32_t v78 = v77 / 32;
+                    for (uint32_t j79 = 0; j79 < v78; j79 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_3);
                         copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j71, 0);
+                        copy_tile(tt::CBIndex::c_3, j79, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_10);
                         copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j71, 1);
+                        copy_tile(tt::CBIndex::c_10, j79, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j71, 1);
+                        copy_tile(tt::CBIndex::c_1, j79, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -254,31 +266,31 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v65);
-                    cb_pop_front(tt::CBIndex::c_3, v65);
-                    cb_pop_front(tt::CBIndex::c_1, v65);
+                    cb_pop_front(tt::CBIndex::c_10, v73);
+                    cb_pop_front(tt::CBIndex::c_3, v73);
+                    cb_pop_front(tt::CBIndex::c_1, v73);
                 }
             }
         }
-        for (uint32_t r72 = 0; r72 < v7; r72 += 1) {
-            const uint32_t v73 = H + 128;
-            const uint32_t v74 = v73 - 1;
-            const uint32_t v75 = v74 / 128;
-            for (uint32_t c76 = 0; c76 < v75; c76 += 1) {
-                const uint32_t v77 = chunk + 31;
-                const uint32_t v78 = v77 / 32;
-                const uint32_t v79 = (v78 > 1 ? v78 : 1);
-                cb_wait_front(tt::CBIndex::c_1, v79);
-                const uint32_t v80 = c76 * 128;
-                const uint32_t v81 = H - v80;
-                const uint32_t v82 = (v81 < 128 ? v81 : 128);
-                const uint32_t v83 = v82 + 31;
-                const uint32_t v84 = v83 / 32;
-                for (uint32_t j85 = 0; j85 < v84; j85 += 1) {
+        for (uint32_t r80 = 0; r80 < v7; r80 += 1) {
+            const uint32_t v81 = H + 128;
+            const uint32_t v82 = v81 - 1;
+            const uint32_t v83 = v82 / 128;
+            for (uint32_t c84 = 0; c84 < v83; c84 += 1) {
+                const uint32_t v85 = chunk + 31;
+                const uint32_t v86 = v85 / 32;
+                const uint32_t v87 = (v86 > 1 ? v86 : 1);
+                cb_wait_front(tt::CBIndex::c_1, v87);
+                const uint32_t v88 = c84 * 128;
+                const uint32_t v89 = H - v88;
+                const uint32_t v90 = (v89 < 128 ? v89 : 128);
+                const uint32_t v91 = v90 + 31;
+                const uint32_t v92 = v91 / 32;
+                for (uint32_t j93 = 0; j93 < v92; j93 += 1) {
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_1);
                     copy_init(tt::CBIndex::c_1);
-                    copy_tile(tt::CBIndex::c_1, j85, 0);
+                    copy_tile(tt::CBIndex::c_1, j93, 0);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_7, 1);
@@ -287,7 +299,7 @@ void kernel_main() {
                     cb_push_back(tt::CBIndex::c_7, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_1, v79);
+                cb_pop_front(tt::CBIndex::c_1, v87);
             }
         }
     }

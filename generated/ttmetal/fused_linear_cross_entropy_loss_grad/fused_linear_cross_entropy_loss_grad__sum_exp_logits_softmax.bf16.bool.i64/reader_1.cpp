@@ -142,156 +142,166 @@ void kernel_main() {
             const uint32_t v73 = v5 + 31;
             const uint32_t v74 = v73 / 32;
             for (uint32_t i75 = 0; i75 < v74; i75 += 1) {
-                for (uint32_t j76 = 0; j76 < v72; j76 += 1) {
-                    const uint32_t v77 = v12 + 31;
-                    const uint32_t v78 = v77 / 32;
-                    for (uint32_t kk79 = 0; kk79 < v78; kk79 += 1) {
-                        const uint32_t v80 = kk79 * 32;
-                        const uint32_t v81 = v12 - v80;
-                        const uint32_t v82 = v61 + kk79;
-                        const uint32_t v83 = v82 * v64;
-                        const uint32_t v84 = v62 + i75;
-                        const uint32_t v85 = v83 + v84;
-                        const uint32_t v86 = v69 + kk79;
-                        const uint32_t v87 = v86 * v72;
-                        const uint32_t v88 = v70 + j76;
-                        const uint32_t v89 = v87 + v88;
+                for (uint32_t j76 = 0; j76 < v72; j76 += 4) {
+                    const uint32_t v77 = v72 - j76;
+                    const uint32_t v78 = (v77 < 4 ? v77 : 4);
+                    const uint32_t v79 = v12 + 31;
+                    const uint32_t v80 = v79 / 32;
+                    for (uint32_t kk81 = 0; kk81 < v80; kk81 += 1) {
+                        const uint32_t v82 = kk81 * 32;
+                        const uint32_t v83 = v12 - v82;
+                        const uint32_t v84 = v61 + kk81;
+                        const uint32_t v85 = v84 * v64;
+                        const uint32_t v86 = v62 + i75;
+                        const uint32_t v87 = v85 + v86;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v90 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v85, ws1_ws_g, v90);
+                        const uint32_t v88 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v87, ws1_ws_g, v88);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v90, 2, v81, 32);
-                        opgen_tt_transpose(v90, 2);
+                        opgen_tt_keep(v88, 2, v83, 32);
+                        opgen_tt_transpose(v88, 2);
                         cb_push_back(tt::CBIndex::c_8, 1);
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v91 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v89, input, v91);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v91, 2, v81, 32);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+                        for (uint32_t g89 = 0; g89 < v78; g89 += 1) {
+                            const uint32_t v90 = j76 + g89;
+                            const uint32_t v91 = v69 + kk81;
+                            const uint32_t v92 = v91 * v72;
+                            const uint32_t v93 = v70 + v90;
+                            const uint32_t v94 = v92 + v93;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v94, input, v95);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v95, 2, v83, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
-            for (uint32_t i92 = 0; i92 < v74; i92 += 1) {
-                for (uint32_t j93 = 0; j93 < v72; j93 += 1) {
-                    const uint32_t v94 = v12 + 31;
-                    const uint32_t v95 = v94 / 32;
-                    for (uint32_t kk96 = 0; kk96 < v95; kk96 += 1) {
-                        const uint32_t v97 = kk96 * 32;
-                        const uint32_t v98 = v12 - v97;
-                        const uint32_t v99 = v61 + kk96;
-                        const uint32_t v100 = v99 * v64;
-                        const uint32_t v101 = v62 + i92;
-                        const uint32_t v102 = v100 + v101;
-                        const uint32_t v103 = v69 + kk96;
-                        const uint32_t v104 = v103 * v72;
-                        const uint32_t v105 = v70 + j93;
-                        const uint32_t v106 = v104 + v105;
-                        cb_reserve_back(tt::CBIndex::c_9, 1);
-                        const uint32_t v107 = get_write_ptr(tt::CBIndex::c_9);
-                        noc_async_read_page(v102, ws1_ws_gl, v107);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v107, 2, v98, 32);
-                        opgen_tt_transpose(v107, 2);
-                        cb_push_back(tt::CBIndex::c_9, 1);
+            for (uint32_t i96 = 0; i96 < v74; i96 += 1) {
+                for (uint32_t j97 = 0; j97 < v72; j97 += 4) {
+                    const uint32_t v98 = v72 - j97;
+                    const uint32_t v99 = (v98 < 4 ? v98 : 4);
+                    const uint32_t v100 = v12 + 31;
+                    const uint32_t v101 = v100 / 32;
+                    for (uint32_t kk102 = 0; kk102 < v101; kk102 += 1) {
+                        const uint32_t v103 = kk102 * 32;
+                        const uint32_t v104 = v12 - v103;
+                        const uint32_t v105 = v61 + kk102;
+                        const uint32_t v106 = v105 * v64;
+                        const uint32_t v107 = v62 + i96;
+                        const uint32_t v108 = v106 + v107;
                         cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v108 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v106, input, v108);
+                        const uint32_t v109 = get_write_ptr(tt::CBIndex::c_8);
+                        noc_async_read_page(v108, ws1_ws_gl, v109);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v108, 2, v98, 32);
+                        opgen_tt_keep(v109, 2, v104, 32);
+                        opgen_tt_transpose(v109, 2);
                         cb_push_back(tt::CBIndex::c_8, 1);
+                        for (uint32_t g110 = 0; g110 < v99; g110 += 1) {
+                            const uint32_t v111 = j97 + g110;
+                            const uint32_t v112 = v69 + kk102;
+                            const uint32_t v113 = v112 * v72;
+                            const uint32_t v114 = v70 + v111;
+                            const uint32_t v115 = v113 + v114;
+                            cb_reserve_back(tt::CBIndex::c_9, 1);
+                            const uint32_t v116 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v115, input, v116);
+                            noc_async_read_barrier();
+                            opgen_tt_keep(v116, 2, v104, 32);
+                            cb_push_back(tt::CBIndex::c_9, 1);
+                        }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r109 = 0; r109 < v8; r109 += 1) {
-                const uint32_t v110 = H + 128;
-                const uint32_t v111 = v110 - 1;
-                const uint32_t v112 = v111 / 128;
-                for (uint32_t c113 = 0; c113 < v112; c113 += 1) {
-                    const uint32_t v114 = c113 * 128;
-                    const uint32_t v115 = H - v114;
-                    const uint32_t v116 = (v115 < 128 ? v115 : 128);
-                    const uint32_t v117 = v116 + 31;
-                    const uint32_t v118 = v117 / 32;
-                    const uint32_t v119 = core * 128;
-                    const uint32_t v120 = r109 * rows;
-                    const uint32_t v121 = v119 + v120;
-                    const uint32_t v122 = v121 / 32;
-                    const uint32_t v123 = v122 * v72;
-                    const uint32_t v124 = v114 / 32;
-                    const uint32_t v125 = v123 + v124;
-                    const uint32_t v126 = chunk + 31;
-                    const uint32_t v127 = v126 / 32;
-                    const uint32_t v128 = (v127 > 1 ? v127 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v128);
-                    const uint32_t v129 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j130 = 0; j130 < v118; j130 += 1) {
-                        const uint32_t v131 = v125 + j130;
-                        const uint32_t v132 = j130 * 4096;
-                        const uint32_t v133 = v129 + v132;
-                        noc_async_read_page(v131, ws1_ws_acc0, v133);
+            for (uint32_t r117 = 0; r117 < v8; r117 += 1) {
+                const uint32_t v118 = H + 128;
+                const uint32_t v119 = v118 - 1;
+                const uint32_t v120 = v119 / 128;
+                for (uint32_t c121 = 0; c121 < v120; c121 += 1) {
+                    const uint32_t v122 = c121 * 128;
+                    const uint32_t v123 = H - v122;
+                    const uint32_t v124 = (v123 < 128 ? v123 : 128);
+                    const uint32_t v125 = v124 + 31;
+                    const uint32_t v126 = v125 / 32;
+                    const uint32_t v127 = core * 128;
+                    const uint32_t v128 = r117 * rows;
+                    const uint32_t v129 = v127 + v128;
+                    const uint32_t v130 = v129 / 32;
+                    const uint32_t v131 = v130 * v72;
+                    const uint32_t v132 = v122 / 32;
+                    const uint32_t v133 = v131 + v132;
+                    const uint32_t v134 = chunk + 31;
+                    const uint32_t v135 = v134 / 32;
+                    const uint32_t v136 = (v135 > 1 ? v135 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v136);
+                    const uint32_t v137 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j138 = 0; j138 < v126; j138 += 1) {
+                        const uint32_t v139 = v133 + j138;
+                        const uint32_t v140 = j138 * 4096;
+                        const uint32_t v141 = v137 + v140;
+                        noc_async_read_page(v139, ws1_ws_acc0, v141);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v128);
-                    cb_reserve_back(tt::CBIndex::c_3, v128);
-                    const uint32_t v134 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j135 = 0; j135 < v118; j135 += 1) {
-                        const uint32_t v136 = v125 + j135;
-                        const uint32_t v137 = j135 * 4096;
-                        const uint32_t v138 = v134 + v137;
-                        noc_async_read_page(v136, ws1_ws_c0, v138);
+                    cb_push_back(tt::CBIndex::c_1, v136);
+                    cb_reserve_back(tt::CBIndex::c_3, v136);
+                    const uint32_t v142 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j143 = 0; j143 < v126; j143 += 1) {
+                        const uint32_t v144 = v133 + j143;
+                        const uint32_t v145 = j143 * 4096;
+                        const uint32_t v146 = v142 + v145;
+                        noc_async_read_page(v144, ws1_ws_c0, v146);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v128);
-                    cb_reserve_back(tt::CBIndex::c_10, v128);
-                    const uint32_t v139 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j140 = 0; j140 < v118; j140 += 1) {
-                        const uint32_t v141 = v125 + j140;
-                        const uint32_t v142 = j140 * 4096;
-                        const uint32_t v143 = v139 + v142;
-                        noc_async_read_page(v141, ws1_ws_c0l, v143);
+                    cb_push_back(tt::CBIndex::c_3, v136);
+                    cb_reserve_back(tt::CBIndex::c_10, v136);
+                    const uint32_t v147 = get_write_ptr(tt::CBIndex::c_10);
+                    for (uint32_t j148 = 0; j148 < v126; j148 += 1) {
+                        const uint32_t v149 = v133 + j148;
+                        const uint32_t v150 = j148 * 4096;
+                        const uint32_t v151 = v147 + v150;
+                        noc_async_read_page(v149, ws1_ws_c0l, v151);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v128);
+                    cb_push_back(tt::CBIndex::c_10, v136);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r144 = 0; r144 < v8; r144 += 1) {
-            const uint32_t v145 = H + 128;
-            const uint32_t v146 = v145 - 1;
-            const uint32_t v147 = v146 / 128;
-            for (uint32_t c148 = 0; c148 < v147; c148 += 1) {
-                const uint32_t v149 = c148 * 128;
-                const uint32_t v150 = H - v149;
-                const uint32_t v151 = (v150 < 128 ? v150 : 128);
-                const uint32_t v152 = v151 + 31;
-                const uint32_t v153 = v152 / 32;
-                const uint32_t v154 = H + 31;
-                const uint32_t v155 = v154 / 32;
-                const uint32_t v156 = core * 128;
-                const uint32_t v157 = r144 * rows;
-                const uint32_t v158 = v156 + v157;
-                const uint32_t v159 = v158 / 32;
-                const uint32_t v160 = v159 * v155;
-                const uint32_t v161 = v149 / 32;
-                const uint32_t v162 = v160 + v161;
-                const uint32_t v163 = chunk + 31;
-                const uint32_t v164 = v163 / 32;
-                const uint32_t v165 = (v164 > 1 ? v164 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v165);
-                const uint32_t v166 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j167 = 0; j167 < v153; j167 += 1) {
-                    const uint32_t v168 = v162 + j167;
-                    const uint32_t v169 = j167 * 4096;
-                    const uint32_t v170 = v166 + v169;
-                    noc_async_read_page(v168, ws1_ws_acc0, v170);
+        for (uint32_t r152 = 0; r152 < v8; r152 += 1) {
+            const uint32_t v153 = H + 128;
+            const uint32_t v154 = v153 - 1;
+            const uint32_t v155 = v154 / 128;
+            for (uint32_t c156 = 0; c156 < v155; c156 += 1) {
+                const uint32_t v157 = c156 * 128;
+                const uint32_t v158 = H - v157;
+                const uint32_t v159 = (v158 < 128 ? v158 : 128);
+                const uint32_t v160 = v159 + 31;
+                const uint32_t v161 = v160 / 32;
+                const uint32_t v162 = H + 31;
+                const uint32_t v163 = v162 / 32;
+                const uint32_t v164 = core * 128;
+                const uint32_t v165 = r152 * rows;
+                const uint32_t v166 = v164 + v165;
+                const uint32_t v167 = v166 / 32;
+                const uint32_t v168 = v167 * v163;
+                const uint32_t v169 = v157 / 32;
+                const uint32_t v170 = v168 + v169;
+                const uint32_t v171 = chunk + 31;
+                const uint32_t v172 = v171 / 32;
+                const uint32_t v173 = (v172 > 1 ? v172 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v173);
+                const uint32_t v174 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j175 = 0; j175 < v161; j175 += 1) {
+                    const uint32_t v176 = v170 + j175;
+                    const uint32_t v177 = j175 * 4096;
+                    const uint32_t v178 = v174 + v177;
+                    noc_async_read_page(v176, ws1_ws_acc0, v178);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v165);
+                cb_push_back(tt::CBIndex::c_1, v173);
             }
         }
     }
