@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,9 +59,28 @@ def _flags(sanitize: bool) -> list[str]:
     return [f for f in CFLAGS if f not in ("-O3", "-march=native")] + SANITIZE
 
 
+@contextlib.contextmanager
+def dir_lock(out_dir: Path) -> Iterator[None]:
+    """An exclusive lock on ``out_dir`` (a ``.lock`` file in it): builds into one directory from
+    several processes (two ``opgen build`` runs, parallel test workers) take turns."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: bool = False,
                   verbose: bool = True) -> Path:
-    """Compile every ``*.c`` in ``src_dir`` (skipping unchanged ones) and link the library."""
+    """Compile every ``*.c`` in ``src_dir`` (skipping unchanged ones) and link the library (under
+    ``out_dir``'s lock)."""
+    with dir_lock(out_dir):
+        return _build_library(src_dir, include_dir, out_dir, sanitize, verbose)
+
+
+def _build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: bool, verbose: bool) -> Path:
     cc = compiler()
     flags = _flags(sanitize)
     obj_dir = out_dir / ("obj-asan" if sanitize else "obj")

@@ -70,13 +70,16 @@ def seed_lib() -> Path:
     from opgen import build
     from tests.ascendc_model import build as model
 
+    from opgen.compile import dir_lock
+
     out = registry.REPO_ROOT / "build" / "ascendc-model"
     gen = out / "generated"
-    for p, text in build.generate_all(verbose=False).items():
-        if p.startswith(("ascendc/", "include/")):
-            dst = gen / p
-            if not dst.is_file() or dst.read_text() != text:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(text)
-    sources = {p.name: p.read_text() for p in (gen / "ascendc").iterdir() if p.is_file()}
-    return model.build(sources, out / "seeds", include_dirs=[gen / "include"])
+    with dir_lock(out):  # (parallel test workers share build/)
+        for p, text in build.generate_all(verbose=False).items():
+            if p.startswith(("ascendc/", "include/")):
+                dst = gen / p
+                if not dst.is_file() or dst.read_text() != text:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_text(text)
+        sources = {p.name: p.read_text() for p in (gen / "ascendc").iterdir() if p.is_file()}
+        return model.build(sources, out / "seeds", include_dirs=[gen / "include"])

@@ -203,7 +203,16 @@ def _write(path: Path, text: str) -> None:
 
 def build(sources: Mapping[str, str], out_dir: Path, *, include_dirs: Iterable[Path] = (),
           extra_flags: Iterable[str] = (), lib_name: str = "libopgen_ascendc_model.so") -> Path:
-    """Compile ``sources`` (name -> text) against the model and link ``out_dir/lib_name``; returns its path."""
+    """Compile ``sources`` (name -> text) against the model and link ``out_dir/lib_name``; returns its
+    path. Under ``out_dir``'s lock (parallel test workers share build/)."""
+    from opgen.compile import dir_lock
+
+    with dir_lock(Path(out_dir)):
+        return _build(sources, Path(out_dir), include_dirs, extra_flags, lib_name)
+
+
+def _build(sources: Mapping[str, str], out_dir: Path, include_dirs: Iterable[Path], extra_flags: Iterable[str],
+           lib_name: str) -> Path:
     tool = cxx()
     if tool is None:
         raise ModelBuildError("no C++ compiler (g++) found")
