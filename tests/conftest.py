@@ -68,9 +68,8 @@ def seed_lib() -> Path:
     """The Ascend library of the seed ops (what ``opgen build`` generates now), built against the
     CPU model of Ascend C under build/ascendc-model/ (needs g++; incremental between runs)."""
     from opgen import build
-    from tests.ascendc_model import build as model
-
     from opgen.compile import dir_lock
+    from tests.ascendc_model import build as model
 
     out = registry.REPO_ROOT / "build" / "ascendc-model"
     gen = out / "generated"
