@@ -181,6 +181,7 @@ def _show_tt_report(o: OpDef, args: argparse.Namespace, dims: dict[str, int]) ->
     """The TT-Metal report: per program and launch, cores, L1 and CB pages, DRAM bytes moved."""
     from opgen.emit import ttmetal
     from opgen.passes import pipeline
+    from opgen.ttmetal import dialect as ttk
     from opgen.ttmetal import report
 
     plat = {k: int(v) for k, v in _parse_kv(args.platform).items()}
@@ -190,9 +191,12 @@ def _show_tt_report(o: OpDef, args: argparse.Namespace, dims: dict[str, int]) ->
     grid = (plat.get("grid_x", 8), plat.get("grid_y", 8))
     m = o.module()
     pipeline.run(m, "ttmetal")
-    rs = [report.report(p, dims, grid) for p in ttmetal.programs(m)]
+    progs = ttmetal.programs(m)
+    rs = [report.report(p, dims, grid) for p in progs]
     print(f"// {o.name} on ttmetal at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
           f"grid {grid[0]}x{grid[1]} (Wormhole: 8x8)")
+    if any(isinstance(x, ttk.ScatterPlanOp) for p in progs for x in p.walk()):
+        print("// scatter-add traffic for uniform random indices (seed 0), every table row kept")
     print(report.format_report(rs))
     return 0
 

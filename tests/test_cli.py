@@ -207,3 +207,20 @@ def test_build_check_on_committed_tree_from_any_working_directory(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert tree(GENERATED) == before
+
+
+def test_ttmetal_report_on_the_command_line(capsys):
+    """``show --target ttmetal --report``: per program the cores, L1 and DRAM bytes against the
+    minimum; a scatter-add's says which indices its traffic assumes."""
+    rc, out, _ = run(capsys, "show", "embedding_bw", "--target", "ttmetal", "--report", "--dims", "N=100,D=64,V=300",
+                     "--platform", "grid_x=2,grid_y=2")
+    assert rc == 0
+    assert "grid 2x2" in out and "uniform random indices (seed 0)" in out
+    totals = [line for line in out.splitlines() if "| all |" in line]
+    assert len(totals) == 2 and all("/ minimum " in line for line in totals), out
+    assert "| embedding_bw.f32 | 0 | 4 / 4 (" in out, out
+    rc, out, _ = run(capsys, "show", "rms_norm_backward", "--target", "ttmetal", "--report", "--dims", "N=64,D=4100")
+    assert rc == 0 and "uniform random" not in out
+    assert "rms_norm_backward.f32.cached | all |" in out and "refused: the CBs of launch 0" in out, out
+    with pytest.raises(SystemExit):
+        cli.main(["show", "rms_norm_backward", "--target", "ttmetal", "--report", "--platform", "cores=4"])

@@ -169,6 +169,8 @@ class HostPrinter(Scalars):
     def special(self, op: Operation, a: list[str]) -> str:
         if isinstance(op, ir.DimOp):
             return f"(int64_t){op.dim.data}"
+        if isinstance(op, k.GridCoresOp):
+            return "(int64_t)(grid.x * grid.y)"
         if isinstance(op, k.CoresOp):
             return f"std::min<int64_t>((int64_t)(grid.x * grid.y), {a[0]} > 1 ? {a[0]} : 1)"
         if isinstance(op, k.CoreIndexOp):

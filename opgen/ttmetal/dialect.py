@@ -86,6 +86,18 @@ class LaunchOp(IRDLOperation):
 
 
 @irdl_op_definition
+class GridCoresOp(IRDLOperation):
+    """Host: the number of worker cores of the grid the program is given."""
+
+    name = "ttk.grid_cores"
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self):
+        super().__init__(result_types=[INDEX])
+
+
+@irdl_op_definition
 class CoresOp(IRDLOperation):
     """Host: the number of cores the launch uses (``min(grid cores, units)``, at least 1)."""
 
@@ -413,7 +425,8 @@ class CallOp(IRDLOperation):
                 raise VerifyException(f"ttk.call {self.callee.data}: argument refers to operand {a.data}")
 
 
-Ttk = Dialect("ttk", [ProgramOp, LaunchOp, CoresOp, CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
+Ttk = Dialect("ttk", [ProgramOp, LaunchOp, GridCoresOp, CoresOp,
+                      CoreIndexOp, BufferAddrOp, ScalarArgOp, BitsOp, WorkspaceOp,
                       ScatterPlanOp, SegPrefixOp, RowYieldOp, RowCheckOp, RowOkOp, HostLoadOp, ReturnIfOp, CheckOp,
                       CbOp, KernelOp, ArgOp,
                       AccessorOp, CallOp], [])

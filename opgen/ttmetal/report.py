@@ -83,6 +83,8 @@ class _Eval:
             r = not a[0]
         elif isinstance(op, ir.CastOp):
             r = float(a[0]) if ir.tensor_type(op.result).dtype in ("f32", "f64") else int(a[0])
+        elif isinstance(op, k.GridCoresOp):
+            r = self.grid
         elif isinstance(op, k.CoresOp):
             r = min(self.grid, max(int(a[0]), 1))
         elif isinstance(op, k.CoreIndexOp):

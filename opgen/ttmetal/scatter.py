@@ -41,7 +41,8 @@ from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported, host_
 PLAN_PAGE = 128
 #: the reader's plan page cache (OPGEN_TT_PLAN_CACHE_PAGES in templates/ttmetal/opgen_tt_dataflow.h.j2)
 PLAN_CACHE_PAGES = 19
-#: units a core walks in a row (strips of one table tile's column tiles share its plan pages)
+#: the most units a core walks in a row (strips of one table tile's column tiles share its plan
+#: pages); fewer when the units are fewer than STRIP per core, so that every core has work
 STRIP = 8
 
 
@@ -209,9 +210,12 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
 
     def host_units() -> SSAValue:  # (the strips of units: what the cores share)
         vt, wt = low.host_tiles(v_dim), low.host_tiles("D")
-        units["vt"] = vt
         n = low.host_op(ir.MulOp(vt, wt))
-        return low.host_op(ir.DivOp(low.host_op(ir.AddOp(n, low.hconst(STRIP - 1))), low.hconst(STRIP)))
+        # strips of up to STRIP units, shorter when there are fewer than STRIP units per core
+        per_core = low.host_op(ir.DivOp(n, low.host_op(k.GridCoresOp())))
+        units["strip"] = strip = low.host_op(ir.MaxOp(low.host_op(ir.MinOp(per_core, low.hconst(STRIP))),
+                                                      low.hconst(1)))
+        return low.host_op(ir.DivOp(low.host_op(ir.AddOp(n, low.host_op(ir.SubOp(strip, low.hconst(1))))), strip))
 
     launch = low.begin_launch(low.launch_base, host_units)
     plan_sym = f"plan{low.part or ''}"
@@ -247,10 +251,11 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
         vt = b.arith(ir.DivOp, b.arith(ir.AddOp, dim(b, v_dim), b.const(TILE - 1)), b.const(TILE))
         wt = wt_of(b)
         n = b.arith(ir.MulOp, vt, wt)
-        strips = b.arith(ir.DivOp, b.arith(ir.AddOp, n, b.const(STRIP - 1)), b.const(STRIP))
+        strip = b.rt_arg("strip", units["strip"])
+        strips = b.arith(ir.DivOp, b.arith(ir.AddOp, n, b.arith(ir.SubOp, strip, b.const(1))), strip)
         st = b.open_loop(b.rt_arg("core", low.host_op(k.CoreIndexOp())), strips, b.rt_arg("cores", low.cores), "s")
-        u0 = b.arith(ir.MulOp, st, b.const(STRIP))
-        u = b.open_loop(u0, b.arith(ir.MinOp, n, b.arith(ir.AddOp, u0, b.const(STRIP))), b.const(1), "u")
+        u0 = b.arith(ir.MulOp, st, strip)
+        u = b.open_loop(u0, b.arith(ir.MinOp, n, b.arith(ir.AddOp, u0, strip)), b.const(1), "u")
         tt_ = b.arith(ir.DivOp, u, wt)
         return tt_, b.arith(ir.SubOp, u, b.arith(ir.MulOp, tt_, wt)), wt
 

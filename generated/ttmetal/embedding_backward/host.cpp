@@ -190,47 +190,52 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
     const int64_t v10 = v5 + 31;
     const int64_t v11 = v10 / 32;
     const int64_t v12 = v9 * v11;
-    const int64_t v13 = v12 + 7;
-    const int64_t v14 = v13 / 8;
-    const int64_t v15 = std::min<int64_t>((int64_t)(grid.x * grid.y), v14 > 1 ? v14 : 1);
-    const int64_t v16 = (int64_t)N;
+    const int64_t v13 = (int64_t)(grid.x * grid.y);
+    const int64_t v14 = v12 / v13;
+    const int64_t v15 = (v14 < 8 ? v14 : 8);
+    const int64_t v16 = (v15 > 1 ? v15 : 1);
+    const int64_t v17 = v16 - 1;
+    const int64_t v18 = v12 + v17;
+    const int64_t v19 = v18 / v16;
+    const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
+    const int64_t v21 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v17 = alpha1;
-        const float v18 = 1.0f * v17;
-        return std::pair<bool, float>{1, v18};
+        const float v22 = alpha1;
+        const float v23 = 1.0f * v22;
+        return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v16, (uint32_t)v3, plan, "embedding_backward.bf16", row_fn_plan)) return rc;
-    const int64_t v19 = (1 > 1 ? 1 : 1);
-    const int64_t v20 = (19 > 1 ? 19 : 1);
-    const int64_t v21 = (2 > 1 ? 2 : 1);
-    const int64_t v22 = (int64_t)plan->address();
-    const int64_t v23 = (int64_t)dy->address();
-    const int64_t v24 = (int64_t)dtable1->address();
-    const bool v25 = dtable1_acc;
-    const int64_t v26 = v19 * 128;
-    const int64_t v27 = 0 + v26;
-    const int64_t v28 = v20 * 128;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v21 * 2048;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v19 * 4096;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v33 + v30;
-    const int64_t v35 = v34 + v30;
-    const bool v36 = v35 <= 1400000;
-    if (!(v36)) return quiet ? 2 : opgen_tt_error("embedding_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v37 = v35 + 0;
-    const bool v38 = v37 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.bf16", row_fn_plan)) return rc;
+    const int64_t v24 = (1 > 1 ? 1 : 1);
+    const int64_t v25 = (19 > 1 ? 19 : 1);
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (int64_t)plan->address();
+    const int64_t v28 = (int64_t)dy->address();
+    const int64_t v29 = (int64_t)dtable1->address();
+    const bool v30 = dtable1_acc;
+    const int64_t v31 = v24 * 128;
+    const int64_t v32 = 0 + v31;
+    const int64_t v33 = v25 * 128;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v26 * 2048;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v24 * 4096;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v38 + v35;
+    const int64_t v40 = v39 + v35;
+    const bool v41 = v40 <= 1400000;
+    if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v42 = v40 + 0;
+    const bool v43 = v42 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -243,12 +248,12 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v15; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v39 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v22, (uint32_t)v23, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15, (uint32_t)v24, (uint32_t)v25});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v24, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
+            const int64_t v44 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v27, (uint32_t)v28, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20, (uint32_t)v29, (uint32_t)v30});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v29, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -302,47 +307,52 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
     const int64_t v10 = v5 + 31;
     const int64_t v11 = v10 / 32;
     const int64_t v12 = v9 * v11;
-    const int64_t v13 = v12 + 7;
-    const int64_t v14 = v13 / 8;
-    const int64_t v15 = std::min<int64_t>((int64_t)(grid.x * grid.y), v14 > 1 ? v14 : 1);
-    const int64_t v16 = (int64_t)N;
+    const int64_t v13 = (int64_t)(grid.x * grid.y);
+    const int64_t v14 = v12 / v13;
+    const int64_t v15 = (v14 < 8 ? v14 : 8);
+    const int64_t v16 = (v15 > 1 ? v15 : 1);
+    const int64_t v17 = v16 - 1;
+    const int64_t v18 = v12 + v17;
+    const int64_t v19 = v18 / v16;
+    const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
+    const int64_t v21 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v17 = alpha1;
-        const float v18 = 1.0f * v17;
-        return std::pair<bool, float>{1, v18};
+        const float v22 = alpha1;
+        const float v23 = 1.0f * v22;
+        return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v16, (uint32_t)v3, plan, "embedding_backward.f32", row_fn_plan)) return rc;
-    const int64_t v19 = (1 > 1 ? 1 : 1);
-    const int64_t v20 = (19 > 1 ? 19 : 1);
-    const int64_t v21 = (2 > 1 ? 2 : 1);
-    const int64_t v22 = (int64_t)plan->address();
-    const int64_t v23 = (int64_t)dy->address();
-    const int64_t v24 = (int64_t)dtable1->address();
-    const bool v25 = dtable1_acc;
-    const int64_t v26 = v19 * 128;
-    const int64_t v27 = 0 + v26;
-    const int64_t v28 = v20 * 128;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v21 * 4096;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v19 * 4096;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v33 + v30;
-    const int64_t v35 = v34 + v30;
-    const bool v36 = v35 <= 1400000;
-    if (!(v36)) return quiet ? 2 : opgen_tt_error("embedding_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v37 = v35 + 0;
-    const bool v38 = v37 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward.f32", row_fn_plan)) return rc;
+    const int64_t v24 = (1 > 1 ? 1 : 1);
+    const int64_t v25 = (19 > 1 ? 19 : 1);
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (int64_t)plan->address();
+    const int64_t v28 = (int64_t)dy->address();
+    const int64_t v29 = (int64_t)dtable1->address();
+    const bool v30 = dtable1_acc;
+    const int64_t v31 = v24 * 128;
+    const int64_t v32 = 0 + v31;
+    const int64_t v33 = v25 * 128;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v26 * 4096;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v24 * 4096;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v38 + v35;
+    const int64_t v40 = v39 + v35;
+    const bool v41 = v40 <= 1400000;
+    if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v42 = v40 + 0;
+    const bool v43 = v42 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -357,12 +367,12 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v15; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v39 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v22, (uint32_t)v23, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15, (uint32_t)v24, (uint32_t)v25});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v24, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
+            const int64_t v44 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v27, (uint32_t)v28, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20, (uint32_t)v29, (uint32_t)v30});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v29, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -414,47 +424,52 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v15 = alpha1;
-        const float v16 = 1.0f * v15;
-        return std::pair<bool, float>{1, v16};
+        const float v20 = alpha1;
+        const float v21 = 1.0f * v20;
+        return std::pair<bool, float>{1, v21};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_backward__i2.bf16", row_fn_plan)) return rc;
-    const int64_t v17 = (1 > 1 ? 1 : 1);
-    const int64_t v18 = (19 > 1 ? 19 : 1);
-    const int64_t v19 = (2 > 1 ? 2 : 1);
-    const int64_t v20 = (int64_t)plan->address();
-    const int64_t v21 = (int64_t)dy->address();
-    const int64_t v22 = (int64_t)dtable1->address();
-    const bool v23 = dtable1_acc;
-    const int64_t v24 = v17 * 128;
-    const int64_t v25 = 0 + v24;
-    const int64_t v26 = v18 * 128;
-    const int64_t v27 = v25 + v26;
-    const int64_t v28 = v19 * 2048;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v17 * 4096;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v31 + v28;
-    const int64_t v33 = v32 + v28;
-    const bool v34 = v33 <= 1400000;
-    if (!(v34)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v35 = v33 + 0;
-    const bool v36 = v35 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.bf16", row_fn_plan)) return rc;
+    const int64_t v22 = (1 > 1 ? 1 : 1);
+    const int64_t v23 = (19 > 1 ? 19 : 1);
+    const int64_t v24 = (2 > 1 ? 2 : 1);
+    const int64_t v25 = (int64_t)plan->address();
+    const int64_t v26 = (int64_t)dy->address();
+    const int64_t v27 = (int64_t)dtable1->address();
+    const bool v28 = dtable1_acc;
+    const int64_t v29 = v22 * 128;
+    const int64_t v30 = 0 + v29;
+    const int64_t v31 = v23 * 128;
+    const int64_t v32 = v30 + v31;
+    const int64_t v33 = v24 * 2048;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v22 * 4096;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v36 + v33;
+    const int64_t v38 = v37 + v33;
+    const bool v39 = v38 <= 1400000;
+    if (!(v39)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v40 = v38 + 0;
+    const bool v41 = v40 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -467,12 +482,12 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v37 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v20, (uint32_t)v21, (uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13, (uint32_t)v22, (uint32_t)v23});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v22, (uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13});
+            const int64_t v42 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v25, (uint32_t)v26, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18, (uint32_t)v27, (uint32_t)v28});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v27, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -525,47 +540,52 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v15 = alpha1;
-        const float v16 = 1.0f * v15;
-        return std::pair<bool, float>{1, v16};
+        const float v20 = alpha1;
+        const float v21 = 1.0f * v20;
+        return std::pair<bool, float>{1, v21};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_backward__i2.f32", row_fn_plan)) return rc;
-    const int64_t v17 = (1 > 1 ? 1 : 1);
-    const int64_t v18 = (19 > 1 ? 19 : 1);
-    const int64_t v19 = (2 > 1 ? 2 : 1);
-    const int64_t v20 = (int64_t)plan->address();
-    const int64_t v21 = (int64_t)dy->address();
-    const int64_t v22 = (int64_t)dtable1->address();
-    const bool v23 = dtable1_acc;
-    const int64_t v24 = v17 * 128;
-    const int64_t v25 = 0 + v24;
-    const int64_t v26 = v18 * 128;
-    const int64_t v27 = v25 + v26;
-    const int64_t v28 = v19 * 4096;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v17 * 4096;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v31 + v28;
-    const int64_t v33 = v32 + v28;
-    const bool v34 = v33 <= 1400000;
-    if (!(v34)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v35 = v33 + 0;
-    const bool v36 = v35 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_backward__i2.f32", row_fn_plan)) return rc;
+    const int64_t v22 = (1 > 1 ? 1 : 1);
+    const int64_t v23 = (19 > 1 ? 19 : 1);
+    const int64_t v24 = (2 > 1 ? 2 : 1);
+    const int64_t v25 = (int64_t)plan->address();
+    const int64_t v26 = (int64_t)dy->address();
+    const int64_t v27 = (int64_t)dtable1->address();
+    const bool v28 = dtable1_acc;
+    const int64_t v29 = v22 * 128;
+    const int64_t v30 = 0 + v29;
+    const int64_t v31 = v23 * 128;
+    const int64_t v32 = v30 + v31;
+    const int64_t v33 = v24 * 4096;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v22 * 4096;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v36 + v33;
+    const int64_t v38 = v37 + v33;
+    const bool v39 = v38 <= 1400000;
+    if (!(v39)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v40 = v38 + 0;
+    const bool v41 = v40 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v18) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -580,12 +600,12 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v37 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v20, (uint32_t)v21, (uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13, (uint32_t)v22, (uint32_t)v23});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v22, (uint32_t)v1, (uint32_t)v3, (uint32_t)v37, (uint32_t)v13});
+            const int64_t v42 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v25, (uint32_t)v26, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18, (uint32_t)v27, (uint32_t)v28});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v27, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v42, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -641,47 +661,52 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
     const int64_t v10 = v5 + 31;
     const int64_t v11 = v10 / 32;
     const int64_t v12 = v9 * v11;
-    const int64_t v13 = v12 + 7;
-    const int64_t v14 = v13 / 8;
-    const int64_t v15 = std::min<int64_t>((int64_t)(grid.x * grid.y), v14 > 1 ? v14 : 1);
-    const int64_t v16 = (int64_t)N;
+    const int64_t v13 = (int64_t)(grid.x * grid.y);
+    const int64_t v14 = v12 / v13;
+    const int64_t v15 = (v14 < 8 ? v14 : 8);
+    const int64_t v16 = (v15 > 1 ? v15 : 1);
+    const int64_t v17 = v16 - 1;
+    const int64_t v18 = v12 + v17;
+    const int64_t v19 = v18 / v16;
+    const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
+    const int64_t v21 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v17 = alpha1;
-        const float v18 = 1.0f * v17;
-        return std::pair<bool, float>{1, v18};
+        const float v22 = alpha1;
+        const float v23 = 1.0f * v22;
+        return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v16, (uint32_t)v3, plan, "embedding_backward__dtable2.bf16", row_fn_plan)) return rc;
-    const int64_t v19 = (1 > 1 ? 1 : 1);
-    const int64_t v20 = (19 > 1 ? 19 : 1);
-    const int64_t v21 = (2 > 1 ? 2 : 1);
-    const int64_t v22 = (int64_t)plan->address();
-    const int64_t v23 = (int64_t)dy->address();
-    const int64_t v24 = (int64_t)dtable1->address();
-    const bool v25 = dtable1_acc;
-    const int64_t v26 = v19 * 128;
-    const int64_t v27 = 0 + v26;
-    const int64_t v28 = v20 * 128;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v21 * 2048;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v19 * 4096;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v33 + v30;
-    const int64_t v35 = v34 + v30;
-    const bool v36 = v35 <= 1400000;
-    if (!(v36)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v37 = v35 + 0;
-    const bool v38 = v37 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.bf16", row_fn_plan)) return rc;
+    const int64_t v24 = (1 > 1 ? 1 : 1);
+    const int64_t v25 = (19 > 1 ? 19 : 1);
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (int64_t)plan->address();
+    const int64_t v28 = (int64_t)dy->address();
+    const int64_t v29 = (int64_t)dtable1->address();
+    const bool v30 = dtable1_acc;
+    const int64_t v31 = v24 * 128;
+    const int64_t v32 = 0 + v31;
+    const int64_t v33 = v25 * 128;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v26 * 2048;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v24 * 4096;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v38 + v35;
+    const int64_t v40 = v39 + v35;
+    const bool v41 = v40 <= 1400000;
+    if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v42 = v40 + 0;
+    const bool v43 = v42 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -694,12 +719,12 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v15; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v39 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v22, (uint32_t)v23, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15, (uint32_t)v24, (uint32_t)v25});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v24, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
+            const int64_t v44 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v27, (uint32_t)v28, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20, (uint32_t)v29, (uint32_t)v30});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v29, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -755,47 +780,52 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
     const int64_t v10 = v5 + 31;
     const int64_t v11 = v10 / 32;
     const int64_t v12 = v9 * v11;
-    const int64_t v13 = v12 + 7;
-    const int64_t v14 = v13 / 8;
-    const int64_t v15 = std::min<int64_t>((int64_t)(grid.x * grid.y), v14 > 1 ? v14 : 1);
-    const int64_t v16 = (int64_t)N;
+    const int64_t v13 = (int64_t)(grid.x * grid.y);
+    const int64_t v14 = v12 / v13;
+    const int64_t v15 = (v14 < 8 ? v14 : 8);
+    const int64_t v16 = (v15 > 1 ? v15 : 1);
+    const int64_t v17 = v16 - 1;
+    const int64_t v18 = v12 + v17;
+    const int64_t v19 = v18 / v16;
+    const int64_t v20 = std::min<int64_t>((int64_t)(grid.x * grid.y), v19 > 1 ? v19 : 1);
+    const int64_t v21 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v17 = alpha1;
-        const float v18 = 1.0f * v17;
-        return std::pair<bool, float>{1, v18};
+        const float v22 = alpha1;
+        const float v23 = 1.0f * v22;
+        return std::pair<bool, float>{1, v23};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v16, (uint32_t)v3, plan, "embedding_backward__dtable2.f32", row_fn_plan)) return rc;
-    const int64_t v19 = (1 > 1 ? 1 : 1);
-    const int64_t v20 = (19 > 1 ? 19 : 1);
-    const int64_t v21 = (2 > 1 ? 2 : 1);
-    const int64_t v22 = (int64_t)plan->address();
-    const int64_t v23 = (int64_t)dy->address();
-    const int64_t v24 = (int64_t)dtable1->address();
-    const bool v25 = dtable1_acc;
-    const int64_t v26 = v19 * 128;
-    const int64_t v27 = 0 + v26;
-    const int64_t v28 = v20 * 128;
-    const int64_t v29 = v27 + v28;
-    const int64_t v30 = v21 * 4096;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v19 * 4096;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v33 + v30;
-    const int64_t v35 = v34 + v30;
-    const bool v36 = v35 <= 1400000;
-    if (!(v36)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v37 = v35 + 0;
-    const bool v38 = v37 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v21, (uint32_t)v3, plan, "embedding_backward__dtable2.f32", row_fn_plan)) return rc;
+    const int64_t v24 = (1 > 1 ? 1 : 1);
+    const int64_t v25 = (19 > 1 ? 19 : 1);
+    const int64_t v26 = (2 > 1 ? 2 : 1);
+    const int64_t v27 = (int64_t)plan->address();
+    const int64_t v28 = (int64_t)dy->address();
+    const int64_t v29 = (int64_t)dtable1->address();
+    const bool v30 = dtable1_acc;
+    const int64_t v31 = v24 * 128;
+    const int64_t v32 = 0 + v31;
+    const int64_t v33 = v25 * 128;
+    const int64_t v34 = v32 + v33;
+    const int64_t v35 = v26 * 4096;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v24 * 4096;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v38 + v35;
+    const int64_t v40 = v39 + v35;
+    const bool v41 = v40 <= 1400000;
+    if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v42 = v40 + 0;
+    const bool v43 = v42 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v15);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v19) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v25) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -810,12 +840,12 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v15; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v20; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v39 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v22, (uint32_t)v23, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15, (uint32_t)v24, (uint32_t)v25});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v24, (uint32_t)v3, (uint32_t)v5, (uint32_t)v39, (uint32_t)v15});
+            const int64_t v44 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v27, (uint32_t)v28, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20, (uint32_t)v29, (uint32_t)v30});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v29, (uint32_t)v3, (uint32_t)v5, (uint32_t)v16, (uint32_t)v44, (uint32_t)v20});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -874,86 +904,96 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     const int64_t v12 = v3 + 31;
     const int64_t v13 = v12 / 32;
     const int64_t v14 = v11 * v13;
-    const int64_t v15 = v14 + 7;
-    const int64_t v16 = v15 / 8;
-    const int64_t v17 = std::min<int64_t>((int64_t)(grid.x * grid.y), v16 > 1 ? v16 : 1);
-    const int64_t v18 = (int64_t)N;
+    const int64_t v15 = (int64_t)(grid.x * grid.y);
+    const int64_t v16 = v14 / v15;
+    const int64_t v17 = (v16 < 8 ? v16 : 8);
+    const int64_t v18 = (v17 > 1 ? v17 : 1);
+    const int64_t v19 = v18 - 1;
+    const int64_t v20 = v14 + v19;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = std::min<int64_t>((int64_t)(grid.x * grid.y), v21 > 1 ? v21 : 1);
+    const int64_t v23 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v19 = alpha1;
-        const float v20 = 1.0f * v19;
-        return std::pair<bool, float>{1, v20};
+        const float v24 = alpha1;
+        const float v25 = 1.0f * v24;
+        return std::pair<bool, float>{1, v25};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v18, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.bf16", row_fn_plan)) return rc;
-    const int64_t v21 = (1 > 1 ? 1 : 1);
-    const int64_t v22 = (19 > 1 ? 19 : 1);
-    const int64_t v23 = (2 > 1 ? 2 : 1);
-    const int64_t v24 = (int64_t)plan->address();
-    const int64_t v25 = (int64_t)dy->address();
-    const int64_t v26 = (int64_t)dtable1->address();
-    const bool v27 = dtable1_acc;
-    const int64_t v28 = v21 * 128;
-    const int64_t v29 = 0 + v28;
-    const int64_t v30 = v22 * 128;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v23 * 2048;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v21 * 4096;
-    const int64_t v35 = v33 + v34;
-    const int64_t v36 = v35 + v32;
-    const int64_t v37 = v36 + v32;
-    const bool v38 = v37 <= 1400000;
-    if (!(v38)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v39 = v37 + 0;
-    const bool v40 = v39 <= 1400000;
-    const int64_t v41 = (int64_t)N2;
-    const int64_t v42 = v41 + 31;
-    const int64_t v43 = v42 / 32;
-    const int64_t v44 = (int64_t)D;
-    const int64_t v45 = v44 + 31;
-    const int64_t v46 = v45 / 32;
-    const int64_t v47 = v43 * v46;
-    const int64_t v48 = v47 + 7;
-    const int64_t v49 = v48 / 8;
-    const int64_t v50 = std::min<int64_t>((int64_t)(grid.x * grid.y), v49 > 1 ? v49 : 1);
-    const int64_t v51 = (int64_t)N;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.bf16", row_fn_plan)) return rc;
+    const int64_t v26 = (1 > 1 ? 1 : 1);
+    const int64_t v27 = (19 > 1 ? 19 : 1);
+    const int64_t v28 = (2 > 1 ? 2 : 1);
+    const int64_t v29 = (int64_t)plan->address();
+    const int64_t v30 = (int64_t)dy->address();
+    const int64_t v31 = (int64_t)dtable1->address();
+    const bool v32 = dtable1_acc;
+    const int64_t v33 = v26 * 128;
+    const int64_t v34 = 0 + v33;
+    const int64_t v35 = v27 * 128;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v28 * 2048;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v26 * 4096;
+    const int64_t v40 = v38 + v39;
+    const int64_t v41 = v40 + v37;
+    const int64_t v42 = v41 + v37;
+    const bool v43 = v42 <= 1400000;
+    if (!(v43)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v44 = v42 + 0;
+    const bool v45 = v44 <= 1400000;
+    const int64_t v46 = (int64_t)N2;
+    const int64_t v47 = v46 + 31;
+    const int64_t v48 = v47 / 32;
+    const int64_t v49 = (int64_t)D;
+    const int64_t v50 = v49 + 31;
+    const int64_t v51 = v50 / 32;
+    const int64_t v52 = v48 * v51;
+    const int64_t v53 = (int64_t)(grid.x * grid.y);
+    const int64_t v54 = v52 / v53;
+    const int64_t v55 = (v54 < 8 ? v54 : 8);
+    const int64_t v56 = (v55 > 1 ? v55 : 1);
+    const int64_t v57 = v56 - 1;
+    const int64_t v58 = v52 + v57;
+    const int64_t v59 = v58 / v56;
+    const int64_t v60 = std::min<int64_t>((int64_t)(grid.x * grid.y), v59 > 1 ? v59 : 1);
+    const int64_t v61 = (int64_t)N;
     const auto row_fn_plan1 = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v52 = alpha2;
-        const float v53 = 1.0f * v52;
-        return std::pair<bool, float>{1, v53};
+        const float v62 = alpha2;
+        const float v63 = 1.0f * v62;
+        return std::pair<bool, float>{1, v63};
     };
     std::shared_ptr<distributed::MeshBuffer> plan1;
-    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v51, (uint32_t)v41, plan1, "embedding_backward__i2_dtable2.bf16", row_fn_plan1)) return rc;
-    const int64_t v54 = (1 > 1 ? 1 : 1);
-    const int64_t v55 = (19 > 1 ? 19 : 1);
-    const int64_t v56 = (2 > 1 ? 2 : 1);
-    const int64_t v57 = (int64_t)plan1->address();
-    const int64_t v58 = (int64_t)dy->address();
-    const int64_t v59 = (int64_t)dtable2->address();
-    const bool v60 = dtable2_acc;
-    const int64_t v61 = v54 * 128;
-    const int64_t v62 = 0 + v61;
-    const int64_t v63 = v55 * 128;
-    const int64_t v64 = v62 + v63;
-    const int64_t v65 = v56 * 2048;
-    const int64_t v66 = v64 + v65;
-    const int64_t v67 = v54 * 4096;
-    const int64_t v68 = v66 + v67;
-    const int64_t v69 = v68 + v65;
-    const int64_t v70 = v69 + v65;
-    const bool v71 = v70 <= 1400000;
-    if (!(v71)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v72 = v70 + 0;
-    const bool v73 = v72 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.bf16", row_fn_plan1)) return rc;
+    const int64_t v64 = (1 > 1 ? 1 : 1);
+    const int64_t v65 = (19 > 1 ? 19 : 1);
+    const int64_t v66 = (2 > 1 ? 2 : 1);
+    const int64_t v67 = (int64_t)plan1->address();
+    const int64_t v68 = (int64_t)dy->address();
+    const int64_t v69 = (int64_t)dtable2->address();
+    const bool v70 = dtable2_acc;
+    const int64_t v71 = v64 * 128;
+    const int64_t v72 = 0 + v71;
+    const int64_t v73 = v65 * 128;
+    const int64_t v74 = v72 + v73;
+    const int64_t v75 = v66 * 2048;
+    const int64_t v76 = v74 + v75;
+    const int64_t v77 = v64 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = v78 + v75;
+    const int64_t v80 = v79 + v75;
+    const bool v81 = v80 <= 1400000;
+    if (!(v81)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v82 = v80 + 0;
+    const bool v83 = v82 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v22);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -966,12 +1006,12 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v22; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v74 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v24, (uint32_t)v25, (uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17, (uint32_t)v26, (uint32_t)v27});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v26, (uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17});
+            const int64_t v84 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v29, (uint32_t)v30, (uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22, (uint32_t)v31, (uint32_t)v32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v31, (uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -979,13 +1019,13 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v50);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v54) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v54) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable2 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable2 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v60);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // dtable2 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{5, tt::DataFormat::Float16_b}}).set_page_size(5, 2048));  // dtable2 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan1).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -998,12 +1038,12 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable2).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v50; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v60; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v75 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v57, (uint32_t)v58, (uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50, (uint32_t)v59, (uint32_t)v60});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v59, (uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50});
+            const int64_t v85 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v67, (uint32_t)v68, (uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60, (uint32_t)v69, (uint32_t)v70});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v69, (uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1064,86 +1104,96 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     const int64_t v12 = v3 + 31;
     const int64_t v13 = v12 / 32;
     const int64_t v14 = v11 * v13;
-    const int64_t v15 = v14 + 7;
-    const int64_t v16 = v15 / 8;
-    const int64_t v17 = std::min<int64_t>((int64_t)(grid.x * grid.y), v16 > 1 ? v16 : 1);
-    const int64_t v18 = (int64_t)N;
+    const int64_t v15 = (int64_t)(grid.x * grid.y);
+    const int64_t v16 = v14 / v15;
+    const int64_t v17 = (v16 < 8 ? v16 : 8);
+    const int64_t v18 = (v17 > 1 ? v17 : 1);
+    const int64_t v19 = v18 - 1;
+    const int64_t v20 = v14 + v19;
+    const int64_t v21 = v20 / v18;
+    const int64_t v22 = std::min<int64_t>((int64_t)(grid.x * grid.y), v21 > 1 ? v21 : 1);
+    const int64_t v23 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v19 = alpha1;
-        const float v20 = 1.0f * v19;
-        return std::pair<bool, float>{1, v20};
+        const float v24 = alpha1;
+        const float v25 = 1.0f * v24;
+        return std::pair<bool, float>{1, v25};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v18, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.f32", row_fn_plan)) return rc;
-    const int64_t v21 = (1 > 1 ? 1 : 1);
-    const int64_t v22 = (19 > 1 ? 19 : 1);
-    const int64_t v23 = (2 > 1 ? 2 : 1);
-    const int64_t v24 = (int64_t)plan->address();
-    const int64_t v25 = (int64_t)dy->address();
-    const int64_t v26 = (int64_t)dtable1->address();
-    const bool v27 = dtable1_acc;
-    const int64_t v28 = v21 * 128;
-    const int64_t v29 = 0 + v28;
-    const int64_t v30 = v22 * 128;
-    const int64_t v31 = v29 + v30;
-    const int64_t v32 = v23 * 4096;
-    const int64_t v33 = v31 + v32;
-    const int64_t v34 = v21 * 4096;
-    const int64_t v35 = v33 + v34;
-    const int64_t v36 = v35 + v32;
-    const int64_t v37 = v36 + v32;
-    const bool v38 = v37 <= 1400000;
-    if (!(v38)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v39 = v37 + 0;
-    const bool v40 = v39 <= 1400000;
-    const int64_t v41 = (int64_t)N2;
-    const int64_t v42 = v41 + 31;
-    const int64_t v43 = v42 / 32;
-    const int64_t v44 = (int64_t)D;
-    const int64_t v45 = v44 + 31;
-    const int64_t v46 = v45 / 32;
-    const int64_t v47 = v43 * v46;
-    const int64_t v48 = v47 + 7;
-    const int64_t v49 = v48 / 8;
-    const int64_t v50 = std::min<int64_t>((int64_t)(grid.x * grid.y), v49 > 1 ? v49 : 1);
-    const int64_t v51 = (int64_t)N;
+    if (int rc = opgen_tt_scatter_plan(mesh, i1, index_dtype, (uint32_t)v23, (uint32_t)v1, plan, "embedding_backward__i2_dtable2.f32", row_fn_plan)) return rc;
+    const int64_t v26 = (1 > 1 ? 1 : 1);
+    const int64_t v27 = (19 > 1 ? 19 : 1);
+    const int64_t v28 = (2 > 1 ? 2 : 1);
+    const int64_t v29 = (int64_t)plan->address();
+    const int64_t v30 = (int64_t)dy->address();
+    const int64_t v31 = (int64_t)dtable1->address();
+    const bool v32 = dtable1_acc;
+    const int64_t v33 = v26 * 128;
+    const int64_t v34 = 0 + v33;
+    const int64_t v35 = v27 * 128;
+    const int64_t v36 = v34 + v35;
+    const int64_t v37 = v28 * 4096;
+    const int64_t v38 = v36 + v37;
+    const int64_t v39 = v26 * 4096;
+    const int64_t v40 = v38 + v39;
+    const int64_t v41 = v40 + v37;
+    const int64_t v42 = v41 + v37;
+    const bool v43 = v42 <= 1400000;
+    if (!(v43)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v44 = v42 + 0;
+    const bool v45 = v44 <= 1400000;
+    const int64_t v46 = (int64_t)N2;
+    const int64_t v47 = v46 + 31;
+    const int64_t v48 = v47 / 32;
+    const int64_t v49 = (int64_t)D;
+    const int64_t v50 = v49 + 31;
+    const int64_t v51 = v50 / 32;
+    const int64_t v52 = v48 * v51;
+    const int64_t v53 = (int64_t)(grid.x * grid.y);
+    const int64_t v54 = v52 / v53;
+    const int64_t v55 = (v54 < 8 ? v54 : 8);
+    const int64_t v56 = (v55 > 1 ? v55 : 1);
+    const int64_t v57 = v56 - 1;
+    const int64_t v58 = v52 + v57;
+    const int64_t v59 = v58 / v56;
+    const int64_t v60 = std::min<int64_t>((int64_t)(grid.x * grid.y), v59 > 1 ? v59 : 1);
+    const int64_t v61 = (int64_t)N;
     const auto row_fn_plan1 = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const float v52 = alpha2;
-        const float v53 = 1.0f * v52;
-        return std::pair<bool, float>{1, v53};
+        const float v62 = alpha2;
+        const float v63 = 1.0f * v62;
+        return std::pair<bool, float>{1, v63};
     };
     std::shared_ptr<distributed::MeshBuffer> plan1;
-    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v51, (uint32_t)v41, plan1, "embedding_backward__i2_dtable2.f32", row_fn_plan1)) return rc;
-    const int64_t v54 = (1 > 1 ? 1 : 1);
-    const int64_t v55 = (19 > 1 ? 19 : 1);
-    const int64_t v56 = (2 > 1 ? 2 : 1);
-    const int64_t v57 = (int64_t)plan1->address();
-    const int64_t v58 = (int64_t)dy->address();
-    const int64_t v59 = (int64_t)dtable2->address();
-    const bool v60 = dtable2_acc;
-    const int64_t v61 = v54 * 128;
-    const int64_t v62 = 0 + v61;
-    const int64_t v63 = v55 * 128;
-    const int64_t v64 = v62 + v63;
-    const int64_t v65 = v56 * 4096;
-    const int64_t v66 = v64 + v65;
-    const int64_t v67 = v54 * 4096;
-    const int64_t v68 = v66 + v67;
-    const int64_t v69 = v68 + v65;
-    const int64_t v70 = v69 + v65;
-    const bool v71 = v70 <= 1400000;
-    if (!(v71)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v72 = v70 + 0;
-    const bool v73 = v72 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, i2, index_dtype, (uint32_t)v61, (uint32_t)v46, plan1, "embedding_backward__i2_dtable2.f32", row_fn_plan1)) return rc;
+    const int64_t v64 = (1 > 1 ? 1 : 1);
+    const int64_t v65 = (19 > 1 ? 19 : 1);
+    const int64_t v66 = (2 > 1 ? 2 : 1);
+    const int64_t v67 = (int64_t)plan1->address();
+    const int64_t v68 = (int64_t)dy->address();
+    const int64_t v69 = (int64_t)dtable2->address();
+    const bool v70 = dtable2_acc;
+    const int64_t v71 = v64 * 128;
+    const int64_t v72 = 0 + v71;
+    const int64_t v73 = v65 * 128;
+    const int64_t v74 = v72 + v73;
+    const int64_t v75 = v66 * 4096;
+    const int64_t v76 = v74 + v75;
+    const int64_t v77 = v64 * 4096;
+    const int64_t v78 = v76 + v77;
+    const int64_t v79 = v78 + v75;
+    const int64_t v80 = v79 + v75;
+    const bool v81 = v80 <= 1400000;
+    if (!(v81)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v82 = v80 + 0;
+    const bool v83 = v82 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v23) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v22);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v27) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable1 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v28) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable1 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -1158,12 +1208,12 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v17; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v22; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v74 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v24, (uint32_t)v25, (uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17, (uint32_t)v26, (uint32_t)v27});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v26, (uint32_t)v1, (uint32_t)v3, (uint32_t)v74, (uint32_t)v17});
+            const int64_t v84 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v29, (uint32_t)v30, (uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22, (uint32_t)v31, (uint32_t)v32});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v31, (uint32_t)v1, (uint32_t)v3, (uint32_t)v18, (uint32_t)v84, (uint32_t)v22});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -1171,13 +1221,13 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     }
     {  // launch 1
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v50);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v54) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v55) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v54) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable2 (initial table tile)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v56) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable2 (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v60);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v65) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // dtable2 (initial table tile)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // dtable2 (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan1).append_to(ct_reader);
         TensorAccessorArgs(*dy).append_to(ct_reader);
@@ -1192,12 +1242,12 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable2).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v50; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v60; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v75 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v57, (uint32_t)v58, (uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50, (uint32_t)v59, (uint32_t)v60});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v59, (uint32_t)v41, (uint32_t)v44, (uint32_t)v75, (uint32_t)v50});
+            const int64_t v85 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v67, (uint32_t)v68, (uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60, (uint32_t)v69, (uint32_t)v70});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v69, (uint32_t)v46, (uint32_t)v49, (uint32_t)v56, (uint32_t)v85, (uint32_t)v60});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));

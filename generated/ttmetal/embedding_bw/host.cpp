@@ -184,42 +184,47 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn_plan)) return rc;
-    const int64_t v15 = (1 > 1 ? 1 : 1);
-    const int64_t v16 = (19 > 1 ? 19 : 1);
-    const int64_t v17 = (2 > 1 ? 2 : 1);
-    const int64_t v18 = (int64_t)plan->address();
-    const int64_t v19 = (int64_t)grad->address();
-    const int64_t v20 = (int64_t)out->address();
-    const int64_t v21 = v15 * 128;
-    const int64_t v22 = 0 + v21;
-    const int64_t v23 = v16 * 128;
-    const int64_t v24 = v22 + v23;
-    const int64_t v25 = v17 * 2048;
-    const int64_t v26 = v24 + v25;
-    const int64_t v27 = v15 * 4096;
-    const int64_t v28 = v26 + v27;
-    const int64_t v29 = v28 + v25;
-    const bool v30 = v29 <= 1400000;
-    if (!(v30)) return quiet ? 2 : opgen_tt_error("embedding_bw.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v31 = v29 + 0;
-    const bool v32 = v31 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.bf16", row_fn_plan)) return rc;
+    const int64_t v20 = (1 > 1 ? 1 : 1);
+    const int64_t v21 = (19 > 1 ? 19 : 1);
+    const int64_t v22 = (2 > 1 ? 2 : 1);
+    const int64_t v23 = (int64_t)plan->address();
+    const int64_t v24 = (int64_t)grad->address();
+    const int64_t v25 = (int64_t)out->address();
+    const int64_t v26 = v20 * 128;
+    const int64_t v27 = 0 + v26;
+    const int64_t v28 = v21 * 128;
+    const int64_t v29 = v27 + v28;
+    const int64_t v30 = v22 * 2048;
+    const int64_t v31 = v29 + v30;
+    const int64_t v32 = v20 * 4096;
+    const int64_t v33 = v31 + v32;
+    const int64_t v34 = v33 + v30;
+    const bool v35 = v34 <= 1400000;
+    if (!(v35)) return quiet ? 2 : opgen_tt_error("embedding_bw.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v36 = v34 + 0;
+    const bool v37 = v36 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
@@ -231,12 +236,12 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v33 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v18, (uint32_t)v19, (uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v20, (uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
+            const int64_t v38 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v23, (uint32_t)v24, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v25, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -281,42 +286,47 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
         return std::pair<bool, float>{1, 1.0f};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_bw.f32", row_fn_plan)) return rc;
-    const int64_t v15 = (1 > 1 ? 1 : 1);
-    const int64_t v16 = (19 > 1 ? 19 : 1);
-    const int64_t v17 = (2 > 1 ? 2 : 1);
-    const int64_t v18 = (int64_t)plan->address();
-    const int64_t v19 = (int64_t)grad->address();
-    const int64_t v20 = (int64_t)out->address();
-    const int64_t v21 = v15 * 128;
-    const int64_t v22 = 0 + v21;
-    const int64_t v23 = v16 * 128;
-    const int64_t v24 = v22 + v23;
-    const int64_t v25 = v17 * 4096;
-    const int64_t v26 = v24 + v25;
-    const int64_t v27 = v15 * 4096;
-    const int64_t v28 = v26 + v27;
-    const int64_t v29 = v28 + v25;
-    const bool v30 = v29 <= 1400000;
-    if (!(v30)) return quiet ? 2 : opgen_tt_error("embedding_bw.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v31 = v29 + 0;
-    const bool v32 = v31 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_bw.f32", row_fn_plan)) return rc;
+    const int64_t v20 = (1 > 1 ? 1 : 1);
+    const int64_t v21 = (19 > 1 ? 19 : 1);
+    const int64_t v22 = (2 > 1 ? 2 : 1);
+    const int64_t v23 = (int64_t)plan->address();
+    const int64_t v24 = (int64_t)grad->address();
+    const int64_t v25 = (int64_t)out->address();
+    const int64_t v26 = v20 * 128;
+    const int64_t v27 = 0 + v26;
+    const int64_t v28 = v21 * 128;
+    const int64_t v29 = v27 + v28;
+    const int64_t v30 = v22 * 4096;
+    const int64_t v31 = v29 + v30;
+    const int64_t v32 = v20 * 4096;
+    const int64_t v33 = v31 + v32;
+    const int64_t v34 = v33 + v30;
+    const bool v35 = v34 <= 1400000;
+    if (!(v35)) return quiet ? 2 : opgen_tt_error("embedding_bw.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v36 = v34 + 0;
+    const bool v37 = v36 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v16) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v15) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v17) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v21) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
@@ -329,12 +339,12 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_bw.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v33 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v18, (uint32_t)v19, (uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v20, (uint32_t)v1, (uint32_t)v3, (uint32_t)v33, (uint32_t)v13});
+            const int64_t v38 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v23, (uint32_t)v24, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v25, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v38, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));

@@ -187,62 +187,67 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const int64_t v15 = v / 32;
-        const int64_t v16 = v15 * 32;
-        const int64_t v17 = v - v16;
-        const int64_t v18 = 0 * v1;
-        const int64_t v19 = v18 + v16;
-        const int64_t v20 = v19 + v17;
-        const int64_t v21 = padding_idx;
-        const bool v22 = v20 != v21;
-        const bool v23 = 1 && v22;
-        const bool v24 = scale_grad_by_freq;
-        const int64_t v25 = v16 + v17;
-        const int64_t v26 = v25 + 1;
-        const int64_t v27 = (int64_t)prefix[(size_t)(v26)];
-        const int64_t v28 = (int64_t)prefix[(size_t)(v25)];
-        const int64_t v29 = v27 - v28;
-        const int64_t v30 = (int64_t)(v29);
-        const float v31 = (float)(v30);
-        const float v32 = 1.0f / v31;
-        const float v33 = (v24 ? v32 : 1.0f);
-        const float v34 = 1.0f * v33;
-        return std::pair<bool, float>{v23, v34};
+        const int64_t v20 = v / 32;
+        const int64_t v21 = v20 * 32;
+        const int64_t v22 = v - v21;
+        const int64_t v23 = 0 * v1;
+        const int64_t v24 = v23 + v21;
+        const int64_t v25 = v24 + v22;
+        const int64_t v26 = padding_idx;
+        const bool v27 = v25 != v26;
+        const bool v28 = 1 && v27;
+        const bool v29 = scale_grad_by_freq;
+        const int64_t v30 = v21 + v22;
+        const int64_t v31 = v30 + 1;
+        const int64_t v32 = (int64_t)prefix[(size_t)(v31)];
+        const int64_t v33 = (int64_t)prefix[(size_t)(v30)];
+        const int64_t v34 = v32 - v33;
+        const int64_t v35 = (int64_t)(v34);
+        const float v36 = (float)(v35);
+        const float v37 = 1.0f / v36;
+        const float v38 = (v29 ? v37 : 1.0f);
+        const float v39 = 1.0f * v38;
+        return std::pair<bool, float>{v28, v39};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn_plan)) return rc;
-    const int64_t v35 = (1 > 1 ? 1 : 1);
-    const int64_t v36 = (19 > 1 ? 19 : 1);
-    const int64_t v37 = (2 > 1 ? 2 : 1);
-    const int64_t v38 = (int64_t)plan->address();
-    const int64_t v39 = (int64_t)grad->address();
-    const int64_t v40 = (int64_t)out->address();
-    const int64_t v41 = v35 * 128;
-    const int64_t v42 = 0 + v41;
-    const int64_t v43 = v36 * 128;
-    const int64_t v44 = v42 + v43;
-    const int64_t v45 = v37 * 4096;
-    const int64_t v46 = v44 + v45;
-    const int64_t v47 = v35 * 4096;
-    const int64_t v48 = v46 + v47;
-    const int64_t v49 = v48 + v45;
-    const bool v50 = v49 <= 1400000;
-    if (!(v50)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v51 = v49 + 0;
-    const bool v52 = v51 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.f32", row_fn_plan)) return rc;
+    const int64_t v40 = (1 > 1 ? 1 : 1);
+    const int64_t v41 = (19 > 1 ? 19 : 1);
+    const int64_t v42 = (2 > 1 ? 2 : 1);
+    const int64_t v43 = (int64_t)plan->address();
+    const int64_t v44 = (int64_t)grad->address();
+    const int64_t v45 = (int64_t)out->address();
+    const int64_t v46 = v40 * 128;
+    const int64_t v47 = 0 + v46;
+    const int64_t v48 = v41 * 128;
+    const int64_t v49 = v47 + v48;
+    const int64_t v50 = v42 * 4096;
+    const int64_t v51 = v49 + v50;
+    const int64_t v52 = v40 * 4096;
+    const int64_t v53 = v51 + v52;
+    const int64_t v54 = v53 + v50;
+    const bool v55 = v54 <= 1400000;
+    if (!(v55)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v56 = v54 + 0;
+    const bool v57 = v56 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v35) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v36) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v37) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v35) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v37) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 4096, {{4, tt::DataFormat::Float32}}).set_page_size(4, 4096));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
@@ -255,12 +260,12 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v53 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v38, (uint32_t)v39, (uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v40, (uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
+            const int64_t v58 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v43, (uint32_t)v44, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v45, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
@@ -310,62 +315,67 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
     const int64_t v8 = v3 + 31;
     const int64_t v9 = v8 / 32;
     const int64_t v10 = v7 * v9;
-    const int64_t v11 = v10 + 7;
-    const int64_t v12 = v11 / 8;
-    const int64_t v13 = std::min<int64_t>((int64_t)(grid.x * grid.y), v12 > 1 ? v12 : 1);
-    const int64_t v14 = (int64_t)N;
+    const int64_t v11 = (int64_t)(grid.x * grid.y);
+    const int64_t v12 = v10 / v11;
+    const int64_t v13 = (v12 < 8 ? v12 : 8);
+    const int64_t v14 = (v13 > 1 ? v13 : 1);
+    const int64_t v15 = v14 - 1;
+    const int64_t v16 = v10 + v15;
+    const int64_t v17 = v16 / v14;
+    const int64_t v18 = std::min<int64_t>((int64_t)(grid.x * grid.y), v17 > 1 ? v17 : 1);
+    const int64_t v19 = (int64_t)N;
     const auto row_fn_plan = [&](int64_t v, const std::vector<uint32_t>& prefix) {
-        const int64_t v15 = v / 32;
-        const int64_t v16 = v15 * 32;
-        const int64_t v17 = v - v16;
-        const int64_t v18 = 0 * v1;
-        const int64_t v19 = v18 + v16;
-        const int64_t v20 = v19 + v17;
-        const int64_t v21 = padding_idx;
-        const bool v22 = v20 != v21;
-        const bool v23 = 1 && v22;
-        const bool v24 = scale_grad_by_freq;
-        const int64_t v25 = v16 + v17;
-        const int64_t v26 = v25 + 1;
-        const int64_t v27 = (int64_t)prefix[(size_t)(v26)];
-        const int64_t v28 = (int64_t)prefix[(size_t)(v25)];
-        const int64_t v29 = v27 - v28;
-        const int64_t v30 = (int64_t)(v29);
-        const float v31 = (float)(v30);
-        const float v32 = 1.0f / v31;
-        const float v33 = (v24 ? v32 : 1.0f);
-        const float v34 = 1.0f * v33;
-        return std::pair<bool, float>{v23, v34};
+        const int64_t v20 = v / 32;
+        const int64_t v21 = v20 * 32;
+        const int64_t v22 = v - v21;
+        const int64_t v23 = 0 * v1;
+        const int64_t v24 = v23 + v21;
+        const int64_t v25 = v24 + v22;
+        const int64_t v26 = padding_idx;
+        const bool v27 = v25 != v26;
+        const bool v28 = 1 && v27;
+        const bool v29 = scale_grad_by_freq;
+        const int64_t v30 = v21 + v22;
+        const int64_t v31 = v30 + 1;
+        const int64_t v32 = (int64_t)prefix[(size_t)(v31)];
+        const int64_t v33 = (int64_t)prefix[(size_t)(v30)];
+        const int64_t v34 = v32 - v33;
+        const int64_t v35 = (int64_t)(v34);
+        const float v36 = (float)(v35);
+        const float v37 = 1.0f / v36;
+        const float v38 = (v29 ? v37 : 1.0f);
+        const float v39 = 1.0f * v38;
+        return std::pair<bool, float>{v28, v39};
     };
     std::shared_ptr<distributed::MeshBuffer> plan;
-    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v14, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn_plan)) return rc;
-    const int64_t v35 = (1 > 1 ? 1 : 1);
-    const int64_t v36 = (19 > 1 ? 19 : 1);
-    const int64_t v37 = (2 > 1 ? 2 : 1);
-    const int64_t v38 = (int64_t)plan->address();
-    const int64_t v39 = (int64_t)grad->address();
-    const int64_t v40 = (int64_t)out->address();
-    const int64_t v41 = v35 * 128;
-    const int64_t v42 = 0 + v41;
-    const int64_t v43 = v36 * 128;
-    const int64_t v44 = v42 + v43;
-    const int64_t v45 = v37 * 2048;
-    const int64_t v46 = v44 + v45;
-    const int64_t v47 = v35 * 4096;
-    const int64_t v48 = v46 + v47;
-    const int64_t v49 = v48 + v45;
-    const bool v50 = v49 <= 1400000;
-    if (!(v50)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v51 = v49 + 0;
-    const bool v52 = v51 <= 1400000;
+    if (int rc = opgen_tt_scatter_plan(mesh, indices, index_dtype, (uint32_t)v19, (uint32_t)v1, plan, "embedding_dense_backward.bf16", row_fn_plan)) return rc;
+    const int64_t v40 = (1 > 1 ? 1 : 1);
+    const int64_t v41 = (19 > 1 ? 19 : 1);
+    const int64_t v42 = (2 > 1 ? 2 : 1);
+    const int64_t v43 = (int64_t)plan->address();
+    const int64_t v44 = (int64_t)grad->address();
+    const int64_t v45 = (int64_t)out->address();
+    const int64_t v46 = v40 * 128;
+    const int64_t v47 = 0 + v46;
+    const int64_t v48 = v41 * 128;
+    const int64_t v49 = v47 + v48;
+    const int64_t v50 = v42 * 2048;
+    const int64_t v51 = v49 + v50;
+    const int64_t v52 = v40 * 4096;
+    const int64_t v53 = v51 + v52;
+    const int64_t v54 = v53 + v50;
+    const bool v55 = v54 <= 1400000;
+    if (!(v55)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    const int64_t v56 = v54 + 0;
+    const bool v57 = v56 <= 1400000;
     {  // launch 0
         Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v13);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v35) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v36) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v37) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v35) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v37) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
+        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v41) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // the reader's scratch (the plan page cache)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // gathered grad rows (one batch)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // the table tile's row factors (column 0)
+        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v42) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // out (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*plan).append_to(ct_reader);
         TensorAccessorArgs(*grad).append_to(ct_reader);
@@ -377,12 +387,12 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_dense_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v13; ++core_i) {
+        for (uint32_t core_i = 0; core_i < (uint32_t)v18; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v53 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v38, (uint32_t)v39, (uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v40, (uint32_t)v1, (uint32_t)v3, (uint32_t)v53, (uint32_t)v13});
+            const int64_t v58 = (int64_t)core_i;
+            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v43, (uint32_t)v44, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
+            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
+            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v45, (uint32_t)v1, (uint32_t)v3, (uint32_t)v14, (uint32_t)v58, (uint32_t)v18});
         }
         distributed::MeshWorkload workload;
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));

@@ -26,33 +26,35 @@
 void kernel_main() {
     const uint32_t N1 = get_arg_val<uint32_t>(0);
     const uint32_t D = get_arg_val<uint32_t>(1);
-    const uint32_t core = get_arg_val<uint32_t>(2);
-    const uint32_t cores = get_arg_val<uint32_t>(3);
+    const uint32_t strip = get_arg_val<uint32_t>(2);
+    const uint32_t core = get_arg_val<uint32_t>(3);
+    const uint32_t cores = get_arg_val<uint32_t>(4);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
     const uint32_t v1 = N1 + 31;
     const uint32_t v2 = v1 / 32;
     const uint32_t v3 = D + 31;
     const uint32_t v4 = v3 / 32;
     const uint32_t v5 = v2 * v4;
-    const uint32_t v6 = v5 + 7;
-    const uint32_t v7 = v6 / 8;
-    for (uint32_t s8 = core; s8 < v7; s8 += cores) {
-        const uint32_t v9 = s8 * 8;
-        const uint32_t v10 = v9 + 8;
-        const uint32_t v11 = (v5 < v10 ? v5 : v10);
-        for (uint32_t u12 = v9; u12 < v11; u12 += 1) {
-            const uint32_t v13 = u12 / v4;
+    const uint32_t v6 = strip - 1;
+    const uint32_t v7 = v5 + v6;
+    const uint32_t v8 = v7 / strip;
+    for (uint32_t s9 = core; s9 < v8; s9 += cores) {
+        const uint32_t v10 = s9 * strip;
+        const uint32_t v11 = v10 + strip;
+        const uint32_t v12 = (v5 < v11 ? v5 : v11);
+        for (uint32_t u13 = v10; u13 < v12; u13 += 1) {
+            const uint32_t v14 = u13 / v4;
             cb_wait_front(tt::CBIndex::c_0, 1);
-            const uint32_t v14 = v13 / 16;
-            const uint32_t v15 = v14 * 16;
-            const uint32_t v16 = v13 - v15;
-            const uint32_t v17 = v16 * 2;
-            const uint32_t v18 = v17 + 1;
-            const uint32_t v19 = read_tile_value(tt::CBIndex::c_0, 0, v18);
+            const uint32_t v15 = v14 / 16;
+            const uint32_t v16 = v15 * 16;
+            const uint32_t v17 = v14 - v16;
+            const uint32_t v18 = v17 * 2;
+            const uint32_t v19 = v18 + 1;
+            const uint32_t v20 = read_tile_value(tt::CBIndex::c_0, 0, v19);
             tile_regs_acquire();
             fill_tile_init();
             fill_tile_bitcast(0, 0);
-            for (uint32_t b20 = 0; b20 < v19; b20 += 1) {
+            for (uint32_t b21 = 0; b21 < v20; b21 += 1) {
                 cb_wait_front(tt::CBIndex::c_2, 1);
                 reconfig_data_format_srca(tt::CBIndex::c_2);
                 copy_init(tt::CBIndex::c_2);

@@ -12,8 +12,9 @@ void kernel_main() {
     const auto grad = TensorAccessor(grad_args, grad_addr, 2048);
     const uint32_t V = get_arg_val<uint32_t>(2);
     const uint32_t D = get_arg_val<uint32_t>(3);
-    const uint32_t core = get_arg_val<uint32_t>(4);
-    const uint32_t cores = get_arg_val<uint32_t>(5);
+    const uint32_t strip = get_arg_val<uint32_t>(4);
+    const uint32_t core = get_arg_val<uint32_t>(5);
+    const uint32_t cores = get_arg_val<uint32_t>(6);
     cb_reserve_back(tt::CBIndex::c_1, 19);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_1);
     opgen_tt_plan_cache_init(v1);
@@ -22,41 +23,42 @@ void kernel_main() {
     const uint32_t v4 = D + 31;
     const uint32_t v5 = v4 / 32;
     const uint32_t v6 = v3 * v5;
-    const uint32_t v7 = v6 + 7;
-    const uint32_t v8 = v7 / 8;
-    for (uint32_t s9 = core; s9 < v8; s9 += cores) {
-        const uint32_t v10 = s9 * 8;
-        const uint32_t v11 = v10 + 8;
-        const uint32_t v12 = (v6 < v11 ? v6 : v11);
-        for (uint32_t u13 = v10; u13 < v12; u13 += 1) {
-            const uint32_t v14 = u13 / v5;
-            const uint32_t v15 = v14 * v5;
-            const uint32_t v16 = u13 - v15;
+    const uint32_t v7 = strip - 1;
+    const uint32_t v8 = v6 + v7;
+    const uint32_t v9 = v8 / strip;
+    for (uint32_t s10 = core; s10 < v9; s10 += cores) {
+        const uint32_t v11 = s10 * strip;
+        const uint32_t v12 = v11 + strip;
+        const uint32_t v13 = (v6 < v12 ? v6 : v12);
+        for (uint32_t u14 = v11; u14 < v13; u14 += 1) {
+            const uint32_t v15 = u14 / v5;
+            const uint32_t v16 = v15 * v5;
+            const uint32_t v17 = u14 - v16;
             cb_reserve_back(tt::CBIndex::c_0, 1);
-            const uint32_t v17 = get_write_ptr(tt::CBIndex::c_0);
-            const uint32_t v18 = v14 / 16;
-            const uint32_t v19 = opgen_tt_plan_header(plan, v18, v1);
-            opgen_tt_copy_words(v17, v19, 32);
-            const uint32_t v20 = v18 * 16;
-            const uint32_t v21 = v14 - v20;
-            const uint32_t v22 = v21 * 2;
-            const uint32_t v23 = opgen_tt_l1_word(v19, v22);
-            const uint32_t v24 = v22 + 1;
-            const uint32_t v25 = opgen_tt_l1_word(v19, v24);
+            const uint32_t v18 = get_write_ptr(tt::CBIndex::c_0);
+            const uint32_t v19 = v15 / 16;
+            const uint32_t v20 = opgen_tt_plan_header(plan, v19, v1);
+            opgen_tt_copy_words(v18, v20, 32);
+            const uint32_t v21 = v19 * 16;
+            const uint32_t v22 = v15 - v21;
+            const uint32_t v23 = v22 * 2;
+            const uint32_t v24 = opgen_tt_l1_word(v20, v23);
+            const uint32_t v25 = v23 + 1;
+            const uint32_t v26 = opgen_tt_l1_word(v20, v25);
             cb_push_back(tt::CBIndex::c_0, 1);
-            const uint32_t v26 = opgen_tt_plan_page(plan, v23, v1);
+            const uint32_t v27 = opgen_tt_plan_page(plan, v24, v1);
             cb_reserve_back(tt::CBIndex::c_3, 1);
-            const uint32_t v27 = get_write_ptr(tt::CBIndex::c_3);
-            opgen_tt_col_tile(v27, v26);
+            const uint32_t v28 = get_write_ptr(tt::CBIndex::c_3);
+            opgen_tt_col_tile(v28, v27);
             cb_push_back(tt::CBIndex::c_3, 1);
-            const uint32_t v28 = v25 + 1;
-            for (uint32_t b29 = 1; b29 < v28; b29 += 1) {
-                const uint32_t v30 = v23 + b29;
-                const uint32_t v31 = opgen_tt_plan_page(plan, v30, v1);
+            const uint32_t v29 = v26 + 1;
+            for (uint32_t b30 = 1; b30 < v29; b30 += 1) {
+                const uint32_t v31 = v24 + b30;
+                const uint32_t v32 = opgen_tt_plan_page(plan, v31, v1);
                 cb_reserve_back(tt::CBIndex::c_2, 1);
-                const uint32_t v32 = get_write_ptr(tt::CBIndex::c_2);
-                const volatile tt_l1_ptr uint32_t* v33 = opgen_tt_l1_words(v31);
-                opgen_tt_gather_rows(grad, v32, 2048, v33, v16, v5);
+                const uint32_t v33 = get_write_ptr(tt::CBIndex::c_2);
+                const volatile tt_l1_ptr uint32_t* v34 = opgen_tt_l1_words(v32);
+                opgen_tt_gather_rows(grad, v33, 2048, v34, v17, v5);
                 cb_push_back(tt::CBIndex::c_2, 1);
             }
         }
