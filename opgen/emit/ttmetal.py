@@ -19,6 +19,7 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.tile.lower import TileUnsupported
 from opgen.ttmetal import dialect as k
+from opgen.ttmetal.scatter import PLAN_SLOTS
 
 KERNEL_HEADERS = {
     "reader": ["api/dataflow/dataflow_api.h", "../opgen_tt_dataflow.h"],
@@ -426,7 +427,7 @@ def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) ->
         pub = HostPrinter(progs[0], function_name(progs[0])).public(function_name(progs[0]), impls)
         fns.append(pub)
         decls.append(pub.split(" {")[0].split("*/\n")[-1] + ";")
-    files["opgen_tt_dataflow.h"] = render("ttmetal/opgen_tt_dataflow.h.j2")
+    files["opgen_tt_dataflow.h"] = render("ttmetal/opgen_tt_dataflow.h.j2", plan_slots=PLAN_SLOTS)
     files["host.hpp"] = render("ttmetal/host.hpp.j2", op=op_name, decls=decls)
     files["host.cpp"] = render("ttmetal/host.cpp.j2", op=op_name, functions=fns)
     files["manifest.json"] = json.dumps(manifest, indent=2) + "\n"

@@ -111,13 +111,9 @@ def reader_scratch(low: Lowering, pages: int = 1, what: str = "scalar loads") ->
     if low.scratch_cb < 0:
         low.scratch_cb = low.cb("UInt32", pages, f"the reader's scratch ({what})", "in")
         low.scratch_pages = pages
-        r = low.r
-        r.top = True
-        try:
-            r.call("cb_reserve_back", _cbn(low.scratch_cb), str(pages))
-            low.scratch_l1 = r.call("get_write_ptr", _cbn(low.scratch_cb), result=True)
-        finally:
-            r.top = False
+        with low.r.prologue():
+            low.r.call("cb_reserve_back", _cbn(low.scratch_cb), str(pages))
+            low.scratch_l1 = low.r.call("get_write_ptr", _cbn(low.scratch_cb), result=True)
     assert low.scratch_pages == pages, "one reader scratch per launch"
     return low.scratch_l1
 

@@ -31,8 +31,9 @@ Every decision of the TT-Metal backend is made here, none in the printer:
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -237,6 +238,15 @@ class KernelBuilder:
             self.accessors.append(name)
             self.acc_vals[name] = name
         return name
+
+    @contextlib.contextmanager
+    def prologue(self) -> Iterator[None]:
+        """Emit into the prologue (before the kernel's loops), with its own scalars."""
+        self.top = True
+        try:
+            yield
+        finally:
+            self.top = False
 
     # -- loops
     def open_loop(self, lo: SSAValue, hi: SSAValue, step: SSAValue, hint: str) -> SSAValue:
@@ -856,11 +866,11 @@ class Lowering:
             return chain.copy_in_col(self, op)
         if kd not in ("full", "row"):
             raise TtUnsupported(self.name, f"copying in a {kd} tile")
+        if "cache" in op.attributes:
+            return self.copy_in_cached(op, op.attributes["cache"].data)
         gm = op.src
         fmt = self.gm_format(gm)
         name = self.gm_name(gm)
-        if "cache" in op.attributes:
-            return self.copy_in_cached(op, op.attributes["cache"].data)
         cb = self.cb(fmt, ir.tensor_type(v).shape[1], f"{name} ({kd})", "in")
         if len(self.scopes) > 1:  # read per loop iteration (not once per core)
             self.dbuf.add(cb)
@@ -904,11 +914,8 @@ class Lowering:
     def top_val(b: KernelBuilder, v: SSAValue) -> SSAValue:
         """Kernel ``b``'s value of tile-level scalar ``v``, computed in its prologue (so that it
         is defined in every scope)."""
-        b.top = True
-        try:
+        with b.prologue():
             return b.val(v)
-        finally:
-            b.top = False
 
     def read_chunk(self, op: t.CopyInOp, cb: int) -> None:
         """Reader: the copy's tiles (or row-vector pages) into ``cb``: reserve the CB's chunk
@@ -1022,12 +1029,8 @@ class Lowering:
     @staticmethod
     def at_top(b: KernelBuilder, callee: str, *args) -> None:
         """A call at the top level of kernel ``b``, before its loops (its scalars too)."""
-        b.top = True
-        try:
-            vals = [b.val(a) if isinstance(a, SSAValue) else a for a in args]
-            b.call(callee, *vals)
-        finally:
-            b.top = False
+        with b.prologue():
+            b.call(callee, *(b.val(a) if isinstance(a, SSAValue) else a for a in args))
 
     def row_mask_cb(self, count: SSAValue) -> int:
         """A CB with one mask tile per row block: 1.0 in the block's ``count`` valid rows."""

@@ -20,6 +20,7 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 from opgen.ttmetal import dialect as k
 from opgen.ttmetal.lower import L1_BUDGET
+from opgen.ttmetal.scatter import PLAN_PAGE, PLAN_SLOTS
 
 TILE = 32
 
@@ -91,7 +92,7 @@ class _Eval:
             r = core
         elif isinstance(op, k.ScalarArgOp):  # (only flags choosing what to read matter)
             r = self.scalars.get(op.arg.data, 0)
-        else:  # addresses, scalar arguments, bits: irrelevant to sizes
+        else:  # addresses, bits: irrelevant to sizes
             r = 0
         self.v[op.results[0]] = r
 
@@ -113,7 +114,7 @@ class _Walk:
 
     def cached_page(self, plan: str, page: int, tags_l1: int, slots: int) -> int:
         """``opgen_tt_cached_page``: the slot's address; a miss reads the page from DRAM."""
-        at = tags_l1 + 128 * (1 + page % slots)
+        at = tags_l1 + PLAN_PAGE * (1 + page % slots)
         if self.tags.get(at) != page:
             self.counts[0] += self.pages[plan]
             self.l1[at] = self.plans[plan][page * 32:(page + 1) * 32]
@@ -167,8 +168,8 @@ def _dram(block: Block, e: _Eval, w: _Walk) -> None:
                 w.tags.clear()
             elif name == "opgen_tt_plan_header":
                 r = w.cached_page(a[0], a[1], a[2], 1)
-            elif name == "opgen_tt_plan_page":
-                r = w.cached_page(a[0], a[1], a[2] + 256, PLAN_SLOTS)
+            elif name == "opgen_tt_plan_page":  # (after the header cache's two pages)
+                r = w.cached_page(a[0], a[1], a[2] + 2 * PLAN_PAGE, PLAN_SLOTS)
             elif name == "opgen_tt_copy_words":
                 if a[1] in w.l1:
                     w.l1[a[0]] = w.l1[a[1]]
@@ -191,8 +192,6 @@ def _dram(block: Block, e: _Eval, w: _Walk) -> None:
 
 #: a batch entry naming no source row
 NO_ROW = 0xFFFFFFFF
-#: the data pages of the plan page cache (OPGEN_TT_PLAN_SLOTS in templates/ttmetal/opgen_tt_dataflow.h.j2)
-PLAN_SLOTS = 16
 
 
 def plan_words(idx: np.ndarray, rows: int) -> np.ndarray:
@@ -232,10 +231,10 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
     ncores = grid[0] * grid[1]
     launches: list[LaunchReport] = []
     plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
+    read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
     minimum = 0
     for name, ty, kind, lay in zip(prog.arg_names.data, prog.arg_types.data, prog.arg_kinds.data,
                                    prog.attributes["layouts"].data, strict=True):
-        read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
         if kind.data != "tensor" or name.data == "workspace" or name.data not in read:
             continue
         shape = [dims[d] if not d.isdigit() else int(d) for d in ty.shape]

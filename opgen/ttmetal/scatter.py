@@ -39,8 +39,10 @@ from opgen.ttmetal.lower import TILE, TILE_BYTES, Lowering, TtUnsupported, host_
 
 #: the plan's pages: 32 uint32
 PLAN_PAGE = 128
-#: the reader's plan page cache (OPGEN_TT_PLAN_CACHE_PAGES in templates/ttmetal/opgen_tt_dataflow.h.j2)
-PLAN_CACHE_PAGES = 19
+#: the reader's plan page cache (templates/ttmetal/opgen_tt_dataflow.h.j2): the header cache (a
+#: tag page, a data page), then the page cache (a tag page, PLAN_SLOTS direct-mapped data pages)
+PLAN_SLOTS = 16
+PLAN_CACHE_PAGES = 3 + PLAN_SLOTS
 #: the most units a core walks in a row (strips of one table tile's column tiles share its plan
 #: pages); fewer when the units are fewer than STRIP per core, so that every core has work
 STRIP = 8
@@ -224,9 +226,8 @@ def lower_scatter(low: Lowering) -> k.LaunchOp:
     r, c, w = low.r, low.c, low.w
     mb = low.cb("UInt32", 1, "plan header of the unit's table tile (batch count for compute)", "in")
     cache = reader_scratch(low, PLAN_CACHE_PAGES, "the plan page cache")  # (pushed, popped at the end)
-    r.top = True  # (in the prologue, after the cache's reservation)
-    r.call("opgen_tt_plan_cache_init", cache)
-    r.top = False
+    with r.prologue():  # (after the cache's reservation)
+        r.call("opgen_tt_plan_cache_init", cache)
     batch = low.cb(fmt_in, 2, "gathered grad rows (one batch)", "in")
     fac = low.cb("Float32", 1, "the table tile's row factors (column 0)", "in")
     low.copied.add(fac)

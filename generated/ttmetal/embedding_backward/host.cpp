@@ -22,7 +22,7 @@ int opgen_tt_error(const char* msg) {
     return 1;
 }
 
-/* element i of a tensor read back from the device (a row check): T's value, widened */
+/* element i of a tensor read back from the device (a row check, an index): T's value, widened */
 template <typename T>
 [[maybe_unused]] int64_t opgen_tt_host_load(const std::vector<uint8_t>& data, int64_t i) {
     T v{};
@@ -74,18 +74,17 @@ int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n
     if (raw.size() < (size_t)n * size) return opgen_tt_error("the index tensor is smaller than its dims");
     out.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
-        const uint8_t* p = raw.data() + (size_t)i * size;
         int64_t v = 0;
         switch (type) {
-            case IndexType::Int64: std::memcpy(&v, p, 8); break;
-            case IndexType::Int32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
-            case IndexType::UInt32: { uint32_t x; std::memcpy(&x, p, 4); v = x; break; }
-            case IndexType::Int16: { int16_t x; std::memcpy(&x, p, 2); v = x; break; }
-            case IndexType::Int8: v = (int8_t)*p; break;
-            case IndexType::UInt8: v = *p; break;
-            case IndexType::Bool: v = *p != 0; break;
+            case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, i); break;
+            case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, i); break;
+            case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, i); break;
+            case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, i); break;
+            case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, i); break;
+            case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, i); break;
+            case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, i) != 0; break;
             default: {
-                const double d = opgen_tt_index_float(p, type);
+                const double d = opgen_tt_index_float(raw.data() + (size_t)i * size, type);
                 if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
                     std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
                     return 1;
