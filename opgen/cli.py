@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 
@@ -170,11 +171,17 @@ def _show_report(o: OpDef, args: argparse.Namespace) -> int:
     plat.update({k: int(v) for k, v in _parse_kv(args.platform).items()})
     m = o.module()
     pipeline.run(m, args.target)
-    rs = report.chosen([k for k in m.body.block.ops if isinstance(k, tdl.KernelOp)], dims, plat)
+    rs = report.chosen([k for k in m.body.block.ops if isinstance(k, tdl.KernelOp)
+                        and _wanted(k.sym_name.data, args)], dims, plat)
     print(f"// {o.name} on {args.target} at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
           f"platform {', '.join(f'{k}={v}' for k, v in plat.items())}")
     print(report.format_report(rs))
     return 0
+
+
+def _wanted(name: str, args: argparse.Namespace) -> bool:
+    """Whether ``--variant`` (a substring of the kernel or program name) selects ``name``."""
+    return not args.variant or args.variant in name
 
 
 def _show_tt_report(o: OpDef, args: argparse.Namespace, dims: dict[str, int]) -> int:
@@ -191,8 +198,16 @@ def _show_tt_report(o: OpDef, args: argparse.Namespace, dims: dict[str, int]) ->
     grid = (plat.get("grid_x", 8), plat.get("grid_y", 8))
     m = o.module()
     pipeline.run(m, "ttmetal")
-    progs = ttmetal.programs(m)
-    rs = [report.report(p, dims, grid) for p in progs]
+    progs = [p for p in ttmetal.programs(m) if _wanted(p.sym_name.data, args)]
+    if not progs:
+        raise ValueError(f"--variant {args.variant!r} selects none of {o.name}'s TT-Metal programs "
+                         f"({', '.join(p.sym_name.data for p in ttmetal.programs(m))})")
+    rs = []
+    for i, p in enumerate(progs):  # (interpreting every core's walk: seconds to minutes per program)
+        t0 = time.monotonic()
+        rs.append(report.report(p, dims, grid))
+        print(f"opgen: report {i + 1}/{len(progs)} {p.sym_name.data} ({time.monotonic() - t0:.1f} s)",
+              file=sys.stderr)
     print(f"// {o.name} on ttmetal at {', '.join(f'{k}={v}' for k, v in dims.items())}; "
           f"grid {grid[0]}x{grid[1]} (Wormhole: 8x8)")
     if any(isinstance(x, ttk.ScatterPlanOp) for p in progs for x in p.walk()):
@@ -320,6 +335,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "bytes moved vs the minimum, cores) at --dims")
     p.add_argument("--dims", help=f"sizes for --report, e.g. N=8192,D=4096 (default {REPORT_DEFAULT_DIM} each)")
     p.add_argument("--platform", help="device for --report, e.g. cores=48,ub_bytes=196608 (Atlas A2 / 910B)")
+    p.add_argument("--variant", help="--report only for the kernels (ascendc) or programs (ttmetal) whose "
+                                     "name contains this, e.g. 'bf16' or 'softmax.bf16.u8.i64'")
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("build", help="regenerate generated/ from ops_dsl/",

@@ -492,8 +492,10 @@ def flce_exe() -> Path:
 def _flce_cases() -> list[tuple[str, dict[str, Any]]]:
     """Both modes (softmax given; memory-saving from logits_max and sum_exp_logits), mask u8/bool,
     targets i32/i64; several 128-row blocks, several 2,048-spans of V (row pass) and of BT (column
-    pass), V = 128 with H = 1, no rows, every row outside the shard, targets past V on rows outside
-    (never read as a column), and the variant given all three optional tensors."""
+    pass; split over cores, then added), H = 4200 (the products over H too long for an L1 panel:
+    output tiles in groups), V = 128 with H = 1, no rows, every row outside the shard, targets
+    past V on rows outside (never read as a column), and the variant given all three optional
+    tensors."""
     from tests.cpu_cases import flce_args
 
     rng = np.random.default_rng(37)
@@ -502,7 +504,7 @@ def _flce_cases() -> list[tuple[str, dict[str, Any]]]:
         for M, TI in (("u8", "i32"), ("bool", "i64")):
             cases.append((f"{mode}-{M}-{TI}", flce_args(rng, "bf16", M, TI, mode, BT=45, H=20, V=150)))
     for BT, H, V, p in ((300, 70, 500, 0.3), (5, 1, 128, 0.5), (0, 8, 130, 0.5), (40, 16, 200, 1.0),
-                        (30, 8, 4200, 0.3), (2100, 8, 130, 0.3)):
+                        (30, 8, 4200, 0.3), (2100, 8, 130, 0.3), (6, 4200, 130, 0.3)):
         a = flce_args(rng, "bf16", "u8", "i64", "memory_saving", BT=BT, H=H, V=V, mask_p=p, mask_extra=2)
         cases.append((f"memory_saving-{BT}x{H}x{V}-p{p}", a))
     a = flce_args(rng, "bf16", "bool", "i32", "memory_saving", BT=33, H=12, V=140, mask_p=1.0)
@@ -600,7 +602,8 @@ def test_static_report_predicts_the_model_traffic(rms_exe, edb_exe, ebw_exe, eb_
     """The report's DRAM bytes (the generated program interpreted at concrete sizes and index
     values) equal what the model's NOC transfers moved, byte for byte, for every schedule: RMSNorm
     resident, cached and streamed; the scatter-adds with their actual indices (uniform and one hot
-    row); FLCE. So the traffic ratios in docs/backend_ttmetal.md are the programs'."""
+    row); FLCE, with and without a block's spans split over cores. So the traffic ratios in
+    docs/backend_ttmetal.md are the programs'."""
     from tests.cpu_cases import eb_args, ebw_args, edb_args, flce_args
 
     rng = np.random.default_rng(41)
@@ -616,8 +619,9 @@ def test_static_report_predicts_the_model_traffic(rms_exe, edb_exe, ebw_exe, eb_
     a = eb_args(rng, "f32", "i64", N=37, D=40, N1=7, N2=35)
     cases.append((eb_exe, "embedding_backward", a, {"N": 37, "D": 40, "N1": 7, "N2": 35},
                   {"i1": a["i1"], "i2": a["i2"]}))
-    a = flce_args(rng, "bf16", "u8", "i64", "memory_saving", BT=300, H=70, V=500)
-    cases.append((flce_exe, FLCE, a, {"BT": 300, "H": 70, "V": 500, "L": a["target_mask"].size}, None))
+    for BT, H, V in ((300, 70, 500), (30, 8, 4200)):  # (the second: V's spans split over 3 cores, combined)
+        a = flce_args(rng, "bf16", "u8", "i64", "memory_saving", BT=BT, H=H, V=V)
+        cases.append((flce_exe, FLCE, a, {"BT": BT, "H": H, "V": V, "L": a["target_mask"].size}, None))
     failures = []
     for i, (exe, op, args, dims, idx) in enumerate(cases):
         proc, _ = runner.run(exe, op, args, tmp_path / f"traffic-{i}")

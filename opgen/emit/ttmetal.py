@@ -303,8 +303,9 @@ class HostPrinter(Scalars):
 
     def launch(self, ln: k.LaunchOp) -> None:
         i = ln.index.data
-        cores = next(o for o in ln.body.block.ops if isinstance(o, k.CoresOp)).result
-        self.line(f"{{  // launch {i}")
+        cores_op = next(o for o in ln.body.block.ops if isinstance(o, k.CoresOp))
+        cores = cores_op.result
+        self.line(f"if ({self.name(cores_op.units)} > 0) {{  // launch {i} (none when it has no units)")
         self.indent += 1
         self.line("Program program = CreateProgram();")
         self.line(f"const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t){self.name(cores)});")

@@ -47,10 +47,11 @@ PIPELINES: dict[str, list[ModulePass]] = {
     "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
                 SizeTiles(), SplitCores(), PlanWorkspace()],
     # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
-    # core), then reader/compute/writer kernels with their CBs and DST sections
+    # core; a matmul chain's spans split over the cores when its blocks are too few), then
+    # reader/compute/writer kernels with their CBs and DST sections
     # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py).
-    "ttmetal": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), CacheRowsTt(),
-                SizeTilesTt(), LowerToTtKernel(), CommonSubexpressionElimination()],
+    "ttmetal": [*L0, LowerToTiles(split_spans=True), CanonicalizePass(), CommonSubexpressionElimination(),
+                CacheRowsTt(), SizeTilesTt(), LowerToTtKernel(), CommonSubexpressionElimination()],
 }
 
 

@@ -20,7 +20,11 @@ rows beside it, so neither do the results) and, for each span of ``SPAN``
    its rounded remainder, two products whose sum keeps G's f32 accuracy (as the CUDA backend's
    split tensor-core products do).
 
-After the last block the accumulator, cast to the output's dtype, is copied out. Every output row
+After the last block the accumulator, cast to the output's dtype, is copied out. With
+``split_spans`` (TT-Metal) a unit is a block and a *slice* of its spans (``splits`` slices of
+``slice`` spans, tiling parameters of the sizes only): each unit accumulates its slice into its own
+accumulator, and after a ``tile.sync_all`` each block's slices are added in slice order and
+copied out (a block of one slice is copied out at once). Every output row
 is summed by one core in a fixed order (blocks of the other dim, then the matrix unit's own fixed
 order), so results are bitwise identical for any number of cores; ``G`` never exists in global
 memory beyond one tile per core. ``tile.fence`` orders a core's copies to global memory before
@@ -78,9 +82,11 @@ def chain_passes(ch: Chain) -> list[tuple[list[tuple[str, SSAValue, ir.MatmulOp]
 class ChainTiles(RowValues, TileLowering):
     """Lowers pass ``part`` of a matmul chain (see the module docstring)."""
 
-    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int = 0, first: int = 0):
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int = 0, first: int = 0,
+                 split_spans: bool = False):
         super().__init__(func, binding, streamed=True, part=part)
         self.first = first  # the part of the first pass (a check kernel may come before)
+        self.split_spans = split_spans  # units of (block, slice of spans), partials combined after
 
     # ------------------------------------------------------------------ analysis
     def check_chain(self, ch: Chain) -> None:
@@ -236,11 +242,13 @@ class ChainTiles(RowValues, TileLowering):
         parts = [""] if gdt == "f32" else ["", "l"]
         ws_g = [self.add(t.WorkspaceOp(f"ws_g{x}", t.GmType.make(["ws_grows", str(g_cols)], gdt))) for x in parts]
         accs, prods = [], []
+        split = self.split_spans
         for i, (_, _, mm) in enumerate(outs):
             width = ir.tensor_type(mm.result).shape[1]
             prods.append([self.add(t.WorkspaceOp(f"ws_c{i}{x}", t.GmType.make(["ws_rows", width], "f32")))
                           for x in parts])
-            accs.append(self.add(t.WorkspaceOp(f"ws_acc{i}", t.GmType.make(["ws_rows", width], "f32"))))
+            accs.append(self.add(t.WorkspaceOp(f"ws_acc{i}", t.GmType.make(["ws_arows" if split else "ws_rows",
+                                                                            width], "f32"))))
         if ch.p is not None:  # the matrix unit needs a contraction of at least one element
             kd = self.dim(ir.tensor_type(ch.p.lhs).shape[1])
             ok = self.add(ir.CmpOp("gt", kd, self.zero))
@@ -249,22 +257,35 @@ class ChainTiles(RowValues, TileLowering):
             self.add(ir.CheckOp(ok, f"the product over "
                                 f"{ir.tensor_type(ch.p.lhs).shape[1]} = 0 (no elements) is not supported on "
                                 "the matrix unit", "shape"))
-        ob = self.loop(core, blocks, ncores, "b")
+        ob = self.loop(core, self.add(t.ParamOp("units")) if split else blocks, ncores, "b")
         self.anchor = ob  # (scalars made inside the walk go before it)
         top = self.cur
         self.cur = ob.body.block
-        o0, on = self.span(ob.iv, self.add(t.ParamOp("blk"), self.block), own_n)
         zero = self.const(0)
+        blk = self.add(t.ParamOp("blk"), self.block)
+        arow, x_lo, x_hi, direct = wrow, zero, xblocks, None
+        if split:  # unit u: block u / splits, spans [s * slice, (s + 1) * slice) for s = u mod splits
+            splits = self.add(t.ParamOp("splits"), self.block)
+            per = self.add(t.ParamOp("slice"), self.block)
+            bi = self.add(ir.DivOp(ob.iv, splits))
+            x_lo = self.add(ir.MulOp(self.add(ir.SubOp(ob.iv, self.add(ir.MulOp(bi, splits)))), per))
+            x_hi = self.add(ir.MinOp(xblocks, self.add(ir.AddOp(x_lo, per))))
+            # one slice: the core's accumulator, copied out at the unit's end; else the unit's own
+            direct = self.add(ir.CmpOp("eq", splits, self.one))
+            arow = self.add(ir.MulOp(self.add(ir.SelectOp(direct, core, ob.iv)), self.blk))
+            o0, on = self.span(bi, blk, own_n)
+        else:
+            o0, on = self.span(ob.iv, blk, own_n)
         for (_, _, mm), acc in zip(outs, accs, strict=True):  # the accumulators start at zero
             width = self.dim(ir.tensor_type(mm.result).shape[1])
 
             def clear(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, acc: SSAValue = acc) -> None:
                 z = self.add(ir.BroadcastOp(self.add(ir.ConstantOp(0.0, "f32"), self.block), [],
                                             ir.TensorType.make([ROWS, CHUNK], "f32")))
-                self.add(t.CopyOutOp(z, acc, self.add(ir.AddOp(wrow, r0)), nr, c0, nc))
+                self.add(t.CopyOutOp(z, acc, self.add(ir.AddOp(arow, r0)), nr, c0, nc))
 
             self.tiles_of(on, width, clear)
-        xb = self.loop(zero, xblocks, self.one, "x")
+        xb = self.loop(x_lo, x_hi, self.one, "x")
         block_scope = self.cur
         self.cur = xb.body.block
         x0, xn = self.span(xb.iv, self.const(SPAN), oth_n)
@@ -294,17 +315,32 @@ class ChainTiles(RowValues, TileLowering):
 
             def accumulate(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, prod: list[SSAValue] = prod,
                            acc: SSAValue = acc) -> None:
-                row = self.add(ir.AddOp(wrow, r0))
-                s = self.add(t.CopyInOp(acc, row, nr, c0, nc, [ROWS, CHUNK]))
+                row, arow_r = self.add(ir.AddOp(wrow, r0)), self.add(ir.AddOp(arow, r0))
+                s = self.add(t.CopyInOp(acc, arow_r, nr, c0, nc, [ROWS, CHUNK]))
                 p = [self.add(t.CopyInOp(x, row, nr, c0, nc, [ROWS, CHUNK])) for x in prod]
                 total = p[0] if len(p) == 1 else self.add(ir.AddOp(p[0], p[1]))  # (high + low) first
-                self.add(t.CopyOutOp(self.add(ir.AddOp(s, total)), acc, row, nr, c0, nc))  # block order
+                self.add(t.CopyOutOp(self.add(ir.AddOp(s, total)), acc, arow_r, nr, c0, nc))  # block order
 
             self.tiles_of(on, self.dim(width), accumulate)
         self.close(xb, block_scope)
         if len(outs) + (ch.p is not None) > MAX_MATMULS:
             raise TileUnsupported(self.name, f"more than {MAX_MATMULS} products on the matrix unit")
         self.add(t.FenceOp())
+        if direct is None:
+            self.emit_stores(outs, accs, arow, o0, on)
+        else:  # (a loop of one iteration when the block is one slice, else of none)
+            once = self.loop(zero, self.add(ir.SelectOp(direct, self.one, zero)), self.one, "d")
+            self.cur = once.body.block
+            self.emit_stores(outs, accs, arow, o0, on)
+            self.close(once, ob.body.block)
+        self.close(ob, top)
+        if split:
+            self.emit_combine_slices(outs, accs, own_n)
+
+    def emit_stores(self, outs: list[tuple[str, SSAValue, ir.MatmulOp]], accs: list[SSAValue], arow: SSAValue,
+                    o0: SSAValue, on: SSAValue) -> None:
+        """The block's accumulators (at workspace row ``arow``), cast to the outputs' dtypes, to the
+        outputs' rows ``o0``.. (``on`` rows)."""
         for (name, v, mm), acc in zip(outs, accs, strict=True):
             if _strip_cast(v) is not mm.result:
                 raise TileUnsupported(self.name, f"an epilogue on the product {name}")
@@ -312,12 +348,44 @@ class ChainTiles(RowValues, TileLowering):
 
             def store(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, acc: SSAValue = acc,
                       name: str = name, storage: str = storage) -> None:
-                s = self.add(t.CopyInOp(acc, self.add(ir.AddOp(wrow, r0)), nr, c0, nc, [ROWS, CHUNK]))
+                s = self.add(t.CopyInOp(acc, self.add(ir.AddOp(arow, r0)), nr, c0, nc, [ROWS, CHUNK]))
                 out = self._cast_tile(s, storage)
                 self.add(t.CopyOutOp(out, self.args[name], self.add(ir.AddOp(o0, r0)), nr, c0, nc))
 
             self.tiles_of(on, self.dim(ir.tensor_type(mm.result).shape[1]), store)
-        self.close(ob, top)
+
+    def emit_combine_slices(self, outs: list[tuple[str, SSAValue, ir.MatmulOp]], accs: list[SSAValue],
+                            own_n: SSAValue) -> None:
+        """After every unit (``tile.sync_all``), for blocks of more than one slice: the first
+        slice's accumulator plus the others' in slice order (a fixed order: the same sums on any
+        number of cores), then the outputs."""
+        self.anchor = None
+        self.cur = self.block
+        self.add(t.SyncAllOp())
+        core, ncores = self.add(t.BlockIdxOp()), self.add(t.BlockNumOp())
+        cb = self.loop(core, self.add(t.ParamOp("cblocks")), ncores, "b")
+        self.anchor = cb
+        self.cur = cb.body.block
+        splits = self.add(t.ParamOp("splits"), self.block)
+        o0, on = self.span(cb.iv, self.add(t.ParamOp("blk"), self.block), own_n)
+        first = self.add(ir.MulOp(self.add(ir.MulOp(cb.iv, splits)), self.blk))
+        sl = self.loop(self.one, splits, self.one, "s")
+        self.cur = sl.body.block
+        self.add(t.FenceOp())  # (the previous slice's sums are written)
+        other = self.add(ir.AddOp(first, self.add(ir.MulOp(sl.iv, self.blk))))
+        for (_, _, mm), acc in zip(outs, accs, strict=True):
+            def add_slice(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, acc: SSAValue = acc) -> None:
+                row = self.add(ir.AddOp(first, r0))
+                s = self.add(t.CopyInOp(acc, row, nr, c0, nc, [ROWS, CHUNK]))
+                p = self.add(t.CopyInOp(acc, self.add(ir.AddOp(other, r0)), nr, c0, nc, [ROWS, CHUNK]))
+                self.add(t.CopyOutOp(self.add(ir.AddOp(s, p)), acc, row, nr, c0, nc))
+
+            self.tiles_of(on, self.dim(ir.tensor_type(mm.result).shape[1]), add_slice)
+        self.close(sl, cb.body.block)
+        self.add(t.FenceOp())
+        self.emit_stores(outs, accs, first, o0, on)
+        self.close(cb, self.block)
+        self.anchor = None
 
     def emit_g_walk(self, ch: Chain, ws_p: SSAValue | None, ws_g: list[SSAValue], wrow: SSAValue, g0: SSAValue,
                     gn: SSAValue, h0: SSAValue, hn: SSAValue) -> None:
@@ -340,5 +408,6 @@ class ChainTiles(RowValues, TileLowering):
         self.tiles_of(gn, hn, tile)
 
 
-def lower_chain(func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int, first: int = 0) -> t.KernelOp:
-    return ChainTiles(func, binding, part, first).run()
+def lower_chain(func: ir.FuncOp, binding: dict[str, dtypes.DType], part: int, first: int = 0,
+                split_spans: bool = False) -> t.KernelOp:
+    return ChainTiles(func, binding, part, first, split_spans).run()

@@ -7,6 +7,8 @@ part, the first schedule whose tiling fits."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
@@ -32,10 +34,16 @@ def parts(func: ir.FuncOp) -> int:
         return 1  # (lowering it reports why)
 
 
+@dataclass(frozen=True)
 class LowerToTiles(ModulePass):
     """Replace every ``opgen.func`` with its ``tile.kernel``s (see the module docstring)."""
 
     name = "lower-to-tiles"
+
+    #: matmul chains: a block's spans of the other dim split into slices on several cores when
+    #: there are too few blocks for the grid, the slices' partial sums added after a
+    #: ``tile.sync_all`` (TT-Metal: a second launch; see opgen/tile/chain.py)
+    split_spans: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
@@ -47,7 +55,8 @@ class LowerToTiles(ModulePass):
                 ks = []
                 for part in range(parts(f)):
                     if chain:
-                        ks.append(CheckTiles(f, b).run() if part < first else lower_chain(f, b, part, first))
+                        ks.append(CheckTiles(f, b).run() if part < first
+                                  else lower_chain(f, b, part, first, self.split_spans))
                         continue
                     ks.append(lower_func(f, b, part=part))
                     try:

@@ -6,14 +6,17 @@ product into the core's region of the workspace, computes ``G`` from it tile by 
 ``G`` (split into a rounded high part and its rounded remainder) and adds the product into the
 block's f32 accumulator. On Tensix:
 
-* **``tile.matmul``** -> a unit of all three kernels. Per output tile ``(i, j)`` the reader reads
-  the inner dim's tiles of A and B, one pair at a time, into two double-buffered CBs; compute
-  accumulates ``matmul_tiles`` over them in one DST section (f32 accumulation, the inner tiles in
-  order: the same sum on any grid) and packs the tile; the writer writes it. The matrix unit
-  transposes its second operand itself (``matmul_init(.., transpose)``); a transposed first
-  operand is transposed by the reader in L1. The inner dim's last tile has its tail zeroed by the
-  reader (tile padding is not data, and 0 x NaN is NaN). Operands are bf16: the FPU multiplies
-  them exactly (f32 operands would be read as TF32), products are summed in f32.
+* **``tile.matmul``** -> a unit of all three kernels, in one of two schedules chosen by the host
+  (``matmul``): a *panel* (the operand with at most 4 rows or columns of output tiles kept whole
+  in L1, the other streamed once, one output column or row per DST section) when it fits
+  ``PANEL_BYTES``, else *groups* of 4 output tiles of a row (A's tile read once per group, B's per
+  output tile). Compute accumulates ``matmul_tiles`` over the inner tiles in order in one DST
+  section (f32 accumulation: the same sum in either schedule, on any grid) and packs the tiles;
+  the writer writes them. The matrix unit transposes its second operand itself
+  (``matmul_init(.., transpose)``); a transposed first operand is transposed by the reader in L1.
+  The inner dim's last tile has its tail zeroed by the reader (tile padding is not data, and
+  0 x NaN is NaN). Operands are bf16: the FPU multiplies them exactly (f32 operands would be read
+  as TF32), products are summed in f32.
 * **``tile.fence``** (the core's DRAM writes complete before its later reads): the writer waits
   for its writes (``noc_async_write_barrier``) and pushes a token into a one-page CB, which the
   reader waits for and pops before its next read.
@@ -30,8 +33,10 @@ block's f32 accumulator. On Tensix:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import StringAttr
 from xdsl.ir import Block, Region, SSAValue
 
 from opgen import dtypes
@@ -245,8 +250,29 @@ class _View:
                        b.arith(ir.AddOp, self.tc0, tc))
 
 
+#: L1 a matmul's resident operand panel may take per core (the rest of a chain's launch: ~0.2 MB)
+PANEL_BYTES = 1 << 20
+
+
+def panel_side(op: t.MatmulOp) -> str:
+    """Which operand a matmul keeps resident in L1 (``a``: at most ``DST_SLOTS`` rows of output
+    tiles by its bounds, ``b``: at most that many columns; ``""``: neither): with a panel, every
+    tile of the other operand is read once per unit, and each serves a column (row) of outputs."""
+    from opgen.ttmetal.lower import DST_SLOTS
+
+    m, n = (x.data for x in op.bounds.data[:2])
+    if m.isdigit() and int(m) <= DST_SLOTS * TILE:
+        return "a"
+    if n.isdigit() and int(n) <= DST_SLOTS * TILE:
+        return "b"
+    return ""
+
+
 def matmul(low: Lowering, op: t.MatmulOp) -> None:
-    """``tile.matmul`` as a unit of the three kernels (see the module docstring)."""
+    """``tile.matmul`` as a unit of the three kernels (see the module docstring): with the panel
+    schedule when the panel fits ``PANEL_BYTES`` (a host decision, passed as a 0/1 runtime
+    argument that is the trip count of the schedule's loop), else output tiles in groups of
+    ``DST_SLOTS`` along a row."""
     from opgen.ttmetal.lower import DST_SLOTS, TILE_BYTES, TtUnsupported
 
     for x in (op.a, op.b):
@@ -255,54 +281,169 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
                                           "it reads f32 as TF32)")
     ta, tb = bool(op.trans_a.data), bool(op.trans_b.data)
     fa, fb, fc = (low.gm_format(x) for x in (op.a, op.b, op.c))
-    g_max = DST_SLOTS  # output tiles (i, j..j+G-1) per DST section: one A tile read serves G products
+    g_max = DST_SLOTS  # output tiles per DST section
+    mt, nt, kt = (low.ncols_tiles(v) for v in (op.m, op.n, op.k))
+    side = panel_side(op)
+    use_panel = None
+    if side:  # host: the panel's pages (DST_SLOTS x the inner dim's tiles) fit PANEL_BYTES
+        fmt = fa if side == "a" else fb
+        kb = op.bounds.data[2].data
+        pages = low.host_op(ir.MulOp(low.hconst(g_max), low.host_op(ir.MaxOp(low.host_tiles(kb), low.hconst(1)))))
+        fits = low.host_op(ir.CmpOp("le", low.host_op(ir.MulOp(pages, low.hconst(TILE_BYTES[fmt]))),
+                                    low.hconst(PANEL_BYTES)))
+        use_panel = low.host_op(ir.SelectOp(fits, low.hconst(1), low.hconst(0)))
+        need = low.host_op(ir.SelectOp(fits, pages, low.hconst(1)))
+        what = f"{low.gm_name(op.a if side == 'a' else op.b)} (a matmul's panel)"
+        # one panel CB per launch, as large as its largest panel; every panel is pushed, waited
+        # for and popped as the CB's whole capacity (runtime argument ``panel_pages``), so that
+        # each starts at the CB's first page
+        if low.panel_cb < 0:
+            low.panel_cb = low.cb(fmt, "panel", what, "in", host_pages=need)
+        else:
+            pcb = low.cbs[low.panel_cb]
+            pcb.operands[0] = low.host_op(ir.MaxOp(pcb.pages, need))
+            pcb.what = StringAttr(f"{pcb.what.data}; {what}")
+            for b in (low.r, low.c):
+                if "panel_pages" in b.rt:
+                    b.rt["panel_pages"] = (b.rt["panel_pages"][0], pcb.pages)
+        cp = low.panel_cb
+        cap = {b: b.rt_arg("panel_pages", low.cbs[cp].pages) for b in (low.r, low.c)}
     ca = low.cb(fa, 2, f"{low.gm_name(op.a)} (matmul A tiles)", "in")
     cbb = low.cb(fb, 2 * g_max, f"{low.gm_name(op.b)} (matmul B tiles, a group's)", "in")
     co = low.cb(fc, 2, f"{low.gm_name(op.c)} (matmul C tiles)", "out")
-    mt, nt, kt = (low.ncols_tiles(v) for v in (op.m, op.n, op.k))
 
-    def loops(b: KernelBuilder) -> tuple[SSAValue, SSAValue, SSAValue]:
-        """for i (rows of C tiles), for j0 in steps of G: (i, j0, the group's tiles)."""
-        i = b.open_loop(b.const(0), b.val(mt), b.const(1), "i")
-        j0 = b.open_loop(b.const(0), b.val(nt), b.const(g_max), "j")
-        return i, j0, b.arith(ir.MinOp, b.arith(ir.SubOp, b.val(nt), j0), b.const(g_max))
+    def schedule(b: KernelBuilder, panel: bool) -> None:
+        """Open the loop of one iteration when the host chose this schedule, else of none."""
+        flag = b.rt_arg(f"{op.sym.data}_panel", use_panel)
+        b.open_loop(b.const(0), flag if panel else b.arith(ir.SubOp, b.const(1), flag), b.const(1), "p")
 
-    # reader: per inner tile kk, A (i, kk) once and B (kk, j) for each j of the group; the inner
-    # dim's tail zeroed
+    # reader: operand tiles, the inner dim's tail zeroed
     r = low.r
     acc_a, acc_b = r.accessor(op.a, low.gm_name(op.a)), r.accessor(op.b, low.gm_name(op.b))
     va, vb = _View(low, r, op.a, op.a_off), _View(low, r, op.b, op.b_off)
-    i, j0, ng = loops(r)
-    kk = r.open_loop(r.const(0), r.val(kt), r.const(1), "kk")
-    valid = r.arith(ir.SubOp, r.val(op.k), r.arith(ir.MulOp, kk, r.const(TILE)))
     full = r.const(TILE)
 
-    def read(cb: int, acc: str, page: SSAValue, keep: tuple, trans: bool, fmt: str) -> None:
+    def read(cb: int, acc: str, page: SSAValue, keep: tuple, trans: bool, fmt: str,
+             at: SSAValue | None = None) -> None:
+        """One tile into ``cb`` (reserved and pushed), or to L1 address ``at`` of a reserved panel."""
         elem = str(TILE_BYTES[fmt] // 1024)
-        r.call("cb_reserve_back", _cbn(cb), "1")
-        l1 = r.call("get_write_ptr", _cbn(cb), result=True)
+        if at is None:
+            r.call("cb_reserve_back", _cbn(cb), "1")
+        l1 = r.call("get_write_ptr", _cbn(cb), result=True) if at is None else at
         r.call("noc_async_read_page", page, acc, l1)
         r.call("noc_async_read_barrier")
         r.call("opgen_tt_keep", l1, elem, *keep)
         if trans:
             r.call("opgen_tt_transpose", l1, elem)
-        r.call("cb_push_back", _cbn(cb), "1")
+        if at is None:
+            r.call("cb_push_back", _cbn(cb), "1")
 
-    read(ca, acc_a, va.page(kk, i) if ta else va.page(i, kk), (valid, full) if ta else (full, valid), ta, fa)
+    def valid(kk: SSAValue) -> SSAValue:
+        return r.arith(ir.SubOp, r.val(op.k), r.arith(ir.MulOp, kk, r.const(TILE)))
+
+    def read_a(cb: int, i: SSAValue, kk: SSAValue, at: SSAValue | None = None) -> None:
+        v = valid(kk)
+        read(cb, acc_a, va.page(kk, i) if ta else va.page(i, kk), (v, full) if ta else (full, v), ta, fa, at)
+
+    def read_b(cb: int, kk: SSAValue, j: SSAValue, at: SSAValue | None = None) -> None:
+        v = valid(kk)
+        read(cb, acc_b, vb.page(j, kk) if tb else vb.page(kk, j), (full, v) if tb else (v, full), False, fb, at)
+
+    def panel_at(base: SSAValue, x: SSAValue, kk: SSAValue, fmt: str) -> SSAValue:
+        """L1 address of panel tile ``x * kt + kk``."""
+        return r.arith(ir.AddOp, base, r.arith(ir.MulOp, r.arith(ir.AddOp, r.arith(ir.MulOp, x, r.val(kt)), kk),
+                                                r.const(TILE_BYTES[fmt])))
+
+    def loop(b: KernelBuilder, n: SSAValue, hint: str) -> SSAValue:
+        """for x in [0, n) (a tile-level scalar)."""
+        return b.open_loop(b.const(0), b.val(n), b.const(1), hint)
+
+    if side:
+        schedule(r, True)
+        r.call("cb_reserve_back", _cbn(cp), cap[r])
+        base = r.call("get_write_ptr", _cbn(cp), result=True)
+        if side == "a":  # the panel: A's rows of tiles (i, kk); then B's column j, once each
+            i = loop(r, mt, "i")
+            kk = loop(r, kt, "kk")
+            read_a(cp, i, kk, panel_at(base, i, kk, fa))
+            r.close_loop()
+            r.close_loop()
+            r.call("cb_push_back", _cbn(cp), cap[r])
+            j = loop(r, nt, "j")
+            read_b(cbb, loop(r, kt, "kk"), j)
+        else:  # the panel: B's columns of tiles (kk, j); then A's row i, once each
+            j = loop(r, nt, "j")
+            kk = loop(r, kt, "kk")
+            read_b(cp, kk, j, panel_at(base, j, kk, fb))
+            r.close_loop()
+            r.close_loop()
+            r.call("cb_push_back", _cbn(cp), cap[r])
+            i = loop(r, mt, "i")
+            read_a(ca, i, loop(r, kt, "kk"))
+        for _ in range(3):
+            r.close_loop()
+        schedule(r, False)
+    # (groups: for i, for j0 in steps of G: per inner tile kk, A (i, kk) once, B (kk, j) per j)
+    i = loop(r, mt, "i")
+    j0 = r.open_loop(r.const(0), r.val(nt), r.const(g_max), "j")
+    ng = r.arith(ir.MinOp, r.arith(ir.SubOp, r.val(nt), j0), r.const(g_max))
+    kk = loop(r, kt, "kk")
+    read_a(ca, i, kk)
     g = r.open_loop(r.const(0), ng, r.const(1), "g")
-    j = r.arith(ir.AddOp, j0, g)
-    read(cbb, acc_b, vb.page(j, kk) if tb else vb.page(kk, j), (full, valid) if tb else (valid, full), False, fb)
-    for _ in range(4):
+    read_b(cbb, kk, r.arith(ir.AddOp, j0, g))
+    for _ in range(4 + bool(side)):
         r.close_loop()
 
-    # compute: the inner tiles' products summed in DST slot g for output tile (i, j0 + g), in order
+    # compute: per DST section, the inner tiles' products summed in order in each slot
     c = low.c
-    _, _, ng = loops(c)
+
+    def section(c_in0: int, c_in1: int, outer: int, n: SSAValue, idx: Callable[[SSAValue, SSAValue], tuple]) -> None:
+        """One DST section: for kk, wait for one tile of the streamed CB (``outer``) and multiply
+        it into slots 0..n-1 (``idx(kk, s)``: the tile indices in in0 and in1); pack the slots."""
+        c.call("tile_regs_acquire")
+        c.call("reconfig_data_format_srca", _cbn(c_in1))  # (the matrix unit: in1 -> SrcA, in0 -> SrcB)
+        c.call("reconfig_data_format_srcb", _cbn(c_in0))
+        c.call("matmul_init", _cbn(c_in0), _cbn(c_in1), "1" if tb else "0")
+        kk = loop(c, kt, "kk")
+        c.call("cb_wait_front", _cbn(outer), "1")
+        s = c.open_loop(c.const(0), n, c.const(1), "g")
+        c.call("matmul_tiles", _cbn(c_in0), _cbn(c_in1), *idx(kk, s), s)
+        c.close_loop()
+        c.call("cb_pop_front", _cbn(outer), "1")
+        c.close_loop()
+        c.call("tile_regs_commit")
+        c.call("tile_regs_wait")
+        c.call("pack_reconfig_data_format", _cbn(co))
+        s = c.open_loop(c.const(0), n, c.const(1), "g")
+        c.call("cb_reserve_back", _cbn(co), "1")
+        c.call("pack_tile", s, _cbn(co))
+        c.call("cb_push_back", _cbn(co), "1")
+        c.close_loop()
+        c.call("tile_regs_release")
+
+    if side:
+        schedule(c, True)
+        n_panel = c.val(mt if side == "a" else nt)
+        c.call("cb_wait_front", _cbn(cp), cap[c])
+        loop(c, nt if side == "a" else mt, "j" if side == "a" else "i")
+        zero = c.const(0)
+        if side == "a":  # slot s: output (s, j); A's tile (s, kk) in the panel
+            section(cp, cbb, cbb, n_panel, lambda kk, s: (c.arith(ir.AddOp, c.arith(ir.MulOp, s, c.val(kt)), kk), zero))
+        else:  # slot s: output (i, s); B's tile (kk, s) in the panel
+            section(ca, cp, ca, n_panel, lambda kk, s: (zero, c.arith(ir.AddOp, c.arith(ir.MulOp, s, c.val(kt)), kk)))
+        c.close_loop()
+        c.call("cb_pop_front", _cbn(cp), cap[c])
+        c.close_loop()
+        schedule(c, False)
+    # (groups: A's tile (i, kk) waited for once, B's tiles streamed: one per slot)
+    loop(c, mt, "i")
+    j0 = c.open_loop(c.const(0), c.val(nt), c.const(g_max), "j")
+    ng = c.arith(ir.MinOp, c.arith(ir.SubOp, c.val(nt), j0), c.const(g_max))
     c.call("tile_regs_acquire")
-    c.call("reconfig_data_format_srca", _cbn(cbb))  # (the matrix unit: in1 -> SrcA, in0 -> SrcB)
+    c.call("reconfig_data_format_srca", _cbn(cbb))
     c.call("reconfig_data_format_srcb", _cbn(ca))
     c.call("matmul_init", _cbn(ca), _cbn(cbb), "1" if tb else "0")
-    c.open_loop(c.const(0), c.val(kt), c.const(1), "kk")
+    loop(c, kt, "kk")
     c.call("cb_wait_front", _cbn(ca), "1")
     g = c.open_loop(c.const(0), ng, c.const(1), "g")
     c.call("cb_wait_front", _cbn(cbb), "1")
@@ -320,21 +461,37 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
     c.call("cb_push_back", _cbn(co), "1")
     c.close_loop()
     c.call("tile_regs_release")
-    c.close_loop()
-    c.close_loop()
+    for _ in range(2 + bool(side)):
+        c.close_loop()
 
-    # writer: tiles (i, j0 + g) of C
+    # writer: C's tiles in the order compute packs them
     w = low.w
     acc_c = w.accessor(op.c, low.gm_name(op.c))
     vc = _View(low, w, op.c, op.c_off)
-    i, j0, ng = loops(w)
+
+    def write(i: SSAValue, j: SSAValue) -> None:
+        w.call("cb_wait_front", _cbn(co), "1")
+        w.call("noc_async_write_page", vc.page(i, j), acc_c, w.call("get_read_ptr", _cbn(co), result=True))
+        w.call("noc_async_writes_flushed")
+        w.call("cb_pop_front", _cbn(co), "1")
+
+    if side:
+        schedule(w, True)
+        if side == "a":
+            j = loop(w, nt, "j")
+            write(loop(w, mt, "i"), j)
+        else:
+            i = loop(w, mt, "i")
+            write(i, loop(w, nt, "j"))
+        for _ in range(3):
+            w.close_loop()
+        schedule(w, False)
+    i = loop(w, mt, "i")
+    j0 = w.open_loop(w.const(0), w.val(nt), w.const(g_max), "j")
+    ng = w.arith(ir.MinOp, w.arith(ir.SubOp, w.val(nt), j0), w.const(g_max))
     g = w.open_loop(w.const(0), ng, w.const(1), "g")
-    w.call("cb_wait_front", _cbn(co), "1")
-    w.call("noc_async_write_page", vc.page(i, w.arith(ir.AddOp, j0, g)), acc_c,
-           w.call("get_read_ptr", _cbn(co), result=True))
-    w.call("noc_async_writes_flushed")
-    w.call("cb_pop_front", _cbn(co), "1")
-    for _ in range(3):
+    write(i, w.arith(ir.AddOp, j0, g))
+    for _ in range(3 + bool(side)):
         w.close_loop()
     w.call("noc_async_write_barrier")
     for cb in (ca, cbb, co):

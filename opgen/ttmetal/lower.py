@@ -458,9 +458,11 @@ class Lowering:
         raise TtUnsupported(self.name, "a global tensor that is not an argument or the workspace")
 
     # -- CBs
-    def cb(self, fmt: str, pages: int | str | tuple[str, str], what: str, use: str = "own") -> int:
+    def cb(self, fmt: str, pages: int | str | tuple[str, str], what: str, use: str = "own",
+           host_pages: SSAValue | None = None) -> int:
         """A CB of ``pages`` tiles (a count, or the tiles of a tile dim symbol: ``max(ceil/32, 1)``,
-        a dim may be 0; or ``(param, dim)``: the parameter times the dim's tiles). ``use``: ``in``
+        a dim may be 0; or ``(param, dim)``: the parameter times the dim's tiles; or, given
+        ``host_pages``, that host value, ``pages`` naming it for reuse). ``use``: ``in``
         (the reader fills it), ``out`` (the writer drains it) or ``own`` (compute alone). A CB
         every kernel has emptied (a finished scope's, a drained output's) is reused for the same
         format, pages and use — the same use keeps the kernels' FIFO order on it — since a launch
@@ -471,7 +473,9 @@ class Lowering:
             cbop = self.cbs[i]
             cbop.what = StringAttr(f"{cbop.what.data}; {what}")
             return i
-        if isinstance(pages, tuple):
+        if host_pages is not None:
+            n = host_pages
+        elif isinstance(pages, tuple):
             param, dim = pages
             tiles = self.host_op(ir.MaxOp(self.host_tiles(dim), self.hconst(1)))
             n = self.host_op(ir.MulOp(self.host_val(self.params[param]), tiles))
@@ -628,7 +632,7 @@ class Lowering:
         self.masks: list[dict[tuple[str, SSAValue], int]] = [{}]  # per scope: mask CBs by count
         self.copied: set[int] = set()
         self.scratch: dict[str, int] = {}  # CBs read by copy_tile / unary_bcast: unpacked to DST in f32
-        self.fence_cb = self.scratch_cb = -1  # matmul chains (opgen/ttmetal/chain.py)
+        self.fence_cb = self.scratch_cb = self.panel_cb = -1  # matmul chains (opgen/ttmetal/chain.py)
         self.scratch_pages = 0
         self.scratch_l1: SSAValue | None = None
         self.cached: dict[int, int] = {}  # cache number (opgen/ttmetal/cache.py) -> its CB

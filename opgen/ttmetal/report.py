@@ -9,6 +9,7 @@ with its own runtime arguments), so it measures the generated program, not a mod
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -61,44 +62,76 @@ class _Eval:
 
     def __init__(self, dims: dict[str, int], grid: int, scalars: dict[str, float | int] | None = None):
         self.dims, self.grid, self.scalars = dims, grid, scalars or {}
-        self.v: dict[SSAValue, float | int] = {}
+        self.v: dict[int, float | int] = {}  # by id(SSAValue): hashing an xDSL value costs more
+
+    def __getitem__(self, x: SSAValue) -> float | int:
+        return self.v[id(x)]
 
     def op(self, op: Operation, core: int = 0) -> None:
-        if not op.results:
-            return
-        a = [self.v[o] for o in op.operands]
-        if isinstance(op, ir.ConstantOp):
-            x = op.value
-            r: float | int = float(x.value.data) if isinstance(x, FloatAttr) else int(x.value.data)
-        elif isinstance(op, ir.DimOp):
-            r = self.dims[op.dim.data]
-        elif type(op) in self.BIN:
-            r = self.BIN[type(op)](*a)
-        elif isinstance(op, ir.DivOp):
-            r = (a[0] // a[1] if a[1] else 0) if isinstance(a[0], int) and isinstance(a[1], int) else a[0] / a[1]
-        elif isinstance(op, ir.CmpOp):
-            r = self.CMP[op.predicate.data](*a)
-        elif isinstance(op, ir.SelectOp):
-            r = a[1] if a[0] else a[2]
-        elif isinstance(op, ir.NotOp):
-            r = not a[0]
-        elif isinstance(op, ir.CastOp):
-            r = float(a[0]) if ir.tensor_type(op.result).dtype in ("f32", "f64") else int(a[0])
-        elif isinstance(op, k.GridCoresOp):
-            r = self.grid
-        elif isinstance(op, k.CoresOp):
-            r = min(self.grid, max(int(a[0]), 1))
-        elif isinstance(op, k.CoreIndexOp):
-            r = core
-        elif isinstance(op, k.ScalarArgOp):  # (only flags choosing what to read matter)
-            r = self.scalars.get(op.arg.data, 0)
-        else:  # addresses, bits: irrelevant to sizes
-            r = 0
-        self.v[op.results[0]] = r
+        res, ins, fn = _scalar(op)
+        if res is not None:
+            self.v[res] = fn([self.v[o] for o in ins], self, core)
+
+
+def _div(a: list) -> float | int:
+    if isinstance(a[0], int) and isinstance(a[1], int):
+        return a[0] // a[1] if a[1] else 0
+    return a[0] / a[1]
+
+
+#: an op's evaluation, decoded once per op: (id of its result or None, ids of its operands,
+#: fn(values, eval, core))
+_Scalar = tuple[int | None, tuple[int, ...], Callable[[list, _Eval, int], float | int]]
+_DECODED: dict[Operation, _Scalar] = {}
+
+
+def _scalar(op: Operation) -> _Scalar:
+    """``op``'s evaluation (see ``_DECODED``): reading an op's attributes in xDSL costs more than
+    evaluating it, and a report evaluates the ops of a loop body millions of times."""
+    got = _DECODED.get(op)
+    if got is not None:
+        return got
+    fn: Callable[[list, _Eval, int], float | int]
+    if isinstance(op, ir.ConstantOp):
+        x = op.value
+        c: float | int = float(x.value.data) if isinstance(x, FloatAttr) else int(x.value.data)
+        fn = lambda a, e, core: c
+    elif isinstance(op, ir.DimOp):
+        d = op.dim.data
+        fn = lambda a, e, core: e.dims[d]
+    elif type(op) in _Eval.BIN:
+        f2 = _Eval.BIN[type(op)]
+        fn = lambda a, e, core: f2(a[0], a[1])
+    elif isinstance(op, ir.DivOp):
+        fn = lambda a, e, core: _div(a)
+    elif isinstance(op, ir.CmpOp):
+        f2 = _Eval.CMP[op.predicate.data]
+        fn = lambda a, e, core: f2(a[0], a[1])
+    elif isinstance(op, ir.SelectOp):
+        fn = lambda a, e, core: a[1] if a[0] else a[2]
+    elif isinstance(op, ir.NotOp):
+        fn = lambda a, e, core: not a[0]
+    elif isinstance(op, ir.CastOp):
+        to = float if ir.tensor_type(op.result).dtype in ("f32", "f64") else int
+        fn = lambda a, e, core: to(a[0])
+    elif isinstance(op, k.GridCoresOp):
+        fn = lambda a, e, core: e.grid
+    elif isinstance(op, k.CoresOp):
+        fn = lambda a, e, core: min(e.grid, max(int(a[0]), 1))
+    elif isinstance(op, k.CoreIndexOp):
+        fn = lambda a, e, core: core
+    elif isinstance(op, k.ScalarArgOp):  # (only flags choosing what to read matter)
+        name = op.arg.data
+        fn = lambda a, e, core: e.scalars.get(name, 0)
+    else:  # addresses, bits: irrelevant to sizes
+        fn = lambda a, e, core: 0
+    got = (id(op.results[0]) if op.results else None, tuple(id(o) for o in op.operands), fn)
+    _DECODED[op] = got
+    return got
 
 
 def _pages(cb: k.CbOp, e: _Eval) -> int:
-    return int(e.v[cb.pages])
+    return int(e[cb.pages])
 
 
 @dataclass
@@ -122,72 +155,87 @@ class _Walk:
         return at
 
 
-def _call_args(op: k.CallOp, e: _Eval) -> list:
-    """The call's arguments: operand values, and literals (ints where they are numbers)."""
-    out: list = []
-    for a in op.args.data:
-        if isinstance(a, IntAttr):
-            out.append(e.v[op.operands_[a.data]])
-        else:
-            out.append(int(a.data) if a.data.isdigit() else a.data)
-    return out
-
-
 def _chunks(elem: int, row0: int, n: int) -> int:
     """The aligned 32-byte chunks of a row-layout tensor (pages of 32 elements) that elements
     ``[row0, row0 + n)`` lie in (``opgen_tt_col_from_row`` reads each once)."""
     return len({(pos // 32, (pos % 32) * elem // 32) for pos in range(row0, row0 + n)})
 
 
-def _dram(block: Block, e: _Eval, w: _Walk) -> None:
-    """Walk a reader/writer body: w.counts[0] += bytes read, w.counts[1] += bytes written. The
-    data-movement helpers of templates/ttmetal/opgen_tt_dataflow.h.j2 count the NOC transfers
-    they make; a scatter plan's pages are read as data (batch counts, source rows)."""
+def _decode(block: Block) -> list[tuple]:
+    """A reader/writer body as tuples walked by ``_dram``, decoded once: ``("for", lo, hi, step,
+    iv, body)``, ``("call", name, args, result)`` (args: ``(True, value)`` or ``(False, literal)``)
+    and ``("op", result, operands, fn)``."""
+    out: list[tuple] = []
     for op in block.ops:
         if isinstance(op, t.ForOp):
-            lo, hi, step = (int(e.v[x]) for x in (op.lo, op.hi, op.step))
-            for i in range(lo, hi, step):
-                e.v[op.iv] = i
-                _dram(op.body.block, e, w)
+            out.append(("for", id(op.lo), id(op.hi), id(op.step), id(op.iv), _decode(op.body.block)))
         elif isinstance(op, k.CallOp):
-            name, a = op.callee.data, _call_args(op, e)
-            r = 0
-            if name in ("noc_async_read_page", "noc_async_write_page"):
-                w.counts[name == "noc_async_write_page"] += w.pages[a[1]]
-                if a[1] in w.plans:
-                    w.l1[a[2]] = w.plans[a[1]][a[0] * 32:(a[0] + 1) * 32]
-            elif name in ("noc_async_read", "noc_async_write"):  # (size: the last argument)
-                w.counts[name == "noc_async_write"] += a[-1]
-            elif name in ("get_write_ptr", "get_read_ptr"):  # one L1 address per CB
-                r = (int(a[0].rsplit("_", 1)[-1]) + 1) << 20
-            elif name == "opgen_tt_l1_word":
-                r = int(w.l1[a[0]][a[1]]) if a[0] in w.l1 else 0
-            elif name == "opgen_tt_l1_words":
-                r = a[0]
-            elif name == "opgen_tt_plan_cache_init":
-                w.tags.clear()
-            elif name == "opgen_tt_plan_header":
-                r = w.cached_page(a[0], a[1], a[2], 1)
-            elif name == "opgen_tt_plan_page":  # (after the header cache's two pages)
-                r = w.cached_page(a[0], a[1], a[2] + 2 * PLAN_PAGE, PLAN_SLOTS)
-            elif name == "opgen_tt_copy_words":
-                if a[1] in w.l1:
-                    w.l1[a[0]] = w.l1[a[1]]
-            elif name == "opgen_tt_gather_rows":  # 32 elements per source row named in the batch
-                rows = int(np.count_nonzero(w.l1[a[3]] != NO_ROW)) if a[3] in w.l1 else 0
-                w.counts[0] += rows * 32 * (a[2] // 1024)
-            elif name == "opgen_tt_read_tile_or_zero":
-                w.counts[0] += a[3] if a[4] else 0
-            elif name in ("opgen_tt_load_elem", "opgen_tt_load_bit"):
-                w.counts[0] += 32
-            elif name == "opgen_tt_col_from_row":
-                w.counts[0] += 32 * _chunks(a[1], a[2], a[3])
-            if op.res:
-                e.v[op.res[0]] = r
-        elif isinstance(op, k.ArgOp):
-            pass  # set by the caller
+            args = [(True, id(op.operands_[a.data])) if isinstance(a, IntAttr)
+                    else (False, int(a.data) if a.data.isdigit() else a.data) for a in op.args.data]
+            out.append(("call", op.callee.data, args, id(op.res[0]) if op.res else None))
+        elif not isinstance(op, k.ArgOp):  # (arguments: set by the caller)
+            res, ins, fn = _scalar(op)
+            if res is not None:
+                out.append(("op", res, ins, fn))
+    return out
+
+
+def _dram(body: list[tuple], e: _Eval, w: _Walk) -> None:
+    """Walk a decoded reader/writer body: w.counts[0] += bytes read, w.counts[1] += bytes
+    written. The data-movement helpers of templates/ttmetal/opgen_tt_dataflow.h.j2 count the NOC
+    transfers they make; a scatter plan's pages are read as data (batch counts, source rows)."""
+    v = e.v
+    for step in body:
+        kind = step[0]
+        if kind == "op":
+            _, res, ins, fn = step
+            v[res] = fn([v[o] for o in ins], e, 0)
+        elif kind == "for":
+            _, lo, hi, st, iv, inner = step
+            for i in range(int(v[lo]), int(v[hi]), int(v[st])):
+                v[iv] = i
+                _dram(inner, e, w)
         else:
-            e.op(op)
+            _, name, spec, res = step
+            r = _call(name, [v[x] if is_val else x for is_val, x in spec], w)
+            if res is not None:
+                v[res] = r
+
+
+def _call(name: str, a: list, w: _Walk) -> int:
+    """A data-movement call: count its DRAM bytes; its result (an L1 address or word)."""
+    r = 0
+    if name in ("noc_async_read_page", "noc_async_write_page"):
+        w.counts[name == "noc_async_write_page"] += w.pages[a[1]]
+        if a[1] in w.plans:
+            w.l1[a[2]] = w.plans[a[1]][a[0] * 32:(a[0] + 1) * 32]
+    elif name in ("noc_async_read", "noc_async_write"):  # (size: the last argument)
+        w.counts[name == "noc_async_write"] += a[-1]
+    elif name in ("get_write_ptr", "get_read_ptr"):  # one L1 address per CB
+        r = (int(a[0].rsplit("_", 1)[-1]) + 1) << 20
+    elif name == "opgen_tt_l1_word":
+        r = int(w.l1[a[0]][a[1]]) if a[0] in w.l1 else 0
+    elif name == "opgen_tt_l1_words":
+        r = a[0]
+    elif name == "opgen_tt_plan_cache_init":
+        w.tags.clear()
+    elif name == "opgen_tt_plan_header":
+        r = w.cached_page(a[0], a[1], a[2], 1)
+    elif name == "opgen_tt_plan_page":  # (after the header cache's two pages)
+        r = w.cached_page(a[0], a[1], a[2] + 2 * PLAN_PAGE, PLAN_SLOTS)
+    elif name == "opgen_tt_copy_words":
+        if a[1] in w.l1:
+            w.l1[a[0]] = w.l1[a[1]]
+    elif name == "opgen_tt_gather_rows":  # 32 elements per source row named in the batch
+        rows = int(np.count_nonzero(w.l1[a[3]] != NO_ROW)) if a[3] in w.l1 else 0
+        w.counts[0] += rows * 32 * (a[2] // 1024)
+    elif name == "opgen_tt_read_tile_or_zero":
+        w.counts[0] += a[3] if a[4] else 0
+    elif name in ("opgen_tt_load_elem", "opgen_tt_load_bit"):
+        w.counts[0] += 32
+    elif name == "opgen_tt_col_from_row":
+        w.counts[0] += 32 * _chunks(a[1], a[2], a[3])
+    return r
 
 
 #: a batch entry naming no source row
@@ -229,6 +277,7 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
     and plan upload count as DRAM traffic; the minimum counts the indices once. ``scalars``: the
     op's scalar arguments by name (default 0: e.g. embedding_backward's tables not accumulated)."""
     ncores = grid[0] * grid[1]
+    _DECODED.clear()  # (decoded for this program only)
     launches: list[LaunchReport] = []
     plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
     read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp)} | plans
@@ -249,6 +298,7 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
             minimum += rows * math.ceil(cols / TILE) * TILE * elem
     refused = ""
     words: dict[str, np.ndarray] = {}
+    bodies: dict[k.KernelOp, list[tuple]] = {}
     host = 0  # the host's index reads and plan uploads
     for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):
         e = _Eval(dims, ncores, scalars)
@@ -261,19 +311,20 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
             elif isinstance(op, k.CoreIndexOp) or any(o in core_dep for o in op.operands):
                 core_dep.update(op.results)
             elif isinstance(op, k.ScatterPlanOp):
-                n, rows = int(e.v[op.n]), int(e.v[op.rows])
+                n, rows = int(e[op.n]), int(e[op.rows])
                 given = (indices or {}).get(op.indices.data)
                 idx = np.random.default_rng(0).integers(0, max(rows, 1), n) if given is None else given
                 words[op.sym.data] = plan_words(idx, rows)
                 host += n * 8 + len(words[op.sym.data]) * 4
             else:
                 e.op(op)
-                if isinstance(op, k.ReturnIfOp) and e.v[op.cond]:
+                if isinstance(op, k.ReturnIfOp) and e[op.cond]:
                     return ProgramReport(prog.sym_name.data, grid, [], minimum, "every output is empty")
-                if isinstance(op, k.CheckOp) and not e.v[op.cond]:
+                if isinstance(op, k.CheckOp) and not e[op.cond]:
                     refused = refused or op.message.data
         cores_op = next(o for o in ln.body.block.ops if isinstance(o, k.CoresOp))
-        r = LaunchReport(ln.index.data, int(e.v[cores_op.result]), int(e.v[cores_op.units]),
+        units = int(e[cores_op.units])  # (the host skips a launch without units)
+        r = LaunchReport(ln.index.data, int(e[cores_op.result]) if units > 0 else 0, units,
                          sum(_pages(c, e) * c.page.data for c in cbs),
                          [(c.index.data, c.format.data, _pages(c, e), c.what.data) for c in cbs])
         if r.l1 > L1_BUDGET:
@@ -289,13 +340,13 @@ def report(prog: k.ProgramOp, dims: dict[str, int], grid: tuple[int, int] = (8, 
                     if kern.role.data == "compute":
                         continue
                     ke = _Eval(dims, ncores, scalars)
-                    args = [ce.v[a] for a in kern.rt_args]
+                    args = [ce[a] for a in kern.rt_args]
                     pages = {a.sym.data: a.page.data for a in kern.body.block.ops if isinstance(a, k.AccessorOp)}
                     for op in kern.body.block.ops:
                         if isinstance(op, k.ArgOp):
-                            ke.v[op.result] = args[op.index.data]
+                            ke.v[id(op.result)] = args[op.index.data]
                     w = _Walk(pages, words)
-                    _dram(kern.body.block, ke, w)
+                    _dram(bodies.setdefault(kern, _decode(kern.body.block)), ke, w)
                     r.read += w.counts[0]
                     r.written += w.counts[1]
         launches.append(r)

@@ -91,9 +91,24 @@ class SizeTilesTt(ModulePass):
         blocks = b.op(ir.SelectOp(empty, zero, b.ceil_div(own, blk)))
         b.set("blocks", blocks)
         b.set("groups", blocks)
-        b.set("xblocks", b.ceil_div(oth, b.const(CHAIN_SPAN)))
+        xblocks = b.ceil_div(oth, b.const(CHAIN_SPAN))
+        b.set("xblocks", xblocks)
+        # fewer blocks than GROUPS: each block's spans in ``splits`` slices of ``slice`` spans, one
+        # unit each (a number of the sizes, never of the cores: the same sums on any grid)
+        one = b.const(1)
+        spans = b.op(ir.MaxOp(xblocks, one))
+        want = b.op(ir.MinOp(b.op(ir.MaxOp(b.op(ir.DivOp(b.const(GROUPS), b.op(ir.MaxOp(blocks, one)))), one)),
+                             spans))
+        per = b.ceil_div(spans, want)
+        splits = b.ceil_div(spans, per)
+        b.set("slice", per)
+        b.set("splits", splits)
+        units = b.op(ir.MulOp(blocks, splits))
+        b.set("units", units)
+        b.set("cblocks", b.op(ir.SelectOp(b.op(ir.CmpOp("eq", splits, one)), zero, blocks)))
         cores = b.op(t.BlockNumOp())
         b.set("ws_rows", b.op(ir.MulOp(cores, blk)))
+        b.set("ws_arows", b.op(ir.MulOp(b.op(ir.MaxOp(cores, units)), blk)))
         b.set("ws_grows", b.op(ir.MulOp(cores, b.const(k.attributes["g_rows"].data))))  # type: ignore[attr-defined]
 
 

@@ -226,7 +226,7 @@ static int opgen_tt_embedding_backward_bf16_resident(distributed::MeshDevice& me
     if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v42 = v40 + 0;
     const bool v43 = v42 <= 1400000;
-    {  // launch 0
+    if (v19 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -343,7 +343,7 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
     if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v42 = v40 + 0;
     const bool v43 = v42 <= 1400000;
-    {  // launch 0
+    if (v19 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -460,7 +460,7 @@ static int opgen_tt_embedding_backward__i2_bf16_resident(distributed::MeshDevice
     if (!(v39)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v40 = v38 + 0;
     const bool v41 = v40 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -576,7 +576,7 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
     if (!(v39)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v40 = v38 + 0;
     const bool v41 = v40 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v22) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -697,7 +697,7 @@ static int opgen_tt_embedding_backward__dtable2_bf16_resident(distributed::MeshD
     if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v42 = v40 + 0;
     const bool v43 = v42 <= 1400000;
-    {  // launch 0
+    if (v19 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -816,7 +816,7 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
     if (!(v41)) return quiet ? 2 : opgen_tt_error("embedding_backward__dtable2.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v42 = v40 + 0;
     const bool v43 = v42 <= 1400000;
-    {  // launch 0
+    if (v19 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v20);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v24) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -984,7 +984,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
     if (!(v81)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.bf16: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v82 = v80 + 0;
     const bool v83 = v82 <= 1400000;
-    {  // launch 0
+    if (v21 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v22);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -1016,7 +1016,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_bf16_resident(distributed::Me
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v59 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v60);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -1184,7 +1184,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
     if (!(v81)) return quiet ? 2 : opgen_tt_error("embedding_backward__i2_dtable2.f32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v82 = v80 + 0;
     const bool v83 = v82 <= 1400000;
-    {  // launch 0
+    if (v21 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v22);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v26) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -1218,7 +1218,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v59 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v60);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v64) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)

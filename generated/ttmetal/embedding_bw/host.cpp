@@ -216,7 +216,7 @@ static int opgen_tt_embedding_bw_bf16_resident(distributed::MeshDevice& mesh, co
     if (!(v35)) return quiet ? 2 : opgen_tt_error("embedding_bw.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v36 = v34 + 0;
     const bool v37 = v36 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -318,7 +318,7 @@ static int opgen_tt_embedding_bw_f32_resident(distributed::MeshDevice& mesh, con
     if (!(v35)) return quiet ? 2 : opgen_tt_error("embedding_bw.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v36 = v34 + 0;
     const bool v37 = v36 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)

@@ -239,7 +239,7 @@ static int opgen_tt_embedding_dense_backward_f32_resident(distributed::MeshDevic
     if (!(v55)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.f32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v56 = v54 + 0;
     const bool v57 = v56 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)
@@ -367,7 +367,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
     if (!(v55)) return quiet ? 2 : opgen_tt_error("embedding_dense_backward.bf16: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v56 = v54 + 0;
     const bool v57 = v56 <= 1400000;
-    {  // launch 0
+    if (v17 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v18);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v40) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // plan header of the unit's table tile (batch count for compute)

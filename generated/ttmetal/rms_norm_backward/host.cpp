@@ -274,7 +274,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
     const bool v94 = v93 <= 1400000;
     const int64_t v95 = (v94 ? 2 : 1);
     const int64_t v96 = v71 * v95;
-    {  // launch 0
+    if (v16 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // w (row)
@@ -322,7 +322,7 @@ static int opgen_tt_rms_norm_backward_f32_resident(distributed::MeshDevice& mesh
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v67 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v68);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
@@ -467,7 +467,7 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
     const bool v94 = v93 <= 1400000;
     const int64_t v95 = (v94 ? 2 : 1);
     const int64_t v96 = v78 * v95;
-    {  // launch 0
+    if (v9 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
@@ -513,7 +513,7 @@ static int opgen_tt_rms_norm_backward_f32_cached(distributed::MeshDevice& mesh, 
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v74 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v75);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v78) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
@@ -657,7 +657,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
     const bool v93 = v92 <= 1400000;
     const int64_t v94 = (v93 ? 2 : 1);
     const int64_t v95 = v77 * v94;
-    {  // launch 0
+    if (v9 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
@@ -703,7 +703,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v73 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v74);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
@@ -866,7 +866,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
     const bool v97 = v96 <= 1400000;
     const int64_t v98 = (v97 ? 2 : 1);
     const int64_t v99 = v74 * v98;
-    {  // launch 0
+    if (v16 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v17);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v20) * 2048, {{0, tt::DataFormat::Float16_b}}).set_page_size(0, 2048));  // w (row)
@@ -912,7 +912,7 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v70 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v71);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v74) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
@@ -1058,7 +1058,7 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
     const bool v95 = v94 <= 1400000;
     const int64_t v96 = (v95 ? 2 : 1);
     const int64_t v97 = v79 * v96;
-    {  // launch 0
+    if (v9 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
@@ -1102,7 +1102,7 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v75 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v76);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v79) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)
@@ -1247,7 +1247,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
     const bool v94 = v93 <= 1400000;
     const int64_t v95 = (v94 ? 2 : 1);
     const int64_t v96 = v78 * v95;
-    {  // launch 0
+    if (v9 > 0) {  // launch 0 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v10);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v11) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried col (sums)
@@ -1291,7 +1291,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
         distributed::EnqueueMeshWorkload(cq, workload, false);
     }
-    {  // launch 1
+    if (v74 > 0) {  // launch 1 (none when it has no units)
         Program program = CreateProgram();
         const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v75);
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v78) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // loop-carried row (sums)

@@ -25,284 +25,96 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t f7 = get_arg_val<uint32_t>(7);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t BT = get_arg_val<uint32_t>(9);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t chunk = get_arg_val<uint32_t>(8);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = V - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                for (uint32_t j18 = 0; j18 < v17; j18 += 1) {
-                    tile_regs_acquire();
-                    fill_tile_init();
-                    fill_tile_bitcast(0, f7);
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
-                    tile_regs_release();
-                }
-            }
-        }
-        for (uint32_t x19 = 0; x19 < xblocks; x19 += 1) {
-            const uint32_t v20 = x19 * 2048;
-            const uint32_t v21 = BT - v20;
-            const uint32_t v22 = (v21 < 2048 ? v21 : 2048);
-            const uint32_t v23 = v22 + rows;
-            const uint32_t v24 = v23 - 1;
-            const uint32_t v25 = v24 / rows;
-            for (uint32_t r26 = 0; r26 < v25; r26 += 1) {
-                const uint32_t v27 = v4 + 128;
-                const uint32_t v28 = v27 - 1;
-                const uint32_t v29 = v28 / 128;
-                for (uint32_t c30 = 0; c30 < v29; c30 += 1) {
-                    const uint32_t v31 = chunk + 31;
-                    const uint32_t v32 = v31 / 32;
-                    const uint32_t v33 = (v32 > 1 ? v32 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v33);
-                    cb_wait_front(tt::CBIndex::c_3, v33);
-                    cb_wait_front(tt::CBIndex::c_5, 1);
-                    for (uint32_t j34 = 0; j34 < v33; j34 += 1) {
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = chunk + 31;
+                    const uint32_t v15 = v14 / 32;
+                    const uint32_t v16 = (v15 > 1 ? v15 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v16);
+                    cb_wait_front(tt::CBIndex::c_2, v16);
+                    const uint32_t v17 = c13 * 128;
+                    const uint32_t v18 = H - v17;
+                    const uint32_t v19 = (v18 < 128 ? v18 : 128);
+                    const uint32_t v20 = v19 + 31;
+                    const uint32_t v21 = v20 / 32;
+                    for (uint32_t j22 = 0; j22 < v21; j22 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j34, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_3);
-                        copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j34, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
-                        mul_binary_tile_init();
-                        mul_binary_tile(0, 1, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_6, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_6);
-                        pack_tile(0, tt::CBIndex::c_6);
-                        cb_push_back(tt::CBIndex::c_6, 1);
-                        tile_regs_release();
-                    }
-                    cb_wait_front(tt::CBIndex::c_6, v33);
-                    const uint32_t v35 = c30 * 128;
-                    const uint32_t v36 = v4 - v35;
-                    const uint32_t v37 = (v36 < 128 ? v36 : 128);
-                    const uint32_t v38 = v37 + 31;
-                    const uint32_t v39 = v38 / 32;
-                    for (uint32_t j40 = 0; j40 < v39; j40 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_6);
-                        copy_init(tt::CBIndex::c_6);
-                        copy_tile(tt::CBIndex::c_6, j40, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_7, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_7);
-                        pack_tile(0, tt::CBIndex::c_7);
-                        cb_push_back(tt::CBIndex::c_7, 1);
-                        tile_regs_release();
-                    }
-                    for (uint32_t j41 = 0; j41 < v39; j41 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_1);
-                        copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j41, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_3);
-                        copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j41, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
-                        mul_binary_tile_init();
-                        mul_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_6);
-                        copy_init(tt::CBIndex::c_6);
-                        copy_tile(tt::CBIndex::c_6, j41, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_7, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_7);
-                        pack_tile(0, tt::CBIndex::c_7);
-                        cb_push_back(tt::CBIndex::c_7, 1);
-                        tile_regs_release();
-                    }
-                    cb_pop_front(tt::CBIndex::c_6, v33);
-                    cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_3, v33);
-                    cb_pop_front(tt::CBIndex::c_1, v33);
-                }
-            }
-            const uint32_t v42 = v4 + 31;
-            const uint32_t v43 = v42 / 32;
-            for (uint32_t i44 = 0; i44 < v43; i44 += 1) {
-                const uint32_t v45 = H + 31;
-                const uint32_t v46 = v45 / 32;
-                for (uint32_t j47 = 0; j47 < v46; j47 += 4) {
-                    const uint32_t v48 = v46 - j47;
-                    const uint32_t v49 = (v48 < 4 ? v48 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_9);
-                    reconfig_data_format_srcb(tt::CBIndex::c_8);
-                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v50 = v22 + 31;
-                    const uint32_t v51 = v50 / 32;
-                    for (uint32_t kk52 = 0; kk52 < v51; kk52 += 1) {
-                        cb_wait_front(tt::CBIndex::c_8, 1);
-                        for (uint32_t g53 = 0; g53 < v49; g53 += 1) {
-                            cb_wait_front(tt::CBIndex::c_9, 1);
-                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g53);
-                            cb_pop_front(tt::CBIndex::c_9, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_8, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g54 = 0; g54 < v49; g54 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g54, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t i55 = 0; i55 < v43; i55 += 1) {
-                const uint32_t v56 = H + 31;
-                const uint32_t v57 = v56 / 32;
-                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
-                    const uint32_t v59 = v57 - j58;
-                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_9);
-                    reconfig_data_format_srcb(tt::CBIndex::c_8);
-                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v61 = v22 + 31;
-                    const uint32_t v62 = v61 / 32;
-                    for (uint32_t kk63 = 0; kk63 < v62; kk63 += 1) {
-                        cb_wait_front(tt::CBIndex::c_8, 1);
-                        for (uint32_t g64 = 0; g64 < v60; g64 += 1) {
-                            cb_wait_front(tt::CBIndex::c_9, 1);
-                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g64);
-                            cb_pop_front(tt::CBIndex::c_9, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_8, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g65 = 0; g65 < v60; g65 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g65, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t r66 = 0; r66 < v7; r66 += 1) {
-                const uint32_t v67 = H + 128;
-                const uint32_t v68 = v67 - 1;
-                const uint32_t v69 = v68 / 128;
-                for (uint32_t c70 = 0; c70 < v69; c70 += 1) {
-                    const uint32_t v71 = chunk + 31;
-                    const uint32_t v72 = v71 / 32;
-                    const uint32_t v73 = (v72 > 1 ? v72 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v73);
-                    cb_wait_front(tt::CBIndex::c_3, v73);
-                    cb_wait_front(tt::CBIndex::c_10, v73);
-                    const uint32_t v74 = c70 * 128;
-                    const uint32_t v75 = H - v74;
-                    const uint32_t v76 = (v75 < 128 ? v75 : 128);
-                    const uint32_t v77 = v76 + 31;
-                    const uint32_t v78 = v77 / 32;
-                    for (uint32_t j79 = 0; j79 < v78; j79 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_3);
-                        copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j79, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j79, 1);
+                        copy_tile(tt::CBIndex::c_1, j22, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_2);
+                        copy_init(tt::CBIndex::c_2);
+                        copy_tile(tt::CBIndex::c_2, j22, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_1);
-                        copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j79, 1);
-                        add_binary_tile_init();
-                        add_binary_tile(1, 0, 0);
                         tile_regs_commit();
                         tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_0);
-                        pack_tile(0, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
+                        cb_reserve_back(tt::CBIndex::c_3, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_3);
+                        pack_tile(0, tt::CBIndex::c_3);
+                        cb_push_back(tt::CBIndex::c_3, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v73);
-                    cb_pop_front(tt::CBIndex::c_3, v73);
-                    cb_pop_front(tt::CBIndex::c_1, v73);
+                    cb_pop_front(tt::CBIndex::c_2, v16);
+                    cb_pop_front(tt::CBIndex::c_1, v16);
                 }
             }
         }
-        for (uint32_t r80 = 0; r80 < v7; r80 += 1) {
-            const uint32_t v81 = H + 128;
-            const uint32_t v82 = v81 - 1;
-            const uint32_t v83 = v82 / 128;
-            for (uint32_t c84 = 0; c84 < v83; c84 += 1) {
-                const uint32_t v85 = chunk + 31;
-                const uint32_t v86 = v85 / 32;
-                const uint32_t v87 = (v86 > 1 ? v86 : 1);
-                cb_wait_front(tt::CBIndex::c_1, v87);
-                const uint32_t v88 = c84 * 128;
-                const uint32_t v89 = H - v88;
-                const uint32_t v90 = (v89 < 128 ? v89 : 128);
-                const uint32_t v91 = v90 + 31;
-                const uint32_t v92 = v91 / 32;
-                for (uint32_t j93 = 0; j93 < v92; j93 += 1) {
+        const uint32_t v23 = b1 * blk;
+        const uint32_t v24 = BT - v23;
+        const uint32_t v25 = (v24 < blk ? v24 : blk);
+        const uint32_t v26 = v25 + rows;
+        const uint32_t v27 = v26 - 1;
+        const uint32_t v28 = v27 / rows;
+        for (uint32_t r29 = 0; r29 < v28; r29 += 1) {
+            const uint32_t v30 = H + 128;
+            const uint32_t v31 = v30 - 1;
+            const uint32_t v32 = v31 / 128;
+            for (uint32_t c33 = 0; c33 < v32; c33 += 1) {
+                const uint32_t v34 = chunk + 31;
+                const uint32_t v35 = v34 / 32;
+                const uint32_t v36 = (v35 > 1 ? v35 : 1);
+                cb_wait_front(tt::CBIndex::c_1, v36);
+                const uint32_t v37 = c33 * 128;
+                const uint32_t v38 = H - v37;
+                const uint32_t v39 = (v38 < 128 ? v38 : 128);
+                const uint32_t v40 = v39 + 31;
+                const uint32_t v41 = v40 / 32;
+                for (uint32_t j42 = 0; j42 < v41; j42 += 1) {
                     tile_regs_acquire();
                     reconfig_data_format_srca(tt::CBIndex::c_1);
                     copy_init(tt::CBIndex::c_1);
-                    copy_tile(tt::CBIndex::c_1, j93, 0);
+                    copy_tile(tt::CBIndex::c_1, j42, 0);
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_7);
-                    pack_tile(0, tt::CBIndex::c_7);
-                    cb_push_back(tt::CBIndex::c_7, 1);
+                    cb_reserve_back(tt::CBIndex::c_4, 1);
+                    pack_reconfig_data_format(tt::CBIndex::c_4);
+                    pack_tile(0, tt::CBIndex::c_4);
+                    cb_push_back(tt::CBIndex::c_4, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_1, v87);
+                cb_pop_front(tt::CBIndex::c_1, v36);
             }
         }
     }
-    cb_wait_front(tt::CBIndex::c_4, 1);
-    cb_pop_front(tt::CBIndex::c_4, 1);
 }

@@ -25,342 +25,96 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t f7 = get_arg_val<uint32_t>(7);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t BT = get_arg_val<uint32_t>(9);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t chunk = get_arg_val<uint32_t>(8);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = V - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                for (uint32_t j18 = 0; j18 < v17; j18 += 1) {
-                    tile_regs_acquire();
-                    fill_tile_init();
-                    fill_tile_bitcast(0, f7);
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_0, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    pack_tile(0, tt::CBIndex::c_0);
-                    cb_push_back(tt::CBIndex::c_0, 1);
-                    tile_regs_release();
-                }
-            }
-        }
-        for (uint32_t x19 = 0; x19 < xblocks; x19 += 1) {
-            const uint32_t v20 = x19 * 2048;
-            const uint32_t v21 = BT - v20;
-            const uint32_t v22 = (v21 < 2048 ? v21 : 2048);
-            const uint32_t v23 = v22 + 31;
-            const uint32_t v24 = v23 / 32;
-            for (uint32_t i25 = 0; i25 < v24; i25 += 1) {
-                const uint32_t v26 = v4 + 31;
-                const uint32_t v27 = v26 / 32;
-                for (uint32_t j28 = 0; j28 < v27; j28 += 4) {
-                    const uint32_t v29 = v27 - j28;
-                    const uint32_t v30 = (v29 < 4 ? v29 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
-                    reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 1);
-                    const uint32_t v31 = H + 31;
-                    const uint32_t v32 = v31 / 32;
-                    for (uint32_t kk33 = 0; kk33 < v32; kk33 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g34 = 0; g34 < v30; g34 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g34);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g35 = 0; g35 < v30; g35 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g35, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            const uint32_t v36 = v22 + rows;
-            const uint32_t v37 = v36 - 1;
-            const uint32_t v38 = v37 / rows;
-            for (uint32_t r39 = 0; r39 < v38; r39 += 1) {
-                const uint32_t v40 = v4 + 128;
-                const uint32_t v41 = v40 - 1;
-                const uint32_t v42 = v41 / 128;
-                for (uint32_t c43 = 0; c43 < v42; c43 += 1) {
-                    const uint32_t v44 = chunk + 31;
-                    const uint32_t v45 = v44 / 32;
-                    const uint32_t v46 = (v45 > 1 ? v45 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v46);
-                    cb_wait_front(tt::CBIndex::c_5, 1);
-                    cb_wait_front(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_8, v46);
-                    cb_wait_front(tt::CBIndex::c_9, 1);
-                    for (uint32_t j47 = 0; j47 < v46; j47 += 1) {
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = chunk + 31;
+                    const uint32_t v15 = v14 / 32;
+                    const uint32_t v16 = (v15 > 1 ? v15 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v16);
+                    cb_wait_front(tt::CBIndex::c_2, v16);
+                    const uint32_t v17 = c13 * 128;
+                    const uint32_t v18 = H - v17;
+                    const uint32_t v19 = (v18 < 128 ? v18 : 128);
+                    const uint32_t v20 = v19 + 31;
+                    const uint32_t v21 = v20 / 32;
+                    for (uint32_t j22 = 0; j22 < v21; j22 += 1) {
                         tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j47, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        exp_tile_init();
-                        exp_tile(0);
-                        reconfig_data_format_srca(tt::CBIndex::c_7);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_7);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_7, 0, 1);
-                        div_binary_tile_init();
-                        div_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j47, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_9);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_9);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_9, 0, 1);
-                        mul_binary_tile_init();
-                        mul_binary_tile(0, 1, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_10, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_10);
-                        pack_tile(0, tt::CBIndex::c_10);
-                        cb_push_back(tt::CBIndex::c_10, 1);
-                        tile_regs_release();
-                    }
-                    cb_wait_front(tt::CBIndex::c_10, v46);
-                    const uint32_t v48 = c43 * 128;
-                    const uint32_t v49 = v4 - v48;
-                    const uint32_t v50 = (v49 < 128 ? v49 : 128);
-                    const uint32_t v51 = v50 + 31;
-                    const uint32_t v52 = v51 / 32;
-                    for (uint32_t j53 = 0; j53 < v52; j53 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j53, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_11, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_11);
-                        pack_tile(0, tt::CBIndex::c_11);
-                        cb_push_back(tt::CBIndex::c_11, 1);
-                        tile_regs_release();
-                    }
-                    for (uint32_t j54 = 0; j54 < v52; j54 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j54, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        exp_tile_init();
-                        exp_tile(0);
-                        reconfig_data_format_srca(tt::CBIndex::c_7);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_7);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_7, 0, 1);
-                        div_binary_tile_init();
-                        div_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j54, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_9);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_9);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_9, 0, 1);
-                        mul_binary_tile_init();
-                        mul_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j54, 1);
-                        sub_binary_tile_init();
-                        sub_binary_tile(0, 1, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_11, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_11);
-                        pack_tile(0, tt::CBIndex::c_11);
-                        cb_push_back(tt::CBIndex::c_11, 1);
-                        tile_regs_release();
-                    }
-                    cb_pop_front(tt::CBIndex::c_10, v46);
-                    cb_pop_front(tt::CBIndex::c_9, 1);
-                    cb_pop_front(tt::CBIndex::c_8, v46);
-                    cb_pop_front(tt::CBIndex::c_7, 1);
-                    cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_4, v46);
-                }
-            }
-            const uint32_t v55 = v4 + 31;
-            const uint32_t v56 = v55 / 32;
-            for (uint32_t i57 = 0; i57 < v56; i57 += 1) {
-                const uint32_t v58 = H + 31;
-                const uint32_t v59 = v58 / 32;
-                for (uint32_t j60 = 0; j60 < v59; j60 += 4) {
-                    const uint32_t v61 = v59 - j60;
-                    const uint32_t v62 = (v61 < 4 ? v61 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
-                    reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    for (uint32_t kk63 = 0; kk63 < v24; kk63 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g64 = 0; g64 < v62; g64 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g64);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g65 = 0; g65 < v62; g65 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g65, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t i66 = 0; i66 < v56; i66 += 1) {
-                const uint32_t v67 = H + 31;
-                const uint32_t v68 = v67 / 32;
-                for (uint32_t j69 = 0; j69 < v68; j69 += 4) {
-                    const uint32_t v70 = v68 - j69;
-                    const uint32_t v71 = (v70 < 4 ? v70 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
-                    reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    for (uint32_t kk72 = 0; kk72 < v24; kk72 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g73 = 0; g73 < v71; g73 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g73);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g74 = 0; g74 < v71; g74 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g74, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t r75 = 0; r75 < v7; r75 += 1) {
-                const uint32_t v76 = H + 128;
-                const uint32_t v77 = v76 - 1;
-                const uint32_t v78 = v77 / 128;
-                for (uint32_t c79 = 0; c79 < v78; c79 += 1) {
-                    const uint32_t v80 = chunk + 31;
-                    const uint32_t v81 = v80 / 32;
-                    const uint32_t v82 = (v81 > 1 ? v81 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v82);
-                    cb_wait_front(tt::CBIndex::c_8, v82);
-                    cb_wait_front(tt::CBIndex::c_12, v82);
-                    const uint32_t v83 = c79 * 128;
-                    const uint32_t v84 = H - v83;
-                    const uint32_t v85 = (v84 < 128 ? v84 : 128);
-                    const uint32_t v86 = v85 + 31;
-                    const uint32_t v87 = v86 / 32;
-                    for (uint32_t j88 = 0; j88 < v87; j88 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j88, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_12);
-                        copy_init(tt::CBIndex::c_12);
-                        copy_tile(tt::CBIndex::c_12, j88, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_1);
+                        copy_init(tt::CBIndex::c_1);
+                        copy_tile(tt::CBIndex::c_1, j22, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_2);
+                        copy_init(tt::CBIndex::c_2);
+                        copy_tile(tt::CBIndex::c_2, j22, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j88, 1);
-                        add_binary_tile_init();
-                        add_binary_tile(1, 0, 0);
                         tile_regs_commit();
                         tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_0);
-                        pack_tile(0, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
+                        cb_reserve_back(tt::CBIndex::c_3, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_3);
+                        pack_tile(0, tt::CBIndex::c_3);
+                        cb_push_back(tt::CBIndex::c_3, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_12, v82);
-                    cb_pop_front(tt::CBIndex::c_8, v82);
-                    cb_pop_front(tt::CBIndex::c_4, v82);
+                    cb_pop_front(tt::CBIndex::c_2, v16);
+                    cb_pop_front(tt::CBIndex::c_1, v16);
                 }
             }
         }
-        for (uint32_t r89 = 0; r89 < v7; r89 += 1) {
-            const uint32_t v90 = H + 128;
-            const uint32_t v91 = v90 - 1;
-            const uint32_t v92 = v91 / 128;
-            for (uint32_t c93 = 0; c93 < v92; c93 += 1) {
-                const uint32_t v94 = chunk + 31;
-                const uint32_t v95 = v94 / 32;
-                const uint32_t v96 = (v95 > 1 ? v95 : 1);
-                cb_wait_front(tt::CBIndex::c_4, v96);
-                const uint32_t v97 = c93 * 128;
-                const uint32_t v98 = H - v97;
-                const uint32_t v99 = (v98 < 128 ? v98 : 128);
-                const uint32_t v100 = v99 + 31;
-                const uint32_t v101 = v100 / 32;
-                for (uint32_t j102 = 0; j102 < v101; j102 += 1) {
+        const uint32_t v23 = b1 * blk;
+        const uint32_t v24 = BT - v23;
+        const uint32_t v25 = (v24 < blk ? v24 : blk);
+        const uint32_t v26 = v25 + rows;
+        const uint32_t v27 = v26 - 1;
+        const uint32_t v28 = v27 / rows;
+        for (uint32_t r29 = 0; r29 < v28; r29 += 1) {
+            const uint32_t v30 = H + 128;
+            const uint32_t v31 = v30 - 1;
+            const uint32_t v32 = v31 / 128;
+            for (uint32_t c33 = 0; c33 < v32; c33 += 1) {
+                const uint32_t v34 = chunk + 31;
+                const uint32_t v35 = v34 / 32;
+                const uint32_t v36 = (v35 > 1 ? v35 : 1);
+                cb_wait_front(tt::CBIndex::c_1, v36);
+                const uint32_t v37 = c33 * 128;
+                const uint32_t v38 = H - v37;
+                const uint32_t v39 = (v38 < 128 ? v38 : 128);
+                const uint32_t v40 = v39 + 31;
+                const uint32_t v41 = v40 / 32;
+                for (uint32_t j42 = 0; j42 < v41; j42 += 1) {
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_4);
-                    copy_init(tt::CBIndex::c_4);
-                    copy_tile(tt::CBIndex::c_4, j102, 0);
+                    reconfig_data_format_srca(tt::CBIndex::c_1);
+                    copy_init(tt::CBIndex::c_1);
+                    copy_tile(tt::CBIndex::c_1, j42, 0);
                     tile_regs_commit();
                     tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_11, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_11);
-                    pack_tile(0, tt::CBIndex::c_11);
-                    cb_push_back(tt::CBIndex::c_11, 1);
+                    cb_reserve_back(tt::CBIndex::c_4, 1);
+                    pack_reconfig_data_format(tt::CBIndex::c_4);
+                    pack_tile(0, tt::CBIndex::c_4);
+                    cb_push_back(tt::CBIndex::c_4, 1);
                     tile_regs_release();
                 }
-                cb_pop_front(tt::CBIndex::c_4, v96);
+                cb_pop_front(tt::CBIndex::c_1, v36);
             }
         }
     }
-    cb_wait_front(tt::CBIndex::c_6, 1);
-    cb_pop_front(tt::CBIndex::c_6, 1);
 }

@@ -5,368 +5,543 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t input_addr = get_arg_val<uint32_t>(8);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t slice = get_arg_val<uint32_t>(8);
+    const uint32_t xblocks = get_arg_val<uint32_t>(9);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(10);
+    const uint32_t input_addr = get_arg_val<uint32_t>(11);
     constexpr auto input_args = TensorAccessorArgs<0>();
     const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(9);
+    const uint32_t weight_addr = get_arg_val<uint32_t>(12);
     constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
     const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t V = get_arg_val<uint32_t>(10);
-    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(11);
+    const uint32_t mm_p_panel = get_arg_val<uint32_t>(13);
+    const uint32_t V = get_arg_val<uint32_t>(14);
+    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(15);
     constexpr auto ws_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
     const auto ws_ws_p = TensorAccessor(ws_ws_p_args, ws_ws_p_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(13);
+    const uint32_t chunk = get_arg_val<uint32_t>(16);
+    const uint32_t logits_max_addr = get_arg_val<uint32_t>(17);
     constexpr auto logits_max_args = TensorAccessorArgs<ws_ws_p_args.next_compile_time_args_offset()>();
     const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(14);
+    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(18);
     constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
     const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(15);
+    const uint32_t masked_target_addr = get_arg_val<uint32_t>(19);
     constexpr auto masked_target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
     const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 128);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(16);
+    const uint32_t target_mask_addr = get_arg_val<uint32_t>(20);
     constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
     const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f17 = get_arg_val<uint32_t>(17);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(18);
+    const uint32_t f21 = get_arg_val<uint32_t>(21);
+    const uint32_t grad_addr = get_arg_val<uint32_t>(22);
     constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
     const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(19);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(23);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(20);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(24);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(25);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(21);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(26);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(22);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(27);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(23);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(28);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_6, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_6);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = BT - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
+    cb_reserve_back(tt::CBIndex::c_7, 1);
+    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_7);
+    for (uint32_t b2 = core; b2 < units; b2 += cores) {
+        const uint32_t v3 = b2 / splits;
+        const uint32_t v4 = v3 * blk;
+        const uint32_t v5 = BT - v4;
+        const uint32_t v6 = (v5 < blk ? v5 : blk);
+        const uint32_t v7 = v6 + rows;
+        const uint32_t v8 = v7 - 1;
+        const uint32_t v9 = v8 / rows;
+        const uint32_t v10 = v3 * splits;
+        const uint32_t v11 = b2 - v10;
+        const uint32_t v12 = v11 * slice;
+        const uint32_t v13 = v12 + slice;
+        const uint32_t v14 = (xblocks < v13 ? xblocks : v13);
+        for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v10 = v3 * H;
-            const uint32_t v11 = v10 / H;
-            const uint32_t v12 = v11 * H;
-            const uint32_t v13 = v10 - v12;
-            const uint32_t v14 = v11 / 32;
-            const uint32_t v15 = v13 / 32;
-            const uint32_t v16 = H + 31;
-            const uint32_t v17 = v16 / 32;
-            const uint32_t v18 = x9 * 2048;
-            const uint32_t v19 = v18 * H;
-            const uint32_t v20 = v19 / H;
-            const uint32_t v21 = v20 * H;
-            const uint32_t v22 = v19 - v21;
-            const uint32_t v23 = v20 / 32;
-            const uint32_t v24 = v22 / 32;
-            const uint32_t v25 = v5 + 31;
-            const uint32_t v26 = v25 / 32;
-            for (uint32_t i27 = 0; i27 < v26; i27 += 1) {
-                const uint32_t v28 = V - v18;
-                const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
-                const uint32_t v30 = v29 + 31;
-                const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
-                    const uint32_t v33 = v31 - j32;
-                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
-                    for (uint32_t kk35 = 0; kk35 < v17; kk35 += 1) {
-                        const uint32_t v36 = kk35 * 32;
-                        const uint32_t v37 = H - v36;
-                        const uint32_t v38 = v14 + i27;
-                        const uint32_t v39 = v38 * v17;
-                        const uint32_t v40 = v15 + kk35;
-                        const uint32_t v41 = v39 + v40;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v41, input, v42);
+            const uint32_t v16 = v4 * H;
+            const uint32_t v17 = v16 / H;
+            const uint32_t v18 = v17 * H;
+            const uint32_t v19 = v16 - v18;
+            const uint32_t v20 = v17 / 32;
+            const uint32_t v21 = v19 / 32;
+            const uint32_t v22 = H + 31;
+            const uint32_t v23 = v22 / 32;
+            const uint32_t v24 = x15 * 2048;
+            const uint32_t v25 = v24 * H;
+            const uint32_t v26 = v25 / H;
+            const uint32_t v27 = v26 * H;
+            const uint32_t v28 = v25 - v27;
+            const uint32_t v29 = v26 / 32;
+            const uint32_t v30 = v28 / 32;
+            for (uint32_t p31 = 0; p31 < mm_p_panel; p31 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v32 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v33 = v6 + 31;
+                const uint32_t v34 = v33 / 32;
+                for (uint32_t i35 = 0; i35 < v34; i35 += 1) {
+                    for (uint32_t kk36 = 0; kk36 < v23; kk36 += 1) {
+                        const uint32_t v37 = i35 * v23;
+                        const uint32_t v38 = v37 + kk36;
+                        const uint32_t v39 = v38 * 2048;
+                        const uint32_t v40 = v32 + v39;
+                        const uint32_t v41 = kk36 * 32;
+                        const uint32_t v42 = H - v41;
+                        const uint32_t v43 = v20 + i35;
+                        const uint32_t v44 = v43 * v23;
+                        const uint32_t v45 = v21 + kk36;
+                        const uint32_t v46 = v44 + v45;
+                        noc_async_read_page(v46, input, v40);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v42, 2, 32, v37);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
-                            const uint32_t v44 = j32 + g43;
-                            const uint32_t v45 = v23 + v44;
-                            const uint32_t v46 = v45 * v17;
-                            const uint32_t v47 = v24 + kk35;
-                            const uint32_t v48 = v46 + v47;
+                        opgen_tt_keep(v40, 2, 32, v42);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v47 = V - v24;
+                const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
+                const uint32_t v49 = v48 + 31;
+                const uint32_t v50 = v49 / 32;
+                for (uint32_t j51 = 0; j51 < v50; j51 += 1) {
+                    for (uint32_t kk52 = 0; kk52 < v23; kk52 += 1) {
+                        const uint32_t v53 = kk52 * 32;
+                        const uint32_t v54 = H - v53;
+                        const uint32_t v55 = v29 + j51;
+                        const uint32_t v56 = v55 * v23;
+                        const uint32_t v57 = v30 + kk52;
+                        const uint32_t v58 = v56 + v57;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v59 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v58, weight, v59);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v59, 2, 32, v54);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            const uint32_t v60 = 1 - mm_p_panel;
+            for (uint32_t p61 = 0; p61 < v60; p61 += 1) {
+                const uint32_t v62 = v6 + 31;
+                const uint32_t v63 = v62 / 32;
+                for (uint32_t i64 = 0; i64 < v63; i64 += 1) {
+                    const uint32_t v65 = V - v24;
+                    const uint32_t v66 = (v65 < 2048 ? v65 : 2048);
+                    const uint32_t v67 = v66 + 31;
+                    const uint32_t v68 = v67 / 32;
+                    for (uint32_t j69 = 0; j69 < v68; j69 += 4) {
+                        const uint32_t v70 = v68 - j69;
+                        const uint32_t v71 = (v70 < 4 ? v70 : 4);
+                        for (uint32_t kk72 = 0; kk72 < v23; kk72 += 1) {
+                            const uint32_t v73 = kk72 * 32;
+                            const uint32_t v74 = H - v73;
+                            const uint32_t v75 = v20 + i64;
+                            const uint32_t v76 = v75 * v23;
+                            const uint32_t v77 = v21 + kk72;
+                            const uint32_t v78 = v76 + v77;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v48, weight, v49);
+                            const uint32_t v79 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v78, input, v79);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v49, 2, 32, v37);
+                            opgen_tt_keep(v79, 2, 32, v74);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g80 = 0; g80 < v71; g80 += 1) {
+                                const uint32_t v81 = j69 + g80;
+                                const uint32_t v82 = v29 + v81;
+                                const uint32_t v83 = v82 * v23;
+                                const uint32_t v84 = v30 + kk72;
+                                const uint32_t v85 = v83 + v84;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v86 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v85, weight, v86);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v86, 2, 32, v74);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r50 = 0; r50 < v8; r50 += 1) {
-                const uint32_t v51 = V - v18;
-                const uint32_t v52 = (v51 < 2048 ? v51 : 2048);
-                const uint32_t v53 = v52 + 128;
-                const uint32_t v54 = v53 - 1;
-                const uint32_t v55 = v54 / 128;
-                for (uint32_t c56 = 0; c56 < v55; c56 += 1) {
-                    const uint32_t v57 = c56 * 128;
-                    const uint32_t v58 = v52 - v57;
-                    const uint32_t v59 = (v58 < 128 ? v58 : 128);
-                    const uint32_t v60 = v59 + 31;
-                    const uint32_t v61 = v60 / 32;
-                    const uint32_t v62 = core * 128;
-                    const uint32_t v63 = r50 * rows;
-                    const uint32_t v64 = v62 + v63;
-                    const uint32_t v65 = v64 / 32;
-                    const uint32_t v66 = v65 * 64;
-                    const uint32_t v67 = v57 / 32;
-                    const uint32_t v68 = v66 + v67;
-                    const uint32_t v69 = chunk + 31;
-                    const uint32_t v70 = v69 / 32;
-                    const uint32_t v71 = (v70 > 1 ? v70 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v71);
-                    const uint32_t v72 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j73 = 0; j73 < v61; j73 += 1) {
-                        const uint32_t v74 = v68 + j73;
-                        const uint32_t v75 = j73 * 4096;
-                        const uint32_t v76 = v72 + v75;
-                        noc_async_read_page(v74, ws_ws_p, v76);
+            for (uint32_t r87 = 0; r87 < v9; r87 += 1) {
+                const uint32_t v88 = V - v24;
+                const uint32_t v89 = (v88 < 2048 ? v88 : 2048);
+                const uint32_t v90 = v89 + 128;
+                const uint32_t v91 = v90 - 1;
+                const uint32_t v92 = v91 / 128;
+                for (uint32_t c93 = 0; c93 < v92; c93 += 1) {
+                    const uint32_t v94 = c93 * 128;
+                    const uint32_t v95 = v89 - v94;
+                    const uint32_t v96 = (v95 < 128 ? v95 : 128);
+                    const uint32_t v97 = v96 + 31;
+                    const uint32_t v98 = v97 / 32;
+                    const uint32_t v99 = core * 128;
+                    const uint32_t v100 = r87 * rows;
+                    const uint32_t v101 = v99 + v100;
+                    const uint32_t v102 = v101 / 32;
+                    const uint32_t v103 = v102 * 64;
+                    const uint32_t v104 = v94 / 32;
+                    const uint32_t v105 = v103 + v104;
+                    const uint32_t v106 = chunk + 31;
+                    const uint32_t v107 = v106 / 32;
+                    const uint32_t v108 = (v107 > 1 ? v107 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v108);
+                    const uint32_t v109 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j110 = 0; j110 < v98; j110 += 1) {
+                        const uint32_t v111 = v105 + j110;
+                        const uint32_t v112 = j110 * 4096;
+                        const uint32_t v113 = v109 + v112;
+                        noc_async_read_page(v111, ws_ws_p, v113);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v71);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v77 = v3 + v63;
-                    const uint32_t v78 = v5 - v63;
-                    const uint32_t v79 = (v78 < rows ? v78 : rows);
-                    const uint32_t v80 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v77, v79, v80, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v77, v79, v81, v1);
-                    cb_push_back(tt::CBIndex::c_7, 1);
+                    cb_push_back(tt::CBIndex::c_5, v108);
+                    cb_reserve_back(tt::CBIndex::c_6, 1);
+                    const uint32_t v114 = v4 + v100;
+                    const uint32_t v115 = v6 - v100;
+                    const uint32_t v116 = (v115 < rows ? v115 : rows);
+                    const uint32_t v117 = get_write_ptr(tt::CBIndex::c_6);
+                    opgen_tt_col_from_row(logits_max, 4, v114, v116, v117, v1);
+                    cb_push_back(tt::CBIndex::c_6, 1);
+                    cb_reserve_back(tt::CBIndex::c_8, 1);
+                    const uint32_t v118 = get_write_ptr(tt::CBIndex::c_8);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v114, v116, v118, v1);
+                    cb_push_back(tt::CBIndex::c_8, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v71);
-                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v83 = v71 * 4096;
-                    opgen_tt_zero_l1(v82, v83);
-                    for (uint32_t h84 = 0; h84 < v79; h84 += 1) {
-                        const uint32_t v85 = v77 + h84;
-                        const uint32_t v86 = opgen_tt_load_elem(masked_target, 4, v85, v1);
-                        const uint32_t v87 = opgen_tt_load_bit(target_mask, 0, v85, v1);
-                        const bool v88 = v87 != 0;
-                        const bool v89 = !v88;
-                        const uint32_t v90 = (uint32_t)(v86);
-                        const uint32_t v91 = v18 + v57;
-                        const uint32_t v92 = v90 - v91;
-                        const uint32_t v93 = (v89 ? v92 : -1);
-                        opgen_tt_set_word(v82, h84, v93, v59, f17);
+                    cb_reserve_back(tt::CBIndex::c_9, v108);
+                    const uint32_t v119 = get_write_ptr(tt::CBIndex::c_9);
+                    const uint32_t v120 = v108 * 4096;
+                    opgen_tt_zero_l1(v119, v120);
+                    for (uint32_t h121 = 0; h121 < v116; h121 += 1) {
+                        const uint32_t v122 = v114 + h121;
+                        const uint32_t v123 = opgen_tt_load_elem(masked_target, 4, v122, v1);
+                        const uint32_t v124 = opgen_tt_load_bit(target_mask, 0, v122, v1);
+                        const bool v125 = v124 != 0;
+                        const bool v126 = !v125;
+                        const uint32_t v127 = (uint32_t)(v123);
+                        const uint32_t v128 = v24 + v94;
+                        const uint32_t v129 = v127 - v128;
+                        const uint32_t v130 = (v126 ? v129 : -1);
+                        opgen_tt_set_word(v119, h121, v130, v96, f21);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v71);
+                    cb_push_back(tt::CBIndex::c_9, v108);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v94 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v77, v79, v94, v1);
-                    cb_push_back(tt::CBIndex::c_9, 1);
+                    cb_reserve_back(tt::CBIndex::c_10, 1);
+                    const uint32_t v131 = get_write_ptr(tt::CBIndex::c_10);
+                    opgen_tt_col_from_row(grad, 4, v114, v116, v131, v1);
+                    cb_push_back(tt::CBIndex::c_10, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v95 = core * 128;
-            const uint32_t v96 = v95 * 2048;
-            const uint32_t v97 = v96 / 2048;
-            const uint32_t v98 = v97 * 2048;
-            const uint32_t v99 = v96 - v98;
-            const uint32_t v100 = v97 / 32;
-            const uint32_t v101 = v99 / 32;
-            const uint32_t v102 = 2048 + 31;
-            const uint32_t v103 = v102 / 32;
-            for (uint32_t i104 = 0; i104 < v26; i104 += 1) {
-                for (uint32_t j105 = 0; j105 < v17; j105 += 4) {
-                    const uint32_t v106 = v17 - j105;
-                    const uint32_t v107 = (v106 < 4 ? v106 : 4);
-                    const uint32_t v108 = V - v18;
-                    const uint32_t v109 = (v108 < 2048 ? v108 : 2048);
-                    const uint32_t v110 = v109 + 31;
-                    const uint32_t v111 = v110 / 32;
-                    for (uint32_t kk112 = 0; kk112 < v111; kk112 += 1) {
-                        const uint32_t v113 = kk112 * 32;
-                        const uint32_t v114 = v109 - v113;
-                        const uint32_t v115 = v100 + i104;
-                        const uint32_t v116 = v115 * v103;
-                        const uint32_t v117 = v101 + kk112;
-                        const uint32_t v118 = v116 + v117;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v119 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v118, ws_ws_g, v119);
+            const uint32_t v132 = core * 128;
+            const uint32_t v133 = v132 * 2048;
+            const uint32_t v134 = v133 / 2048;
+            const uint32_t v135 = v134 * 2048;
+            const uint32_t v136 = v133 - v135;
+            const uint32_t v137 = v134 / 32;
+            const uint32_t v138 = v136 / 32;
+            const uint32_t v139 = 2048 + 31;
+            const uint32_t v140 = v139 / 32;
+            for (uint32_t p141 = 0; p141 < mm_0_panel; p141 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v142 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v143 = v6 + 31;
+                const uint32_t v144 = v143 / 32;
+                for (uint32_t i145 = 0; i145 < v144; i145 += 1) {
+                    const uint32_t v146 = V - v24;
+                    const uint32_t v147 = (v146 < 2048 ? v146 : 2048);
+                    const uint32_t v148 = v147 + 31;
+                    const uint32_t v149 = v148 / 32;
+                    for (uint32_t kk150 = 0; kk150 < v149; kk150 += 1) {
+                        const uint32_t v151 = i145 * v149;
+                        const uint32_t v152 = v151 + kk150;
+                        const uint32_t v153 = v152 * 2048;
+                        const uint32_t v154 = v142 + v153;
+                        const uint32_t v155 = kk150 * 32;
+                        const uint32_t v156 = v147 - v155;
+                        const uint32_t v157 = v137 + i145;
+                        const uint32_t v158 = v157 * v140;
+                        const uint32_t v159 = v138 + kk150;
+                        const uint32_t v160 = v158 + v159;
+                        noc_async_read_page(v160, ws_ws_g, v154);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v119, 2, 32, v114);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g120 = 0; g120 < v107; g120 += 1) {
-                            const uint32_t v121 = j105 + g120;
-                            const uint32_t v122 = v23 + kk112;
-                            const uint32_t v123 = v122 * v17;
-                            const uint32_t v124 = v24 + v121;
-                            const uint32_t v125 = v123 + v124;
+                        opgen_tt_keep(v154, 2, 32, v156);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                for (uint32_t j161 = 0; j161 < v23; j161 += 1) {
+                    const uint32_t v162 = V - v24;
+                    const uint32_t v163 = (v162 < 2048 ? v162 : 2048);
+                    const uint32_t v164 = v163 + 31;
+                    const uint32_t v165 = v164 / 32;
+                    for (uint32_t kk166 = 0; kk166 < v165; kk166 += 1) {
+                        const uint32_t v167 = kk166 * 32;
+                        const uint32_t v168 = v163 - v167;
+                        const uint32_t v169 = v29 + kk166;
+                        const uint32_t v170 = v169 * v23;
+                        const uint32_t v171 = v30 + j161;
+                        const uint32_t v172 = v170 + v171;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v173 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v172, weight, v173);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v173, 2, v168, 32);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            const uint32_t v174 = 1 - mm_0_panel;
+            for (uint32_t p175 = 0; p175 < v174; p175 += 1) {
+                const uint32_t v176 = v6 + 31;
+                const uint32_t v177 = v176 / 32;
+                for (uint32_t i178 = 0; i178 < v177; i178 += 1) {
+                    for (uint32_t j179 = 0; j179 < v23; j179 += 4) {
+                        const uint32_t v180 = v23 - j179;
+                        const uint32_t v181 = (v180 < 4 ? v180 : 4);
+                        const uint32_t v182 = V - v24;
+                        const uint32_t v183 = (v182 < 2048 ? v182 : 2048);
+                        const uint32_t v184 = v183 + 31;
+                        const uint32_t v185 = v184 / 32;
+                        for (uint32_t kk186 = 0; kk186 < v185; kk186 += 1) {
+                            const uint32_t v187 = kk186 * 32;
+                            const uint32_t v188 = v183 - v187;
+                            const uint32_t v189 = v137 + i178;
+                            const uint32_t v190 = v189 * v140;
+                            const uint32_t v191 = v138 + kk186;
+                            const uint32_t v192 = v190 + v191;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v126 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v125, weight, v126);
+                            const uint32_t v193 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v192, ws_ws_g, v193);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v126, 2, v114, 32);
+                            opgen_tt_keep(v193, 2, 32, v188);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g194 = 0; g194 < v181; g194 += 1) {
+                                const uint32_t v195 = j179 + g194;
+                                const uint32_t v196 = v29 + kk186;
+                                const uint32_t v197 = v196 * v23;
+                                const uint32_t v198 = v30 + v195;
+                                const uint32_t v199 = v197 + v198;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v200 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v199, weight, v200);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v200, 2, v188, 32);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
-            for (uint32_t i127 = 0; i127 < v26; i127 += 1) {
-                for (uint32_t j128 = 0; j128 < v17; j128 += 4) {
-                    const uint32_t v129 = v17 - j128;
-                    const uint32_t v130 = (v129 < 4 ? v129 : 4);
-                    const uint32_t v131 = V - v18;
-                    const uint32_t v132 = (v131 < 2048 ? v131 : 2048);
-                    const uint32_t v133 = v132 + 31;
-                    const uint32_t v134 = v133 / 32;
-                    for (uint32_t kk135 = 0; kk135 < v134; kk135 += 1) {
-                        const uint32_t v136 = kk135 * 32;
-                        const uint32_t v137 = v132 - v136;
-                        const uint32_t v138 = v100 + i127;
-                        const uint32_t v139 = v138 * v103;
-                        const uint32_t v140 = v101 + kk135;
-                        const uint32_t v141 = v139 + v140;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v142 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v141, ws_ws_gl, v142);
+            for (uint32_t p201 = 0; p201 < mm_0_panel; p201 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v202 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v203 = v6 + 31;
+                const uint32_t v204 = v203 / 32;
+                for (uint32_t i205 = 0; i205 < v204; i205 += 1) {
+                    const uint32_t v206 = V - v24;
+                    const uint32_t v207 = (v206 < 2048 ? v206 : 2048);
+                    const uint32_t v208 = v207 + 31;
+                    const uint32_t v209 = v208 / 32;
+                    for (uint32_t kk210 = 0; kk210 < v209; kk210 += 1) {
+                        const uint32_t v211 = i205 * v209;
+                        const uint32_t v212 = v211 + kk210;
+                        const uint32_t v213 = v212 * 2048;
+                        const uint32_t v214 = v202 + v213;
+                        const uint32_t v215 = kk210 * 32;
+                        const uint32_t v216 = v207 - v215;
+                        const uint32_t v217 = v137 + i205;
+                        const uint32_t v218 = v217 * v140;
+                        const uint32_t v219 = v138 + kk210;
+                        const uint32_t v220 = v218 + v219;
+                        noc_async_read_page(v220, ws_ws_gl, v214);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v142, 2, 32, v137);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g143 = 0; g143 < v130; g143 += 1) {
-                            const uint32_t v144 = j128 + g143;
-                            const uint32_t v145 = v23 + kk135;
-                            const uint32_t v146 = v145 * v17;
-                            const uint32_t v147 = v24 + v144;
-                            const uint32_t v148 = v146 + v147;
+                        opgen_tt_keep(v214, 2, 32, v216);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                for (uint32_t j221 = 0; j221 < v23; j221 += 1) {
+                    const uint32_t v222 = V - v24;
+                    const uint32_t v223 = (v222 < 2048 ? v222 : 2048);
+                    const uint32_t v224 = v223 + 31;
+                    const uint32_t v225 = v224 / 32;
+                    for (uint32_t kk226 = 0; kk226 < v225; kk226 += 1) {
+                        const uint32_t v227 = kk226 * 32;
+                        const uint32_t v228 = v223 - v227;
+                        const uint32_t v229 = v29 + kk226;
+                        const uint32_t v230 = v229 * v23;
+                        const uint32_t v231 = v30 + j221;
+                        const uint32_t v232 = v230 + v231;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v233 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v232, weight, v233);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v233, 2, v228, 32);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            for (uint32_t p234 = 0; p234 < v174; p234 += 1) {
+                const uint32_t v235 = v6 + 31;
+                const uint32_t v236 = v235 / 32;
+                for (uint32_t i237 = 0; i237 < v236; i237 += 1) {
+                    for (uint32_t j238 = 0; j238 < v23; j238 += 4) {
+                        const uint32_t v239 = v23 - j238;
+                        const uint32_t v240 = (v239 < 4 ? v239 : 4);
+                        const uint32_t v241 = V - v24;
+                        const uint32_t v242 = (v241 < 2048 ? v241 : 2048);
+                        const uint32_t v243 = v242 + 31;
+                        const uint32_t v244 = v243 / 32;
+                        for (uint32_t kk245 = 0; kk245 < v244; kk245 += 1) {
+                            const uint32_t v246 = kk245 * 32;
+                            const uint32_t v247 = v242 - v246;
+                            const uint32_t v248 = v137 + i237;
+                            const uint32_t v249 = v248 * v140;
+                            const uint32_t v250 = v138 + kk245;
+                            const uint32_t v251 = v249 + v250;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v149 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v148, weight, v149);
+                            const uint32_t v252 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v251, ws_ws_gl, v252);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v149, 2, v137, 32);
+                            opgen_tt_keep(v252, 2, 32, v247);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g253 = 0; g253 < v240; g253 += 1) {
+                                const uint32_t v254 = j238 + g253;
+                                const uint32_t v255 = v29 + kk245;
+                                const uint32_t v256 = v255 * v23;
+                                const uint32_t v257 = v30 + v254;
+                                const uint32_t v258 = v256 + v257;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v259 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v258, weight, v259);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v259, 2, v247, 32);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r150 = 0; r150 < v8; r150 += 1) {
-                const uint32_t v151 = H + 128;
-                const uint32_t v152 = v151 - 1;
-                const uint32_t v153 = v152 / 128;
-                for (uint32_t c154 = 0; c154 < v153; c154 += 1) {
-                    const uint32_t v155 = c154 * 128;
-                    const uint32_t v156 = H - v155;
-                    const uint32_t v157 = (v156 < 128 ? v156 : 128);
-                    const uint32_t v158 = v157 + 31;
-                    const uint32_t v159 = v158 / 32;
-                    const uint32_t v160 = r150 * rows;
-                    const uint32_t v161 = v95 + v160;
-                    const uint32_t v162 = v161 / 32;
-                    const uint32_t v163 = v162 * v17;
-                    const uint32_t v164 = v155 / 32;
-                    const uint32_t v165 = v163 + v164;
-                    const uint32_t v166 = chunk + 31;
-                    const uint32_t v167 = v166 / 32;
-                    const uint32_t v168 = (v167 > 1 ? v167 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v168);
-                    const uint32_t v169 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j170 = 0; j170 < v159; j170 += 1) {
-                        const uint32_t v171 = v165 + j170;
-                        const uint32_t v172 = j170 * 4096;
-                        const uint32_t v173 = v169 + v172;
-                        noc_async_read_page(v171, ws_ws_acc0, v173);
+            for (uint32_t r260 = 0; r260 < v9; r260 += 1) {
+                const uint32_t v261 = H + 128;
+                const uint32_t v262 = v261 - 1;
+                const uint32_t v263 = v262 / 128;
+                for (uint32_t c264 = 0; c264 < v263; c264 += 1) {
+                    const uint32_t v265 = c264 * 128;
+                    const uint32_t v266 = H - v265;
+                    const uint32_t v267 = (v266 < 128 ? v266 : 128);
+                    const uint32_t v268 = v267 + 31;
+                    const uint32_t v269 = v268 / 32;
+                    const bool v270 = splits == 1;
+                    const uint32_t v271 = (v270 ? core : b2);
+                    const uint32_t v272 = v271 * 128;
+                    const uint32_t v273 = r260 * rows;
+                    const uint32_t v274 = v272 + v273;
+                    const uint32_t v275 = v274 / 32;
+                    const uint32_t v276 = v275 * v23;
+                    const uint32_t v277 = v265 / 32;
+                    const uint32_t v278 = v276 + v277;
+                    const uint32_t v279 = chunk + 31;
+                    const uint32_t v280 = v279 / 32;
+                    const uint32_t v281 = (v280 > 1 ? v280 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v281);
+                    const uint32_t v282 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j283 = 0; j283 < v269; j283 += 1) {
+                        const uint32_t v284 = v278 + j283;
+                        const uint32_t v285 = j283 * 4096;
+                        const uint32_t v286 = v282 + v285;
+                        noc_async_read_page(v284, ws_ws_acc0, v286);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v168);
-                    cb_reserve_back(tt::CBIndex::c_8, v168);
-                    const uint32_t v174 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j175 = 0; j175 < v159; j175 += 1) {
-                        const uint32_t v176 = v165 + j175;
-                        const uint32_t v177 = j175 * 4096;
-                        const uint32_t v178 = v174 + v177;
-                        noc_async_read_page(v176, ws_ws_c0, v178);
+                    cb_push_back(tt::CBIndex::c_5, v281);
+                    const uint32_t v287 = v132 + v273;
+                    const uint32_t v288 = v287 / 32;
+                    const uint32_t v289 = v288 * v23;
+                    const uint32_t v290 = v289 + v277;
+                    cb_reserve_back(tt::CBIndex::c_9, v281);
+                    const uint32_t v291 = get_write_ptr(tt::CBIndex::c_9);
+                    for (uint32_t j292 = 0; j292 < v269; j292 += 1) {
+                        const uint32_t v293 = v290 + j292;
+                        const uint32_t v294 = j292 * 4096;
+                        const uint32_t v295 = v291 + v294;
+                        noc_async_read_page(v293, ws_ws_c0, v295);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v168);
-                    cb_reserve_back(tt::CBIndex::c_12, v168);
-                    const uint32_t v179 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j180 = 0; j180 < v159; j180 += 1) {
-                        const uint32_t v181 = v165 + j180;
-                        const uint32_t v182 = j180 * 4096;
-                        const uint32_t v183 = v179 + v182;
-                        noc_async_read_page(v181, ws_ws_c0l, v183);
+                    cb_push_back(tt::CBIndex::c_9, v281);
+                    cb_reserve_back(tt::CBIndex::c_13, v281);
+                    const uint32_t v296 = get_write_ptr(tt::CBIndex::c_13);
+                    for (uint32_t j297 = 0; j297 < v269; j297 += 1) {
+                        const uint32_t v298 = v290 + j297;
+                        const uint32_t v299 = j297 * 4096;
+                        const uint32_t v300 = v296 + v299;
+                        noc_async_read_page(v298, ws_ws_c0l, v300);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v168);
+                    cb_push_back(tt::CBIndex::c_13, v281);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r184 = 0; r184 < v8; r184 += 1) {
-            const uint32_t v185 = H + 128;
-            const uint32_t v186 = v185 - 1;
-            const uint32_t v187 = v186 / 128;
-            for (uint32_t c188 = 0; c188 < v187; c188 += 1) {
-                const uint32_t v189 = c188 * 128;
-                const uint32_t v190 = H - v189;
-                const uint32_t v191 = (v190 < 128 ? v190 : 128);
-                const uint32_t v192 = v191 + 31;
-                const uint32_t v193 = v192 / 32;
-                const uint32_t v194 = H + 31;
-                const uint32_t v195 = v194 / 32;
-                const uint32_t v196 = core * 128;
-                const uint32_t v197 = r184 * rows;
-                const uint32_t v198 = v196 + v197;
-                const uint32_t v199 = v198 / 32;
-                const uint32_t v200 = v199 * v195;
-                const uint32_t v201 = v189 / 32;
-                const uint32_t v202 = v200 + v201;
-                const uint32_t v203 = chunk + 31;
-                const uint32_t v204 = v203 / 32;
-                const uint32_t v205 = (v204 > 1 ? v204 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v205);
-                const uint32_t v206 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j207 = 0; j207 < v193; j207 += 1) {
-                    const uint32_t v208 = v202 + j207;
-                    const uint32_t v209 = j207 * 4096;
-                    const uint32_t v210 = v206 + v209;
-                    noc_async_read_page(v208, ws_ws_acc0, v210);
+        const bool v301 = splits == 1;
+        const uint32_t v302 = (v301 ? 1 : 0);
+        for (uint32_t d303 = 0; d303 < v302; d303 += 1) {
+            for (uint32_t r304 = 0; r304 < v9; r304 += 1) {
+                const uint32_t v305 = H + 128;
+                const uint32_t v306 = v305 - 1;
+                const uint32_t v307 = v306 / 128;
+                for (uint32_t c308 = 0; c308 < v307; c308 += 1) {
+                    const uint32_t v309 = c308 * 128;
+                    const uint32_t v310 = H - v309;
+                    const uint32_t v311 = (v310 < 128 ? v310 : 128);
+                    const uint32_t v312 = v311 + 31;
+                    const uint32_t v313 = v312 / 32;
+                    const uint32_t v314 = H + 31;
+                    const uint32_t v315 = v314 / 32;
+                    const uint32_t v316 = (v301 ? core : b2);
+                    const uint32_t v317 = v316 * 128;
+                    const uint32_t v318 = r304 * rows;
+                    const uint32_t v319 = v317 + v318;
+                    const uint32_t v320 = v319 / 32;
+                    const uint32_t v321 = v320 * v315;
+                    const uint32_t v322 = v309 / 32;
+                    const uint32_t v323 = v321 + v322;
+                    const uint32_t v324 = chunk + 31;
+                    const uint32_t v325 = v324 / 32;
+                    const uint32_t v326 = (v325 > 1 ? v325 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v326);
+                    const uint32_t v327 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j328 = 0; j328 < v313; j328 += 1) {
+                        const uint32_t v329 = v323 + j328;
+                        const uint32_t v330 = j328 * 4096;
+                        const uint32_t v331 = v327 + v330;
+                        noc_async_read_page(v329, ws_ws_acc0, v331);
+                    }
+                    noc_async_read_barrier();
+                    cb_push_back(tt::CBIndex::c_5, v326);
                 }
-                noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v205);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_6, 1);
+    cb_push_back(tt::CBIndex::c_7, 1);
 }

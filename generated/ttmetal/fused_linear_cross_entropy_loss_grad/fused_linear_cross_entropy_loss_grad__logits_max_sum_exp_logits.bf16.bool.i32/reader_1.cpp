@@ -5,366 +5,121 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t input_addr = get_arg_val<uint32_t>(8);
-    constexpr auto input_args = TensorAccessorArgs<0>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(9);
-    constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t BT = get_arg_val<uint32_t>(10);
-    const uint32_t ws1_ws_p_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws1_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_p = TensorAccessor(ws1_ws_p_args, ws1_ws_p_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(13);
-    constexpr auto logits_max_args = TensorAccessorArgs<ws1_ws_p_args.next_compile_time_args_offset()>();
-    const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(14);
-    constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
-    const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(15);
-    constexpr auto masked_target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 128);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(16);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f17 = get_arg_val<uint32_t>(17);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(18);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(19);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(20);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(21);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(22);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_6, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_6);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = V - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v10 = x9 * 2048;
-            const uint32_t v11 = v10 * H;
-            const uint32_t v12 = v11 / H;
-            const uint32_t v13 = v12 * H;
-            const uint32_t v14 = v11 - v13;
-            const uint32_t v15 = v12 / 32;
-            const uint32_t v16 = v14 / 32;
-            const uint32_t v17 = H + 31;
-            const uint32_t v18 = v17 / 32;
-            const uint32_t v19 = v3 * H;
-            const uint32_t v20 = v19 / H;
-            const uint32_t v21 = v20 * H;
-            const uint32_t v22 = v19 - v21;
-            const uint32_t v23 = v20 / 32;
-            const uint32_t v24 = v22 / 32;
-            const uint32_t v25 = BT - v10;
-            const uint32_t v26 = (v25 < 2048 ? v25 : 2048);
-            const uint32_t v27 = v26 + 31;
-            const uint32_t v28 = v27 / 32;
-            for (uint32_t i29 = 0; i29 < v28; i29 += 1) {
-                const uint32_t v30 = v5 + 31;
-                const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
-                    const uint32_t v33 = v31 - j32;
-                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
-                    for (uint32_t kk35 = 0; kk35 < v18; kk35 += 1) {
-                        const uint32_t v36 = kk35 * 32;
-                        const uint32_t v37 = H - v36;
-                        const uint32_t v38 = v15 + i29;
-                        const uint32_t v39 = v38 * v18;
-                        const uint32_t v40 = v16 + kk35;
-                        const uint32_t v41 = v39 + v40;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v41, input, v42);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v42, 2, 32, v37);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
-                            const uint32_t v44 = j32 + g43;
-                            const uint32_t v45 = v23 + v44;
-                            const uint32_t v46 = v45 * v18;
-                            const uint32_t v47 = v24 + kk35;
-                            const uint32_t v48 = v46 + v47;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v48, weight, v49);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v49, 2, 32, v37);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v50 = v26 + rows;
-            const uint32_t v51 = v50 - 1;
-            const uint32_t v52 = v51 / rows;
-            for (uint32_t r53 = 0; r53 < v52; r53 += 1) {
-                const uint32_t v54 = v5 + 128;
-                const uint32_t v55 = v54 - 1;
-                const uint32_t v56 = v55 / 128;
-                for (uint32_t c57 = 0; c57 < v56; c57 += 1) {
-                    const uint32_t v58 = c57 * 128;
-                    const uint32_t v59 = v5 - v58;
-                    const uint32_t v60 = (v59 < 128 ? v59 : 128);
-                    const uint32_t v61 = v60 + 31;
-                    const uint32_t v62 = v61 / 32;
-                    const uint32_t v63 = core * 2048;
-                    const uint32_t v64 = r53 * rows;
-                    const uint32_t v65 = v63 + v64;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = v66 * 4;
-                    const uint32_t v68 = v58 / 32;
-                    const uint32_t v69 = v67 + v68;
-                    const uint32_t v70 = chunk + 31;
-                    const uint32_t v71 = v70 / 32;
-                    const uint32_t v72 = (v71 > 1 ? v71 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v72);
-                    const uint32_t v73 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j74 = 0; j74 < v62; j74 += 1) {
-                        const uint32_t v75 = v69 + j74;
-                        const uint32_t v76 = j74 * 4096;
-                        const uint32_t v77 = v73 + v76;
-                        noc_async_read_page(v75, ws1_ws_p, v77);
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t chunk = get_arg_val<uint32_t>(9);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            cb_wait_front(tt::CBIndex::c_0, 1);
+            cb_pop_front(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
+                    const uint32_t v25 = v24 / 32;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    const uint32_t v29 = chunk + 31;
+                    const uint32_t v30 = v29 / 32;
+                    const uint32_t v31 = (v30 > 1 ? v30 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v32 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j33 = 0; j33 < v18; j33 += 1) {
+                        const uint32_t v34 = v28 + j33;
+                        const uint32_t v35 = j33 * 4096;
+                        const uint32_t v36 = v32 + v35;
+                        noc_async_read_page(v34, ws_ws_acc0, v36);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v72);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v78 = v10 + v64;
-                    const uint32_t v79 = v26 - v64;
-                    const uint32_t v80 = (v79 < rows ? v79 : rows);
-                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v78, v80, v81, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v78, v80, v82, v1);
-                    cb_push_back(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_1, 1);
-                    cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v72);
-                    const uint32_t v83 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v84 = v72 * 4096;
-                    opgen_tt_zero_l1(v83, v84);
-                    for (uint32_t h85 = 0; h85 < v80; h85 += 1) {
-                        const uint32_t v86 = v78 + h85;
-                        const uint32_t v87 = opgen_tt_load_elem(masked_target, 4, v86, v1);
-                        const uint32_t v88 = opgen_tt_load_bit(target_mask, 0, v86, v1);
-                        const bool v89 = v88 != 0;
-                        const bool v90 = !v89;
-                        const uint32_t v91 = (uint32_t)(v87);
-                        const uint32_t v92 = v3 + v58;
-                        const uint32_t v93 = v91 - v92;
-                        const uint32_t v94 = (v90 ? v93 : -1);
-                        opgen_tt_set_word(v83, h85, v94, v60, f17);
-                    }
-                    cb_push_back(tt::CBIndex::c_8, v72);
-                    cb_wait_front(tt::CBIndex::c_1, 1);
-                    cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v78, v80, v95, v1);
-                    cb_push_back(tt::CBIndex::c_9, 1);
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v96 = core * 2048;
-            const uint32_t v97 = v96 * 128;
-            const uint32_t v98 = v97 / 128;
-            const uint32_t v99 = v98 * 128;
-            const uint32_t v100 = v97 - v99;
-            const uint32_t v101 = v98 / 32;
-            const uint32_t v102 = v100 / 32;
-            const uint32_t v103 = 128 + 31;
-            const uint32_t v104 = v103 / 32;
-            const uint32_t v105 = v5 + 31;
-            const uint32_t v106 = v105 / 32;
-            for (uint32_t i107 = 0; i107 < v106; i107 += 1) {
-                for (uint32_t j108 = 0; j108 < v18; j108 += 4) {
-                    const uint32_t v109 = v18 - j108;
-                    const uint32_t v110 = (v109 < 4 ? v109 : 4);
-                    for (uint32_t kk111 = 0; kk111 < v28; kk111 += 1) {
-                        const uint32_t v112 = kk111 * 32;
-                        const uint32_t v113 = v26 - v112;
-                        const uint32_t v114 = v101 + kk111;
-                        const uint32_t v115 = v114 * v104;
-                        const uint32_t v116 = v102 + i107;
-                        const uint32_t v117 = v115 + v116;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v118 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v117, ws1_ws_g, v118);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v118, 2, v113, 32);
-                        opgen_tt_transpose(v118, 2);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g119 = 0; g119 < v110; g119 += 1) {
-                            const uint32_t v120 = j108 + g119;
-                            const uint32_t v121 = v15 + kk111;
-                            const uint32_t v122 = v121 * v18;
-                            const uint32_t v123 = v16 + v120;
-                            const uint32_t v124 = v122 + v123;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v125 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v124, input, v125);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v125, 2, v113, 32);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            for (uint32_t i126 = 0; i126 < v106; i126 += 1) {
-                for (uint32_t j127 = 0; j127 < v18; j127 += 4) {
-                    const uint32_t v128 = v18 - j127;
-                    const uint32_t v129 = (v128 < 4 ? v128 : 4);
-                    for (uint32_t kk130 = 0; kk130 < v28; kk130 += 1) {
-                        const uint32_t v131 = kk130 * 32;
-                        const uint32_t v132 = v26 - v131;
-                        const uint32_t v133 = v101 + kk130;
-                        const uint32_t v134 = v133 * v104;
-                        const uint32_t v135 = v102 + i126;
-                        const uint32_t v136 = v134 + v135;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v137 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v136, ws1_ws_gl, v137);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v137, 2, v132, 32);
-                        opgen_tt_transpose(v137, 2);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g138 = 0; g138 < v129; g138 += 1) {
-                            const uint32_t v139 = j127 + g138;
-                            const uint32_t v140 = v15 + kk130;
-                            const uint32_t v141 = v140 * v18;
-                            const uint32_t v142 = v16 + v139;
-                            const uint32_t v143 = v141 + v142;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v144 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v143, input, v144);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v144, 2, v132, 32);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r145 = 0; r145 < v8; r145 += 1) {
-                const uint32_t v146 = H + 128;
-                const uint32_t v147 = v146 - 1;
-                const uint32_t v148 = v147 / 128;
-                for (uint32_t c149 = 0; c149 < v148; c149 += 1) {
-                    const uint32_t v150 = c149 * 128;
-                    const uint32_t v151 = H - v150;
-                    const uint32_t v152 = (v151 < 128 ? v151 : 128);
-                    const uint32_t v153 = v152 + 31;
-                    const uint32_t v154 = v153 / 32;
-                    const uint32_t v155 = core * 128;
-                    const uint32_t v156 = r145 * rows;
-                    const uint32_t v157 = v155 + v156;
-                    const uint32_t v158 = v157 / 32;
-                    const uint32_t v159 = v158 * v18;
-                    const uint32_t v160 = v150 / 32;
-                    const uint32_t v161 = v159 + v160;
-                    const uint32_t v162 = chunk + 31;
-                    const uint32_t v163 = v162 / 32;
-                    const uint32_t v164 = (v163 > 1 ? v163 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v164);
-                    const uint32_t v165 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j166 = 0; j166 < v154; j166 += 1) {
-                        const uint32_t v167 = v161 + j166;
-                        const uint32_t v168 = j166 * 4096;
-                        const uint32_t v169 = v165 + v168;
-                        noc_async_read_page(v167, ws1_ws_acc0, v169);
+                    cb_push_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v37 = s2 * 128;
+                    const uint32_t v38 = v22 + v37;
+                    const uint32_t v39 = v38 + v23;
+                    const uint32_t v40 = v39 / 32;
+                    const uint32_t v41 = v40 * v20;
+                    const uint32_t v42 = v41 + v27;
+                    cb_reserve_back(tt::CBIndex::c_2, v31);
+                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_2);
+                    for (uint32_t j44 = 0; j44 < v18; j44 += 1) {
+                        const uint32_t v45 = v42 + j44;
+                        const uint32_t v46 = j44 * 4096;
+                        const uint32_t v47 = v43 + v46;
+                        noc_async_read_page(v45, ws_ws_acc0, v47);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v164);
-                    cb_reserve_back(tt::CBIndex::c_8, v164);
-                    const uint32_t v170 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j171 = 0; j171 < v154; j171 += 1) {
-                        const uint32_t v172 = v161 + j171;
-                        const uint32_t v173 = j171 * 4096;
-                        const uint32_t v174 = v170 + v173;
-                        noc_async_read_page(v172, ws1_ws_c0, v174);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v164);
-                    cb_reserve_back(tt::CBIndex::c_12, v164);
-                    const uint32_t v175 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j176 = 0; j176 < v154; j176 += 1) {
-                        const uint32_t v177 = v161 + j176;
-                        const uint32_t v178 = j176 * 4096;
-                        const uint32_t v179 = v175 + v178;
-                        noc_async_read_page(v177, ws1_ws_c0l, v179);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v164);
+                    cb_push_back(tt::CBIndex::c_2, v31);
                 }
             }
         }
-        cb_wait_front(tt::CBIndex::c_1, 1);
-        cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r180 = 0; r180 < v8; r180 += 1) {
-            const uint32_t v181 = H + 128;
-            const uint32_t v182 = v181 - 1;
-            const uint32_t v183 = v182 / 128;
-            for (uint32_t c184 = 0; c184 < v183; c184 += 1) {
-                const uint32_t v185 = c184 * 128;
-                const uint32_t v186 = H - v185;
-                const uint32_t v187 = (v186 < 128 ? v186 : 128);
-                const uint32_t v188 = v187 + 31;
-                const uint32_t v189 = v188 / 32;
-                const uint32_t v190 = H + 31;
-                const uint32_t v191 = v190 / 32;
-                const uint32_t v192 = core * 128;
-                const uint32_t v193 = r180 * rows;
-                const uint32_t v194 = v192 + v193;
-                const uint32_t v195 = v194 / 32;
-                const uint32_t v196 = v195 * v191;
-                const uint32_t v197 = v185 / 32;
-                const uint32_t v198 = v196 + v197;
-                const uint32_t v199 = chunk + 31;
-                const uint32_t v200 = v199 / 32;
-                const uint32_t v201 = (v200 > 1 ? v200 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v201);
-                const uint32_t v202 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j203 = 0; j203 < v189; j203 += 1) {
-                    const uint32_t v204 = v198 + j203;
-                    const uint32_t v205 = j203 * 4096;
-                    const uint32_t v206 = v202 + v205;
-                    noc_async_read_page(v204, ws1_ws_acc0, v206);
+        cb_wait_front(tt::CBIndex::c_0, 1);
+        cb_pop_front(tt::CBIndex::c_0, 1);
+        const uint32_t v48 = b1 * blk;
+        const uint32_t v49 = BT - v48;
+        const uint32_t v50 = (v49 < blk ? v49 : blk);
+        const uint32_t v51 = v50 + rows;
+        const uint32_t v52 = v51 - 1;
+        const uint32_t v53 = v52 / rows;
+        for (uint32_t r54 = 0; r54 < v53; r54 += 1) {
+            const uint32_t v55 = H + 128;
+            const uint32_t v56 = v55 - 1;
+            const uint32_t v57 = v56 / 128;
+            for (uint32_t c58 = 0; c58 < v57; c58 += 1) {
+                const uint32_t v59 = c58 * 128;
+                const uint32_t v60 = H - v59;
+                const uint32_t v61 = (v60 < 128 ? v60 : 128);
+                const uint32_t v62 = v61 + 31;
+                const uint32_t v63 = v62 / 32;
+                const uint32_t v64 = H + 31;
+                const uint32_t v65 = v64 / 32;
+                const uint32_t v66 = b1 * splits;
+                const uint32_t v67 = v66 * 128;
+                const uint32_t v68 = r54 * rows;
+                const uint32_t v69 = v67 + v68;
+                const uint32_t v70 = v69 / 32;
+                const uint32_t v71 = v70 * v65;
+                const uint32_t v72 = v59 / 32;
+                const uint32_t v73 = v71 + v72;
+                const uint32_t v74 = chunk + 31;
+                const uint32_t v75 = v74 / 32;
+                const uint32_t v76 = (v75 > 1 ? v75 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v76);
+                const uint32_t v77 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j78 = 0; j78 < v63; j78 += 1) {
+                    const uint32_t v79 = v73 + j78;
+                    const uint32_t v80 = j78 * 4096;
+                    const uint32_t v81 = v77 + v80;
+                    noc_async_read_page(v79, ws_ws_acc0, v81);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v201);
+                cb_push_back(tt::CBIndex::c_1, v76);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_6, 1);
 }

@@ -5,367 +5,542 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t input_addr = get_arg_val<uint32_t>(8);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t slice = get_arg_val<uint32_t>(8);
+    const uint32_t xblocks = get_arg_val<uint32_t>(9);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(10);
+    const uint32_t input_addr = get_arg_val<uint32_t>(11);
     constexpr auto input_args = TensorAccessorArgs<0>();
     const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(9);
+    const uint32_t weight_addr = get_arg_val<uint32_t>(12);
     constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
     const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t V = get_arg_val<uint32_t>(10);
-    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(11);
+    const uint32_t mm_p_panel = get_arg_val<uint32_t>(13);
+    const uint32_t V = get_arg_val<uint32_t>(14);
+    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(15);
     constexpr auto ws_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
     const auto ws_ws_p = TensorAccessor(ws_ws_p_args, ws_ws_p_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(13);
+    const uint32_t chunk = get_arg_val<uint32_t>(16);
+    const uint32_t logits_max_addr = get_arg_val<uint32_t>(17);
     constexpr auto logits_max_args = TensorAccessorArgs<ws_ws_p_args.next_compile_time_args_offset()>();
     const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(14);
+    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(18);
     constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
     const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(15);
+    const uint32_t masked_target_addr = get_arg_val<uint32_t>(19);
     constexpr auto masked_target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
     const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(16);
+    const uint32_t target_mask_addr = get_arg_val<uint32_t>(20);
     constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
     const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f17 = get_arg_val<uint32_t>(17);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(18);
+    const uint32_t f21 = get_arg_val<uint32_t>(21);
+    const uint32_t grad_addr = get_arg_val<uint32_t>(22);
     constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
     const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(19);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(23);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(20);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(24);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(25);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(21);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(26);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(22);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(27);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(23);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(28);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_6, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_6);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = BT - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
+    cb_reserve_back(tt::CBIndex::c_7, 1);
+    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_7);
+    for (uint32_t b2 = core; b2 < units; b2 += cores) {
+        const uint32_t v3 = b2 / splits;
+        const uint32_t v4 = v3 * blk;
+        const uint32_t v5 = BT - v4;
+        const uint32_t v6 = (v5 < blk ? v5 : blk);
+        const uint32_t v7 = v6 + rows;
+        const uint32_t v8 = v7 - 1;
+        const uint32_t v9 = v8 / rows;
+        const uint32_t v10 = v3 * splits;
+        const uint32_t v11 = b2 - v10;
+        const uint32_t v12 = v11 * slice;
+        const uint32_t v13 = v12 + slice;
+        const uint32_t v14 = (xblocks < v13 ? xblocks : v13);
+        for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v10 = v3 * H;
-            const uint32_t v11 = v10 / H;
-            const uint32_t v12 = v11 * H;
-            const uint32_t v13 = v10 - v12;
-            const uint32_t v14 = v11 / 32;
-            const uint32_t v15 = v13 / 32;
-            const uint32_t v16 = H + 31;
-            const uint32_t v17 = v16 / 32;
-            const uint32_t v18 = x9 * 2048;
-            const uint32_t v19 = v18 * H;
-            const uint32_t v20 = v19 / H;
-            const uint32_t v21 = v20 * H;
-            const uint32_t v22 = v19 - v21;
-            const uint32_t v23 = v20 / 32;
-            const uint32_t v24 = v22 / 32;
-            const uint32_t v25 = v5 + 31;
-            const uint32_t v26 = v25 / 32;
-            for (uint32_t i27 = 0; i27 < v26; i27 += 1) {
-                const uint32_t v28 = V - v18;
-                const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
-                const uint32_t v30 = v29 + 31;
-                const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
-                    const uint32_t v33 = v31 - j32;
-                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
-                    for (uint32_t kk35 = 0; kk35 < v17; kk35 += 1) {
-                        const uint32_t v36 = kk35 * 32;
-                        const uint32_t v37 = H - v36;
-                        const uint32_t v38 = v14 + i27;
-                        const uint32_t v39 = v38 * v17;
-                        const uint32_t v40 = v15 + kk35;
-                        const uint32_t v41 = v39 + v40;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v41, input, v42);
+            const uint32_t v16 = v4 * H;
+            const uint32_t v17 = v16 / H;
+            const uint32_t v18 = v17 * H;
+            const uint32_t v19 = v16 - v18;
+            const uint32_t v20 = v17 / 32;
+            const uint32_t v21 = v19 / 32;
+            const uint32_t v22 = H + 31;
+            const uint32_t v23 = v22 / 32;
+            const uint32_t v24 = x15 * 2048;
+            const uint32_t v25 = v24 * H;
+            const uint32_t v26 = v25 / H;
+            const uint32_t v27 = v26 * H;
+            const uint32_t v28 = v25 - v27;
+            const uint32_t v29 = v26 / 32;
+            const uint32_t v30 = v28 / 32;
+            for (uint32_t p31 = 0; p31 < mm_p_panel; p31 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v32 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v33 = v6 + 31;
+                const uint32_t v34 = v33 / 32;
+                for (uint32_t i35 = 0; i35 < v34; i35 += 1) {
+                    for (uint32_t kk36 = 0; kk36 < v23; kk36 += 1) {
+                        const uint32_t v37 = i35 * v23;
+                        const uint32_t v38 = v37 + kk36;
+                        const uint32_t v39 = v38 * 2048;
+                        const uint32_t v40 = v32 + v39;
+                        const uint32_t v41 = kk36 * 32;
+                        const uint32_t v42 = H - v41;
+                        const uint32_t v43 = v20 + i35;
+                        const uint32_t v44 = v43 * v23;
+                        const uint32_t v45 = v21 + kk36;
+                        const uint32_t v46 = v44 + v45;
+                        noc_async_read_page(v46, input, v40);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v42, 2, 32, v37);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
-                            const uint32_t v44 = j32 + g43;
-                            const uint32_t v45 = v23 + v44;
-                            const uint32_t v46 = v45 * v17;
-                            const uint32_t v47 = v24 + kk35;
-                            const uint32_t v48 = v46 + v47;
+                        opgen_tt_keep(v40, 2, 32, v42);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v47 = V - v24;
+                const uint32_t v48 = (v47 < 2048 ? v47 : 2048);
+                const uint32_t v49 = v48 + 31;
+                const uint32_t v50 = v49 / 32;
+                for (uint32_t j51 = 0; j51 < v50; j51 += 1) {
+                    for (uint32_t kk52 = 0; kk52 < v23; kk52 += 1) {
+                        const uint32_t v53 = kk52 * 32;
+                        const uint32_t v54 = H - v53;
+                        const uint32_t v55 = v29 + j51;
+                        const uint32_t v56 = v55 * v23;
+                        const uint32_t v57 = v30 + kk52;
+                        const uint32_t v58 = v56 + v57;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v59 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v58, weight, v59);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v59, 2, 32, v54);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            const uint32_t v60 = 1 - mm_p_panel;
+            for (uint32_t p61 = 0; p61 < v60; p61 += 1) {
+                const uint32_t v62 = v6 + 31;
+                const uint32_t v63 = v62 / 32;
+                for (uint32_t i64 = 0; i64 < v63; i64 += 1) {
+                    const uint32_t v65 = V - v24;
+                    const uint32_t v66 = (v65 < 2048 ? v65 : 2048);
+                    const uint32_t v67 = v66 + 31;
+                    const uint32_t v68 = v67 / 32;
+                    for (uint32_t j69 = 0; j69 < v68; j69 += 4) {
+                        const uint32_t v70 = v68 - j69;
+                        const uint32_t v71 = (v70 < 4 ? v70 : 4);
+                        for (uint32_t kk72 = 0; kk72 < v23; kk72 += 1) {
+                            const uint32_t v73 = kk72 * 32;
+                            const uint32_t v74 = H - v73;
+                            const uint32_t v75 = v20 + i64;
+                            const uint32_t v76 = v75 * v23;
+                            const uint32_t v77 = v21 + kk72;
+                            const uint32_t v78 = v76 + v77;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v48, weight, v49);
+                            const uint32_t v79 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v78, input, v79);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v49, 2, 32, v37);
+                            opgen_tt_keep(v79, 2, 32, v74);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g80 = 0; g80 < v71; g80 += 1) {
+                                const uint32_t v81 = j69 + g80;
+                                const uint32_t v82 = v29 + v81;
+                                const uint32_t v83 = v82 * v23;
+                                const uint32_t v84 = v30 + kk72;
+                                const uint32_t v85 = v83 + v84;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v86 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v85, weight, v86);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v86, 2, 32, v74);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r50 = 0; r50 < v8; r50 += 1) {
-                const uint32_t v51 = V - v18;
-                const uint32_t v52 = (v51 < 2048 ? v51 : 2048);
-                const uint32_t v53 = v52 + 128;
-                const uint32_t v54 = v53 - 1;
-                const uint32_t v55 = v54 / 128;
-                for (uint32_t c56 = 0; c56 < v55; c56 += 1) {
-                    const uint32_t v57 = c56 * 128;
-                    const uint32_t v58 = v52 - v57;
-                    const uint32_t v59 = (v58 < 128 ? v58 : 128);
-                    const uint32_t v60 = v59 + 31;
-                    const uint32_t v61 = v60 / 32;
-                    const uint32_t v62 = core * 128;
-                    const uint32_t v63 = r50 * rows;
-                    const uint32_t v64 = v62 + v63;
-                    const uint32_t v65 = v64 / 32;
-                    const uint32_t v66 = v65 * 64;
-                    const uint32_t v67 = v57 / 32;
-                    const uint32_t v68 = v66 + v67;
-                    const uint32_t v69 = chunk + 31;
-                    const uint32_t v70 = v69 / 32;
-                    const uint32_t v71 = (v70 > 1 ? v70 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v71);
-                    const uint32_t v72 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j73 = 0; j73 < v61; j73 += 1) {
-                        const uint32_t v74 = v68 + j73;
-                        const uint32_t v75 = j73 * 4096;
-                        const uint32_t v76 = v72 + v75;
-                        noc_async_read_page(v74, ws_ws_p, v76);
+            for (uint32_t r87 = 0; r87 < v9; r87 += 1) {
+                const uint32_t v88 = V - v24;
+                const uint32_t v89 = (v88 < 2048 ? v88 : 2048);
+                const uint32_t v90 = v89 + 128;
+                const uint32_t v91 = v90 - 1;
+                const uint32_t v92 = v91 / 128;
+                for (uint32_t c93 = 0; c93 < v92; c93 += 1) {
+                    const uint32_t v94 = c93 * 128;
+                    const uint32_t v95 = v89 - v94;
+                    const uint32_t v96 = (v95 < 128 ? v95 : 128);
+                    const uint32_t v97 = v96 + 31;
+                    const uint32_t v98 = v97 / 32;
+                    const uint32_t v99 = core * 128;
+                    const uint32_t v100 = r87 * rows;
+                    const uint32_t v101 = v99 + v100;
+                    const uint32_t v102 = v101 / 32;
+                    const uint32_t v103 = v102 * 64;
+                    const uint32_t v104 = v94 / 32;
+                    const uint32_t v105 = v103 + v104;
+                    const uint32_t v106 = chunk + 31;
+                    const uint32_t v107 = v106 / 32;
+                    const uint32_t v108 = (v107 > 1 ? v107 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v108);
+                    const uint32_t v109 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j110 = 0; j110 < v98; j110 += 1) {
+                        const uint32_t v111 = v105 + j110;
+                        const uint32_t v112 = j110 * 4096;
+                        const uint32_t v113 = v109 + v112;
+                        noc_async_read_page(v111, ws_ws_p, v113);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v71);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v77 = v3 + v63;
-                    const uint32_t v78 = v5 - v63;
-                    const uint32_t v79 = (v78 < rows ? v78 : rows);
-                    const uint32_t v80 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v77, v79, v80, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v77, v79, v81, v1);
-                    cb_push_back(tt::CBIndex::c_7, 1);
+                    cb_push_back(tt::CBIndex::c_5, v108);
+                    cb_reserve_back(tt::CBIndex::c_6, 1);
+                    const uint32_t v114 = v4 + v100;
+                    const uint32_t v115 = v6 - v100;
+                    const uint32_t v116 = (v115 < rows ? v115 : rows);
+                    const uint32_t v117 = get_write_ptr(tt::CBIndex::c_6);
+                    opgen_tt_col_from_row(logits_max, 4, v114, v116, v117, v1);
+                    cb_push_back(tt::CBIndex::c_6, 1);
+                    cb_reserve_back(tt::CBIndex::c_8, 1);
+                    const uint32_t v118 = get_write_ptr(tt::CBIndex::c_8);
+                    opgen_tt_col_from_row(sum_exp_logits, 4, v114, v116, v118, v1);
+                    cb_push_back(tt::CBIndex::c_8, 1);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v71);
-                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v83 = v71 * 4096;
-                    opgen_tt_zero_l1(v82, v83);
-                    for (uint32_t h84 = 0; h84 < v79; h84 += 1) {
-                        const uint32_t v85 = v77 + h84;
-                        const uint32_t v86 = opgen_tt_load_elem(masked_target, 8, v85, v1);
-                        const uint32_t v87 = opgen_tt_load_bit(target_mask, 0, v85, v1);
-                        const bool v88 = v87 != 0;
-                        const bool v89 = !v88;
-                        const uint32_t v90 = v18 + v57;
-                        const uint32_t v91 = v86 - v90;
-                        const uint32_t v92 = (v89 ? v91 : -1);
-                        opgen_tt_set_word(v82, h84, v92, v59, f17);
+                    cb_reserve_back(tt::CBIndex::c_9, v108);
+                    const uint32_t v119 = get_write_ptr(tt::CBIndex::c_9);
+                    const uint32_t v120 = v108 * 4096;
+                    opgen_tt_zero_l1(v119, v120);
+                    for (uint32_t h121 = 0; h121 < v116; h121 += 1) {
+                        const uint32_t v122 = v114 + h121;
+                        const uint32_t v123 = opgen_tt_load_elem(masked_target, 8, v122, v1);
+                        const uint32_t v124 = opgen_tt_load_bit(target_mask, 0, v122, v1);
+                        const bool v125 = v124 != 0;
+                        const bool v126 = !v125;
+                        const uint32_t v127 = v24 + v94;
+                        const uint32_t v128 = v123 - v127;
+                        const uint32_t v129 = (v126 ? v128 : -1);
+                        opgen_tt_set_word(v119, h121, v129, v96, f21);
                     }
-                    cb_push_back(tt::CBIndex::c_8, v71);
+                    cb_push_back(tt::CBIndex::c_9, v108);
                     cb_wait_front(tt::CBIndex::c_1, 1);
                     cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v93 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v77, v79, v93, v1);
-                    cb_push_back(tt::CBIndex::c_9, 1);
+                    cb_reserve_back(tt::CBIndex::c_10, 1);
+                    const uint32_t v130 = get_write_ptr(tt::CBIndex::c_10);
+                    opgen_tt_col_from_row(grad, 4, v114, v116, v130, v1);
+                    cb_push_back(tt::CBIndex::c_10, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v94 = core * 128;
-            const uint32_t v95 = v94 * 2048;
-            const uint32_t v96 = v95 / 2048;
-            const uint32_t v97 = v96 * 2048;
-            const uint32_t v98 = v95 - v97;
-            const uint32_t v99 = v96 / 32;
-            const uint32_t v100 = v98 / 32;
-            const uint32_t v101 = 2048 + 31;
-            const uint32_t v102 = v101 / 32;
-            for (uint32_t i103 = 0; i103 < v26; i103 += 1) {
-                for (uint32_t j104 = 0; j104 < v17; j104 += 4) {
-                    const uint32_t v105 = v17 - j104;
-                    const uint32_t v106 = (v105 < 4 ? v105 : 4);
-                    const uint32_t v107 = V - v18;
-                    const uint32_t v108 = (v107 < 2048 ? v107 : 2048);
-                    const uint32_t v109 = v108 + 31;
-                    const uint32_t v110 = v109 / 32;
-                    for (uint32_t kk111 = 0; kk111 < v110; kk111 += 1) {
-                        const uint32_t v112 = kk111 * 32;
-                        const uint32_t v113 = v108 - v112;
-                        const uint32_t v114 = v99 + i103;
-                        const uint32_t v115 = v114 * v102;
-                        const uint32_t v116 = v100 + kk111;
-                        const uint32_t v117 = v115 + v116;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v118 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v117, ws_ws_g, v118);
+            const uint32_t v131 = core * 128;
+            const uint32_t v132 = v131 * 2048;
+            const uint32_t v133 = v132 / 2048;
+            const uint32_t v134 = v133 * 2048;
+            const uint32_t v135 = v132 - v134;
+            const uint32_t v136 = v133 / 32;
+            const uint32_t v137 = v135 / 32;
+            const uint32_t v138 = 2048 + 31;
+            const uint32_t v139 = v138 / 32;
+            for (uint32_t p140 = 0; p140 < mm_0_panel; p140 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v141 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v142 = v6 + 31;
+                const uint32_t v143 = v142 / 32;
+                for (uint32_t i144 = 0; i144 < v143; i144 += 1) {
+                    const uint32_t v145 = V - v24;
+                    const uint32_t v146 = (v145 < 2048 ? v145 : 2048);
+                    const uint32_t v147 = v146 + 31;
+                    const uint32_t v148 = v147 / 32;
+                    for (uint32_t kk149 = 0; kk149 < v148; kk149 += 1) {
+                        const uint32_t v150 = i144 * v148;
+                        const uint32_t v151 = v150 + kk149;
+                        const uint32_t v152 = v151 * 2048;
+                        const uint32_t v153 = v141 + v152;
+                        const uint32_t v154 = kk149 * 32;
+                        const uint32_t v155 = v146 - v154;
+                        const uint32_t v156 = v136 + i144;
+                        const uint32_t v157 = v156 * v139;
+                        const uint32_t v158 = v137 + kk149;
+                        const uint32_t v159 = v157 + v158;
+                        noc_async_read_page(v159, ws_ws_g, v153);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v118, 2, 32, v113);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g119 = 0; g119 < v106; g119 += 1) {
-                            const uint32_t v120 = j104 + g119;
-                            const uint32_t v121 = v23 + kk111;
-                            const uint32_t v122 = v121 * v17;
-                            const uint32_t v123 = v24 + v120;
-                            const uint32_t v124 = v122 + v123;
+                        opgen_tt_keep(v153, 2, 32, v155);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                for (uint32_t j160 = 0; j160 < v23; j160 += 1) {
+                    const uint32_t v161 = V - v24;
+                    const uint32_t v162 = (v161 < 2048 ? v161 : 2048);
+                    const uint32_t v163 = v162 + 31;
+                    const uint32_t v164 = v163 / 32;
+                    for (uint32_t kk165 = 0; kk165 < v164; kk165 += 1) {
+                        const uint32_t v166 = kk165 * 32;
+                        const uint32_t v167 = v162 - v166;
+                        const uint32_t v168 = v29 + kk165;
+                        const uint32_t v169 = v168 * v23;
+                        const uint32_t v170 = v30 + j160;
+                        const uint32_t v171 = v169 + v170;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v172 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v171, weight, v172);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v172, 2, v167, 32);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            const uint32_t v173 = 1 - mm_0_panel;
+            for (uint32_t p174 = 0; p174 < v173; p174 += 1) {
+                const uint32_t v175 = v6 + 31;
+                const uint32_t v176 = v175 / 32;
+                for (uint32_t i177 = 0; i177 < v176; i177 += 1) {
+                    for (uint32_t j178 = 0; j178 < v23; j178 += 4) {
+                        const uint32_t v179 = v23 - j178;
+                        const uint32_t v180 = (v179 < 4 ? v179 : 4);
+                        const uint32_t v181 = V - v24;
+                        const uint32_t v182 = (v181 < 2048 ? v181 : 2048);
+                        const uint32_t v183 = v182 + 31;
+                        const uint32_t v184 = v183 / 32;
+                        for (uint32_t kk185 = 0; kk185 < v184; kk185 += 1) {
+                            const uint32_t v186 = kk185 * 32;
+                            const uint32_t v187 = v182 - v186;
+                            const uint32_t v188 = v136 + i177;
+                            const uint32_t v189 = v188 * v139;
+                            const uint32_t v190 = v137 + kk185;
+                            const uint32_t v191 = v189 + v190;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v125 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v124, weight, v125);
+                            const uint32_t v192 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v191, ws_ws_g, v192);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v125, 2, v113, 32);
+                            opgen_tt_keep(v192, 2, 32, v187);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g193 = 0; g193 < v180; g193 += 1) {
+                                const uint32_t v194 = j178 + g193;
+                                const uint32_t v195 = v29 + kk185;
+                                const uint32_t v196 = v195 * v23;
+                                const uint32_t v197 = v30 + v194;
+                                const uint32_t v198 = v196 + v197;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v199 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v198, weight, v199);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v199, 2, v187, 32);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
-            for (uint32_t i126 = 0; i126 < v26; i126 += 1) {
-                for (uint32_t j127 = 0; j127 < v17; j127 += 4) {
-                    const uint32_t v128 = v17 - j127;
-                    const uint32_t v129 = (v128 < 4 ? v128 : 4);
-                    const uint32_t v130 = V - v18;
-                    const uint32_t v131 = (v130 < 2048 ? v130 : 2048);
-                    const uint32_t v132 = v131 + 31;
-                    const uint32_t v133 = v132 / 32;
-                    for (uint32_t kk134 = 0; kk134 < v133; kk134 += 1) {
-                        const uint32_t v135 = kk134 * 32;
-                        const uint32_t v136 = v131 - v135;
-                        const uint32_t v137 = v99 + i126;
-                        const uint32_t v138 = v137 * v102;
-                        const uint32_t v139 = v100 + kk134;
-                        const uint32_t v140 = v138 + v139;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v141 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v140, ws_ws_gl, v141);
+            for (uint32_t p200 = 0; p200 < mm_0_panel; p200 += 1) {
+                cb_reserve_back(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v201 = get_write_ptr(tt::CBIndex::c_2);
+                const uint32_t v202 = v6 + 31;
+                const uint32_t v203 = v202 / 32;
+                for (uint32_t i204 = 0; i204 < v203; i204 += 1) {
+                    const uint32_t v205 = V - v24;
+                    const uint32_t v206 = (v205 < 2048 ? v205 : 2048);
+                    const uint32_t v207 = v206 + 31;
+                    const uint32_t v208 = v207 / 32;
+                    for (uint32_t kk209 = 0; kk209 < v208; kk209 += 1) {
+                        const uint32_t v210 = i204 * v208;
+                        const uint32_t v211 = v210 + kk209;
+                        const uint32_t v212 = v211 * 2048;
+                        const uint32_t v213 = v201 + v212;
+                        const uint32_t v214 = kk209 * 32;
+                        const uint32_t v215 = v206 - v214;
+                        const uint32_t v216 = v136 + i204;
+                        const uint32_t v217 = v216 * v139;
+                        const uint32_t v218 = v137 + kk209;
+                        const uint32_t v219 = v217 + v218;
+                        noc_async_read_page(v219, ws_ws_gl, v213);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v141, 2, 32, v136);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g142 = 0; g142 < v129; g142 += 1) {
-                            const uint32_t v143 = j127 + g142;
-                            const uint32_t v144 = v23 + kk134;
-                            const uint32_t v145 = v144 * v17;
-                            const uint32_t v146 = v24 + v143;
-                            const uint32_t v147 = v145 + v146;
+                        opgen_tt_keep(v213, 2, 32, v215);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_2, panel_pages);
+                for (uint32_t j220 = 0; j220 < v23; j220 += 1) {
+                    const uint32_t v221 = V - v24;
+                    const uint32_t v222 = (v221 < 2048 ? v221 : 2048);
+                    const uint32_t v223 = v222 + 31;
+                    const uint32_t v224 = v223 / 32;
+                    for (uint32_t kk225 = 0; kk225 < v224; kk225 += 1) {
+                        const uint32_t v226 = kk225 * 32;
+                        const uint32_t v227 = v222 - v226;
+                        const uint32_t v228 = v29 + kk225;
+                        const uint32_t v229 = v228 * v23;
+                        const uint32_t v230 = v30 + j220;
+                        const uint32_t v231 = v229 + v230;
+                        cb_reserve_back(tt::CBIndex::c_4, 1);
+                        const uint32_t v232 = get_write_ptr(tt::CBIndex::c_4);
+                        noc_async_read_page(v231, weight, v232);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v232, 2, v227, 32);
+                        cb_push_back(tt::CBIndex::c_4, 1);
+                    }
+                }
+            }
+            for (uint32_t p233 = 0; p233 < v173; p233 += 1) {
+                const uint32_t v234 = v6 + 31;
+                const uint32_t v235 = v234 / 32;
+                for (uint32_t i236 = 0; i236 < v235; i236 += 1) {
+                    for (uint32_t j237 = 0; j237 < v23; j237 += 4) {
+                        const uint32_t v238 = v23 - j237;
+                        const uint32_t v239 = (v238 < 4 ? v238 : 4);
+                        const uint32_t v240 = V - v24;
+                        const uint32_t v241 = (v240 < 2048 ? v240 : 2048);
+                        const uint32_t v242 = v241 + 31;
+                        const uint32_t v243 = v242 / 32;
+                        for (uint32_t kk244 = 0; kk244 < v243; kk244 += 1) {
+                            const uint32_t v245 = kk244 * 32;
+                            const uint32_t v246 = v241 - v245;
+                            const uint32_t v247 = v136 + i236;
+                            const uint32_t v248 = v247 * v139;
+                            const uint32_t v249 = v137 + kk244;
+                            const uint32_t v250 = v248 + v249;
                             cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v148 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v147, weight, v148);
+                            const uint32_t v251 = get_write_ptr(tt::CBIndex::c_3);
+                            noc_async_read_page(v250, ws_ws_gl, v251);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v148, 2, v136, 32);
+                            opgen_tt_keep(v251, 2, 32, v246);
                             cb_push_back(tt::CBIndex::c_3, 1);
+                            for (uint32_t g252 = 0; g252 < v239; g252 += 1) {
+                                const uint32_t v253 = j237 + g252;
+                                const uint32_t v254 = v29 + kk244;
+                                const uint32_t v255 = v254 * v23;
+                                const uint32_t v256 = v30 + v253;
+                                const uint32_t v257 = v255 + v256;
+                                cb_reserve_back(tt::CBIndex::c_4, 1);
+                                const uint32_t v258 = get_write_ptr(tt::CBIndex::c_4);
+                                noc_async_read_page(v257, weight, v258);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v258, 2, v246, 32);
+                                cb_push_back(tt::CBIndex::c_4, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_1, 1);
             cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r149 = 0; r149 < v8; r149 += 1) {
-                const uint32_t v150 = H + 128;
-                const uint32_t v151 = v150 - 1;
-                const uint32_t v152 = v151 / 128;
-                for (uint32_t c153 = 0; c153 < v152; c153 += 1) {
-                    const uint32_t v154 = c153 * 128;
-                    const uint32_t v155 = H - v154;
-                    const uint32_t v156 = (v155 < 128 ? v155 : 128);
-                    const uint32_t v157 = v156 + 31;
-                    const uint32_t v158 = v157 / 32;
-                    const uint32_t v159 = r149 * rows;
-                    const uint32_t v160 = v94 + v159;
-                    const uint32_t v161 = v160 / 32;
-                    const uint32_t v162 = v161 * v17;
-                    const uint32_t v163 = v154 / 32;
-                    const uint32_t v164 = v162 + v163;
-                    const uint32_t v165 = chunk + 31;
-                    const uint32_t v166 = v165 / 32;
-                    const uint32_t v167 = (v166 > 1 ? v166 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v167);
-                    const uint32_t v168 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j169 = 0; j169 < v158; j169 += 1) {
-                        const uint32_t v170 = v164 + j169;
-                        const uint32_t v171 = j169 * 4096;
-                        const uint32_t v172 = v168 + v171;
-                        noc_async_read_page(v170, ws_ws_acc0, v172);
+            for (uint32_t r259 = 0; r259 < v9; r259 += 1) {
+                const uint32_t v260 = H + 128;
+                const uint32_t v261 = v260 - 1;
+                const uint32_t v262 = v261 / 128;
+                for (uint32_t c263 = 0; c263 < v262; c263 += 1) {
+                    const uint32_t v264 = c263 * 128;
+                    const uint32_t v265 = H - v264;
+                    const uint32_t v266 = (v265 < 128 ? v265 : 128);
+                    const uint32_t v267 = v266 + 31;
+                    const uint32_t v268 = v267 / 32;
+                    const bool v269 = splits == 1;
+                    const uint32_t v270 = (v269 ? core : b2);
+                    const uint32_t v271 = v270 * 128;
+                    const uint32_t v272 = r259 * rows;
+                    const uint32_t v273 = v271 + v272;
+                    const uint32_t v274 = v273 / 32;
+                    const uint32_t v275 = v274 * v23;
+                    const uint32_t v276 = v264 / 32;
+                    const uint32_t v277 = v275 + v276;
+                    const uint32_t v278 = chunk + 31;
+                    const uint32_t v279 = v278 / 32;
+                    const uint32_t v280 = (v279 > 1 ? v279 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v280);
+                    const uint32_t v281 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j282 = 0; j282 < v268; j282 += 1) {
+                        const uint32_t v283 = v277 + j282;
+                        const uint32_t v284 = j282 * 4096;
+                        const uint32_t v285 = v281 + v284;
+                        noc_async_read_page(v283, ws_ws_acc0, v285);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v167);
-                    cb_reserve_back(tt::CBIndex::c_8, v167);
-                    const uint32_t v173 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j174 = 0; j174 < v158; j174 += 1) {
-                        const uint32_t v175 = v164 + j174;
-                        const uint32_t v176 = j174 * 4096;
-                        const uint32_t v177 = v173 + v176;
-                        noc_async_read_page(v175, ws_ws_c0, v177);
+                    cb_push_back(tt::CBIndex::c_5, v280);
+                    const uint32_t v286 = v131 + v272;
+                    const uint32_t v287 = v286 / 32;
+                    const uint32_t v288 = v287 * v23;
+                    const uint32_t v289 = v288 + v276;
+                    cb_reserve_back(tt::CBIndex::c_9, v280);
+                    const uint32_t v290 = get_write_ptr(tt::CBIndex::c_9);
+                    for (uint32_t j291 = 0; j291 < v268; j291 += 1) {
+                        const uint32_t v292 = v289 + j291;
+                        const uint32_t v293 = j291 * 4096;
+                        const uint32_t v294 = v290 + v293;
+                        noc_async_read_page(v292, ws_ws_c0, v294);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v167);
-                    cb_reserve_back(tt::CBIndex::c_12, v167);
-                    const uint32_t v178 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j179 = 0; j179 < v158; j179 += 1) {
-                        const uint32_t v180 = v164 + j179;
-                        const uint32_t v181 = j179 * 4096;
-                        const uint32_t v182 = v178 + v181;
-                        noc_async_read_page(v180, ws_ws_c0l, v182);
+                    cb_push_back(tt::CBIndex::c_9, v280);
+                    cb_reserve_back(tt::CBIndex::c_13, v280);
+                    const uint32_t v295 = get_write_ptr(tt::CBIndex::c_13);
+                    for (uint32_t j296 = 0; j296 < v268; j296 += 1) {
+                        const uint32_t v297 = v289 + j296;
+                        const uint32_t v298 = j296 * 4096;
+                        const uint32_t v299 = v295 + v298;
+                        noc_async_read_page(v297, ws_ws_c0l, v299);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v167);
+                    cb_push_back(tt::CBIndex::c_13, v280);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_1, 1);
         cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r183 = 0; r183 < v8; r183 += 1) {
-            const uint32_t v184 = H + 128;
-            const uint32_t v185 = v184 - 1;
-            const uint32_t v186 = v185 / 128;
-            for (uint32_t c187 = 0; c187 < v186; c187 += 1) {
-                const uint32_t v188 = c187 * 128;
-                const uint32_t v189 = H - v188;
-                const uint32_t v190 = (v189 < 128 ? v189 : 128);
-                const uint32_t v191 = v190 + 31;
-                const uint32_t v192 = v191 / 32;
-                const uint32_t v193 = H + 31;
-                const uint32_t v194 = v193 / 32;
-                const uint32_t v195 = core * 128;
-                const uint32_t v196 = r183 * rows;
-                const uint32_t v197 = v195 + v196;
-                const uint32_t v198 = v197 / 32;
-                const uint32_t v199 = v198 * v194;
-                const uint32_t v200 = v188 / 32;
-                const uint32_t v201 = v199 + v200;
-                const uint32_t v202 = chunk + 31;
-                const uint32_t v203 = v202 / 32;
-                const uint32_t v204 = (v203 > 1 ? v203 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v204);
-                const uint32_t v205 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j206 = 0; j206 < v192; j206 += 1) {
-                    const uint32_t v207 = v201 + j206;
-                    const uint32_t v208 = j206 * 4096;
-                    const uint32_t v209 = v205 + v208;
-                    noc_async_read_page(v207, ws_ws_acc0, v209);
+        const bool v300 = splits == 1;
+        const uint32_t v301 = (v300 ? 1 : 0);
+        for (uint32_t d302 = 0; d302 < v301; d302 += 1) {
+            for (uint32_t r303 = 0; r303 < v9; r303 += 1) {
+                const uint32_t v304 = H + 128;
+                const uint32_t v305 = v304 - 1;
+                const uint32_t v306 = v305 / 128;
+                for (uint32_t c307 = 0; c307 < v306; c307 += 1) {
+                    const uint32_t v308 = c307 * 128;
+                    const uint32_t v309 = H - v308;
+                    const uint32_t v310 = (v309 < 128 ? v309 : 128);
+                    const uint32_t v311 = v310 + 31;
+                    const uint32_t v312 = v311 / 32;
+                    const uint32_t v313 = H + 31;
+                    const uint32_t v314 = v313 / 32;
+                    const uint32_t v315 = (v300 ? core : b2);
+                    const uint32_t v316 = v315 * 128;
+                    const uint32_t v317 = r303 * rows;
+                    const uint32_t v318 = v316 + v317;
+                    const uint32_t v319 = v318 / 32;
+                    const uint32_t v320 = v319 * v314;
+                    const uint32_t v321 = v308 / 32;
+                    const uint32_t v322 = v320 + v321;
+                    const uint32_t v323 = chunk + 31;
+                    const uint32_t v324 = v323 / 32;
+                    const uint32_t v325 = (v324 > 1 ? v324 : 1);
+                    cb_reserve_back(tt::CBIndex::c_5, v325);
+                    const uint32_t v326 = get_write_ptr(tt::CBIndex::c_5);
+                    for (uint32_t j327 = 0; j327 < v312; j327 += 1) {
+                        const uint32_t v328 = v322 + j327;
+                        const uint32_t v329 = j327 * 4096;
+                        const uint32_t v330 = v326 + v329;
+                        noc_async_read_page(v328, ws_ws_acc0, v330);
+                    }
+                    noc_async_read_barrier();
+                    cb_push_back(tt::CBIndex::c_5, v325);
                 }
-                noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v204);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_6, 1);
+    cb_push_back(tt::CBIndex::c_7, 1);
 }

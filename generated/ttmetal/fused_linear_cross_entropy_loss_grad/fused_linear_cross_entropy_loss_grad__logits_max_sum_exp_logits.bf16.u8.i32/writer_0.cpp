@@ -4,107 +4,144 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(7);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(9);
+    const uint32_t slice = get_arg_val<uint32_t>(9);
+    const uint32_t xblocks = get_arg_val<uint32_t>(10);
+    const uint32_t ws_ws_p_addr = get_arg_val<uint32_t>(11);
     constexpr auto ws_ws_p_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_p = TensorAccessor(ws_ws_p_args, ws_ws_p_addr, 4096);
-    const uint32_t V = get_arg_val<uint32_t>(10);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(11);
+    const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
+    const uint32_t V = get_arg_val<uint32_t>(13);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(14);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<ws_ws_p_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(12);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(15);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(13);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(16);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(14);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(17);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(18);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    const uint32_t input_grad_addr = get_arg_val<uint32_t>(15);
+    const uint32_t input_grad_addr = get_arg_val<uint32_t>(19);
     constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_c0l_args.next_compile_time_args_offset()>();
     const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = BT - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                const uint32_t v18 = H + 31;
-                const uint32_t v19 = v18 / 32;
-                const uint32_t v20 = core * 128;
-                const uint32_t v21 = r8 * rows;
-                const uint32_t v22 = v20 + v21;
-                const uint32_t v23 = v22 / 32;
-                const uint32_t v24 = v23 * v19;
-                const uint32_t v25 = v13 / 32;
-                const uint32_t v26 = v24 + v25;
-                for (uint32_t j27 = 0; j27 < v17; j27 += 1) {
+    for (uint32_t b1 = core; b1 < units; b1 += cores) {
+        const uint32_t v2 = b1 / splits;
+        const uint32_t v3 = v2 * blk;
+        const uint32_t v4 = BT - v3;
+        const uint32_t v5 = (v4 < blk ? v4 : blk);
+        const uint32_t v6 = v5 + rows;
+        const uint32_t v7 = v6 - 1;
+        const uint32_t v8 = v7 / rows;
+        for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+            const uint32_t v10 = H + 128;
+            const uint32_t v11 = v10 - 1;
+            const uint32_t v12 = v11 / 128;
+            for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                const uint32_t v14 = c13 * 128;
+                const uint32_t v15 = H - v14;
+                const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                const uint32_t v17 = v16 + 31;
+                const uint32_t v18 = v17 / 32;
+                const uint32_t v19 = H + 31;
+                const uint32_t v20 = v19 / 32;
+                const bool v21 = splits == 1;
+                const uint32_t v22 = (v21 ? core : b1);
+                const uint32_t v23 = v22 * 128;
+                const uint32_t v24 = r9 * rows;
+                const uint32_t v25 = v23 + v24;
+                const uint32_t v26 = v25 / 32;
+                const uint32_t v27 = v26 * v20;
+                const uint32_t v28 = v14 / 32;
+                const uint32_t v29 = v27 + v28;
+                for (uint32_t j30 = 0; j30 < v18; j30 += 1) {
                     cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v28 = v26 + j27;
-                    const uint32_t v29 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v28, ws_ws_acc0, v29);
+                    const uint32_t v31 = v29 + j30;
+                    const uint32_t v32 = get_read_ptr(tt::CBIndex::c_0);
+                    noc_async_write_page(v31, ws_ws_acc0, v32);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_0, 1);
                 }
                 noc_async_write_barrier();
             }
         }
-        for (uint32_t x30 = 0; x30 < xblocks; x30 += 1) {
+        const uint32_t v33 = v2 * splits;
+        const uint32_t v34 = b1 - v33;
+        const uint32_t v35 = v34 * slice;
+        const uint32_t v36 = v35 + slice;
+        const uint32_t v37 = (xblocks < v36 ? xblocks : v36);
+        for (uint32_t x38 = v35; x38 < v37; x38 += 1) {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v31 = core * 128;
-            const uint32_t v32 = v31 * 2048;
-            const uint32_t v33 = v32 / 2048;
-            const uint32_t v34 = v33 * 2048;
-            const uint32_t v35 = v32 - v34;
-            const uint32_t v36 = v33 / 32;
-            const uint32_t v37 = v35 / 32;
-            const uint32_t v38 = 2048 + 31;
-            const uint32_t v39 = v38 / 32;
-            const uint32_t v40 = v4 + 31;
-            const uint32_t v41 = v40 / 32;
-            for (uint32_t i42 = 0; i42 < v41; i42 += 1) {
-                const uint32_t v43 = x30 * 2048;
-                const uint32_t v44 = V - v43;
-                const uint32_t v45 = (v44 < 2048 ? v44 : 2048);
-                const uint32_t v46 = v45 + 31;
-                const uint32_t v47 = v46 / 32;
-                for (uint32_t j48 = 0; j48 < v47; j48 += 4) {
-                    const uint32_t v49 = v47 - j48;
-                    const uint32_t v50 = (v49 < 4 ? v49 : 4);
-                    for (uint32_t g51 = 0; g51 < v50; g51 += 1) {
+            const uint32_t v39 = core * 128;
+            const uint32_t v40 = v39 * 2048;
+            const uint32_t v41 = v40 / 2048;
+            const uint32_t v42 = v41 * 2048;
+            const uint32_t v43 = v40 - v42;
+            const uint32_t v44 = v41 / 32;
+            const uint32_t v45 = v43 / 32;
+            const uint32_t v46 = 2048 + 31;
+            const uint32_t v47 = v46 / 32;
+            for (uint32_t p48 = 0; p48 < mm_p_panel; p48 += 1) {
+                const uint32_t v49 = x38 * 2048;
+                const uint32_t v50 = V - v49;
+                const uint32_t v51 = (v50 < 2048 ? v50 : 2048);
+                const uint32_t v52 = v51 + 31;
+                const uint32_t v53 = v52 / 32;
+                for (uint32_t j54 = 0; j54 < v53; j54 += 1) {
+                    const uint32_t v55 = v5 + 31;
+                    const uint32_t v56 = v55 / 32;
+                    for (uint32_t i57 = 0; i57 < v56; i57 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v52 = j48 + g51;
-                        const uint32_t v53 = v36 + i42;
-                        const uint32_t v54 = v53 * v39;
-                        const uint32_t v55 = v37 + v52;
-                        const uint32_t v56 = v54 + v55;
-                        const uint32_t v57 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v56, ws_ws_p, v57);
+                        const uint32_t v58 = v44 + i57;
+                        const uint32_t v59 = v58 * v47;
+                        const uint32_t v60 = v45 + j54;
+                        const uint32_t v61 = v59 + v60;
+                        const uint32_t v62 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v61, ws_ws_p, v62);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            const uint32_t v63 = 1 - mm_p_panel;
+            for (uint32_t p64 = 0; p64 < v63; p64 += 1) {
+                const uint32_t v65 = v5 + 31;
+                const uint32_t v66 = v65 / 32;
+                for (uint32_t i67 = 0; i67 < v66; i67 += 1) {
+                    const uint32_t v68 = x38 * 2048;
+                    const uint32_t v69 = V - v68;
+                    const uint32_t v70 = (v69 < 2048 ? v69 : 2048);
+                    const uint32_t v71 = v70 + 31;
+                    const uint32_t v72 = v71 / 32;
+                    for (uint32_t j73 = 0; j73 < v72; j73 += 4) {
+                        const uint32_t v74 = v72 - j73;
+                        const uint32_t v75 = (v74 < 4 ? v74 : 4);
+                        for (uint32_t g76 = 0; g76 < v75; g76 += 1) {
+                            const uint32_t v77 = j73 + g76;
+                            cb_wait_front(tt::CBIndex::c_0, 1);
+                            const uint32_t v78 = v44 + i67;
+                            const uint32_t v79 = v78 * v47;
+                            const uint32_t v80 = v45 + v77;
+                            const uint32_t v81 = v79 + v80;
+                            const uint32_t v82 = get_read_ptr(tt::CBIndex::c_0);
+                            noc_async_write_page(v81, ws_ws_p, v82);
+                            noc_async_writes_flushed();
+                            cb_pop_front(tt::CBIndex::c_0, 1);
+                        }
                     }
                 }
             }
@@ -112,47 +149,47 @@ void kernel_main() {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r58 = 0; r58 < v7; r58 += 1) {
-                const uint32_t v59 = x30 * 2048;
-                const uint32_t v60 = V - v59;
-                const uint32_t v61 = (v60 < 2048 ? v60 : 2048);
-                const uint32_t v62 = v61 + 128;
-                const uint32_t v63 = v62 - 1;
-                const uint32_t v64 = v63 / 128;
-                for (uint32_t c65 = 0; c65 < v64; c65 += 1) {
+            for (uint32_t r83 = 0; r83 < v8; r83 += 1) {
+                const uint32_t v84 = x38 * 2048;
+                const uint32_t v85 = V - v84;
+                const uint32_t v86 = (v85 < 2048 ? v85 : 2048);
+                const uint32_t v87 = v86 + 128;
+                const uint32_t v88 = v87 - 1;
+                const uint32_t v89 = v88 / 128;
+                for (uint32_t c90 = 0; c90 < v89; c90 += 1) {
                     noc_async_write_barrier();
                     cb_reserve_back(tt::CBIndex::c_1, 1);
                     cb_push_back(tt::CBIndex::c_1, 1);
                     noc_async_write_barrier();
                     cb_reserve_back(tt::CBIndex::c_1, 1);
                     cb_push_back(tt::CBIndex::c_1, 1);
-                    const uint32_t v66 = c65 * 128;
-                    const uint32_t v67 = v61 - v66;
-                    const uint32_t v68 = (v67 < 128 ? v67 : 128);
-                    const uint32_t v69 = v68 + 31;
-                    const uint32_t v70 = v69 / 32;
-                    const uint32_t v71 = r58 * rows;
-                    const uint32_t v72 = v31 + v71;
-                    const uint32_t v73 = v72 / 32;
-                    const uint32_t v74 = v73 * 64;
-                    const uint32_t v75 = v66 / 32;
-                    const uint32_t v76 = v74 + v75;
-                    for (uint32_t j77 = 0; j77 < v70; j77 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v78 = v76 + j77;
-                        const uint32_t v79 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v78, ws_ws_g, v79);
+                    const uint32_t v91 = c90 * 128;
+                    const uint32_t v92 = v86 - v91;
+                    const uint32_t v93 = (v92 < 128 ? v92 : 128);
+                    const uint32_t v94 = v93 + 31;
+                    const uint32_t v95 = v94 / 32;
+                    const uint32_t v96 = r83 * rows;
+                    const uint32_t v97 = v39 + v96;
+                    const uint32_t v98 = v97 / 32;
+                    const uint32_t v99 = v98 * 64;
+                    const uint32_t v100 = v91 / 32;
+                    const uint32_t v101 = v99 + v100;
+                    for (uint32_t j102 = 0; j102 < v95; j102 += 1) {
+                        cb_wait_front(tt::CBIndex::c_12, 1);
+                        const uint32_t v103 = v101 + j102;
+                        const uint32_t v104 = get_read_ptr(tt::CBIndex::c_12);
+                        noc_async_write_page(v103, ws_ws_g, v104);
                         noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
+                        cb_pop_front(tt::CBIndex::c_12, 1);
                     }
                     noc_async_write_barrier();
-                    for (uint32_t j80 = 0; j80 < v70; j80 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v81 = v76 + j80;
-                        const uint32_t v82 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v81, ws_ws_gl, v82);
+                    for (uint32_t j105 = 0; j105 < v95; j105 += 1) {
+                        cb_wait_front(tt::CBIndex::c_12, 1);
+                        const uint32_t v106 = v101 + j105;
+                        const uint32_t v107 = get_read_ptr(tt::CBIndex::c_12);
+                        noc_async_write_page(v106, ws_ws_gl, v107);
                         noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
+                        cb_pop_front(tt::CBIndex::c_12, 1);
                     }
                     noc_async_write_barrier();
                 }
@@ -160,48 +197,91 @@ void kernel_main() {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v83 = v31 * H;
-            const uint32_t v84 = v83 / H;
-            const uint32_t v85 = v84 * H;
-            const uint32_t v86 = v83 - v85;
-            const uint32_t v87 = v84 / 32;
-            const uint32_t v88 = v86 / 32;
-            const uint32_t v89 = H + 31;
-            const uint32_t v90 = v89 / 32;
-            for (uint32_t i91 = 0; i91 < v41; i91 += 1) {
-                for (uint32_t j92 = 0; j92 < v90; j92 += 4) {
-                    const uint32_t v93 = v90 - j92;
-                    const uint32_t v94 = (v93 < 4 ? v93 : 4);
-                    for (uint32_t g95 = 0; g95 < v94; g95 += 1) {
+            const uint32_t v108 = v39 * H;
+            const uint32_t v109 = v108 / H;
+            const uint32_t v110 = v109 * H;
+            const uint32_t v111 = v108 - v110;
+            const uint32_t v112 = v109 / 32;
+            const uint32_t v113 = v111 / 32;
+            const uint32_t v114 = H + 31;
+            const uint32_t v115 = v114 / 32;
+            for (uint32_t p116 = 0; p116 < mm_0_panel; p116 += 1) {
+                for (uint32_t j117 = 0; j117 < v115; j117 += 1) {
+                    const uint32_t v118 = v5 + 31;
+                    const uint32_t v119 = v118 / 32;
+                    for (uint32_t i120 = 0; i120 < v119; i120 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v96 = j92 + g95;
-                        const uint32_t v97 = v87 + i91;
-                        const uint32_t v98 = v97 * v90;
-                        const uint32_t v99 = v88 + v96;
-                        const uint32_t v100 = v98 + v99;
-                        const uint32_t v101 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v100, ws_ws_c0, v101);
+                        const uint32_t v121 = v112 + i120;
+                        const uint32_t v122 = v121 * v115;
+                        const uint32_t v123 = v113 + j117;
+                        const uint32_t v124 = v122 + v123;
+                        const uint32_t v125 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v124, ws_ws_c0, v125);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
                 }
             }
+            const uint32_t v126 = 1 - mm_0_panel;
+            for (uint32_t p127 = 0; p127 < v126; p127 += 1) {
+                const uint32_t v128 = v5 + 31;
+                const uint32_t v129 = v128 / 32;
+                for (uint32_t i130 = 0; i130 < v129; i130 += 1) {
+                    for (uint32_t j131 = 0; j131 < v115; j131 += 4) {
+                        const uint32_t v132 = v115 - j131;
+                        const uint32_t v133 = (v132 < 4 ? v132 : 4);
+                        for (uint32_t g134 = 0; g134 < v133; g134 += 1) {
+                            const uint32_t v135 = j131 + g134;
+                            cb_wait_front(tt::CBIndex::c_0, 1);
+                            const uint32_t v136 = v112 + i130;
+                            const uint32_t v137 = v136 * v115;
+                            const uint32_t v138 = v113 + v135;
+                            const uint32_t v139 = v137 + v138;
+                            const uint32_t v140 = get_read_ptr(tt::CBIndex::c_0);
+                            noc_async_write_page(v139, ws_ws_c0, v140);
+                            noc_async_writes_flushed();
+                            cb_pop_front(tt::CBIndex::c_0, 1);
+                        }
+                    }
+                }
+            }
             noc_async_write_barrier();
-            for (uint32_t i102 = 0; i102 < v41; i102 += 1) {
-                for (uint32_t j103 = 0; j103 < v90; j103 += 4) {
-                    const uint32_t v104 = v90 - j103;
-                    const uint32_t v105 = (v104 < 4 ? v104 : 4);
-                    for (uint32_t g106 = 0; g106 < v105; g106 += 1) {
+            for (uint32_t p141 = 0; p141 < mm_0_panel; p141 += 1) {
+                for (uint32_t j142 = 0; j142 < v115; j142 += 1) {
+                    const uint32_t v143 = v5 + 31;
+                    const uint32_t v144 = v143 / 32;
+                    for (uint32_t i145 = 0; i145 < v144; i145 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v107 = j103 + g106;
-                        const uint32_t v108 = v87 + i102;
-                        const uint32_t v109 = v108 * v90;
-                        const uint32_t v110 = v88 + v107;
-                        const uint32_t v111 = v109 + v110;
-                        const uint32_t v112 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v111, ws_ws_c0l, v112);
+                        const uint32_t v146 = v112 + i145;
+                        const uint32_t v147 = v146 * v115;
+                        const uint32_t v148 = v113 + j142;
+                        const uint32_t v149 = v147 + v148;
+                        const uint32_t v150 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v149, ws_ws_c0l, v150);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            for (uint32_t p151 = 0; p151 < v126; p151 += 1) {
+                const uint32_t v152 = v5 + 31;
+                const uint32_t v153 = v152 / 32;
+                for (uint32_t i154 = 0; i154 < v153; i154 += 1) {
+                    for (uint32_t j155 = 0; j155 < v115; j155 += 4) {
+                        const uint32_t v156 = v115 - j155;
+                        const uint32_t v157 = (v156 < 4 ? v156 : 4);
+                        for (uint32_t g158 = 0; g158 < v157; g158 += 1) {
+                            const uint32_t v159 = j155 + g158;
+                            cb_wait_front(tt::CBIndex::c_0, 1);
+                            const uint32_t v160 = v112 + i154;
+                            const uint32_t v161 = v160 * v115;
+                            const uint32_t v162 = v113 + v159;
+                            const uint32_t v163 = v161 + v162;
+                            const uint32_t v164 = get_read_ptr(tt::CBIndex::c_0);
+                            noc_async_write_page(v163, ws_ws_c0l, v164);
+                            noc_async_writes_flushed();
+                            cb_pop_front(tt::CBIndex::c_0, 1);
+                        }
                     }
                 }
             }
@@ -209,27 +289,30 @@ void kernel_main() {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_1, 1);
             cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r113 = 0; r113 < v7; r113 += 1) {
-                const uint32_t v114 = H + 128;
-                const uint32_t v115 = v114 - 1;
-                const uint32_t v116 = v115 / 128;
-                for (uint32_t c117 = 0; c117 < v116; c117 += 1) {
-                    const uint32_t v118 = c117 * 128;
-                    const uint32_t v119 = H - v118;
-                    const uint32_t v120 = (v119 < 128 ? v119 : 128);
-                    const uint32_t v121 = v120 + 31;
-                    const uint32_t v122 = v121 / 32;
-                    const uint32_t v123 = r113 * rows;
-                    const uint32_t v124 = v31 + v123;
-                    const uint32_t v125 = v124 / 32;
-                    const uint32_t v126 = v125 * v90;
-                    const uint32_t v127 = v118 / 32;
-                    const uint32_t v128 = v126 + v127;
-                    for (uint32_t j129 = 0; j129 < v122; j129 += 1) {
+            for (uint32_t r165 = 0; r165 < v8; r165 += 1) {
+                const uint32_t v166 = H + 128;
+                const uint32_t v167 = v166 - 1;
+                const uint32_t v168 = v167 / 128;
+                for (uint32_t c169 = 0; c169 < v168; c169 += 1) {
+                    const uint32_t v170 = c169 * 128;
+                    const uint32_t v171 = H - v170;
+                    const uint32_t v172 = (v171 < 128 ? v171 : 128);
+                    const uint32_t v173 = v172 + 31;
+                    const uint32_t v174 = v173 / 32;
+                    const bool v175 = splits == 1;
+                    const uint32_t v176 = (v175 ? core : b1);
+                    const uint32_t v177 = v176 * 128;
+                    const uint32_t v178 = r165 * rows;
+                    const uint32_t v179 = v177 + v178;
+                    const uint32_t v180 = v179 / 32;
+                    const uint32_t v181 = v180 * v115;
+                    const uint32_t v182 = v170 / 32;
+                    const uint32_t v183 = v181 + v182;
+                    for (uint32_t j184 = 0; j184 < v174; j184 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v130 = v128 + j129;
-                        const uint32_t v131 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v130, ws_ws_acc0, v131);
+                        const uint32_t v185 = v183 + j184;
+                        const uint32_t v186 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v185, ws_ws_acc0, v186);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -240,33 +323,37 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_1, 1);
         cb_push_back(tt::CBIndex::c_1, 1);
-        for (uint32_t r132 = 0; r132 < v7; r132 += 1) {
-            const uint32_t v133 = H + 128;
-            const uint32_t v134 = v133 - 1;
-            const uint32_t v135 = v134 / 128;
-            for (uint32_t c136 = 0; c136 < v135; c136 += 1) {
-                const uint32_t v137 = c136 * 128;
-                const uint32_t v138 = H - v137;
-                const uint32_t v139 = (v138 < 128 ? v138 : 128);
-                const uint32_t v140 = v139 + 31;
-                const uint32_t v141 = v140 / 32;
-                const uint32_t v142 = H + 31;
-                const uint32_t v143 = v142 / 32;
-                const uint32_t v144 = r132 * rows;
-                const uint32_t v145 = v2 + v144;
-                const uint32_t v146 = v145 / 32;
-                const uint32_t v147 = v146 * v143;
-                const uint32_t v148 = v137 / 32;
-                const uint32_t v149 = v147 + v148;
-                for (uint32_t j150 = 0; j150 < v141; j150 += 1) {
-                    cb_wait_front(tt::CBIndex::c_11, 1);
-                    const uint32_t v151 = v149 + j150;
-                    const uint32_t v152 = get_read_ptr(tt::CBIndex::c_11);
-                    noc_async_write_page(v151, input_grad, v152);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_11, 1);
+        const bool v187 = splits == 1;
+        const uint32_t v188 = (v187 ? 1 : 0);
+        for (uint32_t d189 = 0; d189 < v188; d189 += 1) {
+            for (uint32_t r190 = 0; r190 < v8; r190 += 1) {
+                const uint32_t v191 = H + 128;
+                const uint32_t v192 = v191 - 1;
+                const uint32_t v193 = v192 / 128;
+                for (uint32_t c194 = 0; c194 < v193; c194 += 1) {
+                    const uint32_t v195 = c194 * 128;
+                    const uint32_t v196 = H - v195;
+                    const uint32_t v197 = (v196 < 128 ? v196 : 128);
+                    const uint32_t v198 = v197 + 31;
+                    const uint32_t v199 = v198 / 32;
+                    const uint32_t v200 = H + 31;
+                    const uint32_t v201 = v200 / 32;
+                    const uint32_t v202 = r190 * rows;
+                    const uint32_t v203 = v3 + v202;
+                    const uint32_t v204 = v203 / 32;
+                    const uint32_t v205 = v204 * v201;
+                    const uint32_t v206 = v195 / 32;
+                    const uint32_t v207 = v205 + v206;
+                    for (uint32_t j208 = 0; j208 < v199; j208 += 1) {
+                        cb_wait_front(tt::CBIndex::c_12, 1);
+                        const uint32_t v209 = v207 + j208;
+                        const uint32_t v210 = get_read_ptr(tt::CBIndex::c_12);
+                        noc_async_write_page(v209, input_grad, v210);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_12, 1);
+                    }
+                    noc_async_write_barrier();
                 }
-                noc_async_write_barrier();
             }
         }
     }

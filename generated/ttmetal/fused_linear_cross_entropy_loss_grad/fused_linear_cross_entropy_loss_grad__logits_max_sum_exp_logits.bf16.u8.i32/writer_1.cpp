@@ -4,270 +4,96 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(7);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t ws1_ws_p_addr = get_arg_val<uint32_t>(9);
-    constexpr auto ws1_ws_p_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_p = TensorAccessor(ws1_ws_p_args, ws1_ws_p_addr, 4096);
-    const uint32_t BT = get_arg_val<uint32_t>(10);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<ws1_ws_p_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(12);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(13);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(14);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    const uint32_t weight_grad_addr = get_arg_val<uint32_t>(15);
-    constexpr auto weight_grad_args = TensorAccessorArgs<ws1_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto weight_grad = TensorAccessor(weight_grad_args, weight_grad_addr, 2048);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = V - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                const uint32_t v18 = H + 31;
-                const uint32_t v19 = v18 / 32;
-                const uint32_t v20 = core * 128;
-                const uint32_t v21 = r8 * rows;
-                const uint32_t v22 = v20 + v21;
-                const uint32_t v23 = v22 / 32;
-                const uint32_t v24 = v23 * v19;
-                const uint32_t v25 = v13 / 32;
-                const uint32_t v26 = v24 + v25;
-                for (uint32_t j27 = 0; j27 < v17; j27 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v28 = v26 + j27;
-                    const uint32_t v29 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v28, ws1_ws_acc0, v29);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-                noc_async_write_barrier();
-            }
-        }
-        for (uint32_t x30 = 0; x30 < xblocks; x30 += 1) {
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t input_grad_addr = get_arg_val<uint32_t>(9);
+    constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
+    const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
             noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v31 = core * 2048;
-            const uint32_t v32 = v31 * 128;
-            const uint32_t v33 = v32 / 128;
-            const uint32_t v34 = v33 * 128;
-            const uint32_t v35 = v32 - v34;
-            const uint32_t v36 = v33 / 32;
-            const uint32_t v37 = v35 / 32;
-            const uint32_t v38 = 128 + 31;
-            const uint32_t v39 = v38 / 32;
-            const uint32_t v40 = x30 * 2048;
-            const uint32_t v41 = BT - v40;
-            const uint32_t v42 = (v41 < 2048 ? v41 : 2048);
-            const uint32_t v43 = v42 + 31;
-            const uint32_t v44 = v43 / 32;
-            for (uint32_t i45 = 0; i45 < v44; i45 += 1) {
-                const uint32_t v46 = v4 + 31;
-                const uint32_t v47 = v46 / 32;
-                for (uint32_t j48 = 0; j48 < v47; j48 += 4) {
-                    const uint32_t v49 = v47 - j48;
-                    const uint32_t v50 = (v49 < 4 ? v49 : 4);
-                    for (uint32_t g51 = 0; g51 < v50; g51 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v52 = j48 + g51;
-                        const uint32_t v53 = v36 + i45;
-                        const uint32_t v54 = v53 * v39;
-                        const uint32_t v55 = v37 + v52;
-                        const uint32_t v56 = v54 + v55;
-                        const uint32_t v57 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v56, ws1_ws_p, v57);
+            cb_reserve_back(tt::CBIndex::c_0, 1);
+            cb_push_back(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
+                    const uint32_t v25 = v24 / 32;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    for (uint32_t j29 = 0; j29 < v18; j29 += 1) {
+                        cb_wait_front(tt::CBIndex::c_3, 1);
+                        const uint32_t v30 = v28 + j29;
+                        const uint32_t v31 = get_read_ptr(tt::CBIndex::c_3);
+                        noc_async_write_page(v30, ws_ws_acc0, v31);
                         noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
-                    }
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v58 = v42 + rows;
-            const uint32_t v59 = v58 - 1;
-            const uint32_t v60 = v59 / rows;
-            for (uint32_t r61 = 0; r61 < v60; r61 += 1) {
-                const uint32_t v62 = v4 + 128;
-                const uint32_t v63 = v62 - 1;
-                const uint32_t v64 = v63 / 128;
-                for (uint32_t c65 = 0; c65 < v64; c65 += 1) {
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_1, 1);
-                    cb_push_back(tt::CBIndex::c_1, 1);
-                    const uint32_t v66 = c65 * 128;
-                    const uint32_t v67 = v4 - v66;
-                    const uint32_t v68 = (v67 < 128 ? v67 : 128);
-                    const uint32_t v69 = v68 + 31;
-                    const uint32_t v70 = v69 / 32;
-                    const uint32_t v71 = r61 * rows;
-                    const uint32_t v72 = v31 + v71;
-                    const uint32_t v73 = v72 / 32;
-                    const uint32_t v74 = v73 * 4;
-                    const uint32_t v75 = v66 / 32;
-                    const uint32_t v76 = v74 + v75;
-                    for (uint32_t j77 = 0; j77 < v70; j77 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v78 = v76 + j77;
-                        const uint32_t v79 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v78, ws1_ws_g, v79);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                    for (uint32_t j80 = 0; j80 < v70; j80 += 1) {
-                        cb_wait_front(tt::CBIndex::c_11, 1);
-                        const uint32_t v81 = v76 + j80;
-                        const uint32_t v82 = get_read_ptr(tt::CBIndex::c_11);
-                        noc_async_write_page(v81, ws1_ws_gl, v82);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_11, 1);
-                    }
-                    noc_async_write_barrier();
-                }
-            }
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            const uint32_t v83 = core * 128;
-            const uint32_t v84 = v83 * H;
-            const uint32_t v85 = v84 / H;
-            const uint32_t v86 = v85 * H;
-            const uint32_t v87 = v84 - v86;
-            const uint32_t v88 = v85 / 32;
-            const uint32_t v89 = v87 / 32;
-            const uint32_t v90 = H + 31;
-            const uint32_t v91 = v90 / 32;
-            const uint32_t v92 = v4 + 31;
-            const uint32_t v93 = v92 / 32;
-            for (uint32_t i94 = 0; i94 < v93; i94 += 1) {
-                for (uint32_t j95 = 0; j95 < v91; j95 += 4) {
-                    const uint32_t v96 = v91 - j95;
-                    const uint32_t v97 = (v96 < 4 ? v96 : 4);
-                    for (uint32_t g98 = 0; g98 < v97; g98 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v99 = j95 + g98;
-                        const uint32_t v100 = v88 + i94;
-                        const uint32_t v101 = v100 * v91;
-                        const uint32_t v102 = v89 + v99;
-                        const uint32_t v103 = v101 + v102;
-                        const uint32_t v104 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v103, ws1_ws_c0, v104);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
-                    }
-                }
-            }
-            noc_async_write_barrier();
-            for (uint32_t i105 = 0; i105 < v93; i105 += 1) {
-                for (uint32_t j106 = 0; j106 < v91; j106 += 4) {
-                    const uint32_t v107 = v91 - j106;
-                    const uint32_t v108 = (v107 < 4 ? v107 : 4);
-                    for (uint32_t g109 = 0; g109 < v108; g109 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v110 = j106 + g109;
-                        const uint32_t v111 = v88 + i105;
-                        const uint32_t v112 = v111 * v91;
-                        const uint32_t v113 = v89 + v110;
-                        const uint32_t v114 = v112 + v113;
-                        const uint32_t v115 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v114, ws1_ws_c0l, v115);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
-                    }
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_1, 1);
-            cb_push_back(tt::CBIndex::c_1, 1);
-            for (uint32_t r116 = 0; r116 < v7; r116 += 1) {
-                const uint32_t v117 = H + 128;
-                const uint32_t v118 = v117 - 1;
-                const uint32_t v119 = v118 / 128;
-                for (uint32_t c120 = 0; c120 < v119; c120 += 1) {
-                    const uint32_t v121 = c120 * 128;
-                    const uint32_t v122 = H - v121;
-                    const uint32_t v123 = (v122 < 128 ? v122 : 128);
-                    const uint32_t v124 = v123 + 31;
-                    const uint32_t v125 = v124 / 32;
-                    const uint32_t v126 = r116 * rows;
-                    const uint32_t v127 = v83 + v126;
-                    const uint32_t v128 = v127 / 32;
-                    const uint32_t v129 = v128 * v91;
-                    const uint32_t v130 = v121 / 32;
-                    const uint32_t v131 = v129 + v130;
-                    for (uint32_t j132 = 0; j132 < v125; j132 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v133 = v131 + j132;
-                        const uint32_t v134 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v133, ws1_ws_acc0, v134);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
+                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     noc_async_write_barrier();
                 }
             }
         }
         noc_async_write_barrier();
-        cb_reserve_back(tt::CBIndex::c_1, 1);
-        cb_push_back(tt::CBIndex::c_1, 1);
-        for (uint32_t r135 = 0; r135 < v7; r135 += 1) {
-            const uint32_t v136 = H + 128;
-            const uint32_t v137 = v136 - 1;
-            const uint32_t v138 = v137 / 128;
-            for (uint32_t c139 = 0; c139 < v138; c139 += 1) {
-                const uint32_t v140 = c139 * 128;
-                const uint32_t v141 = H - v140;
-                const uint32_t v142 = (v141 < 128 ? v141 : 128);
-                const uint32_t v143 = v142 + 31;
-                const uint32_t v144 = v143 / 32;
-                const uint32_t v145 = H + 31;
-                const uint32_t v146 = v145 / 32;
-                const uint32_t v147 = r135 * rows;
-                const uint32_t v148 = v2 + v147;
-                const uint32_t v149 = v148 / 32;
-                const uint32_t v150 = v149 * v146;
-                const uint32_t v151 = v140 / 32;
-                const uint32_t v152 = v150 + v151;
-                for (uint32_t j153 = 0; j153 < v144; j153 += 1) {
-                    cb_wait_front(tt::CBIndex::c_11, 1);
-                    const uint32_t v154 = v152 + j153;
-                    const uint32_t v155 = get_read_ptr(tt::CBIndex::c_11);
-                    noc_async_write_page(v154, weight_grad, v155);
+        cb_reserve_back(tt::CBIndex::c_0, 1);
+        cb_push_back(tt::CBIndex::c_0, 1);
+        const uint32_t v32 = b1 * blk;
+        const uint32_t v33 = BT - v32;
+        const uint32_t v34 = (v33 < blk ? v33 : blk);
+        const uint32_t v35 = v34 + rows;
+        const uint32_t v36 = v35 - 1;
+        const uint32_t v37 = v36 / rows;
+        for (uint32_t r38 = 0; r38 < v37; r38 += 1) {
+            const uint32_t v39 = H + 128;
+            const uint32_t v40 = v39 - 1;
+            const uint32_t v41 = v40 / 128;
+            for (uint32_t c42 = 0; c42 < v41; c42 += 1) {
+                const uint32_t v43 = c42 * 128;
+                const uint32_t v44 = H - v43;
+                const uint32_t v45 = (v44 < 128 ? v44 : 128);
+                const uint32_t v46 = v45 + 31;
+                const uint32_t v47 = v46 / 32;
+                const uint32_t v48 = H + 31;
+                const uint32_t v49 = v48 / 32;
+                const uint32_t v50 = r38 * rows;
+                const uint32_t v51 = v32 + v50;
+                const uint32_t v52 = v51 / 32;
+                const uint32_t v53 = v52 * v49;
+                const uint32_t v54 = v43 / 32;
+                const uint32_t v55 = v53 + v54;
+                for (uint32_t j56 = 0; j56 < v47; j56 += 1) {
+                    cb_wait_front(tt::CBIndex::c_4, 1);
+                    const uint32_t v57 = v55 + j56;
+                    const uint32_t v58 = get_read_ptr(tt::CBIndex::c_4);
+                    noc_async_write_page(v57, input_grad, v58);
                     noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_11, 1);
+                    cb_pop_front(tt::CBIndex::c_4, 1);
                 }
                 noc_async_write_barrier();
             }

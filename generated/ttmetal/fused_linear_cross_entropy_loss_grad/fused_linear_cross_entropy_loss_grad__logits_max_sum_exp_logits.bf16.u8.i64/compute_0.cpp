@@ -25,38 +25,44 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t f7 = get_arg_val<uint32_t>(7);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t V = get_arg_val<uint32_t>(9);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t f8 = get_arg_val<uint32_t>(8);
+    const uint32_t slice = get_arg_val<uint32_t>(9);
+    const uint32_t xblocks = get_arg_val<uint32_t>(10);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(11);
+    const uint32_t mm_p_panel = get_arg_val<uint32_t>(12);
+    const uint32_t V = get_arg_val<uint32_t>(13);
+    const uint32_t chunk = get_arg_val<uint32_t>(14);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = BT - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                for (uint32_t j18 = 0; j18 < v17; j18 += 1) {
+    for (uint32_t b1 = core; b1 < units; b1 += cores) {
+        const uint32_t v2 = b1 / splits;
+        const uint32_t v3 = v2 * blk;
+        const uint32_t v4 = BT - v3;
+        const uint32_t v5 = (v4 < blk ? v4 : blk);
+        const uint32_t v6 = v5 + rows;
+        const uint32_t v7 = v6 - 1;
+        const uint32_t v8 = v7 / rows;
+        for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+            const uint32_t v10 = H + 128;
+            const uint32_t v11 = v10 - 1;
+            const uint32_t v12 = v11 / 128;
+            for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                const uint32_t v14 = c13 * 128;
+                const uint32_t v15 = H - v14;
+                const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                const uint32_t v17 = v16 + 31;
+                const uint32_t v18 = v17 / 32;
+                for (uint32_t j19 = 0; j19 < v18; j19 += 1) {
                     tile_regs_acquire();
                     fill_tile_init();
-                    fill_tile_bitcast(0, f7);
+                    fill_tile_bitcast(0, f8);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_0, 1);
@@ -67,106 +73,132 @@ void kernel_main() {
                 }
             }
         }
-        for (uint32_t x19 = 0; x19 < xblocks; x19 += 1) {
-            const uint32_t v20 = v4 + 31;
-            const uint32_t v21 = v20 / 32;
-            for (uint32_t i22 = 0; i22 < v21; i22 += 1) {
-                const uint32_t v23 = x19 * 2048;
-                const uint32_t v24 = V - v23;
-                const uint32_t v25 = (v24 < 2048 ? v24 : 2048);
-                const uint32_t v26 = v25 + 31;
-                const uint32_t v27 = v26 / 32;
-                for (uint32_t j28 = 0; j28 < v27; j28 += 4) {
-                    const uint32_t v29 = v27 - j28;
-                    const uint32_t v30 = (v29 < 4 ? v29 : 4);
+        const uint32_t v20 = v2 * splits;
+        const uint32_t v21 = b1 - v20;
+        const uint32_t v22 = v21 * slice;
+        const uint32_t v23 = v22 + slice;
+        const uint32_t v24 = (xblocks < v23 ? xblocks : v23);
+        for (uint32_t x25 = v22; x25 < v24; x25 += 1) {
+            for (uint32_t p26 = 0; p26 < mm_p_panel; p26 += 1) {
+                const uint32_t v27 = v5 + 31;
+                const uint32_t v28 = v27 / 32;
+                cb_wait_front(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v29 = x25 * 2048;
+                const uint32_t v30 = V - v29;
+                const uint32_t v31 = (v30 < 2048 ? v30 : 2048);
+                const uint32_t v32 = v31 + 31;
+                const uint32_t v33 = v32 / 32;
+                for (uint32_t j34 = 0; j34 < v33; j34 += 1) {
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
+                    reconfig_data_format_srca(tt::CBIndex::c_4);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 1);
-                    const uint32_t v31 = H + 31;
-                    const uint32_t v32 = v31 / 32;
-                    for (uint32_t kk33 = 0; kk33 < v32; kk33 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g34 = 0; g34 < v30; g34 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g34);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
+                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 1);
+                    const uint32_t v35 = H + 31;
+                    const uint32_t v36 = v35 / 32;
+                    for (uint32_t kk37 = 0; kk37 < v36; kk37 += 1) {
+                        cb_wait_front(tt::CBIndex::c_4, 1);
+                        for (uint32_t g38 = 0; g38 < v28; g38 += 1) {
+                            const uint32_t v39 = g38 * v36;
+                            const uint32_t v40 = v39 + kk37;
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_4, v40, 0, g38);
                         }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
+                        cb_pop_front(tt::CBIndex::c_4, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g35 = 0; g35 < v30; g35 += 1) {
+                    for (uint32_t g41 = 0; g41 < v28; g41 += 1) {
                         cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g35, tt::CBIndex::c_0);
+                        pack_tile(g41, tt::CBIndex::c_0);
                         cb_push_back(tt::CBIndex::c_0, 1);
                     }
                     tile_regs_release();
                 }
+                cb_pop_front(tt::CBIndex::c_2, panel_pages);
             }
-            for (uint32_t r36 = 0; r36 < v7; r36 += 1) {
-                const uint32_t v37 = x19 * 2048;
-                const uint32_t v38 = V - v37;
-                const uint32_t v39 = (v38 < 2048 ? v38 : 2048);
-                const uint32_t v40 = v39 + 128;
-                const uint32_t v41 = v40 - 1;
-                const uint32_t v42 = v41 / 128;
-                for (uint32_t c43 = 0; c43 < v42; c43 += 1) {
-                    const uint32_t v44 = chunk + 31;
-                    const uint32_t v45 = v44 / 32;
-                    const uint32_t v46 = (v45 > 1 ? v45 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v46);
-                    cb_wait_front(tt::CBIndex::c_5, 1);
-                    cb_wait_front(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_8, v46);
-                    cb_wait_front(tt::CBIndex::c_9, 1);
-                    for (uint32_t j47 = 0; j47 < v46; j47 += 1) {
+            const uint32_t v42 = 1 - mm_p_panel;
+            for (uint32_t p43 = 0; p43 < v42; p43 += 1) {
+                const uint32_t v44 = v5 + 31;
+                const uint32_t v45 = v44 / 32;
+                for (uint32_t i46 = 0; i46 < v45; i46 += 1) {
+                    const uint32_t v47 = x25 * 2048;
+                    const uint32_t v48 = V - v47;
+                    const uint32_t v49 = (v48 < 2048 ? v48 : 2048);
+                    const uint32_t v50 = v49 + 31;
+                    const uint32_t v51 = v50 / 32;
+                    for (uint32_t j52 = 0; j52 < v51; j52 += 4) {
+                        const uint32_t v53 = v51 - j52;
+                        const uint32_t v54 = (v53 < 4 ? v53 : 4);
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j47, 0);
+                        reconfig_data_format_srcb(tt::CBIndex::c_3);
+                        matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 1);
+                        const uint32_t v55 = H + 31;
+                        const uint32_t v56 = v55 / 32;
+                        for (uint32_t kk57 = 0; kk57 < v56; kk57 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            for (uint32_t g58 = 0; g58 < v54; g58 += 1) {
+                                cb_wait_front(tt::CBIndex::c_4, 1);
+                                matmul_tiles(tt::CBIndex::c_3, tt::CBIndex::c_4, 0, 0, g58);
+                                cb_pop_front(tt::CBIndex::c_4, 1);
+                            }
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        pack_reconfig_data_format(tt::CBIndex::c_0);
+                        for (uint32_t g59 = 0; g59 < v54; g59 += 1) {
+                            cb_reserve_back(tt::CBIndex::c_0, 1);
+                            pack_tile(g59, tt::CBIndex::c_0);
+                            cb_push_back(tt::CBIndex::c_0, 1);
+                        }
+                        tile_regs_release();
+                    }
+                }
+            }
+            for (uint32_t r60 = 0; r60 < v8; r60 += 1) {
+                const uint32_t v61 = x25 * 2048;
+                const uint32_t v62 = V - v61;
+                const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
+                const uint32_t v64 = v63 + 128;
+                const uint32_t v65 = v64 - 1;
+                const uint32_t v66 = v65 / 128;
+                for (uint32_t c67 = 0; c67 < v66; c67 += 1) {
+                    const uint32_t v68 = chunk + 31;
+                    const uint32_t v69 = v68 / 32;
+                    const uint32_t v70 = (v69 > 1 ? v69 : 1);
+                    cb_wait_front(tt::CBIndex::c_5, v70);
+                    cb_wait_front(tt::CBIndex::c_6, 1);
+                    cb_wait_front(tt::CBIndex::c_8, 1);
+                    cb_wait_front(tt::CBIndex::c_9, v70);
+                    cb_wait_front(tt::CBIndex::c_10, 1);
+                    for (uint32_t j71 = 0; j71 < v70; j71 += 1) {
+                        tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
+                        copy_init(tt::CBIndex::c_5);
+                        copy_tile(tt::CBIndex::c_5, j71, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_6);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_6);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_6, 0, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         exp_tile_init();
                         exp_tile(0);
-                        reconfig_data_format_srca(tt::CBIndex::c_7);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_7);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_7, 0, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_8);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_8);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_8, 0, 1);
                         div_binary_tile_init();
                         div_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j47, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_9);
+                        copy_init(tt::CBIndex::c_9);
+                        copy_tile(tt::CBIndex::c_9, j71, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_9);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_9);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_9, 0, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_10);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_10);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_10, 0, 1);
                         mul_binary_tile_init();
                         mul_binary_tile(0, 1, 0);
-                        tile_regs_commit();
-                        tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_10, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_10);
-                        pack_tile(0, tt::CBIndex::c_10);
-                        cb_push_back(tt::CBIndex::c_10, 1);
-                        tile_regs_release();
-                    }
-                    cb_wait_front(tt::CBIndex::c_10, v46);
-                    const uint32_t v48 = c43 * 128;
-                    const uint32_t v49 = v39 - v48;
-                    const uint32_t v50 = (v49 < 128 ? v49 : 128);
-                    const uint32_t v51 = v50 + 31;
-                    const uint32_t v52 = v51 / 32;
-                    for (uint32_t j53 = 0; j53 < v52; j53 += 1) {
-                        tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j53, 0);
                         tile_regs_commit();
                         tile_regs_wait();
                         cb_reserve_back(tt::CBIndex::c_11, 1);
@@ -175,153 +207,255 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_11, 1);
                         tile_regs_release();
                     }
-                    for (uint32_t j54 = 0; j54 < v52; j54 += 1) {
+                    cb_wait_front(tt::CBIndex::c_11, v70);
+                    const uint32_t v72 = c67 * 128;
+                    const uint32_t v73 = v63 - v72;
+                    const uint32_t v74 = (v73 < 128 ? v73 : 128);
+                    const uint32_t v75 = v74 + 31;
+                    const uint32_t v76 = v75 / 32;
+                    for (uint32_t j77 = 0; j77 < v76; j77 += 1) {
                         tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j54, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_11);
+                        copy_init(tt::CBIndex::c_11);
+                        copy_tile(tt::CBIndex::c_11, j77, 0);
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        cb_reserve_back(tt::CBIndex::c_12, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_12);
+                        pack_tile(0, tt::CBIndex::c_12);
+                        cb_push_back(tt::CBIndex::c_12, 1);
+                        tile_regs_release();
+                    }
+                    for (uint32_t j78 = 0; j78 < v76; j78 += 1) {
+                        tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_5);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_5);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_5, 0, 1);
+                        copy_init(tt::CBIndex::c_5);
+                        copy_tile(tt::CBIndex::c_5, j78, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_6);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_6);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_6, 0, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         exp_tile_init();
                         exp_tile(0);
-                        reconfig_data_format_srca(tt::CBIndex::c_7);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_7);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_7, 0, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_8);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_8);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_8, 0, 1);
                         div_binary_tile_init();
                         div_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j54, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_9);
+                        copy_init(tt::CBIndex::c_9);
+                        copy_tile(tt::CBIndex::c_9, j78, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_9);
-                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_9);
-                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_9, 0, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_10);
+                        unary_bcast_init<BroadcastType::COL>(tt::CBIndex::c_10);
+                        unary_bcast<BroadcastType::COL>(tt::CBIndex::c_10, 0, 1);
                         mul_binary_tile_init();
                         mul_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j54, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_11);
+                        copy_init(tt::CBIndex::c_11);
+                        copy_tile(tt::CBIndex::c_11, j78, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         tile_regs_commit();
                         tile_regs_wait();
-                        cb_reserve_back(tt::CBIndex::c_11, 1);
-                        pack_reconfig_data_format(tt::CBIndex::c_11);
-                        pack_tile(0, tt::CBIndex::c_11);
-                        cb_push_back(tt::CBIndex::c_11, 1);
+                        cb_reserve_back(tt::CBIndex::c_12, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_12);
+                        pack_tile(0, tt::CBIndex::c_12);
+                        cb_push_back(tt::CBIndex::c_12, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v46);
-                    cb_pop_front(tt::CBIndex::c_9, 1);
-                    cb_pop_front(tt::CBIndex::c_8, v46);
-                    cb_pop_front(tt::CBIndex::c_7, 1);
-                    cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_4, v46);
+                    cb_pop_front(tt::CBIndex::c_11, v70);
+                    cb_pop_front(tt::CBIndex::c_10, 1);
+                    cb_pop_front(tt::CBIndex::c_9, v70);
+                    cb_pop_front(tt::CBIndex::c_8, 1);
+                    cb_pop_front(tt::CBIndex::c_6, 1);
+                    cb_pop_front(tt::CBIndex::c_5, v70);
                 }
             }
-            for (uint32_t i55 = 0; i55 < v21; i55 += 1) {
-                const uint32_t v56 = H + 31;
-                const uint32_t v57 = v56 / 32;
-                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
-                    const uint32_t v59 = v57 - j58;
-                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
+            for (uint32_t p79 = 0; p79 < mm_0_panel; p79 += 1) {
+                const uint32_t v80 = v5 + 31;
+                const uint32_t v81 = v80 / 32;
+                cb_wait_front(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v82 = H + 31;
+                const uint32_t v83 = v82 / 32;
+                for (uint32_t j84 = 0; j84 < v83; j84 += 1) {
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
+                    reconfig_data_format_srca(tt::CBIndex::c_4);
                     reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    const uint32_t v61 = x19 * 2048;
-                    const uint32_t v62 = V - v61;
-                    const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
-                    const uint32_t v64 = v63 + 31;
-                    const uint32_t v65 = v64 / 32;
-                    for (uint32_t kk66 = 0; kk66 < v65; kk66 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g67 = 0; g67 < v60; g67 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g67);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g68 = 0; g68 < v60; g68 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g68, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t i69 = 0; i69 < v21; i69 += 1) {
-                const uint32_t v70 = H + 31;
-                const uint32_t v71 = v70 / 32;
-                for (uint32_t j72 = 0; j72 < v71; j72 += 4) {
-                    const uint32_t v73 = v71 - j72;
-                    const uint32_t v74 = (v73 < 4 ? v73 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_3);
-                    reconfig_data_format_srcb(tt::CBIndex::c_2);
-                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_3, 0);
-                    const uint32_t v75 = x19 * 2048;
-                    const uint32_t v76 = V - v75;
-                    const uint32_t v77 = (v76 < 2048 ? v76 : 2048);
-                    const uint32_t v78 = v77 + 31;
-                    const uint32_t v79 = v78 / 32;
-                    for (uint32_t kk80 = 0; kk80 < v79; kk80 += 1) {
-                        cb_wait_front(tt::CBIndex::c_2, 1);
-                        for (uint32_t g81 = 0; g81 < v74; g81 += 1) {
-                            cb_wait_front(tt::CBIndex::c_3, 1);
-                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_3, 0, 0, g81);
-                            cb_pop_front(tt::CBIndex::c_3, 1);
-                        }
-                        cb_pop_front(tt::CBIndex::c_2, 1);
-                    }
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g82 = 0; g82 < v74; g82 += 1) {
-                        cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g82, tt::CBIndex::c_0);
-                        cb_push_back(tt::CBIndex::c_0, 1);
-                    }
-                    tile_regs_release();
-                }
-            }
-            for (uint32_t r83 = 0; r83 < v7; r83 += 1) {
-                const uint32_t v84 = H + 128;
-                const uint32_t v85 = v84 - 1;
-                const uint32_t v86 = v85 / 128;
-                for (uint32_t c87 = 0; c87 < v86; c87 += 1) {
-                    const uint32_t v88 = chunk + 31;
+                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 0);
+                    const uint32_t v85 = x25 * 2048;
+                    const uint32_t v86 = V - v85;
+                    const uint32_t v87 = (v86 < 2048 ? v86 : 2048);
+                    const uint32_t v88 = v87 + 31;
                     const uint32_t v89 = v88 / 32;
-                    const uint32_t v90 = (v89 > 1 ? v89 : 1);
-                    cb_wait_front(tt::CBIndex::c_4, v90);
-                    cb_wait_front(tt::CBIndex::c_8, v90);
-                    cb_wait_front(tt::CBIndex::c_12, v90);
-                    const uint32_t v91 = c87 * 128;
-                    const uint32_t v92 = H - v91;
-                    const uint32_t v93 = (v92 < 128 ? v92 : 128);
-                    const uint32_t v94 = v93 + 31;
-                    const uint32_t v95 = v94 / 32;
-                    for (uint32_t j96 = 0; j96 < v95; j96 += 1) {
+                    for (uint32_t kk90 = 0; kk90 < v89; kk90 += 1) {
+                        cb_wait_front(tt::CBIndex::c_4, 1);
+                        for (uint32_t g91 = 0; g91 < v81; g91 += 1) {
+                            const uint32_t v92 = g91 * v89;
+                            const uint32_t v93 = v92 + kk90;
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_4, v93, 0, g91);
+                        }
+                        cb_pop_front(tt::CBIndex::c_4, 1);
+                    }
+                    tile_regs_commit();
+                    tile_regs_wait();
+                    pack_reconfig_data_format(tt::CBIndex::c_0);
+                    for (uint32_t g94 = 0; g94 < v81; g94 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g94, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
+                    tile_regs_release();
+                }
+                cb_pop_front(tt::CBIndex::c_2, panel_pages);
+            }
+            const uint32_t v95 = 1 - mm_0_panel;
+            for (uint32_t p96 = 0; p96 < v95; p96 += 1) {
+                const uint32_t v97 = v5 + 31;
+                const uint32_t v98 = v97 / 32;
+                for (uint32_t i99 = 0; i99 < v98; i99 += 1) {
+                    const uint32_t v100 = H + 31;
+                    const uint32_t v101 = v100 / 32;
+                    for (uint32_t j102 = 0; j102 < v101; j102 += 4) {
+                        const uint32_t v103 = v101 - j102;
+                        const uint32_t v104 = (v103 < 4 ? v103 : 4);
                         tile_regs_acquire();
-                        reconfig_data_format_srca(tt::CBIndex::c_8);
-                        copy_init(tt::CBIndex::c_8);
-                        copy_tile(tt::CBIndex::c_8, j96, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_12);
-                        copy_init(tt::CBIndex::c_12);
-                        copy_tile(tt::CBIndex::c_12, j96, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_4);
+                        reconfig_data_format_srcb(tt::CBIndex::c_3);
+                        matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 0);
+                        const uint32_t v105 = x25 * 2048;
+                        const uint32_t v106 = V - v105;
+                        const uint32_t v107 = (v106 < 2048 ? v106 : 2048);
+                        const uint32_t v108 = v107 + 31;
+                        const uint32_t v109 = v108 / 32;
+                        for (uint32_t kk110 = 0; kk110 < v109; kk110 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            for (uint32_t g111 = 0; g111 < v104; g111 += 1) {
+                                cb_wait_front(tt::CBIndex::c_4, 1);
+                                matmul_tiles(tt::CBIndex::c_3, tt::CBIndex::c_4, 0, 0, g111);
+                                cb_pop_front(tt::CBIndex::c_4, 1);
+                            }
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        pack_reconfig_data_format(tt::CBIndex::c_0);
+                        for (uint32_t g112 = 0; g112 < v104; g112 += 1) {
+                            cb_reserve_back(tt::CBIndex::c_0, 1);
+                            pack_tile(g112, tt::CBIndex::c_0);
+                            cb_push_back(tt::CBIndex::c_0, 1);
+                        }
+                        tile_regs_release();
+                    }
+                }
+            }
+            for (uint32_t p113 = 0; p113 < mm_0_panel; p113 += 1) {
+                const uint32_t v114 = v5 + 31;
+                const uint32_t v115 = v114 / 32;
+                cb_wait_front(tt::CBIndex::c_2, panel_pages);
+                const uint32_t v116 = H + 31;
+                const uint32_t v117 = v116 / 32;
+                for (uint32_t j118 = 0; j118 < v117; j118 += 1) {
+                    tile_regs_acquire();
+                    reconfig_data_format_srca(tt::CBIndex::c_4);
+                    reconfig_data_format_srcb(tt::CBIndex::c_2);
+                    matmul_init(tt::CBIndex::c_2, tt::CBIndex::c_4, 0);
+                    const uint32_t v119 = x25 * 2048;
+                    const uint32_t v120 = V - v119;
+                    const uint32_t v121 = (v120 < 2048 ? v120 : 2048);
+                    const uint32_t v122 = v121 + 31;
+                    const uint32_t v123 = v122 / 32;
+                    for (uint32_t kk124 = 0; kk124 < v123; kk124 += 1) {
+                        cb_wait_front(tt::CBIndex::c_4, 1);
+                        for (uint32_t g125 = 0; g125 < v115; g125 += 1) {
+                            const uint32_t v126 = g125 * v123;
+                            const uint32_t v127 = v126 + kk124;
+                            matmul_tiles(tt::CBIndex::c_2, tt::CBIndex::c_4, v127, 0, g125);
+                        }
+                        cb_pop_front(tt::CBIndex::c_4, 1);
+                    }
+                    tile_regs_commit();
+                    tile_regs_wait();
+                    pack_reconfig_data_format(tt::CBIndex::c_0);
+                    for (uint32_t g128 = 0; g128 < v115; g128 += 1) {
+                        cb_reserve_back(tt::CBIndex::c_0, 1);
+                        pack_tile(g128, tt::CBIndex::c_0);
+                        cb_push_back(tt::CBIndex::c_0, 1);
+                    }
+                    tile_regs_release();
+                }
+                cb_pop_front(tt::CBIndex::c_2, panel_pages);
+            }
+            for (uint32_t p129 = 0; p129 < v95; p129 += 1) {
+                const uint32_t v130 = v5 + 31;
+                const uint32_t v131 = v130 / 32;
+                for (uint32_t i132 = 0; i132 < v131; i132 += 1) {
+                    const uint32_t v133 = H + 31;
+                    const uint32_t v134 = v133 / 32;
+                    for (uint32_t j135 = 0; j135 < v134; j135 += 4) {
+                        const uint32_t v136 = v134 - j135;
+                        const uint32_t v137 = (v136 < 4 ? v136 : 4);
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_4);
+                        reconfig_data_format_srcb(tt::CBIndex::c_3);
+                        matmul_init(tt::CBIndex::c_3, tt::CBIndex::c_4, 0);
+                        const uint32_t v138 = x25 * 2048;
+                        const uint32_t v139 = V - v138;
+                        const uint32_t v140 = (v139 < 2048 ? v139 : 2048);
+                        const uint32_t v141 = v140 + 31;
+                        const uint32_t v142 = v141 / 32;
+                        for (uint32_t kk143 = 0; kk143 < v142; kk143 += 1) {
+                            cb_wait_front(tt::CBIndex::c_3, 1);
+                            for (uint32_t g144 = 0; g144 < v137; g144 += 1) {
+                                cb_wait_front(tt::CBIndex::c_4, 1);
+                                matmul_tiles(tt::CBIndex::c_3, tt::CBIndex::c_4, 0, 0, g144);
+                                cb_pop_front(tt::CBIndex::c_4, 1);
+                            }
+                            cb_pop_front(tt::CBIndex::c_3, 1);
+                        }
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        pack_reconfig_data_format(tt::CBIndex::c_0);
+                        for (uint32_t g145 = 0; g145 < v137; g145 += 1) {
+                            cb_reserve_back(tt::CBIndex::c_0, 1);
+                            pack_tile(g145, tt::CBIndex::c_0);
+                            cb_push_back(tt::CBIndex::c_0, 1);
+                        }
+                        tile_regs_release();
+                    }
+                }
+            }
+            for (uint32_t r146 = 0; r146 < v8; r146 += 1) {
+                const uint32_t v147 = H + 128;
+                const uint32_t v148 = v147 - 1;
+                const uint32_t v149 = v148 / 128;
+                for (uint32_t c150 = 0; c150 < v149; c150 += 1) {
+                    const uint32_t v151 = chunk + 31;
+                    const uint32_t v152 = v151 / 32;
+                    const uint32_t v153 = (v152 > 1 ? v152 : 1);
+                    cb_wait_front(tt::CBIndex::c_5, v153);
+                    cb_wait_front(tt::CBIndex::c_9, v153);
+                    cb_wait_front(tt::CBIndex::c_13, v153);
+                    const uint32_t v154 = c150 * 128;
+                    const uint32_t v155 = H - v154;
+                    const uint32_t v156 = (v155 < 128 ? v155 : 128);
+                    const uint32_t v157 = v156 + 31;
+                    const uint32_t v158 = v157 / 32;
+                    for (uint32_t j159 = 0; j159 < v158; j159 += 1) {
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_9);
+                        copy_init(tt::CBIndex::c_9);
+                        copy_tile(tt::CBIndex::c_9, j159, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_13);
+                        copy_init(tt::CBIndex::c_13);
+                        copy_tile(tt::CBIndex::c_13, j159, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_4);
-                        copy_init(tt::CBIndex::c_4);
-                        copy_tile(tt::CBIndex::c_4, j96, 1);
+                        reconfig_data_format_srca(tt::CBIndex::c_5);
+                        copy_init(tt::CBIndex::c_5);
+                        copy_tile(tt::CBIndex::c_5, j159, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -332,43 +466,47 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_12, v90);
-                    cb_pop_front(tt::CBIndex::c_8, v90);
-                    cb_pop_front(tt::CBIndex::c_4, v90);
+                    cb_pop_front(tt::CBIndex::c_13, v153);
+                    cb_pop_front(tt::CBIndex::c_9, v153);
+                    cb_pop_front(tt::CBIndex::c_5, v153);
                 }
             }
         }
-        for (uint32_t r97 = 0; r97 < v7; r97 += 1) {
-            const uint32_t v98 = H + 128;
-            const uint32_t v99 = v98 - 1;
-            const uint32_t v100 = v99 / 128;
-            for (uint32_t c101 = 0; c101 < v100; c101 += 1) {
-                const uint32_t v102 = chunk + 31;
-                const uint32_t v103 = v102 / 32;
-                const uint32_t v104 = (v103 > 1 ? v103 : 1);
-                cb_wait_front(tt::CBIndex::c_4, v104);
-                const uint32_t v105 = c101 * 128;
-                const uint32_t v106 = H - v105;
-                const uint32_t v107 = (v106 < 128 ? v106 : 128);
-                const uint32_t v108 = v107 + 31;
-                const uint32_t v109 = v108 / 32;
-                for (uint32_t j110 = 0; j110 < v109; j110 += 1) {
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_4);
-                    copy_init(tt::CBIndex::c_4);
-                    copy_tile(tt::CBIndex::c_4, j110, 0);
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_11, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_11);
-                    pack_tile(0, tt::CBIndex::c_11);
-                    cb_push_back(tt::CBIndex::c_11, 1);
-                    tile_regs_release();
+        const bool v160 = splits == 1;
+        const uint32_t v161 = (v160 ? 1 : 0);
+        for (uint32_t d162 = 0; d162 < v161; d162 += 1) {
+            for (uint32_t r163 = 0; r163 < v8; r163 += 1) {
+                const uint32_t v164 = H + 128;
+                const uint32_t v165 = v164 - 1;
+                const uint32_t v166 = v165 / 128;
+                for (uint32_t c167 = 0; c167 < v166; c167 += 1) {
+                    const uint32_t v168 = chunk + 31;
+                    const uint32_t v169 = v168 / 32;
+                    const uint32_t v170 = (v169 > 1 ? v169 : 1);
+                    cb_wait_front(tt::CBIndex::c_5, v170);
+                    const uint32_t v171 = c167 * 128;
+                    const uint32_t v172 = H - v171;
+                    const uint32_t v173 = (v172 < 128 ? v172 : 128);
+                    const uint32_t v174 = v173 + 31;
+                    const uint32_t v175 = v174 / 32;
+                    for (uint32_t j176 = 0; j176 < v175; j176 += 1) {
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_5);
+                        copy_init(tt::CBIndex::c_5);
+                        copy_tile(tt::CBIndex::c_5, j176, 0);
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        cb_reserve_back(tt::CBIndex::c_12, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_12);
+                        pack_tile(0, tt::CBIndex::c_12);
+                        cb_push_back(tt::CBIndex::c_12, 1);
+                        tile_regs_release();
+                    }
+                    cb_pop_front(tt::CBIndex::c_5, v170);
                 }
-                cb_pop_front(tt::CBIndex::c_4, v104);
             }
         }
     }
-    cb_wait_front(tt::CBIndex::c_6, 1);
-    cb_pop_front(tt::CBIndex::c_6, 1);
+    cb_wait_front(tt::CBIndex::c_7, 1);
+    cb_pop_front(tt::CBIndex::c_7, 1);
 }

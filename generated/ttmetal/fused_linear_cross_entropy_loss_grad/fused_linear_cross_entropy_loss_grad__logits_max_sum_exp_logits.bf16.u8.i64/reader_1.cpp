@@ -5,365 +5,121 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t input_addr = get_arg_val<uint32_t>(8);
-    constexpr auto input_args = TensorAccessorArgs<0>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(9);
-    constexpr auto weight_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t BT = get_arg_val<uint32_t>(10);
-    const uint32_t ws1_ws_p_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws1_ws_p_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_p = TensorAccessor(ws1_ws_p_args, ws1_ws_p_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(12);
-    const uint32_t logits_max_addr = get_arg_val<uint32_t>(13);
-    constexpr auto logits_max_args = TensorAccessorArgs<ws1_ws_p_args.next_compile_time_args_offset()>();
-    const auto logits_max = TensorAccessor(logits_max_args, logits_max_addr, 128);
-    const uint32_t sum_exp_logits_addr = get_arg_val<uint32_t>(14);
-    constexpr auto sum_exp_logits_args = TensorAccessorArgs<logits_max_args.next_compile_time_args_offset()>();
-    const auto sum_exp_logits = TensorAccessor(sum_exp_logits_args, sum_exp_logits_addr, 128);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(15);
-    constexpr auto masked_target_args = TensorAccessorArgs<sum_exp_logits_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(16);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f17 = get_arg_val<uint32_t>(17);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(18);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(19);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(20);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(21);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(22);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(23);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_6, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_6);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = V - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v10 = x9 * 2048;
-            const uint32_t v11 = v10 * H;
-            const uint32_t v12 = v11 / H;
-            const uint32_t v13 = v12 * H;
-            const uint32_t v14 = v11 - v13;
-            const uint32_t v15 = v12 / 32;
-            const uint32_t v16 = v14 / 32;
-            const uint32_t v17 = H + 31;
-            const uint32_t v18 = v17 / 32;
-            const uint32_t v19 = v3 * H;
-            const uint32_t v20 = v19 / H;
-            const uint32_t v21 = v20 * H;
-            const uint32_t v22 = v19 - v21;
-            const uint32_t v23 = v20 / 32;
-            const uint32_t v24 = v22 / 32;
-            const uint32_t v25 = BT - v10;
-            const uint32_t v26 = (v25 < 2048 ? v25 : 2048);
-            const uint32_t v27 = v26 + 31;
-            const uint32_t v28 = v27 / 32;
-            for (uint32_t i29 = 0; i29 < v28; i29 += 1) {
-                const uint32_t v30 = v5 + 31;
-                const uint32_t v31 = v30 / 32;
-                for (uint32_t j32 = 0; j32 < v31; j32 += 4) {
-                    const uint32_t v33 = v31 - j32;
-                    const uint32_t v34 = (v33 < 4 ? v33 : 4);
-                    for (uint32_t kk35 = 0; kk35 < v18; kk35 += 1) {
-                        const uint32_t v36 = kk35 * 32;
-                        const uint32_t v37 = H - v36;
-                        const uint32_t v38 = v15 + i29;
-                        const uint32_t v39 = v38 * v18;
-                        const uint32_t v40 = v16 + kk35;
-                        const uint32_t v41 = v39 + v40;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v42 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v41, input, v42);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v42, 2, 32, v37);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g43 = 0; g43 < v34; g43 += 1) {
-                            const uint32_t v44 = j32 + g43;
-                            const uint32_t v45 = v23 + v44;
-                            const uint32_t v46 = v45 * v18;
-                            const uint32_t v47 = v24 + kk35;
-                            const uint32_t v48 = v46 + v47;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v49 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v48, weight, v49);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v49, 2, 32, v37);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v50 = v26 + rows;
-            const uint32_t v51 = v50 - 1;
-            const uint32_t v52 = v51 / rows;
-            for (uint32_t r53 = 0; r53 < v52; r53 += 1) {
-                const uint32_t v54 = v5 + 128;
-                const uint32_t v55 = v54 - 1;
-                const uint32_t v56 = v55 / 128;
-                for (uint32_t c57 = 0; c57 < v56; c57 += 1) {
-                    const uint32_t v58 = c57 * 128;
-                    const uint32_t v59 = v5 - v58;
-                    const uint32_t v60 = (v59 < 128 ? v59 : 128);
-                    const uint32_t v61 = v60 + 31;
-                    const uint32_t v62 = v61 / 32;
-                    const uint32_t v63 = core * 2048;
-                    const uint32_t v64 = r53 * rows;
-                    const uint32_t v65 = v63 + v64;
-                    const uint32_t v66 = v65 / 32;
-                    const uint32_t v67 = v66 * 4;
-                    const uint32_t v68 = v58 / 32;
-                    const uint32_t v69 = v67 + v68;
-                    const uint32_t v70 = chunk + 31;
-                    const uint32_t v71 = v70 / 32;
-                    const uint32_t v72 = (v71 > 1 ? v71 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v72);
-                    const uint32_t v73 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j74 = 0; j74 < v62; j74 += 1) {
-                        const uint32_t v75 = v69 + j74;
-                        const uint32_t v76 = j74 * 4096;
-                        const uint32_t v77 = v73 + v76;
-                        noc_async_read_page(v75, ws1_ws_p, v77);
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t chunk = get_arg_val<uint32_t>(9);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            cb_wait_front(tt::CBIndex::c_0, 1);
+            cb_pop_front(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
+                    const uint32_t v25 = v24 / 32;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    const uint32_t v29 = chunk + 31;
+                    const uint32_t v30 = v29 / 32;
+                    const uint32_t v31 = (v30 > 1 ? v30 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v32 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j33 = 0; j33 < v18; j33 += 1) {
+                        const uint32_t v34 = v28 + j33;
+                        const uint32_t v35 = j33 * 4096;
+                        const uint32_t v36 = v32 + v35;
+                        noc_async_read_page(v34, ws_ws_acc0, v36);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v72);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v78 = v10 + v64;
-                    const uint32_t v79 = v26 - v64;
-                    const uint32_t v80 = (v79 < rows ? v79 : rows);
-                    const uint32_t v81 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(logits_max, 4, v78, v80, v81, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    const uint32_t v82 = get_write_ptr(tt::CBIndex::c_7);
-                    opgen_tt_col_from_row(sum_exp_logits, 4, v78, v80, v82, v1);
-                    cb_push_back(tt::CBIndex::c_7, 1);
-                    cb_wait_front(tt::CBIndex::c_1, 1);
-                    cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_8, v72);
-                    const uint32_t v83 = get_write_ptr(tt::CBIndex::c_8);
-                    const uint32_t v84 = v72 * 4096;
-                    opgen_tt_zero_l1(v83, v84);
-                    for (uint32_t h85 = 0; h85 < v80; h85 += 1) {
-                        const uint32_t v86 = v78 + h85;
-                        const uint32_t v87 = opgen_tt_load_elem(masked_target, 8, v86, v1);
-                        const uint32_t v88 = opgen_tt_load_bit(target_mask, 1, v86, v1);
-                        const bool v89 = v88 != 0;
-                        const bool v90 = !v89;
-                        const uint32_t v91 = v3 + v58;
-                        const uint32_t v92 = v87 - v91;
-                        const uint32_t v93 = (v90 ? v92 : -1);
-                        opgen_tt_set_word(v83, h85, v93, v60, f17);
-                    }
-                    cb_push_back(tt::CBIndex::c_8, v72);
-                    cb_wait_front(tt::CBIndex::c_1, 1);
-                    cb_pop_front(tt::CBIndex::c_1, 1);
-                    cb_reserve_back(tt::CBIndex::c_9, 1);
-                    const uint32_t v94 = get_write_ptr(tt::CBIndex::c_9);
-                    opgen_tt_col_from_row(grad, 4, v78, v80, v94, v1);
-                    cb_push_back(tt::CBIndex::c_9, 1);
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            const uint32_t v95 = core * 2048;
-            const uint32_t v96 = v95 * 128;
-            const uint32_t v97 = v96 / 128;
-            const uint32_t v98 = v97 * 128;
-            const uint32_t v99 = v96 - v98;
-            const uint32_t v100 = v97 / 32;
-            const uint32_t v101 = v99 / 32;
-            const uint32_t v102 = 128 + 31;
-            const uint32_t v103 = v102 / 32;
-            const uint32_t v104 = v5 + 31;
-            const uint32_t v105 = v104 / 32;
-            for (uint32_t i106 = 0; i106 < v105; i106 += 1) {
-                for (uint32_t j107 = 0; j107 < v18; j107 += 4) {
-                    const uint32_t v108 = v18 - j107;
-                    const uint32_t v109 = (v108 < 4 ? v108 : 4);
-                    for (uint32_t kk110 = 0; kk110 < v28; kk110 += 1) {
-                        const uint32_t v111 = kk110 * 32;
-                        const uint32_t v112 = v26 - v111;
-                        const uint32_t v113 = v100 + kk110;
-                        const uint32_t v114 = v113 * v103;
-                        const uint32_t v115 = v101 + i106;
-                        const uint32_t v116 = v114 + v115;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v117 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v116, ws1_ws_g, v117);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v117, 2, v112, 32);
-                        opgen_tt_transpose(v117, 2);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g118 = 0; g118 < v109; g118 += 1) {
-                            const uint32_t v119 = j107 + g118;
-                            const uint32_t v120 = v15 + kk110;
-                            const uint32_t v121 = v120 * v18;
-                            const uint32_t v122 = v16 + v119;
-                            const uint32_t v123 = v121 + v122;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v124 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v123, input, v124);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v124, 2, v112, 32);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            for (uint32_t i125 = 0; i125 < v105; i125 += 1) {
-                for (uint32_t j126 = 0; j126 < v18; j126 += 4) {
-                    const uint32_t v127 = v18 - j126;
-                    const uint32_t v128 = (v127 < 4 ? v127 : 4);
-                    for (uint32_t kk129 = 0; kk129 < v28; kk129 += 1) {
-                        const uint32_t v130 = kk129 * 32;
-                        const uint32_t v131 = v26 - v130;
-                        const uint32_t v132 = v100 + kk129;
-                        const uint32_t v133 = v132 * v103;
-                        const uint32_t v134 = v101 + i125;
-                        const uint32_t v135 = v133 + v134;
-                        cb_reserve_back(tt::CBIndex::c_2, 1);
-                        const uint32_t v136 = get_write_ptr(tt::CBIndex::c_2);
-                        noc_async_read_page(v135, ws1_ws_gl, v136);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v136, 2, v131, 32);
-                        opgen_tt_transpose(v136, 2);
-                        cb_push_back(tt::CBIndex::c_2, 1);
-                        for (uint32_t g137 = 0; g137 < v128; g137 += 1) {
-                            const uint32_t v138 = j126 + g137;
-                            const uint32_t v139 = v15 + kk129;
-                            const uint32_t v140 = v139 * v18;
-                            const uint32_t v141 = v16 + v138;
-                            const uint32_t v142 = v140 + v141;
-                            cb_reserve_back(tt::CBIndex::c_3, 1);
-                            const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
-                            noc_async_read_page(v142, input, v143);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v143, 2, v131, 32);
-                            cb_push_back(tt::CBIndex::c_3, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_1, 1);
-            cb_pop_front(tt::CBIndex::c_1, 1);
-            for (uint32_t r144 = 0; r144 < v8; r144 += 1) {
-                const uint32_t v145 = H + 128;
-                const uint32_t v146 = v145 - 1;
-                const uint32_t v147 = v146 / 128;
-                for (uint32_t c148 = 0; c148 < v147; c148 += 1) {
-                    const uint32_t v149 = c148 * 128;
-                    const uint32_t v150 = H - v149;
-                    const uint32_t v151 = (v150 < 128 ? v150 : 128);
-                    const uint32_t v152 = v151 + 31;
-                    const uint32_t v153 = v152 / 32;
-                    const uint32_t v154 = core * 128;
-                    const uint32_t v155 = r144 * rows;
-                    const uint32_t v156 = v154 + v155;
-                    const uint32_t v157 = v156 / 32;
-                    const uint32_t v158 = v157 * v18;
-                    const uint32_t v159 = v149 / 32;
-                    const uint32_t v160 = v158 + v159;
-                    const uint32_t v161 = chunk + 31;
-                    const uint32_t v162 = v161 / 32;
-                    const uint32_t v163 = (v162 > 1 ? v162 : 1);
-                    cb_reserve_back(tt::CBIndex::c_4, v163);
-                    const uint32_t v164 = get_write_ptr(tt::CBIndex::c_4);
-                    for (uint32_t j165 = 0; j165 < v153; j165 += 1) {
-                        const uint32_t v166 = v160 + j165;
-                        const uint32_t v167 = j165 * 4096;
-                        const uint32_t v168 = v164 + v167;
-                        noc_async_read_page(v166, ws1_ws_acc0, v168);
+                    cb_push_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v37 = s2 * 128;
+                    const uint32_t v38 = v22 + v37;
+                    const uint32_t v39 = v38 + v23;
+                    const uint32_t v40 = v39 / 32;
+                    const uint32_t v41 = v40 * v20;
+                    const uint32_t v42 = v41 + v27;
+                    cb_reserve_back(tt::CBIndex::c_2, v31);
+                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_2);
+                    for (uint32_t j44 = 0; j44 < v18; j44 += 1) {
+                        const uint32_t v45 = v42 + j44;
+                        const uint32_t v46 = j44 * 4096;
+                        const uint32_t v47 = v43 + v46;
+                        noc_async_read_page(v45, ws_ws_acc0, v47);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_4, v163);
-                    cb_reserve_back(tt::CBIndex::c_8, v163);
-                    const uint32_t v169 = get_write_ptr(tt::CBIndex::c_8);
-                    for (uint32_t j170 = 0; j170 < v153; j170 += 1) {
-                        const uint32_t v171 = v160 + j170;
-                        const uint32_t v172 = j170 * 4096;
-                        const uint32_t v173 = v169 + v172;
-                        noc_async_read_page(v171, ws1_ws_c0, v173);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_8, v163);
-                    cb_reserve_back(tt::CBIndex::c_12, v163);
-                    const uint32_t v174 = get_write_ptr(tt::CBIndex::c_12);
-                    for (uint32_t j175 = 0; j175 < v153; j175 += 1) {
-                        const uint32_t v176 = v160 + j175;
-                        const uint32_t v177 = j175 * 4096;
-                        const uint32_t v178 = v174 + v177;
-                        noc_async_read_page(v176, ws1_ws_c0l, v178);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_12, v163);
+                    cb_push_back(tt::CBIndex::c_2, v31);
                 }
             }
         }
-        cb_wait_front(tt::CBIndex::c_1, 1);
-        cb_pop_front(tt::CBIndex::c_1, 1);
-        for (uint32_t r179 = 0; r179 < v8; r179 += 1) {
-            const uint32_t v180 = H + 128;
-            const uint32_t v181 = v180 - 1;
-            const uint32_t v182 = v181 / 128;
-            for (uint32_t c183 = 0; c183 < v182; c183 += 1) {
-                const uint32_t v184 = c183 * 128;
-                const uint32_t v185 = H - v184;
-                const uint32_t v186 = (v185 < 128 ? v185 : 128);
-                const uint32_t v187 = v186 + 31;
-                const uint32_t v188 = v187 / 32;
-                const uint32_t v189 = H + 31;
-                const uint32_t v190 = v189 / 32;
-                const uint32_t v191 = core * 128;
-                const uint32_t v192 = r179 * rows;
-                const uint32_t v193 = v191 + v192;
-                const uint32_t v194 = v193 / 32;
-                const uint32_t v195 = v194 * v190;
-                const uint32_t v196 = v184 / 32;
-                const uint32_t v197 = v195 + v196;
-                const uint32_t v198 = chunk + 31;
-                const uint32_t v199 = v198 / 32;
-                const uint32_t v200 = (v199 > 1 ? v199 : 1);
-                cb_reserve_back(tt::CBIndex::c_4, v200);
-                const uint32_t v201 = get_write_ptr(tt::CBIndex::c_4);
-                for (uint32_t j202 = 0; j202 < v188; j202 += 1) {
-                    const uint32_t v203 = v197 + j202;
-                    const uint32_t v204 = j202 * 4096;
-                    const uint32_t v205 = v201 + v204;
-                    noc_async_read_page(v203, ws1_ws_acc0, v205);
+        cb_wait_front(tt::CBIndex::c_0, 1);
+        cb_pop_front(tt::CBIndex::c_0, 1);
+        const uint32_t v48 = b1 * blk;
+        const uint32_t v49 = BT - v48;
+        const uint32_t v50 = (v49 < blk ? v49 : blk);
+        const uint32_t v51 = v50 + rows;
+        const uint32_t v52 = v51 - 1;
+        const uint32_t v53 = v52 / rows;
+        for (uint32_t r54 = 0; r54 < v53; r54 += 1) {
+            const uint32_t v55 = H + 128;
+            const uint32_t v56 = v55 - 1;
+            const uint32_t v57 = v56 / 128;
+            for (uint32_t c58 = 0; c58 < v57; c58 += 1) {
+                const uint32_t v59 = c58 * 128;
+                const uint32_t v60 = H - v59;
+                const uint32_t v61 = (v60 < 128 ? v60 : 128);
+                const uint32_t v62 = v61 + 31;
+                const uint32_t v63 = v62 / 32;
+                const uint32_t v64 = H + 31;
+                const uint32_t v65 = v64 / 32;
+                const uint32_t v66 = b1 * splits;
+                const uint32_t v67 = v66 * 128;
+                const uint32_t v68 = r54 * rows;
+                const uint32_t v69 = v67 + v68;
+                const uint32_t v70 = v69 / 32;
+                const uint32_t v71 = v70 * v65;
+                const uint32_t v72 = v59 / 32;
+                const uint32_t v73 = v71 + v72;
+                const uint32_t v74 = chunk + 31;
+                const uint32_t v75 = v74 / 32;
+                const uint32_t v76 = (v75 > 1 ? v75 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v76);
+                const uint32_t v77 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j78 = 0; j78 < v63; j78 += 1) {
+                    const uint32_t v79 = v73 + j78;
+                    const uint32_t v80 = j78 * 4096;
+                    const uint32_t v81 = v77 + v80;
+                    noc_async_read_page(v79, ws_ws_acc0, v81);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_4, v200);
+                cb_push_back(tt::CBIndex::c_1, v76);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_6, 1);
 }

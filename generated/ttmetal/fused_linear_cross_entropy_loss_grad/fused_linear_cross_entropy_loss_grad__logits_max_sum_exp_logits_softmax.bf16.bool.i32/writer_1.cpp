@@ -4,230 +4,96 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(7);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<0>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t BT = get_arg_val<uint32_t>(9);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(10);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(11);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(12);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(13);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    const uint32_t weight_grad_addr = get_arg_val<uint32_t>(14);
-    constexpr auto weight_grad_args = TensorAccessorArgs<ws1_ws_c0l_args.next_compile_time_args_offset()>();
-    const auto weight_grad = TensorAccessor(weight_grad_args, weight_grad_addr, 2048);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = V - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                const uint32_t v18 = H + 31;
-                const uint32_t v19 = v18 / 32;
-                const uint32_t v20 = core * 128;
-                const uint32_t v21 = r8 * rows;
-                const uint32_t v22 = v20 + v21;
-                const uint32_t v23 = v22 / 32;
-                const uint32_t v24 = v23 * v19;
-                const uint32_t v25 = v13 / 32;
-                const uint32_t v26 = v24 + v25;
-                for (uint32_t j27 = 0; j27 < v17; j27 += 1) {
-                    cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v28 = v26 + j27;
-                    const uint32_t v29 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v28, ws1_ws_acc0, v29);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_0, 1);
-                }
-                noc_async_write_barrier();
-            }
-        }
-        for (uint32_t x30 = 0; x30 < xblocks; x30 += 1) {
-            const uint32_t v31 = x30 * 2048;
-            const uint32_t v32 = BT - v31;
-            const uint32_t v33 = (v32 < 2048 ? v32 : 2048);
-            const uint32_t v34 = v33 + rows;
-            const uint32_t v35 = v34 - 1;
-            const uint32_t v36 = v35 / rows;
-            for (uint32_t r37 = 0; r37 < v36; r37 += 1) {
-                const uint32_t v38 = v4 + 128;
-                const uint32_t v39 = v38 - 1;
-                const uint32_t v40 = v39 / 128;
-                for (uint32_t c41 = 0; c41 < v40; c41 += 1) {
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_2, 1);
-                    cb_push_back(tt::CBIndex::c_2, 1);
-                    noc_async_write_barrier();
-                    cb_reserve_back(tt::CBIndex::c_2, 1);
-                    cb_push_back(tt::CBIndex::c_2, 1);
-                    const uint32_t v42 = c41 * 128;
-                    const uint32_t v43 = v4 - v42;
-                    const uint32_t v44 = (v43 < 128 ? v43 : 128);
-                    const uint32_t v45 = v44 + 31;
-                    const uint32_t v46 = v45 / 32;
-                    const uint32_t v47 = core * 2048;
-                    const uint32_t v48 = r37 * rows;
-                    const uint32_t v49 = v47 + v48;
-                    const uint32_t v50 = v49 / 32;
-                    const uint32_t v51 = v50 * 4;
-                    const uint32_t v52 = v42 / 32;
-                    const uint32_t v53 = v51 + v52;
-                    for (uint32_t j54 = 0; j54 < v46; j54 += 1) {
-                        cb_wait_front(tt::CBIndex::c_7, 1);
-                        const uint32_t v55 = v53 + j54;
-                        const uint32_t v56 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v55, ws1_ws_g, v56);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_7, 1);
-                    }
-                    noc_async_write_barrier();
-                    for (uint32_t j57 = 0; j57 < v46; j57 += 1) {
-                        cb_wait_front(tt::CBIndex::c_7, 1);
-                        const uint32_t v58 = v53 + j57;
-                        const uint32_t v59 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v58, ws1_ws_gl, v59);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_7, 1);
-                    }
-                    noc_async_write_barrier();
-                }
-            }
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t input_grad_addr = get_arg_val<uint32_t>(9);
+    constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
+    const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
             noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_2, 1);
-            cb_push_back(tt::CBIndex::c_2, 1);
-            const uint32_t v60 = core * 128;
-            const uint32_t v61 = v60 * H;
-            const uint32_t v62 = v61 / H;
-            const uint32_t v63 = v62 * H;
-            const uint32_t v64 = v61 - v63;
-            const uint32_t v65 = v62 / 32;
-            const uint32_t v66 = v64 / 32;
-            const uint32_t v67 = H + 31;
-            const uint32_t v68 = v67 / 32;
-            const uint32_t v69 = v4 + 31;
-            const uint32_t v70 = v69 / 32;
-            for (uint32_t i71 = 0; i71 < v70; i71 += 1) {
-                for (uint32_t j72 = 0; j72 < v68; j72 += 4) {
-                    const uint32_t v73 = v68 - j72;
-                    const uint32_t v74 = (v73 < 4 ? v73 : 4);
-                    for (uint32_t g75 = 0; g75 < v74; g75 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v76 = j72 + g75;
-                        const uint32_t v77 = v65 + i71;
-                        const uint32_t v78 = v77 * v68;
-                        const uint32_t v79 = v66 + v76;
-                        const uint32_t v80 = v78 + v79;
-                        const uint32_t v81 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v80, ws1_ws_c0, v81);
+            cb_reserve_back(tt::CBIndex::c_0, 1);
+            cb_push_back(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
+                    const uint32_t v25 = v24 / 32;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    for (uint32_t j29 = 0; j29 < v18; j29 += 1) {
+                        cb_wait_front(tt::CBIndex::c_3, 1);
+                        const uint32_t v30 = v28 + j29;
+                        const uint32_t v31 = get_read_ptr(tt::CBIndex::c_3);
+                        noc_async_write_page(v30, ws_ws_acc0, v31);
                         noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
-                    }
-                }
-            }
-            noc_async_write_barrier();
-            for (uint32_t i82 = 0; i82 < v70; i82 += 1) {
-                for (uint32_t j83 = 0; j83 < v68; j83 += 4) {
-                    const uint32_t v84 = v68 - j83;
-                    const uint32_t v85 = (v84 < 4 ? v84 : 4);
-                    for (uint32_t g86 = 0; g86 < v85; g86 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v87 = j83 + g86;
-                        const uint32_t v88 = v65 + i82;
-                        const uint32_t v89 = v88 * v68;
-                        const uint32_t v90 = v66 + v87;
-                        const uint32_t v91 = v89 + v90;
-                        const uint32_t v92 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v91, ws1_ws_c0l, v92);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
-                    }
-                }
-            }
-            noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_2, 1);
-            cb_push_back(tt::CBIndex::c_2, 1);
-            for (uint32_t r93 = 0; r93 < v7; r93 += 1) {
-                const uint32_t v94 = H + 128;
-                const uint32_t v95 = v94 - 1;
-                const uint32_t v96 = v95 / 128;
-                for (uint32_t c97 = 0; c97 < v96; c97 += 1) {
-                    const uint32_t v98 = c97 * 128;
-                    const uint32_t v99 = H - v98;
-                    const uint32_t v100 = (v99 < 128 ? v99 : 128);
-                    const uint32_t v101 = v100 + 31;
-                    const uint32_t v102 = v101 / 32;
-                    const uint32_t v103 = r93 * rows;
-                    const uint32_t v104 = v60 + v103;
-                    const uint32_t v105 = v104 / 32;
-                    const uint32_t v106 = v105 * v68;
-                    const uint32_t v107 = v98 / 32;
-                    const uint32_t v108 = v106 + v107;
-                    for (uint32_t j109 = 0; j109 < v102; j109 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v110 = v108 + j109;
-                        const uint32_t v111 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v110, ws1_ws_acc0, v111);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
+                        cb_pop_front(tt::CBIndex::c_3, 1);
                     }
                     noc_async_write_barrier();
                 }
             }
         }
         noc_async_write_barrier();
-        cb_reserve_back(tt::CBIndex::c_2, 1);
-        cb_push_back(tt::CBIndex::c_2, 1);
-        for (uint32_t r112 = 0; r112 < v7; r112 += 1) {
-            const uint32_t v113 = H + 128;
-            const uint32_t v114 = v113 - 1;
-            const uint32_t v115 = v114 / 128;
-            for (uint32_t c116 = 0; c116 < v115; c116 += 1) {
-                const uint32_t v117 = c116 * 128;
-                const uint32_t v118 = H - v117;
-                const uint32_t v119 = (v118 < 128 ? v118 : 128);
-                const uint32_t v120 = v119 + 31;
-                const uint32_t v121 = v120 / 32;
-                const uint32_t v122 = H + 31;
-                const uint32_t v123 = v122 / 32;
-                const uint32_t v124 = r112 * rows;
-                const uint32_t v125 = v2 + v124;
-                const uint32_t v126 = v125 / 32;
-                const uint32_t v127 = v126 * v123;
-                const uint32_t v128 = v117 / 32;
-                const uint32_t v129 = v127 + v128;
-                for (uint32_t j130 = 0; j130 < v121; j130 += 1) {
-                    cb_wait_front(tt::CBIndex::c_7, 1);
-                    const uint32_t v131 = v129 + j130;
-                    const uint32_t v132 = get_read_ptr(tt::CBIndex::c_7);
-                    noc_async_write_page(v131, weight_grad, v132);
+        cb_reserve_back(tt::CBIndex::c_0, 1);
+        cb_push_back(tt::CBIndex::c_0, 1);
+        const uint32_t v32 = b1 * blk;
+        const uint32_t v33 = BT - v32;
+        const uint32_t v34 = (v33 < blk ? v33 : blk);
+        const uint32_t v35 = v34 + rows;
+        const uint32_t v36 = v35 - 1;
+        const uint32_t v37 = v36 / rows;
+        for (uint32_t r38 = 0; r38 < v37; r38 += 1) {
+            const uint32_t v39 = H + 128;
+            const uint32_t v40 = v39 - 1;
+            const uint32_t v41 = v40 / 128;
+            for (uint32_t c42 = 0; c42 < v41; c42 += 1) {
+                const uint32_t v43 = c42 * 128;
+                const uint32_t v44 = H - v43;
+                const uint32_t v45 = (v44 < 128 ? v44 : 128);
+                const uint32_t v46 = v45 + 31;
+                const uint32_t v47 = v46 / 32;
+                const uint32_t v48 = H + 31;
+                const uint32_t v49 = v48 / 32;
+                const uint32_t v50 = r38 * rows;
+                const uint32_t v51 = v32 + v50;
+                const uint32_t v52 = v51 / 32;
+                const uint32_t v53 = v52 * v49;
+                const uint32_t v54 = v43 / 32;
+                const uint32_t v55 = v53 + v54;
+                for (uint32_t j56 = 0; j56 < v47; j56 += 1) {
+                    cb_wait_front(tt::CBIndex::c_4, 1);
+                    const uint32_t v57 = v55 + j56;
+                    const uint32_t v58 = get_read_ptr(tt::CBIndex::c_4);
+                    noc_async_write_page(v57, input_grad, v58);
                     noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_7, 1);
+                    cb_pop_front(tt::CBIndex::c_4, 1);
                 }
                 noc_async_write_barrier();
             }

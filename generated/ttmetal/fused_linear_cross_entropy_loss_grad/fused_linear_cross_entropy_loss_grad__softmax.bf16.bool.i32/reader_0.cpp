@@ -5,303 +5,428 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t V = get_arg_val<uint32_t>(8);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(9);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t slice = get_arg_val<uint32_t>(8);
+    const uint32_t xblocks = get_arg_val<uint32_t>(9);
+    const uint32_t V = get_arg_val<uint32_t>(10);
+    const uint32_t softmax_addr = get_arg_val<uint32_t>(11);
     constexpr auto softmax_args = TensorAccessorArgs<0>();
     const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(11);
+    const uint32_t chunk = get_arg_val<uint32_t>(12);
+    const uint32_t masked_target_addr = get_arg_val<uint32_t>(13);
     constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
     const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 128);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(12);
+    const uint32_t target_mask_addr = get_arg_val<uint32_t>(14);
     constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
     const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f13 = get_arg_val<uint32_t>(13);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(14);
+    const uint32_t f15 = get_arg_val<uint32_t>(15);
+    const uint32_t grad_addr = get_arg_val<uint32_t>(16);
     constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
     const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(15);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(17);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(18);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(16);
+    const uint32_t weight_addr = get_arg_val<uint32_t>(19);
     constexpr auto weight_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(17);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(20);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(21);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(18);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(22);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(19);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(23);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(20);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(24);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
     cb_reserve_back(tt::CBIndex::c_4, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = BT - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            for (uint32_t r10 = 0; r10 < v8; r10 += 1) {
-                const uint32_t v11 = x9 * 2048;
-                const uint32_t v12 = V - v11;
-                const uint32_t v13 = (v12 < 2048 ? v12 : 2048);
-                const uint32_t v14 = v13 + 128;
-                const uint32_t v15 = v14 - 1;
-                const uint32_t v16 = v15 / 128;
-                for (uint32_t c17 = 0; c17 < v16; c17 += 1) {
-                    const uint32_t v18 = c17 * 128;
-                    const uint32_t v19 = v13 - v18;
-                    const uint32_t v20 = (v19 < 128 ? v19 : 128);
-                    const uint32_t v21 = v20 + 31;
-                    const uint32_t v22 = v21 / 32;
-                    const uint32_t v23 = V + 31;
-                    const uint32_t v24 = v23 / 32;
-                    const uint32_t v25 = r10 * rows;
-                    const uint32_t v26 = v3 + v25;
-                    const uint32_t v27 = v26 / 32;
-                    const uint32_t v28 = v27 * v24;
-                    const uint32_t v29 = v11 + v18;
+    for (uint32_t b2 = core; b2 < units; b2 += cores) {
+        const uint32_t v3 = b2 / splits;
+        const uint32_t v4 = v3 * blk;
+        const uint32_t v5 = BT - v4;
+        const uint32_t v6 = (v5 < blk ? v5 : blk);
+        const uint32_t v7 = v6 + rows;
+        const uint32_t v8 = v7 - 1;
+        const uint32_t v9 = v8 / rows;
+        const uint32_t v10 = v3 * splits;
+        const uint32_t v11 = b2 - v10;
+        const uint32_t v12 = v11 * slice;
+        const uint32_t v13 = v12 + slice;
+        const uint32_t v14 = (xblocks < v13 ? xblocks : v13);
+        for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
+            for (uint32_t r16 = 0; r16 < v9; r16 += 1) {
+                const uint32_t v17 = x15 * 2048;
+                const uint32_t v18 = V - v17;
+                const uint32_t v19 = (v18 < 2048 ? v18 : 2048);
+                const uint32_t v20 = v19 + 128;
+                const uint32_t v21 = v20 - 1;
+                const uint32_t v22 = v21 / 128;
+                for (uint32_t c23 = 0; c23 < v22; c23 += 1) {
+                    const uint32_t v24 = c23 * 128;
+                    const uint32_t v25 = v19 - v24;
+                    const uint32_t v26 = (v25 < 128 ? v25 : 128);
+                    const uint32_t v27 = v26 + 31;
+                    const uint32_t v28 = v27 / 32;
+                    const uint32_t v29 = V + 31;
                     const uint32_t v30 = v29 / 32;
-                    const uint32_t v31 = v28 + v30;
-                    const uint32_t v32 = chunk + 31;
+                    const uint32_t v31 = r16 * rows;
+                    const uint32_t v32 = v4 + v31;
                     const uint32_t v33 = v32 / 32;
-                    const uint32_t v34 = (v33 > 1 ? v33 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v34);
-                    const uint32_t v35 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j36 = 0; j36 < v22; j36 += 1) {
-                        const uint32_t v37 = v31 + j36;
-                        const uint32_t v38 = j36 * 4096;
-                        const uint32_t v39 = v35 + v38;
-                        noc_async_read_page(v37, softmax, v39);
+                    const uint32_t v34 = v33 * v30;
+                    const uint32_t v35 = v17 + v24;
+                    const uint32_t v36 = v35 / 32;
+                    const uint32_t v37 = v34 + v36;
+                    const uint32_t v38 = chunk + 31;
+                    const uint32_t v39 = v38 / 32;
+                    const uint32_t v40 = (v39 > 1 ? v39 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v40);
+                    const uint32_t v41 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j42 = 0; j42 < v28; j42 += 1) {
+                        const uint32_t v43 = v37 + j42;
+                        const uint32_t v44 = j42 * 4096;
+                        const uint32_t v45 = v41 + v44;
+                        noc_async_read_page(v43, softmax, v45);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v34);
+                    cb_push_back(tt::CBIndex::c_1, v40);
                     cb_wait_front(tt::CBIndex::c_2, 1);
                     cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_3, v34);
-                    const uint32_t v40 = get_write_ptr(tt::CBIndex::c_3);
-                    const uint32_t v41 = v34 * 4096;
-                    opgen_tt_zero_l1(v40, v41);
-                    const uint32_t v42 = v5 - v25;
-                    const uint32_t v43 = (v42 < rows ? v42 : rows);
-                    for (uint32_t h44 = 0; h44 < v43; h44 += 1) {
-                        const uint32_t v45 = v26 + h44;
-                        const uint32_t v46 = opgen_tt_load_elem(masked_target, 4, v45, v1);
-                        const uint32_t v47 = opgen_tt_load_bit(target_mask, 0, v45, v1);
-                        const bool v48 = v47 != 0;
-                        const bool v49 = !v48;
-                        const uint32_t v50 = (uint32_t)(v46);
-                        const uint32_t v51 = v50 - v29;
-                        const uint32_t v52 = (v49 ? v51 : -1);
-                        opgen_tt_set_word(v40, h44, v52, v20, f13);
+                    cb_reserve_back(tt::CBIndex::c_3, v40);
+                    const uint32_t v46 = get_write_ptr(tt::CBIndex::c_3);
+                    const uint32_t v47 = v40 * 4096;
+                    opgen_tt_zero_l1(v46, v47);
+                    const uint32_t v48 = v6 - v31;
+                    const uint32_t v49 = (v48 < rows ? v48 : rows);
+                    for (uint32_t h50 = 0; h50 < v49; h50 += 1) {
+                        const uint32_t v51 = v32 + h50;
+                        const uint32_t v52 = opgen_tt_load_elem(masked_target, 4, v51, v1);
+                        const uint32_t v53 = opgen_tt_load_bit(target_mask, 0, v51, v1);
+                        const bool v54 = v53 != 0;
+                        const bool v55 = !v54;
+                        const uint32_t v56 = (uint32_t)(v52);
+                        const uint32_t v57 = v56 - v35;
+                        const uint32_t v58 = (v55 ? v57 : -1);
+                        opgen_tt_set_word(v46, h50, v58, v26, f15);
                     }
-                    cb_push_back(tt::CBIndex::c_3, v34);
+                    cb_push_back(tt::CBIndex::c_3, v40);
                     cb_wait_front(tt::CBIndex::c_2, 1);
                     cb_pop_front(tt::CBIndex::c_2, 1);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v53 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v26, v43, v53, v1);
+                    const uint32_t v59 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(grad, 4, v32, v49, v59, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            const uint32_t v54 = core * 128;
-            const uint32_t v55 = v54 * 2048;
-            const uint32_t v56 = v55 / 2048;
-            const uint32_t v57 = v56 * 2048;
-            const uint32_t v58 = v55 - v57;
-            const uint32_t v59 = v56 / 32;
-            const uint32_t v60 = v58 / 32;
-            const uint32_t v61 = 2048 + 31;
-            const uint32_t v62 = v61 / 32;
-            const uint32_t v63 = x9 * 2048;
-            const uint32_t v64 = v63 * H;
-            const uint32_t v65 = v64 / H;
-            const uint32_t v66 = v65 * H;
-            const uint32_t v67 = v64 - v66;
-            const uint32_t v68 = v65 / 32;
-            const uint32_t v69 = v67 / 32;
-            const uint32_t v70 = H + 31;
-            const uint32_t v71 = v70 / 32;
-            const uint32_t v72 = v5 + 31;
-            const uint32_t v73 = v72 / 32;
-            for (uint32_t i74 = 0; i74 < v73; i74 += 1) {
-                for (uint32_t j75 = 0; j75 < v71; j75 += 4) {
-                    const uint32_t v76 = v71 - j75;
-                    const uint32_t v77 = (v76 < 4 ? v76 : 4);
-                    const uint32_t v78 = V - v63;
-                    const uint32_t v79 = (v78 < 2048 ? v78 : 2048);
-                    const uint32_t v80 = v79 + 31;
-                    const uint32_t v81 = v80 / 32;
-                    for (uint32_t kk82 = 0; kk82 < v81; kk82 += 1) {
-                        const uint32_t v83 = kk82 * 32;
-                        const uint32_t v84 = v79 - v83;
-                        const uint32_t v85 = v59 + i74;
-                        const uint32_t v86 = v85 * v62;
-                        const uint32_t v87 = v60 + kk82;
-                        const uint32_t v88 = v86 + v87;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v89 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v88, ws_ws_g, v89);
+            const uint32_t v60 = core * 128;
+            const uint32_t v61 = v60 * 2048;
+            const uint32_t v62 = v61 / 2048;
+            const uint32_t v63 = v62 * 2048;
+            const uint32_t v64 = v61 - v63;
+            const uint32_t v65 = v62 / 32;
+            const uint32_t v66 = v64 / 32;
+            const uint32_t v67 = 2048 + 31;
+            const uint32_t v68 = v67 / 32;
+            const uint32_t v69 = x15 * 2048;
+            const uint32_t v70 = v69 * H;
+            const uint32_t v71 = v70 / H;
+            const uint32_t v72 = v71 * H;
+            const uint32_t v73 = v70 - v72;
+            const uint32_t v74 = v71 / 32;
+            const uint32_t v75 = v73 / 32;
+            const uint32_t v76 = H + 31;
+            const uint32_t v77 = v76 / 32;
+            for (uint32_t p78 = 0; p78 < mm_0_panel; p78 += 1) {
+                cb_reserve_back(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v79 = get_write_ptr(tt::CBIndex::c_8);
+                const uint32_t v80 = v6 + 31;
+                const uint32_t v81 = v80 / 32;
+                for (uint32_t i82 = 0; i82 < v81; i82 += 1) {
+                    const uint32_t v83 = V - v69;
+                    const uint32_t v84 = (v83 < 2048 ? v83 : 2048);
+                    const uint32_t v85 = v84 + 31;
+                    const uint32_t v86 = v85 / 32;
+                    for (uint32_t kk87 = 0; kk87 < v86; kk87 += 1) {
+                        const uint32_t v88 = i82 * v86;
+                        const uint32_t v89 = v88 + kk87;
+                        const uint32_t v90 = v89 * 2048;
+                        const uint32_t v91 = v79 + v90;
+                        const uint32_t v92 = kk87 * 32;
+                        const uint32_t v93 = v84 - v92;
+                        const uint32_t v94 = v65 + i82;
+                        const uint32_t v95 = v94 * v68;
+                        const uint32_t v96 = v66 + kk87;
+                        const uint32_t v97 = v95 + v96;
+                        noc_async_read_page(v97, ws_ws_g, v91);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v89, 2, 32, v84);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g90 = 0; g90 < v77; g90 += 1) {
-                            const uint32_t v91 = j75 + g90;
-                            const uint32_t v92 = v68 + kk82;
-                            const uint32_t v93 = v92 * v71;
-                            const uint32_t v94 = v69 + v91;
-                            const uint32_t v95 = v93 + v94;
+                        opgen_tt_keep(v91, 2, 32, v93);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_8, panel_pages);
+                for (uint32_t j98 = 0; j98 < v77; j98 += 1) {
+                    const uint32_t v99 = V - v69;
+                    const uint32_t v100 = (v99 < 2048 ? v99 : 2048);
+                    const uint32_t v101 = v100 + 31;
+                    const uint32_t v102 = v101 / 32;
+                    for (uint32_t kk103 = 0; kk103 < v102; kk103 += 1) {
+                        const uint32_t v104 = kk103 * 32;
+                        const uint32_t v105 = v100 - v104;
+                        const uint32_t v106 = v74 + kk103;
+                        const uint32_t v107 = v106 * v77;
+                        const uint32_t v108 = v75 + j98;
+                        const uint32_t v109 = v107 + v108;
+                        cb_reserve_back(tt::CBIndex::c_10, 1);
+                        const uint32_t v110 = get_write_ptr(tt::CBIndex::c_10);
+                        noc_async_read_page(v109, weight, v110);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v110, 2, v105, 32);
+                        cb_push_back(tt::CBIndex::c_10, 1);
+                    }
+                }
+            }
+            const uint32_t v111 = 1 - mm_0_panel;
+            for (uint32_t p112 = 0; p112 < v111; p112 += 1) {
+                const uint32_t v113 = v6 + 31;
+                const uint32_t v114 = v113 / 32;
+                for (uint32_t i115 = 0; i115 < v114; i115 += 1) {
+                    for (uint32_t j116 = 0; j116 < v77; j116 += 4) {
+                        const uint32_t v117 = v77 - j116;
+                        const uint32_t v118 = (v117 < 4 ? v117 : 4);
+                        const uint32_t v119 = V - v69;
+                        const uint32_t v120 = (v119 < 2048 ? v119 : 2048);
+                        const uint32_t v121 = v120 + 31;
+                        const uint32_t v122 = v121 / 32;
+                        for (uint32_t kk123 = 0; kk123 < v122; kk123 += 1) {
+                            const uint32_t v124 = kk123 * 32;
+                            const uint32_t v125 = v120 - v124;
+                            const uint32_t v126 = v65 + i115;
+                            const uint32_t v127 = v126 * v68;
+                            const uint32_t v128 = v66 + kk123;
+                            const uint32_t v129 = v127 + v128;
                             cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v96 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v95, weight, v96);
+                            const uint32_t v130 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v129, ws_ws_g, v130);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v96, 2, v84, 32);
+                            opgen_tt_keep(v130, 2, 32, v125);
                             cb_push_back(tt::CBIndex::c_9, 1);
+                            for (uint32_t g131 = 0; g131 < v118; g131 += 1) {
+                                const uint32_t v132 = j116 + g131;
+                                const uint32_t v133 = v74 + kk123;
+                                const uint32_t v134 = v133 * v77;
+                                const uint32_t v135 = v75 + v132;
+                                const uint32_t v136 = v134 + v135;
+                                cb_reserve_back(tt::CBIndex::c_10, 1);
+                                const uint32_t v137 = get_write_ptr(tt::CBIndex::c_10);
+                                noc_async_read_page(v136, weight, v137);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v137, 2, v125, 32);
+                                cb_push_back(tt::CBIndex::c_10, 1);
+                            }
                         }
                     }
                 }
             }
-            for (uint32_t i97 = 0; i97 < v73; i97 += 1) {
-                for (uint32_t j98 = 0; j98 < v71; j98 += 4) {
-                    const uint32_t v99 = v71 - j98;
-                    const uint32_t v100 = (v99 < 4 ? v99 : 4);
-                    const uint32_t v101 = V - v63;
-                    const uint32_t v102 = (v101 < 2048 ? v101 : 2048);
-                    const uint32_t v103 = v102 + 31;
-                    const uint32_t v104 = v103 / 32;
-                    for (uint32_t kk105 = 0; kk105 < v104; kk105 += 1) {
-                        const uint32_t v106 = kk105 * 32;
-                        const uint32_t v107 = v102 - v106;
-                        const uint32_t v108 = v59 + i97;
-                        const uint32_t v109 = v108 * v62;
-                        const uint32_t v110 = v60 + kk105;
-                        const uint32_t v111 = v109 + v110;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v112 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v111, ws_ws_gl, v112);
+            for (uint32_t p138 = 0; p138 < mm_0_panel; p138 += 1) {
+                cb_reserve_back(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v139 = get_write_ptr(tt::CBIndex::c_8);
+                const uint32_t v140 = v6 + 31;
+                const uint32_t v141 = v140 / 32;
+                for (uint32_t i142 = 0; i142 < v141; i142 += 1) {
+                    const uint32_t v143 = V - v69;
+                    const uint32_t v144 = (v143 < 2048 ? v143 : 2048);
+                    const uint32_t v145 = v144 + 31;
+                    const uint32_t v146 = v145 / 32;
+                    for (uint32_t kk147 = 0; kk147 < v146; kk147 += 1) {
+                        const uint32_t v148 = i142 * v146;
+                        const uint32_t v149 = v148 + kk147;
+                        const uint32_t v150 = v149 * 2048;
+                        const uint32_t v151 = v139 + v150;
+                        const uint32_t v152 = kk147 * 32;
+                        const uint32_t v153 = v144 - v152;
+                        const uint32_t v154 = v65 + i142;
+                        const uint32_t v155 = v154 * v68;
+                        const uint32_t v156 = v66 + kk147;
+                        const uint32_t v157 = v155 + v156;
+                        noc_async_read_page(v157, ws_ws_gl, v151);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v112, 2, 32, v107);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g113 = 0; g113 < v100; g113 += 1) {
-                            const uint32_t v114 = j98 + g113;
-                            const uint32_t v115 = v68 + kk105;
-                            const uint32_t v116 = v115 * v71;
-                            const uint32_t v117 = v69 + v114;
-                            const uint32_t v118 = v116 + v117;
+                        opgen_tt_keep(v151, 2, 32, v153);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_8, panel_pages);
+                for (uint32_t j158 = 0; j158 < v77; j158 += 1) {
+                    const uint32_t v159 = V - v69;
+                    const uint32_t v160 = (v159 < 2048 ? v159 : 2048);
+                    const uint32_t v161 = v160 + 31;
+                    const uint32_t v162 = v161 / 32;
+                    for (uint32_t kk163 = 0; kk163 < v162; kk163 += 1) {
+                        const uint32_t v164 = kk163 * 32;
+                        const uint32_t v165 = v160 - v164;
+                        const uint32_t v166 = v74 + kk163;
+                        const uint32_t v167 = v166 * v77;
+                        const uint32_t v168 = v75 + j158;
+                        const uint32_t v169 = v167 + v168;
+                        cb_reserve_back(tt::CBIndex::c_10, 1);
+                        const uint32_t v170 = get_write_ptr(tt::CBIndex::c_10);
+                        noc_async_read_page(v169, weight, v170);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v170, 2, v165, 32);
+                        cb_push_back(tt::CBIndex::c_10, 1);
+                    }
+                }
+            }
+            for (uint32_t p171 = 0; p171 < v111; p171 += 1) {
+                const uint32_t v172 = v6 + 31;
+                const uint32_t v173 = v172 / 32;
+                for (uint32_t i174 = 0; i174 < v173; i174 += 1) {
+                    for (uint32_t j175 = 0; j175 < v77; j175 += 4) {
+                        const uint32_t v176 = v77 - j175;
+                        const uint32_t v177 = (v176 < 4 ? v176 : 4);
+                        const uint32_t v178 = V - v69;
+                        const uint32_t v179 = (v178 < 2048 ? v178 : 2048);
+                        const uint32_t v180 = v179 + 31;
+                        const uint32_t v181 = v180 / 32;
+                        for (uint32_t kk182 = 0; kk182 < v181; kk182 += 1) {
+                            const uint32_t v183 = kk182 * 32;
+                            const uint32_t v184 = v179 - v183;
+                            const uint32_t v185 = v65 + i174;
+                            const uint32_t v186 = v185 * v68;
+                            const uint32_t v187 = v66 + kk182;
+                            const uint32_t v188 = v186 + v187;
                             cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v119 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v118, weight, v119);
+                            const uint32_t v189 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v188, ws_ws_gl, v189);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v119, 2, v107, 32);
+                            opgen_tt_keep(v189, 2, 32, v184);
                             cb_push_back(tt::CBIndex::c_9, 1);
+                            for (uint32_t g190 = 0; g190 < v177; g190 += 1) {
+                                const uint32_t v191 = j175 + g190;
+                                const uint32_t v192 = v74 + kk182;
+                                const uint32_t v193 = v192 * v77;
+                                const uint32_t v194 = v75 + v191;
+                                const uint32_t v195 = v193 + v194;
+                                cb_reserve_back(tt::CBIndex::c_10, 1);
+                                const uint32_t v196 = get_write_ptr(tt::CBIndex::c_10);
+                                noc_async_read_page(v195, weight, v196);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v196, 2, v184, 32);
+                                cb_push_back(tt::CBIndex::c_10, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r120 = 0; r120 < v8; r120 += 1) {
-                const uint32_t v121 = H + 128;
-                const uint32_t v122 = v121 - 1;
-                const uint32_t v123 = v122 / 128;
-                for (uint32_t c124 = 0; c124 < v123; c124 += 1) {
-                    const uint32_t v125 = c124 * 128;
-                    const uint32_t v126 = H - v125;
-                    const uint32_t v127 = (v126 < 128 ? v126 : 128);
-                    const uint32_t v128 = v127 + 31;
-                    const uint32_t v129 = v128 / 32;
-                    const uint32_t v130 = r120 * rows;
-                    const uint32_t v131 = v54 + v130;
-                    const uint32_t v132 = v131 / 32;
-                    const uint32_t v133 = v132 * v71;
-                    const uint32_t v134 = v125 / 32;
-                    const uint32_t v135 = v133 + v134;
-                    const uint32_t v136 = chunk + 31;
-                    const uint32_t v137 = v136 / 32;
-                    const uint32_t v138 = (v137 > 1 ? v137 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v138);
-                    const uint32_t v139 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j140 = 0; j140 < v129; j140 += 1) {
-                        const uint32_t v141 = v135 + j140;
-                        const uint32_t v142 = j140 * 4096;
-                        const uint32_t v143 = v139 + v142;
-                        noc_async_read_page(v141, ws_ws_acc0, v143);
+            for (uint32_t r197 = 0; r197 < v9; r197 += 1) {
+                const uint32_t v198 = H + 128;
+                const uint32_t v199 = v198 - 1;
+                const uint32_t v200 = v199 / 128;
+                for (uint32_t c201 = 0; c201 < v200; c201 += 1) {
+                    const uint32_t v202 = c201 * 128;
+                    const uint32_t v203 = H - v202;
+                    const uint32_t v204 = (v203 < 128 ? v203 : 128);
+                    const uint32_t v205 = v204 + 31;
+                    const uint32_t v206 = v205 / 32;
+                    const bool v207 = splits == 1;
+                    const uint32_t v208 = (v207 ? core : b2);
+                    const uint32_t v209 = v208 * 128;
+                    const uint32_t v210 = r197 * rows;
+                    const uint32_t v211 = v209 + v210;
+                    const uint32_t v212 = v211 / 32;
+                    const uint32_t v213 = v212 * v77;
+                    const uint32_t v214 = v202 / 32;
+                    const uint32_t v215 = v213 + v214;
+                    const uint32_t v216 = chunk + 31;
+                    const uint32_t v217 = v216 / 32;
+                    const uint32_t v218 = (v217 > 1 ? v217 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v218);
+                    const uint32_t v219 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j220 = 0; j220 < v206; j220 += 1) {
+                        const uint32_t v221 = v215 + j220;
+                        const uint32_t v222 = j220 * 4096;
+                        const uint32_t v223 = v219 + v222;
+                        noc_async_read_page(v221, ws_ws_acc0, v223);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v138);
-                    cb_reserve_back(tt::CBIndex::c_3, v138);
-                    const uint32_t v144 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j145 = 0; j145 < v129; j145 += 1) {
-                        const uint32_t v146 = v135 + j145;
-                        const uint32_t v147 = j145 * 4096;
-                        const uint32_t v148 = v144 + v147;
-                        noc_async_read_page(v146, ws_ws_c0, v148);
+                    cb_push_back(tt::CBIndex::c_1, v218);
+                    const uint32_t v224 = v60 + v210;
+                    const uint32_t v225 = v224 / 32;
+                    const uint32_t v226 = v225 * v77;
+                    const uint32_t v227 = v226 + v214;
+                    cb_reserve_back(tt::CBIndex::c_3, v218);
+                    const uint32_t v228 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j229 = 0; j229 < v206; j229 += 1) {
+                        const uint32_t v230 = v227 + j229;
+                        const uint32_t v231 = j229 * 4096;
+                        const uint32_t v232 = v228 + v231;
+                        noc_async_read_page(v230, ws_ws_c0, v232);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v138);
-                    cb_reserve_back(tt::CBIndex::c_10, v138);
-                    const uint32_t v149 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j150 = 0; j150 < v129; j150 += 1) {
-                        const uint32_t v151 = v135 + j150;
-                        const uint32_t v152 = j150 * 4096;
-                        const uint32_t v153 = v149 + v152;
-                        noc_async_read_page(v151, ws_ws_c0l, v153);
+                    cb_push_back(tt::CBIndex::c_3, v218);
+                    cb_reserve_back(tt::CBIndex::c_11, v218);
+                    const uint32_t v233 = get_write_ptr(tt::CBIndex::c_11);
+                    for (uint32_t j234 = 0; j234 < v206; j234 += 1) {
+                        const uint32_t v235 = v227 + j234;
+                        const uint32_t v236 = j234 * 4096;
+                        const uint32_t v237 = v233 + v236;
+                        noc_async_read_page(v235, ws_ws_c0l, v237);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v138);
+                    cb_push_back(tt::CBIndex::c_11, v218);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r154 = 0; r154 < v8; r154 += 1) {
-            const uint32_t v155 = H + 128;
-            const uint32_t v156 = v155 - 1;
-            const uint32_t v157 = v156 / 128;
-            for (uint32_t c158 = 0; c158 < v157; c158 += 1) {
-                const uint32_t v159 = c158 * 128;
-                const uint32_t v160 = H - v159;
-                const uint32_t v161 = (v160 < 128 ? v160 : 128);
-                const uint32_t v162 = v161 + 31;
-                const uint32_t v163 = v162 / 32;
-                const uint32_t v164 = H + 31;
-                const uint32_t v165 = v164 / 32;
-                const uint32_t v166 = core * 128;
-                const uint32_t v167 = r154 * rows;
-                const uint32_t v168 = v166 + v167;
-                const uint32_t v169 = v168 / 32;
-                const uint32_t v170 = v169 * v165;
-                const uint32_t v171 = v159 / 32;
-                const uint32_t v172 = v170 + v171;
-                const uint32_t v173 = chunk + 31;
-                const uint32_t v174 = v173 / 32;
-                const uint32_t v175 = (v174 > 1 ? v174 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v175);
-                const uint32_t v176 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j177 = 0; j177 < v163; j177 += 1) {
-                    const uint32_t v178 = v172 + j177;
-                    const uint32_t v179 = j177 * 4096;
-                    const uint32_t v180 = v176 + v179;
-                    noc_async_read_page(v178, ws_ws_acc0, v180);
+        const bool v238 = splits == 1;
+        const uint32_t v239 = (v238 ? 1 : 0);
+        for (uint32_t d240 = 0; d240 < v239; d240 += 1) {
+            for (uint32_t r241 = 0; r241 < v9; r241 += 1) {
+                const uint32_t v242 = H + 128;
+                const uint32_t v243 = v242 - 1;
+                const uint32_t v244 = v243 / 128;
+                for (uint32_t c245 = 0; c245 < v244; c245 += 1) {
+                    const uint32_t v246 = c245 * 128;
+                    const uint32_t v247 = H - v246;
+                    const uint32_t v248 = (v247 < 128 ? v247 : 128);
+                    const uint32_t v249 = v248 + 31;
+                    const uint32_t v250 = v249 / 32;
+                    const uint32_t v251 = H + 31;
+                    const uint32_t v252 = v251 / 32;
+                    const uint32_t v253 = (v238 ? core : b2);
+                    const uint32_t v254 = v253 * 128;
+                    const uint32_t v255 = r241 * rows;
+                    const uint32_t v256 = v254 + v255;
+                    const uint32_t v257 = v256 / 32;
+                    const uint32_t v258 = v257 * v252;
+                    const uint32_t v259 = v246 / 32;
+                    const uint32_t v260 = v258 + v259;
+                    const uint32_t v261 = chunk + 31;
+                    const uint32_t v262 = v261 / 32;
+                    const uint32_t v263 = (v262 > 1 ? v262 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v263);
+                    const uint32_t v264 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j265 = 0; j265 < v250; j265 += 1) {
+                        const uint32_t v266 = v260 + j265;
+                        const uint32_t v267 = j265 * 4096;
+                        const uint32_t v268 = v264 + v267;
+                        noc_async_read_page(v266, ws_ws_acc0, v268);
+                    }
+                    noc_async_read_barrier();
+                    cb_push_back(tt::CBIndex::c_1, v263);
                 }
-                noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v175);
             }
         }
     }

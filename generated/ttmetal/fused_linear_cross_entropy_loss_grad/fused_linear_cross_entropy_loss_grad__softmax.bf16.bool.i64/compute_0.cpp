@@ -25,38 +25,43 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t f7 = get_arg_val<uint32_t>(7);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t V = get_arg_val<uint32_t>(9);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t f8 = get_arg_val<uint32_t>(8);
+    const uint32_t slice = get_arg_val<uint32_t>(9);
+    const uint32_t xblocks = get_arg_val<uint32_t>(10);
+    const uint32_t V = get_arg_val<uint32_t>(11);
+    const uint32_t chunk = get_arg_val<uint32_t>(12);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(13);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(14);
     compute_kernel_hw_startup(tt::CBIndex::c_0, tt::CBIndex::c_0);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = BT - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                for (uint32_t j18 = 0; j18 < v17; j18 += 1) {
+    for (uint32_t b1 = core; b1 < units; b1 += cores) {
+        const uint32_t v2 = b1 / splits;
+        const uint32_t v3 = v2 * blk;
+        const uint32_t v4 = BT - v3;
+        const uint32_t v5 = (v4 < blk ? v4 : blk);
+        const uint32_t v6 = v5 + rows;
+        const uint32_t v7 = v6 - 1;
+        const uint32_t v8 = v7 / rows;
+        for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+            const uint32_t v10 = H + 128;
+            const uint32_t v11 = v10 - 1;
+            const uint32_t v12 = v11 / 128;
+            for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                const uint32_t v14 = c13 * 128;
+                const uint32_t v15 = H - v14;
+                const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                const uint32_t v17 = v16 + 31;
+                const uint32_t v18 = v17 / 32;
+                for (uint32_t j19 = 0; j19 < v18; j19 += 1) {
                     tile_regs_acquire();
                     fill_tile_init();
-                    fill_tile_bitcast(0, f7);
+                    fill_tile_bitcast(0, f8);
                     tile_regs_commit();
                     tile_regs_wait();
                     cb_reserve_back(tt::CBIndex::c_0, 1);
@@ -67,29 +72,34 @@ void kernel_main() {
                 }
             }
         }
-        for (uint32_t x19 = 0; x19 < xblocks; x19 += 1) {
-            for (uint32_t r20 = 0; r20 < v7; r20 += 1) {
-                const uint32_t v21 = x19 * 2048;
-                const uint32_t v22 = V - v21;
-                const uint32_t v23 = (v22 < 2048 ? v22 : 2048);
-                const uint32_t v24 = v23 + 128;
-                const uint32_t v25 = v24 - 1;
-                const uint32_t v26 = v25 / 128;
-                for (uint32_t c27 = 0; c27 < v26; c27 += 1) {
-                    const uint32_t v28 = chunk + 31;
-                    const uint32_t v29 = v28 / 32;
-                    const uint32_t v30 = (v29 > 1 ? v29 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v30);
-                    cb_wait_front(tt::CBIndex::c_3, v30);
+        const uint32_t v20 = v2 * splits;
+        const uint32_t v21 = b1 - v20;
+        const uint32_t v22 = v21 * slice;
+        const uint32_t v23 = v22 + slice;
+        const uint32_t v24 = (xblocks < v23 ? xblocks : v23);
+        for (uint32_t x25 = v22; x25 < v24; x25 += 1) {
+            for (uint32_t r26 = 0; r26 < v8; r26 += 1) {
+                const uint32_t v27 = x25 * 2048;
+                const uint32_t v28 = V - v27;
+                const uint32_t v29 = (v28 < 2048 ? v28 : 2048);
+                const uint32_t v30 = v29 + 128;
+                const uint32_t v31 = v30 - 1;
+                const uint32_t v32 = v31 / 128;
+                for (uint32_t c33 = 0; c33 < v32; c33 += 1) {
+                    const uint32_t v34 = chunk + 31;
+                    const uint32_t v35 = v34 / 32;
+                    const uint32_t v36 = (v35 > 1 ? v35 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v36);
+                    cb_wait_front(tt::CBIndex::c_3, v36);
                     cb_wait_front(tt::CBIndex::c_5, 1);
-                    for (uint32_t j31 = 0; j31 < v30; j31 += 1) {
+                    for (uint32_t j37 = 0; j37 < v36; j37 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j31, 0);
+                        copy_tile(tt::CBIndex::c_1, j37, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_3);
                         copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j31, 1);
+                        copy_tile(tt::CBIndex::c_3, j37, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
@@ -105,17 +115,17 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_6, 1);
                         tile_regs_release();
                     }
-                    cb_wait_front(tt::CBIndex::c_6, v30);
-                    const uint32_t v32 = c27 * 128;
-                    const uint32_t v33 = v23 - v32;
-                    const uint32_t v34 = (v33 < 128 ? v33 : 128);
-                    const uint32_t v35 = v34 + 31;
-                    const uint32_t v36 = v35 / 32;
-                    for (uint32_t j37 = 0; j37 < v36; j37 += 1) {
+                    cb_wait_front(tt::CBIndex::c_6, v36);
+                    const uint32_t v38 = c33 * 128;
+                    const uint32_t v39 = v29 - v38;
+                    const uint32_t v40 = (v39 < 128 ? v39 : 128);
+                    const uint32_t v41 = v40 + 31;
+                    const uint32_t v42 = v41 / 32;
+                    for (uint32_t j43 = 0; j43 < v42; j43 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_6);
                         copy_init(tt::CBIndex::c_6);
-                        copy_tile(tt::CBIndex::c_6, j37, 0);
+                        copy_tile(tt::CBIndex::c_6, j43, 0);
                         tile_regs_commit();
                         tile_regs_wait();
                         cb_reserve_back(tt::CBIndex::c_7, 1);
@@ -124,14 +134,14 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_7, 1);
                         tile_regs_release();
                     }
-                    for (uint32_t j38 = 0; j38 < v36; j38 += 1) {
+                    for (uint32_t j44 = 0; j44 < v42; j44 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j38, 0);
+                        copy_tile(tt::CBIndex::c_1, j44, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_3);
                         copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j38, 1);
+                        copy_tile(tt::CBIndex::c_3, j44, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_5);
@@ -141,7 +151,7 @@ void kernel_main() {
                         mul_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_6);
                         copy_init(tt::CBIndex::c_6);
-                        copy_tile(tt::CBIndex::c_6, j38, 1);
+                        copy_tile(tt::CBIndex::c_6, j44, 1);
                         sub_binary_tile_init();
                         sub_binary_tile(0, 1, 0);
                         tile_regs_commit();
@@ -152,113 +162,194 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_7, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_6, v30);
+                    cb_pop_front(tt::CBIndex::c_6, v36);
                     cb_pop_front(tt::CBIndex::c_5, 1);
-                    cb_pop_front(tt::CBIndex::c_3, v30);
-                    cb_pop_front(tt::CBIndex::c_1, v30);
+                    cb_pop_front(tt::CBIndex::c_3, v36);
+                    cb_pop_front(tt::CBIndex::c_1, v36);
                 }
             }
-            const uint32_t v39 = v4 + 31;
-            const uint32_t v40 = v39 / 32;
-            for (uint32_t i41 = 0; i41 < v40; i41 += 1) {
-                const uint32_t v42 = H + 31;
-                const uint32_t v43 = v42 / 32;
-                for (uint32_t j44 = 0; j44 < v43; j44 += 4) {
-                    const uint32_t v45 = v43 - j44;
-                    const uint32_t v46 = (v45 < 4 ? v45 : 4);
+            for (uint32_t p45 = 0; p45 < mm_0_panel; p45 += 1) {
+                const uint32_t v46 = v5 + 31;
+                const uint32_t v47 = v46 / 32;
+                cb_wait_front(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v48 = H + 31;
+                const uint32_t v49 = v48 / 32;
+                for (uint32_t j50 = 0; j50 < v49; j50 += 1) {
                     tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_9);
+                    reconfig_data_format_srca(tt::CBIndex::c_10);
                     reconfig_data_format_srcb(tt::CBIndex::c_8);
-                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v47 = x19 * 2048;
-                    const uint32_t v48 = V - v47;
-                    const uint32_t v49 = (v48 < 2048 ? v48 : 2048);
-                    const uint32_t v50 = v49 + 31;
-                    const uint32_t v51 = v50 / 32;
-                    for (uint32_t kk52 = 0; kk52 < v51; kk52 += 1) {
-                        cb_wait_front(tt::CBIndex::c_8, 1);
-                        for (uint32_t g53 = 0; g53 < v46; g53 += 1) {
-                            cb_wait_front(tt::CBIndex::c_9, 1);
-                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g53);
-                            cb_pop_front(tt::CBIndex::c_9, 1);
+                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_10, 0);
+                    const uint32_t v51 = x25 * 2048;
+                    const uint32_t v52 = V - v51;
+                    const uint32_t v53 = (v52 < 2048 ? v52 : 2048);
+                    const uint32_t v54 = v53 + 31;
+                    const uint32_t v55 = v54 / 32;
+                    for (uint32_t kk56 = 0; kk56 < v55; kk56 += 1) {
+                        cb_wait_front(tt::CBIndex::c_10, 1);
+                        for (uint32_t g57 = 0; g57 < v47; g57 += 1) {
+                            const uint32_t v58 = g57 * v55;
+                            const uint32_t v59 = v58 + kk56;
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_10, v59, 0, g57);
                         }
-                        cb_pop_front(tt::CBIndex::c_8, 1);
+                        cb_pop_front(tt::CBIndex::c_10, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g54 = 0; g54 < v46; g54 += 1) {
+                    for (uint32_t g60 = 0; g60 < v47; g60 += 1) {
                         cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g54, tt::CBIndex::c_0);
+                        pack_tile(g60, tt::CBIndex::c_0);
                         cb_push_back(tt::CBIndex::c_0, 1);
                     }
                     tile_regs_release();
                 }
+                cb_pop_front(tt::CBIndex::c_8, panel_pages);
             }
-            for (uint32_t i55 = 0; i55 < v40; i55 += 1) {
-                const uint32_t v56 = H + 31;
-                const uint32_t v57 = v56 / 32;
-                for (uint32_t j58 = 0; j58 < v57; j58 += 4) {
-                    const uint32_t v59 = v57 - j58;
-                    const uint32_t v60 = (v59 < 4 ? v59 : 4);
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_9);
-                    reconfig_data_format_srcb(tt::CBIndex::c_8);
-                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_9, 0);
-                    const uint32_t v61 = x19 * 2048;
-                    const uint32_t v62 = V - v61;
-                    const uint32_t v63 = (v62 < 2048 ? v62 : 2048);
-                    const uint32_t v64 = v63 + 31;
-                    const uint32_t v65 = v64 / 32;
-                    for (uint32_t kk66 = 0; kk66 < v65; kk66 += 1) {
-                        cb_wait_front(tt::CBIndex::c_8, 1);
-                        for (uint32_t g67 = 0; g67 < v60; g67 += 1) {
+            const uint32_t v61 = 1 - mm_0_panel;
+            for (uint32_t p62 = 0; p62 < v61; p62 += 1) {
+                const uint32_t v63 = v5 + 31;
+                const uint32_t v64 = v63 / 32;
+                for (uint32_t i65 = 0; i65 < v64; i65 += 1) {
+                    const uint32_t v66 = H + 31;
+                    const uint32_t v67 = v66 / 32;
+                    for (uint32_t j68 = 0; j68 < v67; j68 += 4) {
+                        const uint32_t v69 = v67 - j68;
+                        const uint32_t v70 = (v69 < 4 ? v69 : 4);
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_10);
+                        reconfig_data_format_srcb(tt::CBIndex::c_9);
+                        matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_10, 0);
+                        const uint32_t v71 = x25 * 2048;
+                        const uint32_t v72 = V - v71;
+                        const uint32_t v73 = (v72 < 2048 ? v72 : 2048);
+                        const uint32_t v74 = v73 + 31;
+                        const uint32_t v75 = v74 / 32;
+                        for (uint32_t kk76 = 0; kk76 < v75; kk76 += 1) {
                             cb_wait_front(tt::CBIndex::c_9, 1);
-                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_9, 0, 0, g67);
+                            for (uint32_t g77 = 0; g77 < v70; g77 += 1) {
+                                cb_wait_front(tt::CBIndex::c_10, 1);
+                                matmul_tiles(tt::CBIndex::c_9, tt::CBIndex::c_10, 0, 0, g77);
+                                cb_pop_front(tt::CBIndex::c_10, 1);
+                            }
                             cb_pop_front(tt::CBIndex::c_9, 1);
                         }
-                        cb_pop_front(tt::CBIndex::c_8, 1);
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        pack_reconfig_data_format(tt::CBIndex::c_0);
+                        for (uint32_t g78 = 0; g78 < v70; g78 += 1) {
+                            cb_reserve_back(tt::CBIndex::c_0, 1);
+                            pack_tile(g78, tt::CBIndex::c_0);
+                            cb_push_back(tt::CBIndex::c_0, 1);
+                        }
+                        tile_regs_release();
+                    }
+                }
+            }
+            for (uint32_t p79 = 0; p79 < mm_0_panel; p79 += 1) {
+                const uint32_t v80 = v5 + 31;
+                const uint32_t v81 = v80 / 32;
+                cb_wait_front(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v82 = H + 31;
+                const uint32_t v83 = v82 / 32;
+                for (uint32_t j84 = 0; j84 < v83; j84 += 1) {
+                    tile_regs_acquire();
+                    reconfig_data_format_srca(tt::CBIndex::c_10);
+                    reconfig_data_format_srcb(tt::CBIndex::c_8);
+                    matmul_init(tt::CBIndex::c_8, tt::CBIndex::c_10, 0);
+                    const uint32_t v85 = x25 * 2048;
+                    const uint32_t v86 = V - v85;
+                    const uint32_t v87 = (v86 < 2048 ? v86 : 2048);
+                    const uint32_t v88 = v87 + 31;
+                    const uint32_t v89 = v88 / 32;
+                    for (uint32_t kk90 = 0; kk90 < v89; kk90 += 1) {
+                        cb_wait_front(tt::CBIndex::c_10, 1);
+                        for (uint32_t g91 = 0; g91 < v81; g91 += 1) {
+                            const uint32_t v92 = g91 * v89;
+                            const uint32_t v93 = v92 + kk90;
+                            matmul_tiles(tt::CBIndex::c_8, tt::CBIndex::c_10, v93, 0, g91);
+                        }
+                        cb_pop_front(tt::CBIndex::c_10, 1);
                     }
                     tile_regs_commit();
                     tile_regs_wait();
                     pack_reconfig_data_format(tt::CBIndex::c_0);
-                    for (uint32_t g68 = 0; g68 < v60; g68 += 1) {
+                    for (uint32_t g94 = 0; g94 < v81; g94 += 1) {
                         cb_reserve_back(tt::CBIndex::c_0, 1);
-                        pack_tile(g68, tt::CBIndex::c_0);
+                        pack_tile(g94, tt::CBIndex::c_0);
                         cb_push_back(tt::CBIndex::c_0, 1);
                     }
                     tile_regs_release();
                 }
+                cb_pop_front(tt::CBIndex::c_8, panel_pages);
             }
-            for (uint32_t r69 = 0; r69 < v7; r69 += 1) {
-                const uint32_t v70 = H + 128;
-                const uint32_t v71 = v70 - 1;
-                const uint32_t v72 = v71 / 128;
-                for (uint32_t c73 = 0; c73 < v72; c73 += 1) {
-                    const uint32_t v74 = chunk + 31;
-                    const uint32_t v75 = v74 / 32;
-                    const uint32_t v76 = (v75 > 1 ? v75 : 1);
-                    cb_wait_front(tt::CBIndex::c_1, v76);
-                    cb_wait_front(tt::CBIndex::c_3, v76);
-                    cb_wait_front(tt::CBIndex::c_10, v76);
-                    const uint32_t v77 = c73 * 128;
-                    const uint32_t v78 = H - v77;
-                    const uint32_t v79 = (v78 < 128 ? v78 : 128);
-                    const uint32_t v80 = v79 + 31;
-                    const uint32_t v81 = v80 / 32;
-                    for (uint32_t j82 = 0; j82 < v81; j82 += 1) {
+            for (uint32_t p95 = 0; p95 < v61; p95 += 1) {
+                const uint32_t v96 = v5 + 31;
+                const uint32_t v97 = v96 / 32;
+                for (uint32_t i98 = 0; i98 < v97; i98 += 1) {
+                    const uint32_t v99 = H + 31;
+                    const uint32_t v100 = v99 / 32;
+                    for (uint32_t j101 = 0; j101 < v100; j101 += 4) {
+                        const uint32_t v102 = v100 - j101;
+                        const uint32_t v103 = (v102 < 4 ? v102 : 4);
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_10);
+                        reconfig_data_format_srcb(tt::CBIndex::c_9);
+                        matmul_init(tt::CBIndex::c_9, tt::CBIndex::c_10, 0);
+                        const uint32_t v104 = x25 * 2048;
+                        const uint32_t v105 = V - v104;
+                        const uint32_t v106 = (v105 < 2048 ? v105 : 2048);
+                        const uint32_t v107 = v106 + 31;
+                        const uint32_t v108 = v107 / 32;
+                        for (uint32_t kk109 = 0; kk109 < v108; kk109 += 1) {
+                            cb_wait_front(tt::CBIndex::c_9, 1);
+                            for (uint32_t g110 = 0; g110 < v103; g110 += 1) {
+                                cb_wait_front(tt::CBIndex::c_10, 1);
+                                matmul_tiles(tt::CBIndex::c_9, tt::CBIndex::c_10, 0, 0, g110);
+                                cb_pop_front(tt::CBIndex::c_10, 1);
+                            }
+                            cb_pop_front(tt::CBIndex::c_9, 1);
+                        }
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        pack_reconfig_data_format(tt::CBIndex::c_0);
+                        for (uint32_t g111 = 0; g111 < v103; g111 += 1) {
+                            cb_reserve_back(tt::CBIndex::c_0, 1);
+                            pack_tile(g111, tt::CBIndex::c_0);
+                            cb_push_back(tt::CBIndex::c_0, 1);
+                        }
+                        tile_regs_release();
+                    }
+                }
+            }
+            for (uint32_t r112 = 0; r112 < v8; r112 += 1) {
+                const uint32_t v113 = H + 128;
+                const uint32_t v114 = v113 - 1;
+                const uint32_t v115 = v114 / 128;
+                for (uint32_t c116 = 0; c116 < v115; c116 += 1) {
+                    const uint32_t v117 = chunk + 31;
+                    const uint32_t v118 = v117 / 32;
+                    const uint32_t v119 = (v118 > 1 ? v118 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v119);
+                    cb_wait_front(tt::CBIndex::c_3, v119);
+                    cb_wait_front(tt::CBIndex::c_11, v119);
+                    const uint32_t v120 = c116 * 128;
+                    const uint32_t v121 = H - v120;
+                    const uint32_t v122 = (v121 < 128 ? v121 : 128);
+                    const uint32_t v123 = v122 + 31;
+                    const uint32_t v124 = v123 / 32;
+                    for (uint32_t j125 = 0; j125 < v124; j125 += 1) {
                         tile_regs_acquire();
                         reconfig_data_format_srca(tt::CBIndex::c_3);
                         copy_init(tt::CBIndex::c_3);
-                        copy_tile(tt::CBIndex::c_3, j82, 0);
-                        reconfig_data_format_srca(tt::CBIndex::c_10);
-                        copy_init(tt::CBIndex::c_10);
-                        copy_tile(tt::CBIndex::c_10, j82, 1);
+                        copy_tile(tt::CBIndex::c_3, j125, 0);
+                        reconfig_data_format_srca(tt::CBIndex::c_11);
+                        copy_init(tt::CBIndex::c_11);
+                        copy_tile(tt::CBIndex::c_11, j125, 1);
                         add_binary_tile_init();
                         add_binary_tile(0, 1, 0);
                         reconfig_data_format_srca(tt::CBIndex::c_1);
                         copy_init(tt::CBIndex::c_1);
-                        copy_tile(tt::CBIndex::c_1, j82, 1);
+                        copy_tile(tt::CBIndex::c_1, j125, 1);
                         add_binary_tile_init();
                         add_binary_tile(1, 0, 0);
                         tile_regs_commit();
@@ -269,40 +360,44 @@ void kernel_main() {
                         cb_push_back(tt::CBIndex::c_0, 1);
                         tile_regs_release();
                     }
-                    cb_pop_front(tt::CBIndex::c_10, v76);
-                    cb_pop_front(tt::CBIndex::c_3, v76);
-                    cb_pop_front(tt::CBIndex::c_1, v76);
+                    cb_pop_front(tt::CBIndex::c_11, v119);
+                    cb_pop_front(tt::CBIndex::c_3, v119);
+                    cb_pop_front(tt::CBIndex::c_1, v119);
                 }
             }
         }
-        for (uint32_t r83 = 0; r83 < v7; r83 += 1) {
-            const uint32_t v84 = H + 128;
-            const uint32_t v85 = v84 - 1;
-            const uint32_t v86 = v85 / 128;
-            for (uint32_t c87 = 0; c87 < v86; c87 += 1) {
-                const uint32_t v88 = chunk + 31;
-                const uint32_t v89 = v88 / 32;
-                const uint32_t v90 = (v89 > 1 ? v89 : 1);
-                cb_wait_front(tt::CBIndex::c_1, v90);
-                const uint32_t v91 = c87 * 128;
-                const uint32_t v92 = H - v91;
-                const uint32_t v93 = (v92 < 128 ? v92 : 128);
-                const uint32_t v94 = v93 + 31;
-                const uint32_t v95 = v94 / 32;
-                for (uint32_t j96 = 0; j96 < v95; j96 += 1) {
-                    tile_regs_acquire();
-                    reconfig_data_format_srca(tt::CBIndex::c_1);
-                    copy_init(tt::CBIndex::c_1);
-                    copy_tile(tt::CBIndex::c_1, j96, 0);
-                    tile_regs_commit();
-                    tile_regs_wait();
-                    cb_reserve_back(tt::CBIndex::c_7, 1);
-                    pack_reconfig_data_format(tt::CBIndex::c_7);
-                    pack_tile(0, tt::CBIndex::c_7);
-                    cb_push_back(tt::CBIndex::c_7, 1);
-                    tile_regs_release();
+        const bool v126 = splits == 1;
+        const uint32_t v127 = (v126 ? 1 : 0);
+        for (uint32_t d128 = 0; d128 < v127; d128 += 1) {
+            for (uint32_t r129 = 0; r129 < v8; r129 += 1) {
+                const uint32_t v130 = H + 128;
+                const uint32_t v131 = v130 - 1;
+                const uint32_t v132 = v131 / 128;
+                for (uint32_t c133 = 0; c133 < v132; c133 += 1) {
+                    const uint32_t v134 = chunk + 31;
+                    const uint32_t v135 = v134 / 32;
+                    const uint32_t v136 = (v135 > 1 ? v135 : 1);
+                    cb_wait_front(tt::CBIndex::c_1, v136);
+                    const uint32_t v137 = c133 * 128;
+                    const uint32_t v138 = H - v137;
+                    const uint32_t v139 = (v138 < 128 ? v138 : 128);
+                    const uint32_t v140 = v139 + 31;
+                    const uint32_t v141 = v140 / 32;
+                    for (uint32_t j142 = 0; j142 < v141; j142 += 1) {
+                        tile_regs_acquire();
+                        reconfig_data_format_srca(tt::CBIndex::c_1);
+                        copy_init(tt::CBIndex::c_1);
+                        copy_tile(tt::CBIndex::c_1, j142, 0);
+                        tile_regs_commit();
+                        tile_regs_wait();
+                        cb_reserve_back(tt::CBIndex::c_7, 1);
+                        pack_reconfig_data_format(tt::CBIndex::c_7);
+                        pack_tile(0, tt::CBIndex::c_7);
+                        cb_push_back(tt::CBIndex::c_7, 1);
+                        tile_regs_release();
+                    }
+                    cb_pop_front(tt::CBIndex::c_1, v136);
                 }
-                cb_pop_front(tt::CBIndex::c_1, v90);
             }
         }
     }

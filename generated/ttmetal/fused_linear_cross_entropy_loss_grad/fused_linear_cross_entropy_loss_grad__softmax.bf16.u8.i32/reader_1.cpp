@@ -5,306 +5,121 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t BT = get_arg_val<uint32_t>(8);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(9);
-    constexpr auto softmax_args = TensorAccessorArgs<0>();
-    const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(11);
-    constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 128);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(12);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f13 = get_arg_val<uint32_t>(13);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(14);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t input_addr = get_arg_val<uint32_t>(16);
-    constexpr auto input_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(17);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(19);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(20);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_4, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = V - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            const uint32_t v10 = x9 * 2048;
-            const uint32_t v11 = BT - v10;
-            const uint32_t v12 = (v11 < 2048 ? v11 : 2048);
-            const uint32_t v13 = v12 + rows;
-            const uint32_t v14 = v13 - 1;
-            const uint32_t v15 = v14 / rows;
-            for (uint32_t r16 = 0; r16 < v15; r16 += 1) {
-                const uint32_t v17 = v5 + 128;
-                const uint32_t v18 = v17 - 1;
-                const uint32_t v19 = v18 / 128;
-                for (uint32_t c20 = 0; c20 < v19; c20 += 1) {
-                    const uint32_t v21 = c20 * 128;
-                    const uint32_t v22 = v5 - v21;
-                    const uint32_t v23 = (v22 < 128 ? v22 : 128);
-                    const uint32_t v24 = v23 + 31;
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t chunk = get_arg_val<uint32_t>(9);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            cb_wait_front(tt::CBIndex::c_0, 1);
+            cb_pop_front(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
                     const uint32_t v25 = v24 / 32;
-                    const uint32_t v26 = V + 31;
-                    const uint32_t v27 = v26 / 32;
-                    const uint32_t v28 = r16 * rows;
-                    const uint32_t v29 = v10 + v28;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    const uint32_t v29 = chunk + 31;
                     const uint32_t v30 = v29 / 32;
-                    const uint32_t v31 = v30 * v27;
-                    const uint32_t v32 = v3 + v21;
-                    const uint32_t v33 = v32 / 32;
-                    const uint32_t v34 = v31 + v33;
-                    const uint32_t v35 = chunk + 31;
-                    const uint32_t v36 = v35 / 32;
-                    const uint32_t v37 = (v36 > 1 ? v36 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v37);
-                    const uint32_t v38 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j39 = 0; j39 < v25; j39 += 1) {
-                        const uint32_t v40 = v34 + j39;
-                        const uint32_t v41 = j39 * 4096;
-                        const uint32_t v42 = v38 + v41;
-                        noc_async_read_page(v40, softmax, v42);
+                    const uint32_t v31 = (v30 > 1 ? v30 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v32 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j33 = 0; j33 < v18; j33 += 1) {
+                        const uint32_t v34 = v28 + j33;
+                        const uint32_t v35 = j33 * 4096;
+                        const uint32_t v36 = v32 + v35;
+                        noc_async_read_page(v34, ws_ws_acc0, v36);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v37);
-                    cb_wait_front(tt::CBIndex::c_2, 1);
-                    cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_3, v37);
-                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_3);
-                    const uint32_t v44 = v37 * 4096;
-                    opgen_tt_zero_l1(v43, v44);
-                    const uint32_t v45 = v12 - v28;
-                    const uint32_t v46 = (v45 < rows ? v45 : rows);
-                    for (uint32_t h47 = 0; h47 < v46; h47 += 1) {
-                        const uint32_t v48 = v29 + h47;
-                        const uint32_t v49 = opgen_tt_load_elem(masked_target, 4, v48, v1);
-                        const uint32_t v50 = opgen_tt_load_bit(target_mask, 1, v48, v1);
-                        const bool v51 = v50 != 0;
-                        const bool v52 = !v51;
-                        const uint32_t v53 = (uint32_t)(v49);
-                        const uint32_t v54 = v53 - v32;
-                        const uint32_t v55 = (v52 ? v54 : -1);
-                        opgen_tt_set_word(v43, h47, v55, v23, f13);
-                    }
-                    cb_push_back(tt::CBIndex::c_3, v37);
-                    cb_wait_front(tt::CBIndex::c_2, 1);
-                    cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v56 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v29, v46, v56, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_2, 1);
-            cb_pop_front(tt::CBIndex::c_2, 1);
-            const uint32_t v57 = core * 2048;
-            const uint32_t v58 = v57 * 128;
-            const uint32_t v59 = v58 / 128;
-            const uint32_t v60 = v59 * 128;
-            const uint32_t v61 = v58 - v60;
-            const uint32_t v62 = v59 / 32;
-            const uint32_t v63 = v61 / 32;
-            const uint32_t v64 = 128 + 31;
-            const uint32_t v65 = v64 / 32;
-            const uint32_t v66 = v10 * H;
-            const uint32_t v67 = v66 / H;
-            const uint32_t v68 = v67 * H;
-            const uint32_t v69 = v66 - v68;
-            const uint32_t v70 = v67 / 32;
-            const uint32_t v71 = v69 / 32;
-            const uint32_t v72 = H + 31;
-            const uint32_t v73 = v72 / 32;
-            const uint32_t v74 = v5 + 31;
-            const uint32_t v75 = v74 / 32;
-            for (uint32_t i76 = 0; i76 < v75; i76 += 1) {
-                for (uint32_t j77 = 0; j77 < v73; j77 += 4) {
-                    const uint32_t v78 = v73 - j77;
-                    const uint32_t v79 = (v78 < 4 ? v78 : 4);
-                    const uint32_t v80 = v12 + 31;
-                    const uint32_t v81 = v80 / 32;
-                    for (uint32_t kk82 = 0; kk82 < v81; kk82 += 1) {
-                        const uint32_t v83 = kk82 * 32;
-                        const uint32_t v84 = v12 - v83;
-                        const uint32_t v85 = v62 + kk82;
-                        const uint32_t v86 = v85 * v65;
-                        const uint32_t v87 = v63 + i76;
-                        const uint32_t v88 = v86 + v87;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v89 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v88, ws1_ws_g, v89);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v89, 2, v84, 32);
-                        opgen_tt_transpose(v89, 2);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g90 = 0; g90 < v79; g90 += 1) {
-                            const uint32_t v91 = j77 + g90;
-                            const uint32_t v92 = v70 + kk82;
-                            const uint32_t v93 = v92 * v73;
-                            const uint32_t v94 = v71 + v91;
-                            const uint32_t v95 = v93 + v94;
-                            cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v96 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v95, input, v96);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v96, 2, v84, 32);
-                            cb_push_back(tt::CBIndex::c_9, 1);
-                        }
-                    }
-                }
-            }
-            for (uint32_t i97 = 0; i97 < v75; i97 += 1) {
-                for (uint32_t j98 = 0; j98 < v73; j98 += 4) {
-                    const uint32_t v99 = v73 - j98;
-                    const uint32_t v100 = (v99 < 4 ? v99 : 4);
-                    const uint32_t v101 = v12 + 31;
-                    const uint32_t v102 = v101 / 32;
-                    for (uint32_t kk103 = 0; kk103 < v102; kk103 += 1) {
-                        const uint32_t v104 = kk103 * 32;
-                        const uint32_t v105 = v12 - v104;
-                        const uint32_t v106 = v62 + kk103;
-                        const uint32_t v107 = v106 * v65;
-                        const uint32_t v108 = v63 + i97;
-                        const uint32_t v109 = v107 + v108;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v110 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v109, ws1_ws_gl, v110);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v110, 2, v105, 32);
-                        opgen_tt_transpose(v110, 2);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g111 = 0; g111 < v100; g111 += 1) {
-                            const uint32_t v112 = j98 + g111;
-                            const uint32_t v113 = v70 + kk103;
-                            const uint32_t v114 = v113 * v73;
-                            const uint32_t v115 = v71 + v112;
-                            const uint32_t v116 = v114 + v115;
-                            cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v117 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v116, input, v117);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v117, 2, v105, 32);
-                            cb_push_back(tt::CBIndex::c_9, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_2, 1);
-            cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r118 = 0; r118 < v8; r118 += 1) {
-                const uint32_t v119 = H + 128;
-                const uint32_t v120 = v119 - 1;
-                const uint32_t v121 = v120 / 128;
-                for (uint32_t c122 = 0; c122 < v121; c122 += 1) {
-                    const uint32_t v123 = c122 * 128;
-                    const uint32_t v124 = H - v123;
-                    const uint32_t v125 = (v124 < 128 ? v124 : 128);
-                    const uint32_t v126 = v125 + 31;
-                    const uint32_t v127 = v126 / 32;
-                    const uint32_t v128 = core * 128;
-                    const uint32_t v129 = r118 * rows;
-                    const uint32_t v130 = v128 + v129;
-                    const uint32_t v131 = v130 / 32;
-                    const uint32_t v132 = v131 * v73;
-                    const uint32_t v133 = v123 / 32;
-                    const uint32_t v134 = v132 + v133;
-                    const uint32_t v135 = chunk + 31;
-                    const uint32_t v136 = v135 / 32;
-                    const uint32_t v137 = (v136 > 1 ? v136 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v137);
-                    const uint32_t v138 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j139 = 0; j139 < v127; j139 += 1) {
-                        const uint32_t v140 = v134 + j139;
-                        const uint32_t v141 = j139 * 4096;
-                        const uint32_t v142 = v138 + v141;
-                        noc_async_read_page(v140, ws1_ws_acc0, v142);
+                    cb_push_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v37 = s2 * 128;
+                    const uint32_t v38 = v22 + v37;
+                    const uint32_t v39 = v38 + v23;
+                    const uint32_t v40 = v39 / 32;
+                    const uint32_t v41 = v40 * v20;
+                    const uint32_t v42 = v41 + v27;
+                    cb_reserve_back(tt::CBIndex::c_2, v31);
+                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_2);
+                    for (uint32_t j44 = 0; j44 < v18; j44 += 1) {
+                        const uint32_t v45 = v42 + j44;
+                        const uint32_t v46 = j44 * 4096;
+                        const uint32_t v47 = v43 + v46;
+                        noc_async_read_page(v45, ws_ws_acc0, v47);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v137);
-                    cb_reserve_back(tt::CBIndex::c_3, v137);
-                    const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j144 = 0; j144 < v127; j144 += 1) {
-                        const uint32_t v145 = v134 + j144;
-                        const uint32_t v146 = j144 * 4096;
-                        const uint32_t v147 = v143 + v146;
-                        noc_async_read_page(v145, ws1_ws_c0, v147);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v137);
-                    cb_reserve_back(tt::CBIndex::c_10, v137);
-                    const uint32_t v148 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j149 = 0; j149 < v127; j149 += 1) {
-                        const uint32_t v150 = v134 + j149;
-                        const uint32_t v151 = j149 * 4096;
-                        const uint32_t v152 = v148 + v151;
-                        noc_async_read_page(v150, ws1_ws_c0l, v152);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v137);
+                    cb_push_back(tt::CBIndex::c_2, v31);
                 }
             }
         }
-        cb_wait_front(tt::CBIndex::c_2, 1);
-        cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r153 = 0; r153 < v8; r153 += 1) {
-            const uint32_t v154 = H + 128;
-            const uint32_t v155 = v154 - 1;
-            const uint32_t v156 = v155 / 128;
-            for (uint32_t c157 = 0; c157 < v156; c157 += 1) {
-                const uint32_t v158 = c157 * 128;
-                const uint32_t v159 = H - v158;
-                const uint32_t v160 = (v159 < 128 ? v159 : 128);
-                const uint32_t v161 = v160 + 31;
-                const uint32_t v162 = v161 / 32;
-                const uint32_t v163 = H + 31;
-                const uint32_t v164 = v163 / 32;
-                const uint32_t v165 = core * 128;
-                const uint32_t v166 = r153 * rows;
-                const uint32_t v167 = v165 + v166;
-                const uint32_t v168 = v167 / 32;
-                const uint32_t v169 = v168 * v164;
-                const uint32_t v170 = v158 / 32;
-                const uint32_t v171 = v169 + v170;
-                const uint32_t v172 = chunk + 31;
-                const uint32_t v173 = v172 / 32;
-                const uint32_t v174 = (v173 > 1 ? v173 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v174);
-                const uint32_t v175 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j176 = 0; j176 < v162; j176 += 1) {
-                    const uint32_t v177 = v171 + j176;
-                    const uint32_t v178 = j176 * 4096;
-                    const uint32_t v179 = v175 + v178;
-                    noc_async_read_page(v177, ws1_ws_acc0, v179);
+        cb_wait_front(tt::CBIndex::c_0, 1);
+        cb_pop_front(tt::CBIndex::c_0, 1);
+        const uint32_t v48 = b1 * blk;
+        const uint32_t v49 = BT - v48;
+        const uint32_t v50 = (v49 < blk ? v49 : blk);
+        const uint32_t v51 = v50 + rows;
+        const uint32_t v52 = v51 - 1;
+        const uint32_t v53 = v52 / rows;
+        for (uint32_t r54 = 0; r54 < v53; r54 += 1) {
+            const uint32_t v55 = H + 128;
+            const uint32_t v56 = v55 - 1;
+            const uint32_t v57 = v56 / 128;
+            for (uint32_t c58 = 0; c58 < v57; c58 += 1) {
+                const uint32_t v59 = c58 * 128;
+                const uint32_t v60 = H - v59;
+                const uint32_t v61 = (v60 < 128 ? v60 : 128);
+                const uint32_t v62 = v61 + 31;
+                const uint32_t v63 = v62 / 32;
+                const uint32_t v64 = H + 31;
+                const uint32_t v65 = v64 / 32;
+                const uint32_t v66 = b1 * splits;
+                const uint32_t v67 = v66 * 128;
+                const uint32_t v68 = r54 * rows;
+                const uint32_t v69 = v67 + v68;
+                const uint32_t v70 = v69 / 32;
+                const uint32_t v71 = v70 * v65;
+                const uint32_t v72 = v59 / 32;
+                const uint32_t v73 = v71 + v72;
+                const uint32_t v74 = chunk + 31;
+                const uint32_t v75 = v74 / 32;
+                const uint32_t v76 = (v75 > 1 ? v75 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v76);
+                const uint32_t v77 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j78 = 0; j78 < v63; j78 += 1) {
+                    const uint32_t v79 = v73 + j78;
+                    const uint32_t v80 = j78 * 4096;
+                    const uint32_t v81 = v77 + v80;
+                    noc_async_read_page(v79, ws_ws_acc0, v81);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v174);
+                cb_push_back(tt::CBIndex::c_1, v76);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_4, 1);
 }

@@ -5,302 +5,427 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t V = get_arg_val<uint32_t>(8);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(9);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t slice = get_arg_val<uint32_t>(8);
+    const uint32_t xblocks = get_arg_val<uint32_t>(9);
+    const uint32_t V = get_arg_val<uint32_t>(10);
+    const uint32_t softmax_addr = get_arg_val<uint32_t>(11);
     constexpr auto softmax_args = TensorAccessorArgs<0>();
     const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(11);
+    const uint32_t chunk = get_arg_val<uint32_t>(12);
+    const uint32_t masked_target_addr = get_arg_val<uint32_t>(13);
     constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
     const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(12);
+    const uint32_t target_mask_addr = get_arg_val<uint32_t>(14);
     constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
     const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f13 = get_arg_val<uint32_t>(13);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(14);
+    const uint32_t f15 = get_arg_val<uint32_t>(15);
+    const uint32_t grad_addr = get_arg_val<uint32_t>(16);
     constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
     const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(15);
+    const uint32_t panel_pages = get_arg_val<uint32_t>(17);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(18);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t weight_addr = get_arg_val<uint32_t>(16);
+    const uint32_t weight_addr = get_arg_val<uint32_t>(19);
     constexpr auto weight_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto weight = TensorAccessor(weight_args, weight_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(17);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(20);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(21);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<weight_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(18);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(22);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(19);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(23);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(20);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(24);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
     cb_reserve_back(tt::CBIndex::c_4, 1);
     const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = BT - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            for (uint32_t r10 = 0; r10 < v8; r10 += 1) {
-                const uint32_t v11 = x9 * 2048;
-                const uint32_t v12 = V - v11;
-                const uint32_t v13 = (v12 < 2048 ? v12 : 2048);
-                const uint32_t v14 = v13 + 128;
-                const uint32_t v15 = v14 - 1;
-                const uint32_t v16 = v15 / 128;
-                for (uint32_t c17 = 0; c17 < v16; c17 += 1) {
-                    const uint32_t v18 = c17 * 128;
-                    const uint32_t v19 = v13 - v18;
-                    const uint32_t v20 = (v19 < 128 ? v19 : 128);
-                    const uint32_t v21 = v20 + 31;
-                    const uint32_t v22 = v21 / 32;
-                    const uint32_t v23 = V + 31;
-                    const uint32_t v24 = v23 / 32;
-                    const uint32_t v25 = r10 * rows;
-                    const uint32_t v26 = v3 + v25;
-                    const uint32_t v27 = v26 / 32;
-                    const uint32_t v28 = v27 * v24;
-                    const uint32_t v29 = v11 + v18;
+    for (uint32_t b2 = core; b2 < units; b2 += cores) {
+        const uint32_t v3 = b2 / splits;
+        const uint32_t v4 = v3 * blk;
+        const uint32_t v5 = BT - v4;
+        const uint32_t v6 = (v5 < blk ? v5 : blk);
+        const uint32_t v7 = v6 + rows;
+        const uint32_t v8 = v7 - 1;
+        const uint32_t v9 = v8 / rows;
+        const uint32_t v10 = v3 * splits;
+        const uint32_t v11 = b2 - v10;
+        const uint32_t v12 = v11 * slice;
+        const uint32_t v13 = v12 + slice;
+        const uint32_t v14 = (xblocks < v13 ? xblocks : v13);
+        for (uint32_t x15 = v12; x15 < v14; x15 += 1) {
+            for (uint32_t r16 = 0; r16 < v9; r16 += 1) {
+                const uint32_t v17 = x15 * 2048;
+                const uint32_t v18 = V - v17;
+                const uint32_t v19 = (v18 < 2048 ? v18 : 2048);
+                const uint32_t v20 = v19 + 128;
+                const uint32_t v21 = v20 - 1;
+                const uint32_t v22 = v21 / 128;
+                for (uint32_t c23 = 0; c23 < v22; c23 += 1) {
+                    const uint32_t v24 = c23 * 128;
+                    const uint32_t v25 = v19 - v24;
+                    const uint32_t v26 = (v25 < 128 ? v25 : 128);
+                    const uint32_t v27 = v26 + 31;
+                    const uint32_t v28 = v27 / 32;
+                    const uint32_t v29 = V + 31;
                     const uint32_t v30 = v29 / 32;
-                    const uint32_t v31 = v28 + v30;
-                    const uint32_t v32 = chunk + 31;
+                    const uint32_t v31 = r16 * rows;
+                    const uint32_t v32 = v4 + v31;
                     const uint32_t v33 = v32 / 32;
-                    const uint32_t v34 = (v33 > 1 ? v33 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v34);
-                    const uint32_t v35 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j36 = 0; j36 < v22; j36 += 1) {
-                        const uint32_t v37 = v31 + j36;
-                        const uint32_t v38 = j36 * 4096;
-                        const uint32_t v39 = v35 + v38;
-                        noc_async_read_page(v37, softmax, v39);
+                    const uint32_t v34 = v33 * v30;
+                    const uint32_t v35 = v17 + v24;
+                    const uint32_t v36 = v35 / 32;
+                    const uint32_t v37 = v34 + v36;
+                    const uint32_t v38 = chunk + 31;
+                    const uint32_t v39 = v38 / 32;
+                    const uint32_t v40 = (v39 > 1 ? v39 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v40);
+                    const uint32_t v41 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j42 = 0; j42 < v28; j42 += 1) {
+                        const uint32_t v43 = v37 + j42;
+                        const uint32_t v44 = j42 * 4096;
+                        const uint32_t v45 = v41 + v44;
+                        noc_async_read_page(v43, softmax, v45);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v34);
+                    cb_push_back(tt::CBIndex::c_1, v40);
                     cb_wait_front(tt::CBIndex::c_2, 1);
                     cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_3, v34);
-                    const uint32_t v40 = get_write_ptr(tt::CBIndex::c_3);
-                    const uint32_t v41 = v34 * 4096;
-                    opgen_tt_zero_l1(v40, v41);
-                    const uint32_t v42 = v5 - v25;
-                    const uint32_t v43 = (v42 < rows ? v42 : rows);
-                    for (uint32_t h44 = 0; h44 < v43; h44 += 1) {
-                        const uint32_t v45 = v26 + h44;
-                        const uint32_t v46 = opgen_tt_load_elem(masked_target, 8, v45, v1);
-                        const uint32_t v47 = opgen_tt_load_bit(target_mask, 0, v45, v1);
-                        const bool v48 = v47 != 0;
-                        const bool v49 = !v48;
-                        const uint32_t v50 = v46 - v29;
-                        const uint32_t v51 = (v49 ? v50 : -1);
-                        opgen_tt_set_word(v40, h44, v51, v20, f13);
+                    cb_reserve_back(tt::CBIndex::c_3, v40);
+                    const uint32_t v46 = get_write_ptr(tt::CBIndex::c_3);
+                    const uint32_t v47 = v40 * 4096;
+                    opgen_tt_zero_l1(v46, v47);
+                    const uint32_t v48 = v6 - v31;
+                    const uint32_t v49 = (v48 < rows ? v48 : rows);
+                    for (uint32_t h50 = 0; h50 < v49; h50 += 1) {
+                        const uint32_t v51 = v32 + h50;
+                        const uint32_t v52 = opgen_tt_load_elem(masked_target, 8, v51, v1);
+                        const uint32_t v53 = opgen_tt_load_bit(target_mask, 0, v51, v1);
+                        const bool v54 = v53 != 0;
+                        const bool v55 = !v54;
+                        const uint32_t v56 = v52 - v35;
+                        const uint32_t v57 = (v55 ? v56 : -1);
+                        opgen_tt_set_word(v46, h50, v57, v26, f15);
                     }
-                    cb_push_back(tt::CBIndex::c_3, v34);
+                    cb_push_back(tt::CBIndex::c_3, v40);
                     cb_wait_front(tt::CBIndex::c_2, 1);
                     cb_pop_front(tt::CBIndex::c_2, 1);
                     cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v52 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v26, v43, v52, v1);
+                    const uint32_t v58 = get_write_ptr(tt::CBIndex::c_5);
+                    opgen_tt_col_from_row(grad, 4, v32, v49, v58, v1);
                     cb_push_back(tt::CBIndex::c_5, 1);
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            const uint32_t v53 = core * 128;
-            const uint32_t v54 = v53 * 2048;
-            const uint32_t v55 = v54 / 2048;
-            const uint32_t v56 = v55 * 2048;
-            const uint32_t v57 = v54 - v56;
-            const uint32_t v58 = v55 / 32;
-            const uint32_t v59 = v57 / 32;
-            const uint32_t v60 = 2048 + 31;
-            const uint32_t v61 = v60 / 32;
-            const uint32_t v62 = x9 * 2048;
-            const uint32_t v63 = v62 * H;
-            const uint32_t v64 = v63 / H;
-            const uint32_t v65 = v64 * H;
-            const uint32_t v66 = v63 - v65;
-            const uint32_t v67 = v64 / 32;
-            const uint32_t v68 = v66 / 32;
-            const uint32_t v69 = H + 31;
-            const uint32_t v70 = v69 / 32;
-            const uint32_t v71 = v5 + 31;
-            const uint32_t v72 = v71 / 32;
-            for (uint32_t i73 = 0; i73 < v72; i73 += 1) {
-                for (uint32_t j74 = 0; j74 < v70; j74 += 4) {
-                    const uint32_t v75 = v70 - j74;
-                    const uint32_t v76 = (v75 < 4 ? v75 : 4);
-                    const uint32_t v77 = V - v62;
-                    const uint32_t v78 = (v77 < 2048 ? v77 : 2048);
-                    const uint32_t v79 = v78 + 31;
-                    const uint32_t v80 = v79 / 32;
-                    for (uint32_t kk81 = 0; kk81 < v80; kk81 += 1) {
-                        const uint32_t v82 = kk81 * 32;
-                        const uint32_t v83 = v78 - v82;
-                        const uint32_t v84 = v58 + i73;
-                        const uint32_t v85 = v84 * v61;
-                        const uint32_t v86 = v59 + kk81;
-                        const uint32_t v87 = v85 + v86;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v88 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v87, ws_ws_g, v88);
+            const uint32_t v59 = core * 128;
+            const uint32_t v60 = v59 * 2048;
+            const uint32_t v61 = v60 / 2048;
+            const uint32_t v62 = v61 * 2048;
+            const uint32_t v63 = v60 - v62;
+            const uint32_t v64 = v61 / 32;
+            const uint32_t v65 = v63 / 32;
+            const uint32_t v66 = 2048 + 31;
+            const uint32_t v67 = v66 / 32;
+            const uint32_t v68 = x15 * 2048;
+            const uint32_t v69 = v68 * H;
+            const uint32_t v70 = v69 / H;
+            const uint32_t v71 = v70 * H;
+            const uint32_t v72 = v69 - v71;
+            const uint32_t v73 = v70 / 32;
+            const uint32_t v74 = v72 / 32;
+            const uint32_t v75 = H + 31;
+            const uint32_t v76 = v75 / 32;
+            for (uint32_t p77 = 0; p77 < mm_0_panel; p77 += 1) {
+                cb_reserve_back(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v78 = get_write_ptr(tt::CBIndex::c_8);
+                const uint32_t v79 = v6 + 31;
+                const uint32_t v80 = v79 / 32;
+                for (uint32_t i81 = 0; i81 < v80; i81 += 1) {
+                    const uint32_t v82 = V - v68;
+                    const uint32_t v83 = (v82 < 2048 ? v82 : 2048);
+                    const uint32_t v84 = v83 + 31;
+                    const uint32_t v85 = v84 / 32;
+                    for (uint32_t kk86 = 0; kk86 < v85; kk86 += 1) {
+                        const uint32_t v87 = i81 * v85;
+                        const uint32_t v88 = v87 + kk86;
+                        const uint32_t v89 = v88 * 2048;
+                        const uint32_t v90 = v78 + v89;
+                        const uint32_t v91 = kk86 * 32;
+                        const uint32_t v92 = v83 - v91;
+                        const uint32_t v93 = v64 + i81;
+                        const uint32_t v94 = v93 * v67;
+                        const uint32_t v95 = v65 + kk86;
+                        const uint32_t v96 = v94 + v95;
+                        noc_async_read_page(v96, ws_ws_g, v90);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v88, 2, 32, v83);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g89 = 0; g89 < v76; g89 += 1) {
-                            const uint32_t v90 = j74 + g89;
-                            const uint32_t v91 = v67 + kk81;
-                            const uint32_t v92 = v91 * v70;
-                            const uint32_t v93 = v68 + v90;
-                            const uint32_t v94 = v92 + v93;
+                        opgen_tt_keep(v90, 2, 32, v92);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_8, panel_pages);
+                for (uint32_t j97 = 0; j97 < v76; j97 += 1) {
+                    const uint32_t v98 = V - v68;
+                    const uint32_t v99 = (v98 < 2048 ? v98 : 2048);
+                    const uint32_t v100 = v99 + 31;
+                    const uint32_t v101 = v100 / 32;
+                    for (uint32_t kk102 = 0; kk102 < v101; kk102 += 1) {
+                        const uint32_t v103 = kk102 * 32;
+                        const uint32_t v104 = v99 - v103;
+                        const uint32_t v105 = v73 + kk102;
+                        const uint32_t v106 = v105 * v76;
+                        const uint32_t v107 = v74 + j97;
+                        const uint32_t v108 = v106 + v107;
+                        cb_reserve_back(tt::CBIndex::c_10, 1);
+                        const uint32_t v109 = get_write_ptr(tt::CBIndex::c_10);
+                        noc_async_read_page(v108, weight, v109);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v109, 2, v104, 32);
+                        cb_push_back(tt::CBIndex::c_10, 1);
+                    }
+                }
+            }
+            const uint32_t v110 = 1 - mm_0_panel;
+            for (uint32_t p111 = 0; p111 < v110; p111 += 1) {
+                const uint32_t v112 = v6 + 31;
+                const uint32_t v113 = v112 / 32;
+                for (uint32_t i114 = 0; i114 < v113; i114 += 1) {
+                    for (uint32_t j115 = 0; j115 < v76; j115 += 4) {
+                        const uint32_t v116 = v76 - j115;
+                        const uint32_t v117 = (v116 < 4 ? v116 : 4);
+                        const uint32_t v118 = V - v68;
+                        const uint32_t v119 = (v118 < 2048 ? v118 : 2048);
+                        const uint32_t v120 = v119 + 31;
+                        const uint32_t v121 = v120 / 32;
+                        for (uint32_t kk122 = 0; kk122 < v121; kk122 += 1) {
+                            const uint32_t v123 = kk122 * 32;
+                            const uint32_t v124 = v119 - v123;
+                            const uint32_t v125 = v64 + i114;
+                            const uint32_t v126 = v125 * v67;
+                            const uint32_t v127 = v65 + kk122;
+                            const uint32_t v128 = v126 + v127;
                             cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v94, weight, v95);
+                            const uint32_t v129 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v128, ws_ws_g, v129);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v95, 2, v83, 32);
+                            opgen_tt_keep(v129, 2, 32, v124);
                             cb_push_back(tt::CBIndex::c_9, 1);
+                            for (uint32_t g130 = 0; g130 < v117; g130 += 1) {
+                                const uint32_t v131 = j115 + g130;
+                                const uint32_t v132 = v73 + kk122;
+                                const uint32_t v133 = v132 * v76;
+                                const uint32_t v134 = v74 + v131;
+                                const uint32_t v135 = v133 + v134;
+                                cb_reserve_back(tt::CBIndex::c_10, 1);
+                                const uint32_t v136 = get_write_ptr(tt::CBIndex::c_10);
+                                noc_async_read_page(v135, weight, v136);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v136, 2, v124, 32);
+                                cb_push_back(tt::CBIndex::c_10, 1);
+                            }
                         }
                     }
                 }
             }
-            for (uint32_t i96 = 0; i96 < v72; i96 += 1) {
-                for (uint32_t j97 = 0; j97 < v70; j97 += 4) {
-                    const uint32_t v98 = v70 - j97;
-                    const uint32_t v99 = (v98 < 4 ? v98 : 4);
-                    const uint32_t v100 = V - v62;
-                    const uint32_t v101 = (v100 < 2048 ? v100 : 2048);
-                    const uint32_t v102 = v101 + 31;
-                    const uint32_t v103 = v102 / 32;
-                    for (uint32_t kk104 = 0; kk104 < v103; kk104 += 1) {
-                        const uint32_t v105 = kk104 * 32;
-                        const uint32_t v106 = v101 - v105;
-                        const uint32_t v107 = v58 + i96;
-                        const uint32_t v108 = v107 * v61;
-                        const uint32_t v109 = v59 + kk104;
-                        const uint32_t v110 = v108 + v109;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v111 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v110, ws_ws_gl, v111);
+            for (uint32_t p137 = 0; p137 < mm_0_panel; p137 += 1) {
+                cb_reserve_back(tt::CBIndex::c_8, panel_pages);
+                const uint32_t v138 = get_write_ptr(tt::CBIndex::c_8);
+                const uint32_t v139 = v6 + 31;
+                const uint32_t v140 = v139 / 32;
+                for (uint32_t i141 = 0; i141 < v140; i141 += 1) {
+                    const uint32_t v142 = V - v68;
+                    const uint32_t v143 = (v142 < 2048 ? v142 : 2048);
+                    const uint32_t v144 = v143 + 31;
+                    const uint32_t v145 = v144 / 32;
+                    for (uint32_t kk146 = 0; kk146 < v145; kk146 += 1) {
+                        const uint32_t v147 = i141 * v145;
+                        const uint32_t v148 = v147 + kk146;
+                        const uint32_t v149 = v148 * 2048;
+                        const uint32_t v150 = v138 + v149;
+                        const uint32_t v151 = kk146 * 32;
+                        const uint32_t v152 = v143 - v151;
+                        const uint32_t v153 = v64 + i141;
+                        const uint32_t v154 = v153 * v67;
+                        const uint32_t v155 = v65 + kk146;
+                        const uint32_t v156 = v154 + v155;
+                        noc_async_read_page(v156, ws_ws_gl, v150);
                         noc_async_read_barrier();
-                        opgen_tt_keep(v111, 2, 32, v106);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g112 = 0; g112 < v99; g112 += 1) {
-                            const uint32_t v113 = j97 + g112;
-                            const uint32_t v114 = v67 + kk104;
-                            const uint32_t v115 = v114 * v70;
-                            const uint32_t v116 = v68 + v113;
-                            const uint32_t v117 = v115 + v116;
+                        opgen_tt_keep(v150, 2, 32, v152);
+                    }
+                }
+                cb_push_back(tt::CBIndex::c_8, panel_pages);
+                for (uint32_t j157 = 0; j157 < v76; j157 += 1) {
+                    const uint32_t v158 = V - v68;
+                    const uint32_t v159 = (v158 < 2048 ? v158 : 2048);
+                    const uint32_t v160 = v159 + 31;
+                    const uint32_t v161 = v160 / 32;
+                    for (uint32_t kk162 = 0; kk162 < v161; kk162 += 1) {
+                        const uint32_t v163 = kk162 * 32;
+                        const uint32_t v164 = v159 - v163;
+                        const uint32_t v165 = v73 + kk162;
+                        const uint32_t v166 = v165 * v76;
+                        const uint32_t v167 = v74 + j157;
+                        const uint32_t v168 = v166 + v167;
+                        cb_reserve_back(tt::CBIndex::c_10, 1);
+                        const uint32_t v169 = get_write_ptr(tt::CBIndex::c_10);
+                        noc_async_read_page(v168, weight, v169);
+                        noc_async_read_barrier();
+                        opgen_tt_keep(v169, 2, v164, 32);
+                        cb_push_back(tt::CBIndex::c_10, 1);
+                    }
+                }
+            }
+            for (uint32_t p170 = 0; p170 < v110; p170 += 1) {
+                const uint32_t v171 = v6 + 31;
+                const uint32_t v172 = v171 / 32;
+                for (uint32_t i173 = 0; i173 < v172; i173 += 1) {
+                    for (uint32_t j174 = 0; j174 < v76; j174 += 4) {
+                        const uint32_t v175 = v76 - j174;
+                        const uint32_t v176 = (v175 < 4 ? v175 : 4);
+                        const uint32_t v177 = V - v68;
+                        const uint32_t v178 = (v177 < 2048 ? v177 : 2048);
+                        const uint32_t v179 = v178 + 31;
+                        const uint32_t v180 = v179 / 32;
+                        for (uint32_t kk181 = 0; kk181 < v180; kk181 += 1) {
+                            const uint32_t v182 = kk181 * 32;
+                            const uint32_t v183 = v178 - v182;
+                            const uint32_t v184 = v64 + i173;
+                            const uint32_t v185 = v184 * v67;
+                            const uint32_t v186 = v65 + kk181;
+                            const uint32_t v187 = v185 + v186;
                             cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v118 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v117, weight, v118);
+                            const uint32_t v188 = get_write_ptr(tt::CBIndex::c_9);
+                            noc_async_read_page(v187, ws_ws_gl, v188);
                             noc_async_read_barrier();
-                            opgen_tt_keep(v118, 2, v106, 32);
+                            opgen_tt_keep(v188, 2, 32, v183);
                             cb_push_back(tt::CBIndex::c_9, 1);
+                            for (uint32_t g189 = 0; g189 < v176; g189 += 1) {
+                                const uint32_t v190 = j174 + g189;
+                                const uint32_t v191 = v73 + kk181;
+                                const uint32_t v192 = v191 * v76;
+                                const uint32_t v193 = v74 + v190;
+                                const uint32_t v194 = v192 + v193;
+                                cb_reserve_back(tt::CBIndex::c_10, 1);
+                                const uint32_t v195 = get_write_ptr(tt::CBIndex::c_10);
+                                noc_async_read_page(v194, weight, v195);
+                                noc_async_read_barrier();
+                                opgen_tt_keep(v195, 2, v183, 32);
+                                cb_push_back(tt::CBIndex::c_10, 1);
+                            }
                         }
                     }
                 }
             }
             cb_wait_front(tt::CBIndex::c_2, 1);
             cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r119 = 0; r119 < v8; r119 += 1) {
-                const uint32_t v120 = H + 128;
-                const uint32_t v121 = v120 - 1;
-                const uint32_t v122 = v121 / 128;
-                for (uint32_t c123 = 0; c123 < v122; c123 += 1) {
-                    const uint32_t v124 = c123 * 128;
-                    const uint32_t v125 = H - v124;
-                    const uint32_t v126 = (v125 < 128 ? v125 : 128);
-                    const uint32_t v127 = v126 + 31;
-                    const uint32_t v128 = v127 / 32;
-                    const uint32_t v129 = r119 * rows;
-                    const uint32_t v130 = v53 + v129;
-                    const uint32_t v131 = v130 / 32;
-                    const uint32_t v132 = v131 * v70;
-                    const uint32_t v133 = v124 / 32;
-                    const uint32_t v134 = v132 + v133;
-                    const uint32_t v135 = chunk + 31;
-                    const uint32_t v136 = v135 / 32;
-                    const uint32_t v137 = (v136 > 1 ? v136 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v137);
-                    const uint32_t v138 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j139 = 0; j139 < v128; j139 += 1) {
-                        const uint32_t v140 = v134 + j139;
-                        const uint32_t v141 = j139 * 4096;
-                        const uint32_t v142 = v138 + v141;
-                        noc_async_read_page(v140, ws_ws_acc0, v142);
+            for (uint32_t r196 = 0; r196 < v9; r196 += 1) {
+                const uint32_t v197 = H + 128;
+                const uint32_t v198 = v197 - 1;
+                const uint32_t v199 = v198 / 128;
+                for (uint32_t c200 = 0; c200 < v199; c200 += 1) {
+                    const uint32_t v201 = c200 * 128;
+                    const uint32_t v202 = H - v201;
+                    const uint32_t v203 = (v202 < 128 ? v202 : 128);
+                    const uint32_t v204 = v203 + 31;
+                    const uint32_t v205 = v204 / 32;
+                    const bool v206 = splits == 1;
+                    const uint32_t v207 = (v206 ? core : b2);
+                    const uint32_t v208 = v207 * 128;
+                    const uint32_t v209 = r196 * rows;
+                    const uint32_t v210 = v208 + v209;
+                    const uint32_t v211 = v210 / 32;
+                    const uint32_t v212 = v211 * v76;
+                    const uint32_t v213 = v201 / 32;
+                    const uint32_t v214 = v212 + v213;
+                    const uint32_t v215 = chunk + 31;
+                    const uint32_t v216 = v215 / 32;
+                    const uint32_t v217 = (v216 > 1 ? v216 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v217);
+                    const uint32_t v218 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j219 = 0; j219 < v205; j219 += 1) {
+                        const uint32_t v220 = v214 + j219;
+                        const uint32_t v221 = j219 * 4096;
+                        const uint32_t v222 = v218 + v221;
+                        noc_async_read_page(v220, ws_ws_acc0, v222);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v137);
-                    cb_reserve_back(tt::CBIndex::c_3, v137);
-                    const uint32_t v143 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j144 = 0; j144 < v128; j144 += 1) {
-                        const uint32_t v145 = v134 + j144;
-                        const uint32_t v146 = j144 * 4096;
-                        const uint32_t v147 = v143 + v146;
-                        noc_async_read_page(v145, ws_ws_c0, v147);
+                    cb_push_back(tt::CBIndex::c_1, v217);
+                    const uint32_t v223 = v59 + v209;
+                    const uint32_t v224 = v223 / 32;
+                    const uint32_t v225 = v224 * v76;
+                    const uint32_t v226 = v225 + v213;
+                    cb_reserve_back(tt::CBIndex::c_3, v217);
+                    const uint32_t v227 = get_write_ptr(tt::CBIndex::c_3);
+                    for (uint32_t j228 = 0; j228 < v205; j228 += 1) {
+                        const uint32_t v229 = v226 + j228;
+                        const uint32_t v230 = j228 * 4096;
+                        const uint32_t v231 = v227 + v230;
+                        noc_async_read_page(v229, ws_ws_c0, v231);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v137);
-                    cb_reserve_back(tt::CBIndex::c_10, v137);
-                    const uint32_t v148 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j149 = 0; j149 < v128; j149 += 1) {
-                        const uint32_t v150 = v134 + j149;
-                        const uint32_t v151 = j149 * 4096;
-                        const uint32_t v152 = v148 + v151;
-                        noc_async_read_page(v150, ws_ws_c0l, v152);
+                    cb_push_back(tt::CBIndex::c_3, v217);
+                    cb_reserve_back(tt::CBIndex::c_11, v217);
+                    const uint32_t v232 = get_write_ptr(tt::CBIndex::c_11);
+                    for (uint32_t j233 = 0; j233 < v205; j233 += 1) {
+                        const uint32_t v234 = v226 + j233;
+                        const uint32_t v235 = j233 * 4096;
+                        const uint32_t v236 = v232 + v235;
+                        noc_async_read_page(v234, ws_ws_c0l, v236);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v137);
+                    cb_push_back(tt::CBIndex::c_11, v217);
                 }
             }
         }
         cb_wait_front(tt::CBIndex::c_2, 1);
         cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r153 = 0; r153 < v8; r153 += 1) {
-            const uint32_t v154 = H + 128;
-            const uint32_t v155 = v154 - 1;
-            const uint32_t v156 = v155 / 128;
-            for (uint32_t c157 = 0; c157 < v156; c157 += 1) {
-                const uint32_t v158 = c157 * 128;
-                const uint32_t v159 = H - v158;
-                const uint32_t v160 = (v159 < 128 ? v159 : 128);
-                const uint32_t v161 = v160 + 31;
-                const uint32_t v162 = v161 / 32;
-                const uint32_t v163 = H + 31;
-                const uint32_t v164 = v163 / 32;
-                const uint32_t v165 = core * 128;
-                const uint32_t v166 = r153 * rows;
-                const uint32_t v167 = v165 + v166;
-                const uint32_t v168 = v167 / 32;
-                const uint32_t v169 = v168 * v164;
-                const uint32_t v170 = v158 / 32;
-                const uint32_t v171 = v169 + v170;
-                const uint32_t v172 = chunk + 31;
-                const uint32_t v173 = v172 / 32;
-                const uint32_t v174 = (v173 > 1 ? v173 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v174);
-                const uint32_t v175 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j176 = 0; j176 < v162; j176 += 1) {
-                    const uint32_t v177 = v171 + j176;
-                    const uint32_t v178 = j176 * 4096;
-                    const uint32_t v179 = v175 + v178;
-                    noc_async_read_page(v177, ws_ws_acc0, v179);
+        const bool v237 = splits == 1;
+        const uint32_t v238 = (v237 ? 1 : 0);
+        for (uint32_t d239 = 0; d239 < v238; d239 += 1) {
+            for (uint32_t r240 = 0; r240 < v9; r240 += 1) {
+                const uint32_t v241 = H + 128;
+                const uint32_t v242 = v241 - 1;
+                const uint32_t v243 = v242 / 128;
+                for (uint32_t c244 = 0; c244 < v243; c244 += 1) {
+                    const uint32_t v245 = c244 * 128;
+                    const uint32_t v246 = H - v245;
+                    const uint32_t v247 = (v246 < 128 ? v246 : 128);
+                    const uint32_t v248 = v247 + 31;
+                    const uint32_t v249 = v248 / 32;
+                    const uint32_t v250 = H + 31;
+                    const uint32_t v251 = v250 / 32;
+                    const uint32_t v252 = (v237 ? core : b2);
+                    const uint32_t v253 = v252 * 128;
+                    const uint32_t v254 = r240 * rows;
+                    const uint32_t v255 = v253 + v254;
+                    const uint32_t v256 = v255 / 32;
+                    const uint32_t v257 = v256 * v251;
+                    const uint32_t v258 = v245 / 32;
+                    const uint32_t v259 = v257 + v258;
+                    const uint32_t v260 = chunk + 31;
+                    const uint32_t v261 = v260 / 32;
+                    const uint32_t v262 = (v261 > 1 ? v261 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v262);
+                    const uint32_t v263 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j264 = 0; j264 < v249; j264 += 1) {
+                        const uint32_t v265 = v259 + j264;
+                        const uint32_t v266 = j264 * 4096;
+                        const uint32_t v267 = v263 + v266;
+                        noc_async_read_page(v265, ws_ws_acc0, v267);
+                    }
+                    noc_async_read_barrier();
+                    cb_push_back(tt::CBIndex::c_1, v262);
                 }
-                noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v174);
             }
         }
     }

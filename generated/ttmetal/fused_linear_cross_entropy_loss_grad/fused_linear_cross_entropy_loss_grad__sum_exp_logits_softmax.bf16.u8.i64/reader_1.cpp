@@ -5,305 +5,121 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t cblocks = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
-    const uint32_t V = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t xblocks = get_arg_val<uint32_t>(7);
-    const uint32_t BT = get_arg_val<uint32_t>(8);
-    const uint32_t softmax_addr = get_arg_val<uint32_t>(9);
-    constexpr auto softmax_args = TensorAccessorArgs<0>();
-    const auto softmax = TensorAccessor(softmax_args, softmax_addr, 4096);
-    const uint32_t chunk = get_arg_val<uint32_t>(10);
-    const uint32_t masked_target_addr = get_arg_val<uint32_t>(11);
-    constexpr auto masked_target_args = TensorAccessorArgs<softmax_args.next_compile_time_args_offset()>();
-    const auto masked_target = TensorAccessor(masked_target_args, masked_target_addr, 256);
-    const uint32_t target_mask_addr = get_arg_val<uint32_t>(12);
-    constexpr auto target_mask_args = TensorAccessorArgs<masked_target_args.next_compile_time_args_offset()>();
-    const auto target_mask = TensorAccessor(target_mask_args, target_mask_addr, 32);
-    const uint32_t f13 = get_arg_val<uint32_t>(13);
-    const uint32_t grad_addr = get_arg_val<uint32_t>(14);
-    constexpr auto grad_args = TensorAccessorArgs<target_mask_args.next_compile_time_args_offset()>();
-    const auto grad = TensorAccessor(grad_args, grad_addr, 128);
-    const uint32_t ws1_ws_g_addr = get_arg_val<uint32_t>(15);
-    constexpr auto ws1_ws_g_args = TensorAccessorArgs<grad_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_g = TensorAccessor(ws1_ws_g_args, ws1_ws_g_addr, 2048);
-    const uint32_t input_addr = get_arg_val<uint32_t>(16);
-    constexpr auto input_args = TensorAccessorArgs<ws1_ws_g_args.next_compile_time_args_offset()>();
-    const auto input = TensorAccessor(input_args, input_addr, 2048);
-    const uint32_t ws1_ws_gl_addr = get_arg_val<uint32_t>(17);
-    constexpr auto ws1_ws_gl_args = TensorAccessorArgs<input_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_gl = TensorAccessor(ws1_ws_gl_args, ws1_ws_gl_addr, 2048);
-    const uint32_t ws1_ws_acc0_addr = get_arg_val<uint32_t>(18);
-    constexpr auto ws1_ws_acc0_args = TensorAccessorArgs<ws1_ws_gl_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_acc0 = TensorAccessor(ws1_ws_acc0_args, ws1_ws_acc0_addr, 4096);
-    const uint32_t ws1_ws_c0_addr = get_arg_val<uint32_t>(19);
-    constexpr auto ws1_ws_c0_args = TensorAccessorArgs<ws1_ws_acc0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0 = TensorAccessor(ws1_ws_c0_args, ws1_ws_c0_addr, 4096);
-    const uint32_t ws1_ws_c0l_addr = get_arg_val<uint32_t>(20);
-    constexpr auto ws1_ws_c0l_args = TensorAccessorArgs<ws1_ws_c0_args.next_compile_time_args_offset()>();
-    const auto ws1_ws_c0l = TensorAccessor(ws1_ws_c0l_args, ws1_ws_c0l_addr, 4096);
-    cb_reserve_back(tt::CBIndex::c_4, 1);
-    const uint32_t v1 = get_write_ptr(tt::CBIndex::c_4);
-    for (uint32_t b2 = core; b2 < blocks; b2 += cores) {
-        const uint32_t v3 = b2 * blk;
-        const uint32_t v4 = V - v3;
-        const uint32_t v5 = (v4 < blk ? v4 : blk);
-        const uint32_t v6 = v5 + rows;
-        const uint32_t v7 = v6 - 1;
-        const uint32_t v8 = v7 / rows;
-        for (uint32_t x9 = 0; x9 < xblocks; x9 += 1) {
-            const uint32_t v10 = x9 * 2048;
-            const uint32_t v11 = BT - v10;
-            const uint32_t v12 = (v11 < 2048 ? v11 : 2048);
-            const uint32_t v13 = v12 + rows;
-            const uint32_t v14 = v13 - 1;
-            const uint32_t v15 = v14 / rows;
-            for (uint32_t r16 = 0; r16 < v15; r16 += 1) {
-                const uint32_t v17 = v5 + 128;
-                const uint32_t v18 = v17 - 1;
-                const uint32_t v19 = v18 / 128;
-                for (uint32_t c20 = 0; c20 < v19; c20 += 1) {
-                    const uint32_t v21 = c20 * 128;
-                    const uint32_t v22 = v5 - v21;
-                    const uint32_t v23 = (v22 < 128 ? v22 : 128);
-                    const uint32_t v24 = v23 + 31;
+    const uint32_t splits = get_arg_val<uint32_t>(3);
+    const uint32_t BT = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
+    constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
+    const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
+    const uint32_t chunk = get_arg_val<uint32_t>(9);
+    for (uint32_t b1 = core; b1 < cblocks; b1 += cores) {
+        for (uint32_t s2 = 1; s2 < splits; s2 += 1) {
+            cb_wait_front(tt::CBIndex::c_0, 1);
+            cb_pop_front(tt::CBIndex::c_0, 1);
+            const uint32_t v3 = b1 * blk;
+            const uint32_t v4 = BT - v3;
+            const uint32_t v5 = (v4 < blk ? v4 : blk);
+            const uint32_t v6 = v5 + rows;
+            const uint32_t v7 = v6 - 1;
+            const uint32_t v8 = v7 / rows;
+            for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+                const uint32_t v10 = H + 128;
+                const uint32_t v11 = v10 - 1;
+                const uint32_t v12 = v11 / 128;
+                for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                    const uint32_t v14 = c13 * 128;
+                    const uint32_t v15 = H - v14;
+                    const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                    const uint32_t v17 = v16 + 31;
+                    const uint32_t v18 = v17 / 32;
+                    const uint32_t v19 = H + 31;
+                    const uint32_t v20 = v19 / 32;
+                    const uint32_t v21 = b1 * splits;
+                    const uint32_t v22 = v21 * 128;
+                    const uint32_t v23 = r9 * rows;
+                    const uint32_t v24 = v22 + v23;
                     const uint32_t v25 = v24 / 32;
-                    const uint32_t v26 = V + 31;
-                    const uint32_t v27 = v26 / 32;
-                    const uint32_t v28 = r16 * rows;
-                    const uint32_t v29 = v10 + v28;
+                    const uint32_t v26 = v25 * v20;
+                    const uint32_t v27 = v14 / 32;
+                    const uint32_t v28 = v26 + v27;
+                    const uint32_t v29 = chunk + 31;
                     const uint32_t v30 = v29 / 32;
-                    const uint32_t v31 = v30 * v27;
-                    const uint32_t v32 = v3 + v21;
-                    const uint32_t v33 = v32 / 32;
-                    const uint32_t v34 = v31 + v33;
-                    const uint32_t v35 = chunk + 31;
-                    const uint32_t v36 = v35 / 32;
-                    const uint32_t v37 = (v36 > 1 ? v36 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v37);
-                    const uint32_t v38 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j39 = 0; j39 < v25; j39 += 1) {
-                        const uint32_t v40 = v34 + j39;
-                        const uint32_t v41 = j39 * 4096;
-                        const uint32_t v42 = v38 + v41;
-                        noc_async_read_page(v40, softmax, v42);
+                    const uint32_t v31 = (v30 > 1 ? v30 : 1);
+                    cb_reserve_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v32 = get_write_ptr(tt::CBIndex::c_1);
+                    for (uint32_t j33 = 0; j33 < v18; j33 += 1) {
+                        const uint32_t v34 = v28 + j33;
+                        const uint32_t v35 = j33 * 4096;
+                        const uint32_t v36 = v32 + v35;
+                        noc_async_read_page(v34, ws_ws_acc0, v36);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v37);
-                    cb_wait_front(tt::CBIndex::c_2, 1);
-                    cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_3, v37);
-                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_3);
-                    const uint32_t v44 = v37 * 4096;
-                    opgen_tt_zero_l1(v43, v44);
-                    const uint32_t v45 = v12 - v28;
-                    const uint32_t v46 = (v45 < rows ? v45 : rows);
-                    for (uint32_t h47 = 0; h47 < v46; h47 += 1) {
-                        const uint32_t v48 = v29 + h47;
-                        const uint32_t v49 = opgen_tt_load_elem(masked_target, 8, v48, v1);
-                        const uint32_t v50 = opgen_tt_load_bit(target_mask, 1, v48, v1);
-                        const bool v51 = v50 != 0;
-                        const bool v52 = !v51;
-                        const uint32_t v53 = v49 - v32;
-                        const uint32_t v54 = (v52 ? v53 : -1);
-                        opgen_tt_set_word(v43, h47, v54, v23, f13);
-                    }
-                    cb_push_back(tt::CBIndex::c_3, v37);
-                    cb_wait_front(tt::CBIndex::c_2, 1);
-                    cb_pop_front(tt::CBIndex::c_2, 1);
-                    cb_reserve_back(tt::CBIndex::c_5, 1);
-                    const uint32_t v55 = get_write_ptr(tt::CBIndex::c_5);
-                    opgen_tt_col_from_row(grad, 4, v29, v46, v55, v1);
-                    cb_push_back(tt::CBIndex::c_5, 1);
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_2, 1);
-            cb_pop_front(tt::CBIndex::c_2, 1);
-            const uint32_t v56 = core * 2048;
-            const uint32_t v57 = v56 * 128;
-            const uint32_t v58 = v57 / 128;
-            const uint32_t v59 = v58 * 128;
-            const uint32_t v60 = v57 - v59;
-            const uint32_t v61 = v58 / 32;
-            const uint32_t v62 = v60 / 32;
-            const uint32_t v63 = 128 + 31;
-            const uint32_t v64 = v63 / 32;
-            const uint32_t v65 = v10 * H;
-            const uint32_t v66 = v65 / H;
-            const uint32_t v67 = v66 * H;
-            const uint32_t v68 = v65 - v67;
-            const uint32_t v69 = v66 / 32;
-            const uint32_t v70 = v68 / 32;
-            const uint32_t v71 = H + 31;
-            const uint32_t v72 = v71 / 32;
-            const uint32_t v73 = v5 + 31;
-            const uint32_t v74 = v73 / 32;
-            for (uint32_t i75 = 0; i75 < v74; i75 += 1) {
-                for (uint32_t j76 = 0; j76 < v72; j76 += 4) {
-                    const uint32_t v77 = v72 - j76;
-                    const uint32_t v78 = (v77 < 4 ? v77 : 4);
-                    const uint32_t v79 = v12 + 31;
-                    const uint32_t v80 = v79 / 32;
-                    for (uint32_t kk81 = 0; kk81 < v80; kk81 += 1) {
-                        const uint32_t v82 = kk81 * 32;
-                        const uint32_t v83 = v12 - v82;
-                        const uint32_t v84 = v61 + kk81;
-                        const uint32_t v85 = v84 * v64;
-                        const uint32_t v86 = v62 + i75;
-                        const uint32_t v87 = v85 + v86;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v88 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v87, ws1_ws_g, v88);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v88, 2, v83, 32);
-                        opgen_tt_transpose(v88, 2);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g89 = 0; g89 < v78; g89 += 1) {
-                            const uint32_t v90 = j76 + g89;
-                            const uint32_t v91 = v69 + kk81;
-                            const uint32_t v92 = v91 * v72;
-                            const uint32_t v93 = v70 + v90;
-                            const uint32_t v94 = v92 + v93;
-                            cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v95 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v94, input, v95);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v95, 2, v83, 32);
-                            cb_push_back(tt::CBIndex::c_9, 1);
-                        }
-                    }
-                }
-            }
-            for (uint32_t i96 = 0; i96 < v74; i96 += 1) {
-                for (uint32_t j97 = 0; j97 < v72; j97 += 4) {
-                    const uint32_t v98 = v72 - j97;
-                    const uint32_t v99 = (v98 < 4 ? v98 : 4);
-                    const uint32_t v100 = v12 + 31;
-                    const uint32_t v101 = v100 / 32;
-                    for (uint32_t kk102 = 0; kk102 < v101; kk102 += 1) {
-                        const uint32_t v103 = kk102 * 32;
-                        const uint32_t v104 = v12 - v103;
-                        const uint32_t v105 = v61 + kk102;
-                        const uint32_t v106 = v105 * v64;
-                        const uint32_t v107 = v62 + i96;
-                        const uint32_t v108 = v106 + v107;
-                        cb_reserve_back(tt::CBIndex::c_8, 1);
-                        const uint32_t v109 = get_write_ptr(tt::CBIndex::c_8);
-                        noc_async_read_page(v108, ws1_ws_gl, v109);
-                        noc_async_read_barrier();
-                        opgen_tt_keep(v109, 2, v104, 32);
-                        opgen_tt_transpose(v109, 2);
-                        cb_push_back(tt::CBIndex::c_8, 1);
-                        for (uint32_t g110 = 0; g110 < v99; g110 += 1) {
-                            const uint32_t v111 = j97 + g110;
-                            const uint32_t v112 = v69 + kk102;
-                            const uint32_t v113 = v112 * v72;
-                            const uint32_t v114 = v70 + v111;
-                            const uint32_t v115 = v113 + v114;
-                            cb_reserve_back(tt::CBIndex::c_9, 1);
-                            const uint32_t v116 = get_write_ptr(tt::CBIndex::c_9);
-                            noc_async_read_page(v115, input, v116);
-                            noc_async_read_barrier();
-                            opgen_tt_keep(v116, 2, v104, 32);
-                            cb_push_back(tt::CBIndex::c_9, 1);
-                        }
-                    }
-                }
-            }
-            cb_wait_front(tt::CBIndex::c_2, 1);
-            cb_pop_front(tt::CBIndex::c_2, 1);
-            for (uint32_t r117 = 0; r117 < v8; r117 += 1) {
-                const uint32_t v118 = H + 128;
-                const uint32_t v119 = v118 - 1;
-                const uint32_t v120 = v119 / 128;
-                for (uint32_t c121 = 0; c121 < v120; c121 += 1) {
-                    const uint32_t v122 = c121 * 128;
-                    const uint32_t v123 = H - v122;
-                    const uint32_t v124 = (v123 < 128 ? v123 : 128);
-                    const uint32_t v125 = v124 + 31;
-                    const uint32_t v126 = v125 / 32;
-                    const uint32_t v127 = core * 128;
-                    const uint32_t v128 = r117 * rows;
-                    const uint32_t v129 = v127 + v128;
-                    const uint32_t v130 = v129 / 32;
-                    const uint32_t v131 = v130 * v72;
-                    const uint32_t v132 = v122 / 32;
-                    const uint32_t v133 = v131 + v132;
-                    const uint32_t v134 = chunk + 31;
-                    const uint32_t v135 = v134 / 32;
-                    const uint32_t v136 = (v135 > 1 ? v135 : 1);
-                    cb_reserve_back(tt::CBIndex::c_1, v136);
-                    const uint32_t v137 = get_write_ptr(tt::CBIndex::c_1);
-                    for (uint32_t j138 = 0; j138 < v126; j138 += 1) {
-                        const uint32_t v139 = v133 + j138;
-                        const uint32_t v140 = j138 * 4096;
-                        const uint32_t v141 = v137 + v140;
-                        noc_async_read_page(v139, ws1_ws_acc0, v141);
+                    cb_push_back(tt::CBIndex::c_1, v31);
+                    const uint32_t v37 = s2 * 128;
+                    const uint32_t v38 = v22 + v37;
+                    const uint32_t v39 = v38 + v23;
+                    const uint32_t v40 = v39 / 32;
+                    const uint32_t v41 = v40 * v20;
+                    const uint32_t v42 = v41 + v27;
+                    cb_reserve_back(tt::CBIndex::c_2, v31);
+                    const uint32_t v43 = get_write_ptr(tt::CBIndex::c_2);
+                    for (uint32_t j44 = 0; j44 < v18; j44 += 1) {
+                        const uint32_t v45 = v42 + j44;
+                        const uint32_t v46 = j44 * 4096;
+                        const uint32_t v47 = v43 + v46;
+                        noc_async_read_page(v45, ws_ws_acc0, v47);
                     }
                     noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_1, v136);
-                    cb_reserve_back(tt::CBIndex::c_3, v136);
-                    const uint32_t v142 = get_write_ptr(tt::CBIndex::c_3);
-                    for (uint32_t j143 = 0; j143 < v126; j143 += 1) {
-                        const uint32_t v144 = v133 + j143;
-                        const uint32_t v145 = j143 * 4096;
-                        const uint32_t v146 = v142 + v145;
-                        noc_async_read_page(v144, ws1_ws_c0, v146);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_3, v136);
-                    cb_reserve_back(tt::CBIndex::c_10, v136);
-                    const uint32_t v147 = get_write_ptr(tt::CBIndex::c_10);
-                    for (uint32_t j148 = 0; j148 < v126; j148 += 1) {
-                        const uint32_t v149 = v133 + j148;
-                        const uint32_t v150 = j148 * 4096;
-                        const uint32_t v151 = v147 + v150;
-                        noc_async_read_page(v149, ws1_ws_c0l, v151);
-                    }
-                    noc_async_read_barrier();
-                    cb_push_back(tt::CBIndex::c_10, v136);
+                    cb_push_back(tt::CBIndex::c_2, v31);
                 }
             }
         }
-        cb_wait_front(tt::CBIndex::c_2, 1);
-        cb_pop_front(tt::CBIndex::c_2, 1);
-        for (uint32_t r152 = 0; r152 < v8; r152 += 1) {
-            const uint32_t v153 = H + 128;
-            const uint32_t v154 = v153 - 1;
-            const uint32_t v155 = v154 / 128;
-            for (uint32_t c156 = 0; c156 < v155; c156 += 1) {
-                const uint32_t v157 = c156 * 128;
-                const uint32_t v158 = H - v157;
-                const uint32_t v159 = (v158 < 128 ? v158 : 128);
-                const uint32_t v160 = v159 + 31;
-                const uint32_t v161 = v160 / 32;
-                const uint32_t v162 = H + 31;
-                const uint32_t v163 = v162 / 32;
-                const uint32_t v164 = core * 128;
-                const uint32_t v165 = r152 * rows;
-                const uint32_t v166 = v164 + v165;
-                const uint32_t v167 = v166 / 32;
-                const uint32_t v168 = v167 * v163;
-                const uint32_t v169 = v157 / 32;
-                const uint32_t v170 = v168 + v169;
-                const uint32_t v171 = chunk + 31;
-                const uint32_t v172 = v171 / 32;
-                const uint32_t v173 = (v172 > 1 ? v172 : 1);
-                cb_reserve_back(tt::CBIndex::c_1, v173);
-                const uint32_t v174 = get_write_ptr(tt::CBIndex::c_1);
-                for (uint32_t j175 = 0; j175 < v161; j175 += 1) {
-                    const uint32_t v176 = v170 + j175;
-                    const uint32_t v177 = j175 * 4096;
-                    const uint32_t v178 = v174 + v177;
-                    noc_async_read_page(v176, ws1_ws_acc0, v178);
+        cb_wait_front(tt::CBIndex::c_0, 1);
+        cb_pop_front(tt::CBIndex::c_0, 1);
+        const uint32_t v48 = b1 * blk;
+        const uint32_t v49 = BT - v48;
+        const uint32_t v50 = (v49 < blk ? v49 : blk);
+        const uint32_t v51 = v50 + rows;
+        const uint32_t v52 = v51 - 1;
+        const uint32_t v53 = v52 / rows;
+        for (uint32_t r54 = 0; r54 < v53; r54 += 1) {
+            const uint32_t v55 = H + 128;
+            const uint32_t v56 = v55 - 1;
+            const uint32_t v57 = v56 / 128;
+            for (uint32_t c58 = 0; c58 < v57; c58 += 1) {
+                const uint32_t v59 = c58 * 128;
+                const uint32_t v60 = H - v59;
+                const uint32_t v61 = (v60 < 128 ? v60 : 128);
+                const uint32_t v62 = v61 + 31;
+                const uint32_t v63 = v62 / 32;
+                const uint32_t v64 = H + 31;
+                const uint32_t v65 = v64 / 32;
+                const uint32_t v66 = b1 * splits;
+                const uint32_t v67 = v66 * 128;
+                const uint32_t v68 = r54 * rows;
+                const uint32_t v69 = v67 + v68;
+                const uint32_t v70 = v69 / 32;
+                const uint32_t v71 = v70 * v65;
+                const uint32_t v72 = v59 / 32;
+                const uint32_t v73 = v71 + v72;
+                const uint32_t v74 = chunk + 31;
+                const uint32_t v75 = v74 / 32;
+                const uint32_t v76 = (v75 > 1 ? v75 : 1);
+                cb_reserve_back(tt::CBIndex::c_1, v76);
+                const uint32_t v77 = get_write_ptr(tt::CBIndex::c_1);
+                for (uint32_t j78 = 0; j78 < v63; j78 += 1) {
+                    const uint32_t v79 = v73 + j78;
+                    const uint32_t v80 = j78 * 4096;
+                    const uint32_t v81 = v77 + v80;
+                    noc_async_read_page(v79, ws_ws_acc0, v81);
                 }
                 noc_async_read_barrier();
-                cb_push_back(tt::CBIndex::c_1, v173);
+                cb_push_back(tt::CBIndex::c_1, v76);
             }
         }
     }
-    cb_push_back(tt::CBIndex::c_4, 1);
 }

@@ -4,110 +4,121 @@
 
 void kernel_main() {
     const uint32_t core = get_arg_val<uint32_t>(0);
-    const uint32_t blocks = get_arg_val<uint32_t>(1);
+    const uint32_t units = get_arg_val<uint32_t>(1);
     const uint32_t cores = get_arg_val<uint32_t>(2);
     const uint32_t BT = get_arg_val<uint32_t>(3);
-    const uint32_t blk = get_arg_val<uint32_t>(4);
-    const uint32_t rows = get_arg_val<uint32_t>(5);
-    const uint32_t H = get_arg_val<uint32_t>(6);
-    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(7);
+    const uint32_t splits = get_arg_val<uint32_t>(4);
+    const uint32_t blk = get_arg_val<uint32_t>(5);
+    const uint32_t rows = get_arg_val<uint32_t>(6);
+    const uint32_t H = get_arg_val<uint32_t>(7);
+    const uint32_t ws_ws_acc0_addr = get_arg_val<uint32_t>(8);
     constexpr auto ws_ws_acc0_args = TensorAccessorArgs<0>();
     const auto ws_ws_acc0 = TensorAccessor(ws_ws_acc0_args, ws_ws_acc0_addr, 4096);
-    const uint32_t xblocks = get_arg_val<uint32_t>(8);
-    const uint32_t V = get_arg_val<uint32_t>(9);
-    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(10);
+    const uint32_t slice = get_arg_val<uint32_t>(9);
+    const uint32_t xblocks = get_arg_val<uint32_t>(10);
+    const uint32_t V = get_arg_val<uint32_t>(11);
+    const uint32_t ws_ws_g_addr = get_arg_val<uint32_t>(12);
     constexpr auto ws_ws_g_args = TensorAccessorArgs<ws_ws_acc0_args.next_compile_time_args_offset()>();
     const auto ws_ws_g = TensorAccessor(ws_ws_g_args, ws_ws_g_addr, 2048);
-    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(11);
+    const uint32_t ws_ws_gl_addr = get_arg_val<uint32_t>(13);
     constexpr auto ws_ws_gl_args = TensorAccessorArgs<ws_ws_g_args.next_compile_time_args_offset()>();
     const auto ws_ws_gl = TensorAccessor(ws_ws_gl_args, ws_ws_gl_addr, 2048);
-    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(12);
+    const uint32_t ws_ws_c0_addr = get_arg_val<uint32_t>(14);
     constexpr auto ws_ws_c0_args = TensorAccessorArgs<ws_ws_gl_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0 = TensorAccessor(ws_ws_c0_args, ws_ws_c0_addr, 4096);
-    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(13);
+    const uint32_t mm_0_panel = get_arg_val<uint32_t>(15);
+    const uint32_t ws_ws_c0l_addr = get_arg_val<uint32_t>(16);
     constexpr auto ws_ws_c0l_args = TensorAccessorArgs<ws_ws_c0_args.next_compile_time_args_offset()>();
     const auto ws_ws_c0l = TensorAccessor(ws_ws_c0l_args, ws_ws_c0l_addr, 4096);
-    const uint32_t input_grad_addr = get_arg_val<uint32_t>(14);
+    const uint32_t input_grad_addr = get_arg_val<uint32_t>(17);
     constexpr auto input_grad_args = TensorAccessorArgs<ws_ws_c0l_args.next_compile_time_args_offset()>();
     const auto input_grad = TensorAccessor(input_grad_args, input_grad_addr, 2048);
-    for (uint32_t b1 = core; b1 < blocks; b1 += cores) {
-        const uint32_t v2 = b1 * blk;
-        const uint32_t v3 = BT - v2;
-        const uint32_t v4 = (v3 < blk ? v3 : blk);
-        const uint32_t v5 = v4 + rows;
-        const uint32_t v6 = v5 - 1;
-        const uint32_t v7 = v6 / rows;
-        for (uint32_t r8 = 0; r8 < v7; r8 += 1) {
-            const uint32_t v9 = H + 128;
-            const uint32_t v10 = v9 - 1;
-            const uint32_t v11 = v10 / 128;
-            for (uint32_t c12 = 0; c12 < v11; c12 += 1) {
-                const uint32_t v13 = c12 * 128;
-                const uint32_t v14 = H - v13;
-                const uint32_t v15 = (v14 < 128 ? v14 : 128);
-                const uint32_t v16 = v15 + 31;
-                const uint32_t v17 = v16 / 32;
-                const uint32_t v18 = H + 31;
-                const uint32_t v19 = v18 / 32;
-                const uint32_t v20 = core * 128;
-                const uint32_t v21 = r8 * rows;
-                const uint32_t v22 = v20 + v21;
-                const uint32_t v23 = v22 / 32;
-                const uint32_t v24 = v23 * v19;
-                const uint32_t v25 = v13 / 32;
-                const uint32_t v26 = v24 + v25;
-                for (uint32_t j27 = 0; j27 < v17; j27 += 1) {
+    for (uint32_t b1 = core; b1 < units; b1 += cores) {
+        const uint32_t v2 = b1 / splits;
+        const uint32_t v3 = v2 * blk;
+        const uint32_t v4 = BT - v3;
+        const uint32_t v5 = (v4 < blk ? v4 : blk);
+        const uint32_t v6 = v5 + rows;
+        const uint32_t v7 = v6 - 1;
+        const uint32_t v8 = v7 / rows;
+        for (uint32_t r9 = 0; r9 < v8; r9 += 1) {
+            const uint32_t v10 = H + 128;
+            const uint32_t v11 = v10 - 1;
+            const uint32_t v12 = v11 / 128;
+            for (uint32_t c13 = 0; c13 < v12; c13 += 1) {
+                const uint32_t v14 = c13 * 128;
+                const uint32_t v15 = H - v14;
+                const uint32_t v16 = (v15 < 128 ? v15 : 128);
+                const uint32_t v17 = v16 + 31;
+                const uint32_t v18 = v17 / 32;
+                const uint32_t v19 = H + 31;
+                const uint32_t v20 = v19 / 32;
+                const bool v21 = splits == 1;
+                const uint32_t v22 = (v21 ? core : b1);
+                const uint32_t v23 = v22 * 128;
+                const uint32_t v24 = r9 * rows;
+                const uint32_t v25 = v23 + v24;
+                const uint32_t v26 = v25 / 32;
+                const uint32_t v27 = v26 * v20;
+                const uint32_t v28 = v14 / 32;
+                const uint32_t v29 = v27 + v28;
+                for (uint32_t j30 = 0; j30 < v18; j30 += 1) {
                     cb_wait_front(tt::CBIndex::c_0, 1);
-                    const uint32_t v28 = v26 + j27;
-                    const uint32_t v29 = get_read_ptr(tt::CBIndex::c_0);
-                    noc_async_write_page(v28, ws_ws_acc0, v29);
+                    const uint32_t v31 = v29 + j30;
+                    const uint32_t v32 = get_read_ptr(tt::CBIndex::c_0);
+                    noc_async_write_page(v31, ws_ws_acc0, v32);
                     noc_async_writes_flushed();
                     cb_pop_front(tt::CBIndex::c_0, 1);
                 }
                 noc_async_write_barrier();
             }
         }
-        for (uint32_t x30 = 0; x30 < xblocks; x30 += 1) {
-            for (uint32_t r31 = 0; r31 < v7; r31 += 1) {
-                const uint32_t v32 = x30 * 2048;
-                const uint32_t v33 = V - v32;
-                const uint32_t v34 = (v33 < 2048 ? v33 : 2048);
-                const uint32_t v35 = v34 + 128;
-                const uint32_t v36 = v35 - 1;
-                const uint32_t v37 = v36 / 128;
-                for (uint32_t c38 = 0; c38 < v37; c38 += 1) {
+        const uint32_t v33 = v2 * splits;
+        const uint32_t v34 = b1 - v33;
+        const uint32_t v35 = v34 * slice;
+        const uint32_t v36 = v35 + slice;
+        const uint32_t v37 = (xblocks < v36 ? xblocks : v36);
+        for (uint32_t x38 = v35; x38 < v37; x38 += 1) {
+            for (uint32_t r39 = 0; r39 < v8; r39 += 1) {
+                const uint32_t v40 = x38 * 2048;
+                const uint32_t v41 = V - v40;
+                const uint32_t v42 = (v41 < 2048 ? v41 : 2048);
+                const uint32_t v43 = v42 + 128;
+                const uint32_t v44 = v43 - 1;
+                const uint32_t v45 = v44 / 128;
+                for (uint32_t c46 = 0; c46 < v45; c46 += 1) {
                     noc_async_write_barrier();
                     cb_reserve_back(tt::CBIndex::c_2, 1);
                     cb_push_back(tt::CBIndex::c_2, 1);
                     noc_async_write_barrier();
                     cb_reserve_back(tt::CBIndex::c_2, 1);
                     cb_push_back(tt::CBIndex::c_2, 1);
-                    const uint32_t v39 = c38 * 128;
-                    const uint32_t v40 = v34 - v39;
-                    const uint32_t v41 = (v40 < 128 ? v40 : 128);
-                    const uint32_t v42 = v41 + 31;
-                    const uint32_t v43 = v42 / 32;
-                    const uint32_t v44 = core * 128;
-                    const uint32_t v45 = r31 * rows;
-                    const uint32_t v46 = v44 + v45;
-                    const uint32_t v47 = v46 / 32;
-                    const uint32_t v48 = v47 * 64;
-                    const uint32_t v49 = v39 / 32;
-                    const uint32_t v50 = v48 + v49;
-                    for (uint32_t j51 = 0; j51 < v43; j51 += 1) {
+                    const uint32_t v47 = c46 * 128;
+                    const uint32_t v48 = v42 - v47;
+                    const uint32_t v49 = (v48 < 128 ? v48 : 128);
+                    const uint32_t v50 = v49 + 31;
+                    const uint32_t v51 = v50 / 32;
+                    const uint32_t v52 = core * 128;
+                    const uint32_t v53 = r39 * rows;
+                    const uint32_t v54 = v52 + v53;
+                    const uint32_t v55 = v54 / 32;
+                    const uint32_t v56 = v55 * 64;
+                    const uint32_t v57 = v47 / 32;
+                    const uint32_t v58 = v56 + v57;
+                    for (uint32_t j59 = 0; j59 < v51; j59 += 1) {
                         cb_wait_front(tt::CBIndex::c_7, 1);
-                        const uint32_t v52 = v50 + j51;
-                        const uint32_t v53 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v52, ws_ws_g, v53);
+                        const uint32_t v60 = v58 + j59;
+                        const uint32_t v61 = get_read_ptr(tt::CBIndex::c_7);
+                        noc_async_write_page(v60, ws_ws_g, v61);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_7, 1);
                     }
                     noc_async_write_barrier();
-                    for (uint32_t j54 = 0; j54 < v43; j54 += 1) {
+                    for (uint32_t j62 = 0; j62 < v51; j62 += 1) {
                         cb_wait_front(tt::CBIndex::c_7, 1);
-                        const uint32_t v55 = v50 + j54;
-                        const uint32_t v56 = get_read_ptr(tt::CBIndex::c_7);
-                        noc_async_write_page(v55, ws_ws_gl, v56);
+                        const uint32_t v63 = v58 + j62;
+                        const uint32_t v64 = get_read_ptr(tt::CBIndex::c_7);
+                        noc_async_write_page(v63, ws_ws_gl, v64);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_7, 1);
                     }
@@ -117,79 +128,123 @@ void kernel_main() {
             noc_async_write_barrier();
             cb_reserve_back(tt::CBIndex::c_2, 1);
             cb_push_back(tt::CBIndex::c_2, 1);
-            const uint32_t v57 = core * 128;
-            const uint32_t v58 = v57 * H;
-            const uint32_t v59 = v58 / H;
-            const uint32_t v60 = v59 * H;
-            const uint32_t v61 = v58 - v60;
-            const uint32_t v62 = v59 / 32;
-            const uint32_t v63 = v61 / 32;
-            const uint32_t v64 = H + 31;
-            const uint32_t v65 = v64 / 32;
-            const uint32_t v66 = v4 + 31;
-            const uint32_t v67 = v66 / 32;
-            for (uint32_t i68 = 0; i68 < v67; i68 += 1) {
-                for (uint32_t j69 = 0; j69 < v65; j69 += 4) {
-                    const uint32_t v70 = v65 - j69;
-                    const uint32_t v71 = (v70 < 4 ? v70 : 4);
-                    for (uint32_t g72 = 0; g72 < v71; g72 += 1) {
+            const uint32_t v65 = core * 128;
+            const uint32_t v66 = v65 * H;
+            const uint32_t v67 = v66 / H;
+            const uint32_t v68 = v67 * H;
+            const uint32_t v69 = v66 - v68;
+            const uint32_t v70 = v67 / 32;
+            const uint32_t v71 = v69 / 32;
+            const uint32_t v72 = H + 31;
+            const uint32_t v73 = v72 / 32;
+            for (uint32_t p74 = 0; p74 < mm_0_panel; p74 += 1) {
+                for (uint32_t j75 = 0; j75 < v73; j75 += 1) {
+                    const uint32_t v76 = v5 + 31;
+                    const uint32_t v77 = v76 / 32;
+                    for (uint32_t i78 = 0; i78 < v77; i78 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v73 = j69 + g72;
-                        const uint32_t v74 = v62 + i68;
-                        const uint32_t v75 = v74 * v65;
-                        const uint32_t v76 = v63 + v73;
-                        const uint32_t v77 = v75 + v76;
-                        const uint32_t v78 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v77, ws_ws_c0, v78);
+                        const uint32_t v79 = v70 + i78;
+                        const uint32_t v80 = v79 * v73;
+                        const uint32_t v81 = v71 + j75;
+                        const uint32_t v82 = v80 + v81;
+                        const uint32_t v83 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v82, ws_ws_c0, v83);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
                 }
             }
-            noc_async_write_barrier();
-            for (uint32_t i79 = 0; i79 < v67; i79 += 1) {
-                for (uint32_t j80 = 0; j80 < v65; j80 += 4) {
-                    const uint32_t v81 = v65 - j80;
-                    const uint32_t v82 = (v81 < 4 ? v81 : 4);
-                    for (uint32_t g83 = 0; g83 < v82; g83 += 1) {
-                        cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v84 = j80 + g83;
-                        const uint32_t v85 = v62 + i79;
-                        const uint32_t v86 = v85 * v65;
-                        const uint32_t v87 = v63 + v84;
-                        const uint32_t v88 = v86 + v87;
-                        const uint32_t v89 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v88, ws_ws_c0l, v89);
-                        noc_async_writes_flushed();
-                        cb_pop_front(tt::CBIndex::c_0, 1);
+            const uint32_t v84 = 1 - mm_0_panel;
+            for (uint32_t p85 = 0; p85 < v84; p85 += 1) {
+                const uint32_t v86 = v5 + 31;
+                const uint32_t v87 = v86 / 32;
+                for (uint32_t i88 = 0; i88 < v87; i88 += 1) {
+                    for (uint32_t j89 = 0; j89 < v73; j89 += 4) {
+                        const uint32_t v90 = v73 - j89;
+                        const uint32_t v91 = (v90 < 4 ? v90 : 4);
+                        for (uint32_t g92 = 0; g92 < v91; g92 += 1) {
+                            const uint32_t v93 = j89 + g92;
+                            cb_wait_front(tt::CBIndex::c_0, 1);
+                            const uint32_t v94 = v70 + i88;
+                            const uint32_t v95 = v94 * v73;
+                            const uint32_t v96 = v71 + v93;
+                            const uint32_t v97 = v95 + v96;
+                            const uint32_t v98 = get_read_ptr(tt::CBIndex::c_0);
+                            noc_async_write_page(v97, ws_ws_c0, v98);
+                            noc_async_writes_flushed();
+                            cb_pop_front(tt::CBIndex::c_0, 1);
+                        }
                     }
                 }
             }
             noc_async_write_barrier();
-            noc_async_write_barrier();
-            cb_reserve_back(tt::CBIndex::c_2, 1);
-            cb_push_back(tt::CBIndex::c_2, 1);
-            for (uint32_t r90 = 0; r90 < v7; r90 += 1) {
-                const uint32_t v91 = H + 128;
-                const uint32_t v92 = v91 - 1;
-                const uint32_t v93 = v92 / 128;
-                for (uint32_t c94 = 0; c94 < v93; c94 += 1) {
-                    const uint32_t v95 = c94 * 128;
-                    const uint32_t v96 = H - v95;
-                    const uint32_t v97 = (v96 < 128 ? v96 : 128);
-                    const uint32_t v98 = v97 + 31;
-                    const uint32_t v99 = v98 / 32;
-                    const uint32_t v100 = r90 * rows;
-                    const uint32_t v101 = v57 + v100;
+            for (uint32_t p99 = 0; p99 < mm_0_panel; p99 += 1) {
+                for (uint32_t j100 = 0; j100 < v73; j100 += 1) {
+                    const uint32_t v101 = v5 + 31;
                     const uint32_t v102 = v101 / 32;
-                    const uint32_t v103 = v102 * v65;
-                    const uint32_t v104 = v95 / 32;
-                    const uint32_t v105 = v103 + v104;
-                    for (uint32_t j106 = 0; j106 < v99; j106 += 1) {
+                    for (uint32_t i103 = 0; i103 < v102; i103 += 1) {
                         cb_wait_front(tt::CBIndex::c_0, 1);
-                        const uint32_t v107 = v105 + j106;
+                        const uint32_t v104 = v70 + i103;
+                        const uint32_t v105 = v104 * v73;
+                        const uint32_t v106 = v71 + j100;
+                        const uint32_t v107 = v105 + v106;
                         const uint32_t v108 = get_read_ptr(tt::CBIndex::c_0);
-                        noc_async_write_page(v107, ws_ws_acc0, v108);
+                        noc_async_write_page(v107, ws_ws_c0l, v108);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_0, 1);
+                    }
+                }
+            }
+            for (uint32_t p109 = 0; p109 < v84; p109 += 1) {
+                const uint32_t v110 = v5 + 31;
+                const uint32_t v111 = v110 / 32;
+                for (uint32_t i112 = 0; i112 < v111; i112 += 1) {
+                    for (uint32_t j113 = 0; j113 < v73; j113 += 4) {
+                        const uint32_t v114 = v73 - j113;
+                        const uint32_t v115 = (v114 < 4 ? v114 : 4);
+                        for (uint32_t g116 = 0; g116 < v115; g116 += 1) {
+                            const uint32_t v117 = j113 + g116;
+                            cb_wait_front(tt::CBIndex::c_0, 1);
+                            const uint32_t v118 = v70 + i112;
+                            const uint32_t v119 = v118 * v73;
+                            const uint32_t v120 = v71 + v117;
+                            const uint32_t v121 = v119 + v120;
+                            const uint32_t v122 = get_read_ptr(tt::CBIndex::c_0);
+                            noc_async_write_page(v121, ws_ws_c0l, v122);
+                            noc_async_writes_flushed();
+                            cb_pop_front(tt::CBIndex::c_0, 1);
+                        }
+                    }
+                }
+            }
+            noc_async_write_barrier();
+            noc_async_write_barrier();
+            cb_reserve_back(tt::CBIndex::c_2, 1);
+            cb_push_back(tt::CBIndex::c_2, 1);
+            for (uint32_t r123 = 0; r123 < v8; r123 += 1) {
+                const uint32_t v124 = H + 128;
+                const uint32_t v125 = v124 - 1;
+                const uint32_t v126 = v125 / 128;
+                for (uint32_t c127 = 0; c127 < v126; c127 += 1) {
+                    const uint32_t v128 = c127 * 128;
+                    const uint32_t v129 = H - v128;
+                    const uint32_t v130 = (v129 < 128 ? v129 : 128);
+                    const uint32_t v131 = v130 + 31;
+                    const uint32_t v132 = v131 / 32;
+                    const bool v133 = splits == 1;
+                    const uint32_t v134 = (v133 ? core : b1);
+                    const uint32_t v135 = v134 * 128;
+                    const uint32_t v136 = r123 * rows;
+                    const uint32_t v137 = v135 + v136;
+                    const uint32_t v138 = v137 / 32;
+                    const uint32_t v139 = v138 * v73;
+                    const uint32_t v140 = v128 / 32;
+                    const uint32_t v141 = v139 + v140;
+                    for (uint32_t j142 = 0; j142 < v132; j142 += 1) {
+                        cb_wait_front(tt::CBIndex::c_0, 1);
+                        const uint32_t v143 = v141 + j142;
+                        const uint32_t v144 = get_read_ptr(tt::CBIndex::c_0);
+                        noc_async_write_page(v143, ws_ws_acc0, v144);
                         noc_async_writes_flushed();
                         cb_pop_front(tt::CBIndex::c_0, 1);
                     }
@@ -200,33 +255,37 @@ void kernel_main() {
         noc_async_write_barrier();
         cb_reserve_back(tt::CBIndex::c_2, 1);
         cb_push_back(tt::CBIndex::c_2, 1);
-        for (uint32_t r109 = 0; r109 < v7; r109 += 1) {
-            const uint32_t v110 = H + 128;
-            const uint32_t v111 = v110 - 1;
-            const uint32_t v112 = v111 / 128;
-            for (uint32_t c113 = 0; c113 < v112; c113 += 1) {
-                const uint32_t v114 = c113 * 128;
-                const uint32_t v115 = H - v114;
-                const uint32_t v116 = (v115 < 128 ? v115 : 128);
-                const uint32_t v117 = v116 + 31;
-                const uint32_t v118 = v117 / 32;
-                const uint32_t v119 = H + 31;
-                const uint32_t v120 = v119 / 32;
-                const uint32_t v121 = r109 * rows;
-                const uint32_t v122 = v2 + v121;
-                const uint32_t v123 = v122 / 32;
-                const uint32_t v124 = v123 * v120;
-                const uint32_t v125 = v114 / 32;
-                const uint32_t v126 = v124 + v125;
-                for (uint32_t j127 = 0; j127 < v118; j127 += 1) {
-                    cb_wait_front(tt::CBIndex::c_7, 1);
-                    const uint32_t v128 = v126 + j127;
-                    const uint32_t v129 = get_read_ptr(tt::CBIndex::c_7);
-                    noc_async_write_page(v128, input_grad, v129);
-                    noc_async_writes_flushed();
-                    cb_pop_front(tt::CBIndex::c_7, 1);
+        const bool v145 = splits == 1;
+        const uint32_t v146 = (v145 ? 1 : 0);
+        for (uint32_t d147 = 0; d147 < v146; d147 += 1) {
+            for (uint32_t r148 = 0; r148 < v8; r148 += 1) {
+                const uint32_t v149 = H + 128;
+                const uint32_t v150 = v149 - 1;
+                const uint32_t v151 = v150 / 128;
+                for (uint32_t c152 = 0; c152 < v151; c152 += 1) {
+                    const uint32_t v153 = c152 * 128;
+                    const uint32_t v154 = H - v153;
+                    const uint32_t v155 = (v154 < 128 ? v154 : 128);
+                    const uint32_t v156 = v155 + 31;
+                    const uint32_t v157 = v156 / 32;
+                    const uint32_t v158 = H + 31;
+                    const uint32_t v159 = v158 / 32;
+                    const uint32_t v160 = r148 * rows;
+                    const uint32_t v161 = v3 + v160;
+                    const uint32_t v162 = v161 / 32;
+                    const uint32_t v163 = v162 * v159;
+                    const uint32_t v164 = v153 / 32;
+                    const uint32_t v165 = v163 + v164;
+                    for (uint32_t j166 = 0; j166 < v157; j166 += 1) {
+                        cb_wait_front(tt::CBIndex::c_7, 1);
+                        const uint32_t v167 = v165 + j166;
+                        const uint32_t v168 = get_read_ptr(tt::CBIndex::c_7);
+                        noc_async_write_page(v167, input_grad, v168);
+                        noc_async_writes_flushed();
+                        cb_pop_front(tt::CBIndex::c_7, 1);
+                    }
+                    noc_async_write_barrier();
                 }
-                noc_async_write_barrier();
             }
         }
     }
