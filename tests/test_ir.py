@@ -61,6 +61,36 @@ def test_pipeline_stages_and_errors(ops):
         pipeline.run(ops["rms_norm_backward"].module(), "nope")
 
 
+@pytest.mark.parametrize("target", [t for t in pipeline.PIPELINES if t != "l0"])
+def test_every_pass_leaves_valid_ir(ops, target):
+    """Builds verify the IR once, after the last pass; here every pass of every pipeline is
+    followed by a verification, for every seed op."""
+    for name in SEED_OPS:
+        pipeline.run(ops[name].module(), target, verify_each=True)
+
+
+def test_invalid_ir_names_the_pass_that_made_it(ops, monkeypatch):
+    """A pass leaving ill-typed IR fails its stage: at once with ``verify_each`` (even when a
+    later pass would delete the op), and by the final verification when it is the last pass."""
+    from xdsl.passes import ModulePass
+
+    class BreakIr(ModulePass):
+        name = "break-ir"
+
+        def apply(self, ctx, m):
+            blk = next(iter(m.ops)).body.block
+            a, b = ir.ConstantOp(1.0, "f32"), ir.ConstantOp(1, "i64")
+            blk.insert_ops_before([a, b, ir.AddOp(a.results[0], b.results[0])], blk.first_op)
+
+    l0 = pipeline.PIPELINES["l0"]
+    monkeypatch.setitem(pipeline.PIPELINES, "broken-first", [BreakIr(), *l0])
+    monkeypatch.setitem(pipeline.PIPELINES, "broken-last", [*l0, BreakIr()])
+    for target, each in (("broken-first", True), ("broken-last", False)):
+        with pytest.raises(pipeline.StageFailed, match=r"stage 'break-ir'.*operand dtypes differ") as e:
+            pipeline.run(ops["rms_norm_backward"].module(), target, verify_each=each)
+        assert ("OPGEN_VERIFY_EACH=1" in str(e.value)) is not each, e.value
+
+
 def test_module_returns_fresh_copies(ops):
     o = ops["embedding_dense_backward"]
     traced = str(o.module())

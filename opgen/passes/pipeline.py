@@ -6,6 +6,7 @@ A pipeline is a list of named stages; each stage is an xDSL ``ModulePass``. ``op
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from xdsl.context import Context
@@ -14,6 +15,7 @@ from xdsl.passes import ModulePass
 from xdsl.transforms.canonicalize import CanonicalizePass
 from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
 from xdsl.transforms.dead_code_elimination import DeadCodeElimination
+from xdsl.utils.exceptions import VerifyException
 
 from opgen.ir.dialect import Opgen
 from opgen.lower.fuse_reductions import FuseReductions
@@ -79,9 +81,21 @@ def stages(target: str) -> list[str]:
     return ["traced", *(p.name for p in PIPELINES[target])]
 
 
+def verify_each_default() -> bool:
+    """``$OPGEN_VERIFY_EACH`` (1/0; default 0): verify the IR after every pass, not only after the
+    last one run."""
+    return os.environ.get("OPGEN_VERIFY_EACH", "0").strip().lower() in ("1", "yes", "true", "on")
+
+
 def run(module: ModuleOp, target: str = "l0", until: str | None = None,
-        observe: Callable[[str, ModuleOp], None] | None = None) -> ModuleOp:
-    """Run ``target``'s pipeline on ``module`` in place (stopping after stage ``until``)."""
+        observe: Callable[[str, ModuleOp], None] | None = None, verify_each: bool | None = None) -> ModuleOp:
+    """Run ``target``'s pipeline on ``module`` in place (stopping after stage ``until``).
+
+    The IR is verified after the last pass run, and after every pass with ``verify_each``
+    (default ``$OPGEN_VERIFY_EACH``; a test runs every pipeline on every op so). Verifying takes
+    as long as the passes themselves, so builds verify once, as release builds of MLIR-based
+    compilers do; an error found at the end names the last stage, and ``OPGEN_VERIFY_EACH=1``
+    finds the pass that made the IR invalid."""
     if target not in PIPELINES:
         raise KeyError(f"unknown pipeline {target!r}; known: {', '.join(PIPELINES)}")
     if until is not None and until not in stages(target):
@@ -91,10 +105,19 @@ def run(module: ModuleOp, target: str = "l0", until: str | None = None,
         observe("traced", module)
     if until == "traced":
         return module
-    for p in PIPELINES[target]:
+    each = verify_each_default() if verify_each is None else verify_each
+    passes = PIPELINES[target]
+    last = passes[-1].name if until is None else until
+    for p in passes:
         try:
             p.apply(ctx, module)
-            module.verify()
+            if each or p.name == last or observe:
+                module.verify()
+        except VerifyException as e:
+            if not each and p.name == last:  # (which pass made the IR invalid is not known)
+                e = VerifyException(f"{e} (the IR is verified after the last pass only; OPGEN_VERIFY_EACH=1 "
+                                    "verifies it after every pass)")
+            raise StageFailed(target, p.name, e) from e
         except Exception as e:
             raise StageFailed(target, p.name, e) from e
         if observe:
