@@ -397,9 +397,11 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
     # compute: per DST section, the inner tiles' products summed in order in each slot
     c = low.c
 
-    def section(c_in0: int, c_in1: int, outer: int, n: SSAValue, idx: Callable[[SSAValue, SSAValue], tuple]) -> None:
+    def section(c_in0: int, c_in1: int, outer: int, n: SSAValue, idx: Callable[[SSAValue, SSAValue], tuple],
+                per_slot: int | None = None) -> None:
         """One DST section: for kk, wait for one tile of the streamed CB (``outer``) and multiply
-        it into slots 0..n-1 (``idx(kk, s)``: the tile indices in in0 and in1); pack the slots."""
+        it into slots 0..n-1 (``idx(kk, s)``: the tile indices in in0 and in1; ``per_slot``: a CB
+        with one tile per slot, waited for and popped around its product); pack the slots."""
         c.call("tile_regs_acquire")
         c.call("reconfig_data_format_srca", _cbn(c_in1))  # (the matrix unit: in1 -> SrcA, in0 -> SrcB)
         c.call("reconfig_data_format_srcb", _cbn(c_in0))
@@ -407,7 +409,11 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
         kk = loop(c, kt, "kk")
         c.call("cb_wait_front", _cbn(outer), "1")
         s = c.open_loop(c.const(0), n, c.const(1), "g")
+        if per_slot is not None:
+            c.call("cb_wait_front", _cbn(per_slot), "1")
         c.call("matmul_tiles", _cbn(c_in0), _cbn(c_in1), *idx(kk, s), s)
+        if per_slot is not None:
+            c.call("cb_pop_front", _cbn(per_slot), "1")
         c.close_loop()
         c.call("cb_pop_front", _cbn(outer), "1")
         c.close_loop()
@@ -439,28 +445,7 @@ def matmul(low: Lowering, op: t.MatmulOp) -> None:
     loop(c, mt, "i")
     j0 = c.open_loop(c.const(0), c.val(nt), c.const(g_max), "j")
     ng = c.arith(ir.MinOp, c.arith(ir.SubOp, c.val(nt), j0), c.const(g_max))
-    c.call("tile_regs_acquire")
-    c.call("reconfig_data_format_srca", _cbn(cbb))
-    c.call("reconfig_data_format_srcb", _cbn(ca))
-    c.call("matmul_init", _cbn(ca), _cbn(cbb), "1" if tb else "0")
-    loop(c, kt, "kk")
-    c.call("cb_wait_front", _cbn(ca), "1")
-    g = c.open_loop(c.const(0), ng, c.const(1), "g")
-    c.call("cb_wait_front", _cbn(cbb), "1")
-    c.call("matmul_tiles", _cbn(ca), _cbn(cbb), "0", "0", g)
-    c.call("cb_pop_front", _cbn(cbb), "1")
-    c.close_loop()
-    c.call("cb_pop_front", _cbn(ca), "1")
-    c.close_loop()
-    c.call("tile_regs_commit")
-    c.call("tile_regs_wait")
-    c.call("pack_reconfig_data_format", _cbn(co))
-    g = c.open_loop(c.const(0), ng, c.const(1), "g")
-    c.call("cb_reserve_back", _cbn(co), "1")
-    c.call("pack_tile", g, _cbn(co))
-    c.call("cb_push_back", _cbn(co), "1")
-    c.close_loop()
-    c.call("tile_regs_release")
+    section(ca, cbb, ca, ng, lambda kk, s: ("0", "0"), per_slot=cbb)
     for _ in range(2 + bool(side)):
         c.close_loop()
 
