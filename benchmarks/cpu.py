@@ -66,7 +66,8 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
+def embedding_inputs(dtype: torch.dtype, scale: bool, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """(opgen's arguments, grad, indices) of the embedding row."""
     V, N, D = (8000, 2048, 1024) if quick else (32000, 8192, 1024)
     g = torch.Generator().manual_seed(0)
     grad = torch.randn(N, D, generator=g).to(dtype)
@@ -74,6 +75,13 @@ def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
     out = np.empty((V, D), np_of(grad).dtype)
     args = dict(grad=np_of(grad), indices=idx.numpy(), num_weights=V, padding_idx=-1,
                 scale_grad_by_freq=scale, out=out)
+    return args, grad, idx
+
+
+def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
+    args, grad, idx = embedding_inputs(dtype, scale, quick)
+    N, D = grad.shape
+    V = args["num_weights"]
     t_ours, t_torch = alternate(lambda: runtime.call("embedding_dense_backward", **args),
                                 lambda: torch.ops.aten.embedding_dense_backward(grad, idx, V, -1, scale), 5)
     nbytes = grad.numel() * grad.element_size() + idx.numel() * 8 + V * D * grad.element_size()
@@ -81,16 +89,23 @@ def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes}
 
 
-def row_rms(dtype: torch.dtype, quick: bool) -> dict:
+def rms_inputs(dtype: torch.dtype, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(opgen's arguments, x, w, grad_y) of the RMSNorm row (x and w require grad)."""
     N, D = (2048, 4096) if quick else (8192, 4096)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(N, D, generator=g).to(dtype).requires_grad_()
     w = torch.randn(D, generator=g).to(dtype).requires_grad_()
     gy = torch.randn(N, D, generator=g).to(dtype)
-    y = torch.nn.functional.rms_norm(x, (D,), w, eps=1e-6)
     gx = np.empty((N, D), np_of(gy).dtype)
     gw = np.empty((D,), np_of(gy).dtype)
     args = dict(grad_y=np_of(gy), x=np_of(x.detach()), w=np_of(w.detach()), eps=1e-6, grad_x=gx, grad_w=gw)
+    return args, x, w, gy
+
+
+def row_rms(dtype: torch.dtype, quick: bool) -> dict:
+    args, x, w, gy = rms_inputs(dtype, quick)
+    N, D = x.shape
+    y = torch.nn.functional.rms_norm(x, (D,), w, eps=1e-6)
     t_ours, t_torch = alternate(lambda: runtime.call("rms_norm_backward", **args),
                                 lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True), 5)
     nbytes = 3 * N * D * x.element_size() + 2 * D * x.element_size()

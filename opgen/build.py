@@ -69,20 +69,22 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
                     ascendc_ops: list[OpDef] | None = None) -> dict[str, str]:
     """Files shared by all ops: the public headers, the runtimes and the vendor facades
     (``cuda_ops``/``ascendc_ops``: the ops those targets' headers declare, default ``ops``)."""
-    from opgen.emit import ascendc, cpu, facades, render
+    from opgen.emit import ascendc, c_family, cpu, facades, render
+    from opgen.lower.boundary import TARGETS
 
     idx = ascendc.index_dtypes()
+    conv = c_family.boundary_conversions(TARGETS)
     infos = [cpu.header_info(o) for o in ops]
     cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
     asc_infos = infos if ascendc_ops is None else [cpu.header_info(o) for o in ascendc_ops]
     return {
         "include/opgen.h": render.render("include/opgen.h.j2", ops=infos),
         "cpu/opgen_rt.h": render.render("cpu/opgen_rt.h.j2"),
-        "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2"),
+        "cpu/opgen_rt.c": render.render("cpu/opgen_rt.c.j2", conversions=conv),
         "cpu/opgen_seg.h": render.render("cpu/opgen_seg.h.j2"),
         "include/opgen_cuda.h": render.render("include/opgen_cuda.h.j2", ops=cuda_infos),
         "cuda/opgen_cuda_rt.cuh": render.render("cuda/opgen_cuda_rt.cuh.j2"),
-        "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2"),
+        "cuda/opgen_cuda_rt.cu": render.render("cuda/opgen_cuda_rt.cu.j2", conversions=conv),
         "include/opgen_ascendc.h": render.render("include/opgen_ascendc.h.j2", ops=asc_infos),
         "ascendc/opgen_ascendc_rt.h": render.render("ascendc/opgen_ascendc_rt.h.j2"),
         "ascendc/opgen_ascendc_kernel.h": render.render("ascendc/opgen_ascendc_kernel.h.j2"),

@@ -297,6 +297,46 @@ def test_return_must_name_a_parameter_of_the_same_type():
     rejects(g, r"output 'out' is .* returned")
 
 
+def test_boundary_casts_must_name_a_parameter_of_that_dtype():
+    from xdsl.dialects.builtin import DictionaryAttr, StringAttr
+
+    t = ir.TensorType.make(["N"], "f32")
+    for casts, msg in (({"y": "i64"}, r"names 'y', not a parameter"), ({"x": "i64"}, r"gives 'x' dtype i64")):
+        f = ir.FuncOp("f", ["x", "out"], [t, t], {})
+        f.body.block.add_op(ir.ReturnOp([f.body.block.args[0]], ["out"]))
+        f.boundary_casts = DictionaryAttr({k: StringAttr(v) for k, v in casts.items()})
+        rejects(f, msg)
+
+
+#: what convert-at-boundary converts in each seed op (independent of the variant), and the
+#: dtype variables its kernels are instantiated over
+CONVERTED = {
+    "embedding_backward": ({"i1": "i64", "i2": "i64"}, ["T"]),
+    "embedding_dense_backward": ({"indices": "i64"}, ["T"]),
+    "embedding_bw": ({"indices": "i64"}, ["T"]),  # W types only the weight, which gives sizes
+    "fused_linear_cross_entropy_loss_grad": ({"masked_target": "i64"}, ["T", "M"]),  # unpack_bits reads M
+    "rms_norm_backward": ({}, ["T"]),
+}
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_convert_at_boundary_on_the_seed_ops(ops, name, target):
+    m = ops[name].module()
+    pipeline.run(m, target, until="convert-at-boundary")
+    want, dvars = CONVERTED[name]
+    for f in m.body.block.ops:
+        assert isinstance(f, ir.FuncOp)
+        names = [a.data for a in f.arg_names.data]
+        read = {n for n, a in zip(names, f.body.block.args, strict=True) if a.uses}  # (i2 without dtable2: unread)
+        assert f.converted == {k: v for k, v in want.items() if k in read}
+        assert sorted(f.dtype_var_map()) == sorted(dvars)
+        for n, d in f.converted.items():  # read as that dtype, no cast left on the parameter
+            arg = f.body.block.args[names.index(n)]
+            assert ir.tensor_type(arg).dtype == d
+            assert not any(isinstance(u.operation, ir.CastOp) for u in arg.uses)
+
+
 def test_textual_ir_with_type_error_fails_verification():
     nd, dk, nk = ("!opgen.tensor<[N, D], f32>", "!opgen.tensor<[D, K], f32>",
                   "!opgen.tensor<[N, K], f32>")

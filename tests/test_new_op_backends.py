@@ -128,7 +128,29 @@ def normalize_positive(x: Tensor[f32, N], *, y: Output[f32, N]):
     return {"y": x / s}
 '''
 
-SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS}
+BOUNDARY = '''
+"""Parameters read only through a cast or as indices: converted once by the binder."""
+from opgen.dsl import *
+
+N, D, V = dims("N D V")
+M = dtype_var("M", boolean, u8, i32, f32, bf16)
+J = dtype_var("J", i8, u16, i32, i64, u64, f16, f64)
+S = dtype_var("S", f32, f64)
+
+
+@op
+def keep_rows(x: Tensor[S, Batch(N), D], keep: Tensor[M, Batch(N)], *, y: Output[S, Batch(N), D]):
+    """y = x on rows whose keep flag is non-zero (NaN counts as non-zero), else 0."""
+    return {"y": where(cast(keep[:, None], boolean), x, 0.0)}
+
+
+@op
+def pick(table: Tensor[S, V, D], at: Tensor[J, N], *, out: Output[S, N, D]):
+    """out[n] = table[at[n]], ``at`` truncated toward zero; it must lie in [0, V)."""
+    return {"out": gather(table, cast(at, i64))}
+'''
+
+SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY}
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +302,92 @@ def test_check_on_a_reduction(built, rng):
     assert (y == 5.0).all()
 
 
+# ---------------------------------------------------------------------- boundary conversion
+
+def test_casts_move_to_the_boundary(built):
+    """``keep`` is read only as bool (through a broadcast), ``at`` only as i64: their kernels are
+    instantiated per compute type (S) alone. ``shift_by`` reads its integers as data: one kernel
+    per integer dtype, as before."""
+    from opgen.emit import cpu
+
+    for name, want, dvars in (("keep_rows", {"keep": "bool"}, ["S"]), ("pick", {"at": "i64"}, ["S"]),
+                              ("shift_by", {}, ["I"])):
+        for k in cpu.kernels(built["ops"][name]).values():
+            assert k.converted == want and list(k.dtype_var_map()) == dvars, name
+    src = (built["out"] / "cpu" / "pick.c").read_text()
+    assert src.count("static size_t k_pick_") == 2  # f32 and f64, whatever the index dtype
+
+
+def _layouts(a: np.ndarray) -> list[np.ndarray]:
+    """``a`` contiguous, transposed in memory (leading axes that cannot be coalesced, last
+    stride > 1), and every element reversed (negative strides)."""
+    t = np.ascontiguousarray(a.T).T
+    r = np.ascontiguousarray(a[(slice(None, None, -1),) * a.ndim])[(slice(None, None, -1),) * a.ndim]
+    return [a, t, r]
+
+
+@pytest.mark.parametrize("M", ["bool", "u8", "i32", "f32", "bf16"])
+def test_mask_of_any_dtype_converted_at_the_boundary(built, rng, M):
+    x = rounded(rng.standard_normal((3, 4, 5)), "f32")
+    vals = rng.choice([0.0, 1.0, 2.0, -0.25], (3, 4))
+    vals[0, :2] = [0.0, 3.0]
+    keep = (vals != 0) if M == "bool" else np.trunc(vals).astype(NP[M]) if M in ("u8", "i32") \
+        else vals.astype(NP[M])
+    if M in ("f32", "bf16"):
+        keep[2, 3] = np.nan  # NaN != 0: kept, as the cast to bool says
+    want = np.where((keep.astype(np.float64) != 0)[..., None], x, 0)  # (NaN != 0 holds)
+    for k in _layouts(keep):
+        got, ref = run_both(built, "keep_rows", x=x, keep=k)
+        assert np.array_equal(ref["y"], want.astype(np.float32))
+        assert np.array_equal(got["y"], ref["y"]), (M, k.strides)
+
+
+@pytest.mark.parametrize("J", ["i8", "u16", "i32", "i64", "u64", "f16", "f64"])
+def test_indices_of_any_dtype_converted_at_the_boundary(built, rng, J):
+    table = rounded(rng.standard_normal((6, 3)), "f64")
+    at = rng.integers(0, 6, 9)
+    at[:2] = [5, 0]
+    vals = at + 0.75 if J in ("f16", "f64") else at  # truncated toward zero
+    arr = vals.astype(NP[J])
+    wide = np.zeros(18, NP[J])
+    wide[::2] = arr
+    for a in (*_layouts(arr), wide[::2]):
+        got, ref = run_both(built, "pick", table=table, at=a)
+        assert np.array_equal(ref["out"], table[at]) and np.array_equal(got["out"], table[at]), (J, a.strides)
+    bad = {"i8": -1, "u16": 6, "i32": 6, "i64": -7, "u64": 2**63 + 5, "f16": np.nan, "f64": -1.0}[J]
+    arr[4] = bad
+    out = np.full((9, 3), 4.0)
+    for run in (lambda: oracle.run(built["ops"]["pick"], table=table, at=arr),
+                lambda: runtime.call("pick", lib=built["lib"], table=table, at=arr, out=out)):
+        with pytest.raises(OpError) as e:
+            run()
+        assert e.value.status == "index"
+    assert (out == 4.0).all(), "a refused call writes nothing"
+
+
+def test_converted_copy_is_in_the_workspace_size(built, rng):
+    """The dense converted copy is part of the queried workspace: that size is enough, one byte
+    less is refused, and no copy (nor space) is needed for contiguous i64 indices."""
+    from tests.cpu_cases import CODE, c_call
+
+    lib = built["lib"]
+    table = rounded(rng.standard_normal((6, 3)), "f32")
+    at = rng.integers(0, 6, 1000)
+    sizes = {}
+    for J in ("i64", "i32"):
+        args = {"table": table, "at": at.astype(NP[J]), "out": np.zeros((1000, 3), np.float32)}
+        st, sizes[J] = c_call("pick", args, lib=lib, size_query=True)
+        assert st == 0
+        ws = np.zeros(sizes[J] + 64, np.uint8)
+        assert c_call("pick", args, lib=lib, workspace=ws, workspace_size=sizes[J])[0] == 0
+        assert np.array_equal(args["out"], table[at])
+        if sizes[J]:
+            args["out"][:] = 7.0
+            assert c_call("pick", args, lib=lib, workspace=ws, workspace_size=sizes[J] - 1)[0] == CODE["workspace"]
+            assert (args["out"] == 7.0).all()
+    assert sizes["i32"] >= sizes["i64"] + 1000 * 8
+
+
 # ---------------------------------------------------------------------- CUDA
 
 NVCC = cc.nvcc()
@@ -332,3 +440,14 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
     got = runtime.call("new", lib=lib, **args)
     ref = oracle.run(built["ops"]["new"], **args)
     assert np.allclose(got["sc"], ref["sc"], atol=1e-6) and np.allclose(got["workspace"], ref["workspace"], atol=1e-5)
+    # parameters converted at the boundary by the device binder: a transposed u8 mask, strided f64 indices
+    x3 = rounded(rng.standard_normal((3, 4, 5)), "f32")
+    keep = (rng.random((3, 4)) < 0.5).astype(np.uint8) * 3
+    for k in _layouts(keep):
+        got = runtime.call("keep_rows", lib=lib, x=x3, keep=k)["y"]
+        assert np.array_equal(got, np.where((keep != 0)[..., None], x3, 0).astype(np.float32))
+    tab = rounded(rng.standard_normal((6, 3)), "f32")
+    at = rng.integers(0, 6, 9)
+    wide = np.zeros(18)
+    wide[::2] = at + 0.5
+    assert np.array_equal(runtime.call("pick", lib=lib, table=tab, at=wide[::2])["out"], tab[at])

@@ -1075,33 +1075,33 @@ static const opgen_param_t P_embedding_bw[] = {
 };
 static const char *const D_embedding_bw[] = {"N", "V", "D"};
 static const opgen_kernel_entry_t K_embedding_bw[] = {
-    {{7, 9, 10}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
-    {{7, 10, 10}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
-    {{7, 11, 10}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
-    {{7, 12, 10}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
-    {{3, 9, 10}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
-    {{3, 10, 10}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
-    {{3, 11, 10}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
-    {{3, 12, 10}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
-    {{4, 9, 10}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
-    {{4, 10, 10}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
-    {{4, 11, 10}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
-    {{4, 12, 10}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
-    {{7, 9, 11}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
-    {{7, 10, 11}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
-    {{7, 11, 11}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
-    {{7, 12, 11}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
-    {{3, 9, 11}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
-    {{3, 10, 11}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
-    {{3, 11, 11}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
-    {{3, 12, 11}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
-    {{4, 9, 11}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
-    {{4, 10, 11}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
-    {{4, 11, 11}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
-    {{4, 12, 11}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre}
+    {{OPGEN_U32, OPGEN_F16, OPGEN_BF16}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
+    {{OPGEN_U32, OPGEN_BF16, OPGEN_BF16}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
+    {{OPGEN_U32, OPGEN_F32, OPGEN_BF16}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
+    {{OPGEN_U32, OPGEN_F64, OPGEN_BF16}, h_k_embedding_bw_bf16__u32, h_k_embedding_bw_bf16__u32_ws, h_k_embedding_bw_bf16__u32_pre},
+    {{OPGEN_I32, OPGEN_F16, OPGEN_BF16}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
+    {{OPGEN_I32, OPGEN_BF16, OPGEN_BF16}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
+    {{OPGEN_I32, OPGEN_F32, OPGEN_BF16}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
+    {{OPGEN_I32, OPGEN_F64, OPGEN_BF16}, h_k_embedding_bw_bf16__i32, h_k_embedding_bw_bf16__i32_ws, h_k_embedding_bw_bf16__i32_pre},
+    {{OPGEN_I64, OPGEN_F16, OPGEN_BF16}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
+    {{OPGEN_I64, OPGEN_BF16, OPGEN_BF16}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
+    {{OPGEN_I64, OPGEN_F32, OPGEN_BF16}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
+    {{OPGEN_I64, OPGEN_F64, OPGEN_BF16}, h_k_embedding_bw_bf16__i64, h_k_embedding_bw_bf16__i64_ws, h_k_embedding_bw_bf16__i64_pre},
+    {{OPGEN_U32, OPGEN_F16, OPGEN_F32}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
+    {{OPGEN_U32, OPGEN_BF16, OPGEN_F32}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
+    {{OPGEN_U32, OPGEN_F32, OPGEN_F32}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
+    {{OPGEN_U32, OPGEN_F64, OPGEN_F32}, h_k_embedding_bw_f32__u32, h_k_embedding_bw_f32__u32_ws, h_k_embedding_bw_f32__u32_pre},
+    {{OPGEN_I32, OPGEN_F16, OPGEN_F32}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
+    {{OPGEN_I32, OPGEN_BF16, OPGEN_F32}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
+    {{OPGEN_I32, OPGEN_F32, OPGEN_F32}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
+    {{OPGEN_I32, OPGEN_F64, OPGEN_F32}, h_k_embedding_bw_f32__i32, h_k_embedding_bw_f32__i32_ws, h_k_embedding_bw_f32__i32_pre},
+    {{OPGEN_I64, OPGEN_F16, OPGEN_F32}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
+    {{OPGEN_I64, OPGEN_BF16, OPGEN_F32}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
+    {{OPGEN_I64, OPGEN_F32, OPGEN_F32}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre},
+    {{OPGEN_I64, OPGEN_F64, OPGEN_F32}, h_k_embedding_bw_f32__i64, h_k_embedding_bw_f32__i64_ws, h_k_embedding_bw_f32__i64_pre}
 };
 static const opgen_variant_t V_embedding_bw[] = {
-    {0x0u, OPGEN_SUCCESS, "", 24, K_embedding_bw},
+    {0x0u, OPGEN_SUCCESS, "", 24, K_embedding_bw, NULL},
 };
 static const opgen_op_t OP_embedding_bw = {"embedding_bw", 4, 3, 3, 1, 0, P_embedding_bw, D_embedding_bw, V_embedding_bw, NULL};
 extern "C" OPGEN_API opgen_status_t opgen_ascendc_embedding_bw(const opgen_tensor_t *indices, const opgen_tensor_t *weight, const opgen_tensor_t *grad, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream) {

@@ -2155,33 +2155,33 @@ static const opgen_param_t P_embedding_dense_backward[] = {
 };
 static const char *const D_embedding_dense_backward[] = {"N", "D", "V"};
 static const opgen_kernel_entry_t K_embedding_dense_backward[] = {
-    {{11, 11}, h_k_embedding_dense_backward_f32__f32, h_k_embedding_dense_backward_f32__f32_ws, h_k_embedding_dense_backward_f32__f32_pre},
-    {{11, 9}, h_k_embedding_dense_backward_f32__f16, h_k_embedding_dense_backward_f32__f16_ws, h_k_embedding_dense_backward_f32__f16_pre},
-    {{11, 3}, h_k_embedding_dense_backward_f32__i32, h_k_embedding_dense_backward_f32__i32_ws, h_k_embedding_dense_backward_f32__i32_pre},
-    {{11, 4}, h_k_embedding_dense_backward_f32__i64, h_k_embedding_dense_backward_f32__i64_ws, h_k_embedding_dense_backward_f32__i64_pre},
-    {{11, 2}, h_k_embedding_dense_backward_f32__i16, h_k_embedding_dense_backward_f32__i16_ws, h_k_embedding_dense_backward_f32__i16_pre},
-    {{11, 1}, h_k_embedding_dense_backward_f32__i8, h_k_embedding_dense_backward_f32__i8_ws, h_k_embedding_dense_backward_f32__i8_pre},
-    {{11, 5}, h_k_embedding_dense_backward_f32__u8, h_k_embedding_dense_backward_f32__u8_ws, h_k_embedding_dense_backward_f32__u8_pre},
-    {{11, 0}, h_k_embedding_dense_backward_f32__bool, h_k_embedding_dense_backward_f32__bool_ws, h_k_embedding_dense_backward_f32__bool_pre},
-    {{9, 11}, h_k_embedding_dense_backward_f16__f32, h_k_embedding_dense_backward_f16__f32_ws, h_k_embedding_dense_backward_f16__f32_pre},
-    {{9, 9}, h_k_embedding_dense_backward_f16__f16, h_k_embedding_dense_backward_f16__f16_ws, h_k_embedding_dense_backward_f16__f16_pre},
-    {{9, 3}, h_k_embedding_dense_backward_f16__i32, h_k_embedding_dense_backward_f16__i32_ws, h_k_embedding_dense_backward_f16__i32_pre},
-    {{9, 4}, h_k_embedding_dense_backward_f16__i64, h_k_embedding_dense_backward_f16__i64_ws, h_k_embedding_dense_backward_f16__i64_pre},
-    {{9, 2}, h_k_embedding_dense_backward_f16__i16, h_k_embedding_dense_backward_f16__i16_ws, h_k_embedding_dense_backward_f16__i16_pre},
-    {{9, 1}, h_k_embedding_dense_backward_f16__i8, h_k_embedding_dense_backward_f16__i8_ws, h_k_embedding_dense_backward_f16__i8_pre},
-    {{9, 5}, h_k_embedding_dense_backward_f16__u8, h_k_embedding_dense_backward_f16__u8_ws, h_k_embedding_dense_backward_f16__u8_pre},
-    {{9, 0}, h_k_embedding_dense_backward_f16__bool, h_k_embedding_dense_backward_f16__bool_ws, h_k_embedding_dense_backward_f16__bool_pre},
-    {{10, 11}, h_k_embedding_dense_backward_bf16__f32, h_k_embedding_dense_backward_bf16__f32_ws, h_k_embedding_dense_backward_bf16__f32_pre},
-    {{10, 9}, h_k_embedding_dense_backward_bf16__f16, h_k_embedding_dense_backward_bf16__f16_ws, h_k_embedding_dense_backward_bf16__f16_pre},
-    {{10, 3}, h_k_embedding_dense_backward_bf16__i32, h_k_embedding_dense_backward_bf16__i32_ws, h_k_embedding_dense_backward_bf16__i32_pre},
-    {{10, 4}, h_k_embedding_dense_backward_bf16__i64, h_k_embedding_dense_backward_bf16__i64_ws, h_k_embedding_dense_backward_bf16__i64_pre},
-    {{10, 2}, h_k_embedding_dense_backward_bf16__i16, h_k_embedding_dense_backward_bf16__i16_ws, h_k_embedding_dense_backward_bf16__i16_pre},
-    {{10, 1}, h_k_embedding_dense_backward_bf16__i8, h_k_embedding_dense_backward_bf16__i8_ws, h_k_embedding_dense_backward_bf16__i8_pre},
-    {{10, 5}, h_k_embedding_dense_backward_bf16__u8, h_k_embedding_dense_backward_bf16__u8_ws, h_k_embedding_dense_backward_bf16__u8_pre},
-    {{10, 0}, h_k_embedding_dense_backward_bf16__bool, h_k_embedding_dense_backward_bf16__bool_ws, h_k_embedding_dense_backward_bf16__bool_pre}
+    {{OPGEN_F32, OPGEN_F32}, h_k_embedding_dense_backward_f32__f32, h_k_embedding_dense_backward_f32__f32_ws, h_k_embedding_dense_backward_f32__f32_pre},
+    {{OPGEN_F32, OPGEN_F16}, h_k_embedding_dense_backward_f32__f16, h_k_embedding_dense_backward_f32__f16_ws, h_k_embedding_dense_backward_f32__f16_pre},
+    {{OPGEN_F32, OPGEN_I32}, h_k_embedding_dense_backward_f32__i32, h_k_embedding_dense_backward_f32__i32_ws, h_k_embedding_dense_backward_f32__i32_pre},
+    {{OPGEN_F32, OPGEN_I64}, h_k_embedding_dense_backward_f32__i64, h_k_embedding_dense_backward_f32__i64_ws, h_k_embedding_dense_backward_f32__i64_pre},
+    {{OPGEN_F32, OPGEN_I16}, h_k_embedding_dense_backward_f32__i16, h_k_embedding_dense_backward_f32__i16_ws, h_k_embedding_dense_backward_f32__i16_pre},
+    {{OPGEN_F32, OPGEN_I8}, h_k_embedding_dense_backward_f32__i8, h_k_embedding_dense_backward_f32__i8_ws, h_k_embedding_dense_backward_f32__i8_pre},
+    {{OPGEN_F32, OPGEN_U8}, h_k_embedding_dense_backward_f32__u8, h_k_embedding_dense_backward_f32__u8_ws, h_k_embedding_dense_backward_f32__u8_pre},
+    {{OPGEN_F32, OPGEN_BOOL}, h_k_embedding_dense_backward_f32__bool, h_k_embedding_dense_backward_f32__bool_ws, h_k_embedding_dense_backward_f32__bool_pre},
+    {{OPGEN_F16, OPGEN_F32}, h_k_embedding_dense_backward_f16__f32, h_k_embedding_dense_backward_f16__f32_ws, h_k_embedding_dense_backward_f16__f32_pre},
+    {{OPGEN_F16, OPGEN_F16}, h_k_embedding_dense_backward_f16__f16, h_k_embedding_dense_backward_f16__f16_ws, h_k_embedding_dense_backward_f16__f16_pre},
+    {{OPGEN_F16, OPGEN_I32}, h_k_embedding_dense_backward_f16__i32, h_k_embedding_dense_backward_f16__i32_ws, h_k_embedding_dense_backward_f16__i32_pre},
+    {{OPGEN_F16, OPGEN_I64}, h_k_embedding_dense_backward_f16__i64, h_k_embedding_dense_backward_f16__i64_ws, h_k_embedding_dense_backward_f16__i64_pre},
+    {{OPGEN_F16, OPGEN_I16}, h_k_embedding_dense_backward_f16__i16, h_k_embedding_dense_backward_f16__i16_ws, h_k_embedding_dense_backward_f16__i16_pre},
+    {{OPGEN_F16, OPGEN_I8}, h_k_embedding_dense_backward_f16__i8, h_k_embedding_dense_backward_f16__i8_ws, h_k_embedding_dense_backward_f16__i8_pre},
+    {{OPGEN_F16, OPGEN_U8}, h_k_embedding_dense_backward_f16__u8, h_k_embedding_dense_backward_f16__u8_ws, h_k_embedding_dense_backward_f16__u8_pre},
+    {{OPGEN_F16, OPGEN_BOOL}, h_k_embedding_dense_backward_f16__bool, h_k_embedding_dense_backward_f16__bool_ws, h_k_embedding_dense_backward_f16__bool_pre},
+    {{OPGEN_BF16, OPGEN_F32}, h_k_embedding_dense_backward_bf16__f32, h_k_embedding_dense_backward_bf16__f32_ws, h_k_embedding_dense_backward_bf16__f32_pre},
+    {{OPGEN_BF16, OPGEN_F16}, h_k_embedding_dense_backward_bf16__f16, h_k_embedding_dense_backward_bf16__f16_ws, h_k_embedding_dense_backward_bf16__f16_pre},
+    {{OPGEN_BF16, OPGEN_I32}, h_k_embedding_dense_backward_bf16__i32, h_k_embedding_dense_backward_bf16__i32_ws, h_k_embedding_dense_backward_bf16__i32_pre},
+    {{OPGEN_BF16, OPGEN_I64}, h_k_embedding_dense_backward_bf16__i64, h_k_embedding_dense_backward_bf16__i64_ws, h_k_embedding_dense_backward_bf16__i64_pre},
+    {{OPGEN_BF16, OPGEN_I16}, h_k_embedding_dense_backward_bf16__i16, h_k_embedding_dense_backward_bf16__i16_ws, h_k_embedding_dense_backward_bf16__i16_pre},
+    {{OPGEN_BF16, OPGEN_I8}, h_k_embedding_dense_backward_bf16__i8, h_k_embedding_dense_backward_bf16__i8_ws, h_k_embedding_dense_backward_bf16__i8_pre},
+    {{OPGEN_BF16, OPGEN_U8}, h_k_embedding_dense_backward_bf16__u8, h_k_embedding_dense_backward_bf16__u8_ws, h_k_embedding_dense_backward_bf16__u8_pre},
+    {{OPGEN_BF16, OPGEN_BOOL}, h_k_embedding_dense_backward_bf16__bool, h_k_embedding_dense_backward_bf16__bool_ws, h_k_embedding_dense_backward_bf16__bool_pre}
 };
 static const opgen_variant_t V_embedding_dense_backward[] = {
-    {0x0u, OPGEN_SUCCESS, "", 24, K_embedding_dense_backward},
+    {0x0u, OPGEN_SUCCESS, "", 24, K_embedding_dense_backward, NULL},
 };
 static const opgen_op_t OP_embedding_dense_backward = {"embedding_dense_backward", 6, 3, 2, 1, 0, P_embedding_dense_backward, D_embedding_dense_backward, V_embedding_dense_backward, NULL};
 extern "C" OPGEN_API opgen_status_t opgen_ascendc_embedding_dense_backward(const opgen_tensor_t *grad, const opgen_tensor_t *indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq, const opgen_tensor_t *out, void *workspace, size_t workspace_size, void *stream) {

@@ -279,6 +279,9 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
     opgen_buf_t bufs[OPGEN_MAX_PARAMS];
     int n_batch_rows[OPGEN_MAX_PARAMS]; /* params whose rows need an offset table: their nb */
     int nonempty[OPGEN_MAX_PARAMS];     /* a present tensor with at least one element */
+    int64_t numel_of[OPGEN_MAX_PARAMS];
+    int cvt[OPGEN_MAX_PARAMS];          /* dtype it is converted to, or -1 */
+    size_t cvt_off[OPGEN_MAX_PARAMS];   /* workspace offset of its converted copy */
     opgen_span_t span[OPGEN_MAX_PARAMS];
     uintptr_t abs_lo[OPGEN_MAX_PARAMS], abs_hi[OPGEN_MAX_PARAMS]; /* its bytes (run calls only) */
     size_t tbl_off[OPGEN_MAX_PARAMS];   /* workspace offset of its row-offset table */
@@ -296,6 +299,8 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
         const opgen_param_t *p = &op->params[k];
         n_batch_rows[k] = 0;
         nonempty[k] = 0;
+        numel_of[k] = 0;
+        cvt[k] = -1;
         if (p->kind == OPGEN_P_SIZE) {
             int64_t v = scalars[k].i;
             if (v < 0) return opgen_fail(OPGEN_ERR_PARAM, "%s: %s must be >= 0", op->name, p->name);
@@ -353,6 +358,7 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
             st[i] = numel == 0 ? 0 : t->strides ? t->strides[i] : step;
             if (numel) step *= t->shape[i]; /* a suffix product of a non-empty tensor: fits */
         }
+        numel_of[k] = numel;
         if (numel > 0) {
             nonempty[k] = 1;
             int64_t nbytes;
@@ -469,10 +475,29 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
     const opgen_kernel_entry_t *ke = NULL;
     for (int i = 0; i < var->n_kernels && !ke; i++) {
         int match = 1;
-        for (int v = 0; v < op->n_vars; v++) match &= var->kernels[i].dtypes[v] == dtypes[v];
+        for (int v = 0; v < op->n_vars; v++)
+            match &= var->kernels[i].dtypes[v] == OPGEN_ANY_DTYPE || var->kernels[i].dtypes[v] == dtypes[v];
         if (match) ke = &var->kernels[i];
     }
     if (!ke) return no_kernel(op, dtypes);
+    /* parameters the kernels read in another dtype (index tensors as int64, masks as bool):
+       converted once, before the kernels run, into a dense copy in the workspace unless the
+       caller's tensor already has that dtype and a contiguous last dim */
+    for (int k = 0; k < op->n_params && var->convert; k++) {
+        const opgen_param_t *p = &op->params[k];
+        if (var->convert[k] < 0 || !nonempty[k]) continue;
+        int r = p->rank;
+        int64_t last = r == 0 ? 1 : p->dims[r - 1] >= 0 ? dims[p->dims[r - 1]] : p->lit[r - 1];
+        if ((int)tensors[k]->dtype == var->convert[k] && (r == 0 || last <= 1 || bufs[k].st[r - 1] == 1))
+            continue;
+        cvt[k] = var->convert[k];
+        int64_t step = 1; /* dense logical strides: suffix products of the element count */
+        for (int i = r - 1; i >= 0; i--) {
+            bufs[k].st[i] = step;
+            step *= p->dims[i] >= 0 ? dims[p->dims[i]] : p->lit[i];
+        }
+        if (p->batch) n_batch_rows[k] = -1;
+    }
     /* workspace layout from an aligned base: kernel temporaries, then the row-offset tables, each at
        a multiple of OPGEN_WS_ALIGN. `need` adds OPGEN_WS_ALIGN - 1 bytes of slack, so that a
        workspace at any address holds the layout once its base is rounded up. All in saturating
@@ -484,6 +509,11 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
         if (n_batch_rows[k])
             total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(sizeof(int64_t),
                                                                      opgen_sz_dim(dims[op->params[k].dims[0]]))));
+    }
+    for (int k = 0; k < op->n_params; k++) {
+        cvt_off[k] = total;
+        if (cvt[k] >= 0)
+            total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(opgen_itemsize[cvt[k]], (size_t)numel_of[k])));
     }
     const size_t need = total ? opgen_sz_add(total, OPGEN_WS_ALIGN - 1) : 0;
     if (kws == SIZE_MAX || need > (size_t)PTRDIFF_MAX)

@@ -1867,12 +1867,12 @@ static const opgen_param_t P_rms_norm_backward[] = {
 };
 static const char *const D_rms_norm_backward[] = {"N", "D"};
 static const opgen_kernel_entry_t K_rms_norm_backward[] = {
-    {{9}, h_k_rms_norm_backward_f16, h_k_rms_norm_backward_f16_ws, h_k_rms_norm_backward_f16_pre},
-    {{11}, h_k_rms_norm_backward_f32, h_k_rms_norm_backward_f32_ws, h_k_rms_norm_backward_f32_pre},
-    {{10}, h_k_rms_norm_backward_bf16, h_k_rms_norm_backward_bf16_ws, h_k_rms_norm_backward_bf16_pre}
+    {{OPGEN_F16}, h_k_rms_norm_backward_f16, h_k_rms_norm_backward_f16_ws, h_k_rms_norm_backward_f16_pre},
+    {{OPGEN_F32}, h_k_rms_norm_backward_f32, h_k_rms_norm_backward_f32_ws, h_k_rms_norm_backward_f32_pre},
+    {{OPGEN_BF16}, h_k_rms_norm_backward_bf16, h_k_rms_norm_backward_bf16_ws, h_k_rms_norm_backward_bf16_pre}
 };
 static const opgen_variant_t V_rms_norm_backward[] = {
-    {0x0u, OPGEN_SUCCESS, "", 3, K_rms_norm_backward},
+    {0x0u, OPGEN_SUCCESS, "", 3, K_rms_norm_backward, NULL},
 };
 static const int8_t A_rms_norm_backward[][2] = {{4, 0}};
 static const opgen_op_t OP_rms_norm_backward = {"rms_norm_backward", 6, 2, 1, 1, 1, P_rms_norm_backward, D_rms_norm_backward, V_rms_norm_backward, A_rms_norm_backward};

@@ -167,6 +167,137 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     free(pb);
 }
 
+/* ---- parameters converted at the boundary (opgen/lower/boundary.py) ---- */
+/* n elements of a caller's tensor (dtype `from`; element offsets o, o + st, ...) converted to
+   dtype `to` into dst: the kernels' own cast C, so results equal a kernel per dtype's. */
+static void opgen_convert_row(const void *src, int from, int64_t o, int64_t st, int64_t n, int to, void *dst) {
+    switch (from) {
+    case OPGEN_BOOL: {
+        const bool *s = (const bool *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = s[o];
+        return;
+    }
+    case OPGEN_I8: {
+        const int8_t *s = (const int8_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_I16: {
+        const int16_t *s = (const int16_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_I32: {
+        const int32_t *s = (const int32_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_I64: {
+        const int64_t *s = (const int64_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = s[o];
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_U8: {
+        const uint8_t *s = (const uint8_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_U16: {
+        const uint16_t *s = (const uint16_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_U32: {
+        const uint32_t *s = (const uint32_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_U64: {
+        const uint64_t *s = (const uint64_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = (int64_t)(s[o]);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_F16: {
+        const uint16_t *s = (const uint16_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = OPGEN_F2I(int64_t, opgen_f16_to_f32(s[o]), INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (opgen_f16_to_f32(s[o]) != 0);
+        return;
+    }
+    case OPGEN_BF16: {
+        const uint16_t *s = (const uint16_t *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = OPGEN_F2I(int64_t, opgen_bf16_to_f32(s[o]), INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (opgen_bf16_to_f32(s[o]) != 0);
+        return;
+    }
+    case OPGEN_F32: {
+        const float *s = (const float *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = OPGEN_F2I(int64_t, s[o], INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    case OPGEN_F64: {
+        const double *s = (const double *)src;
+        if (to == OPGEN_I64)
+            for (int64_t j = 0; j < n; j++, o += st) ((int64_t *)dst)[j] = OPGEN_F2I(int64_t, s[o], INT64_MIN, 9223372036854775807ll, INT64_MIN);
+        if (to == OPGEN_BOOL)
+            for (int64_t j = 0; j < n; j++, o += st) ((bool *)dst)[j] = (s[o] != 0);
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* A non-empty tensor (strides st) converted to dtype `to` (item size `isz`) into a dense copy,
+   in row-major order of its axes. */
+static void opgen_convert(const opgen_tensor_t *t, const int64_t *st, int to, size_t isz, void *dst) {
+    const int nd = t->ndim;
+    const int64_t inner = nd ? t->shape[nd - 1] : 1, ist = nd ? st[nd - 1] : 0;
+    int64_t rows = 1;
+    for (int i = 0; i + 1 < nd; i++) rows *= t->shape[i]; /* divides the element count: fits */
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rem = r, o = 0;
+        for (int i = nd - 2; i >= 0; i--) {
+            o += (rem % t->shape[i]) * st[i];
+            rem /= t->shape[i];
+        }
+        opgen_convert_row(t->data, (int)t->dtype, o, ist, inner, to, (char *)dst + (size_t)(r * inner) * isz);
+    }
+}
+
 #define OPGEN_WS_ALIGN ((size_t)64)
 
 /* Byte extent [lo, hi) of a non-empty tensor's elements relative to its data pointer. */
@@ -265,6 +396,9 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
     opgen_buf_t bufs[OPGEN_MAX_PARAMS];
     int n_batch_rows[OPGEN_MAX_PARAMS]; /* params whose rows need an offset table: their nb */
     int nonempty[OPGEN_MAX_PARAMS];     /* a present tensor with at least one element */
+    int64_t numel_of[OPGEN_MAX_PARAMS];
+    int cvt[OPGEN_MAX_PARAMS];          /* dtype it is converted to, or -1 */
+    size_t cvt_off[OPGEN_MAX_PARAMS];   /* workspace offset of its converted copy */
     opgen_span_t span[OPGEN_MAX_PARAMS];
     uintptr_t abs_lo[OPGEN_MAX_PARAMS], abs_hi[OPGEN_MAX_PARAMS]; /* its bytes (run calls only) */
     size_t tbl_off[OPGEN_MAX_PARAMS];   /* workspace offset of its row-offset table */
@@ -282,6 +416,8 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         const opgen_param_t *p = &op->params[k];
         n_batch_rows[k] = 0;
         nonempty[k] = 0;
+        numel_of[k] = 0;
+        cvt[k] = -1;
         if (p->kind == OPGEN_P_SIZE) {
             int64_t v = scalars[k].i;
             if (v < 0) return opgen_fail(OPGEN_ERR_PARAM, "%s: %s must be >= 0", op->name, p->name);
@@ -339,6 +475,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             st[i] = numel == 0 ? 0 : t->strides ? t->strides[i] : step;
             if (numel) step *= t->shape[i]; /* a suffix product of a non-empty tensor: fits */
         }
+        numel_of[k] = numel;
         if (numel > 0) {
             nonempty[k] = 1;
             int64_t nbytes;
@@ -455,10 +592,29 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
     const opgen_kernel_entry_t *ke = NULL;
     for (int i = 0; i < var->n_kernels && !ke; i++) {
         int match = 1;
-        for (int v = 0; v < op->n_vars; v++) match &= var->kernels[i].dtypes[v] == dtypes[v];
+        for (int v = 0; v < op->n_vars; v++)
+            match &= var->kernels[i].dtypes[v] == OPGEN_ANY_DTYPE || var->kernels[i].dtypes[v] == dtypes[v];
         if (match) ke = &var->kernels[i];
     }
     if (!ke) return no_kernel(op, dtypes);
+    /* parameters the kernels read in another dtype (index tensors as int64, masks as bool):
+       converted once, before the kernels run, into a dense copy in the workspace unless the
+       caller's tensor already has that dtype and a contiguous last dim */
+    for (int k = 0; k < op->n_params && var->convert; k++) {
+        const opgen_param_t *p = &op->params[k];
+        if (var->convert[k] < 0 || !nonempty[k]) continue;
+        int r = p->rank;
+        int64_t last = r == 0 ? 1 : p->dims[r - 1] >= 0 ? dims[p->dims[r - 1]] : p->lit[r - 1];
+        if ((int)tensors[k]->dtype == var->convert[k] && (r == 0 || last <= 1 || bufs[k].st[r - 1] == 1))
+            continue;
+        cvt[k] = var->convert[k];
+        int64_t step = 1; /* dense logical strides: suffix products of the element count */
+        for (int i = r - 1; i >= 0; i--) {
+            bufs[k].st[i] = step;
+            step *= p->dims[i] >= 0 ? dims[p->dims[i]] : p->lit[i];
+        }
+        if (p->batch) n_batch_rows[k] = -1;
+    }
     /* workspace layout from an aligned base: kernel temporaries, then the row-offset tables, each at
        a multiple of OPGEN_WS_ALIGN. `need` adds OPGEN_WS_ALIGN - 1 bytes of slack, so that a
        workspace at any address holds the layout once its base is rounded up. All in saturating
@@ -470,6 +626,11 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
         if (n_batch_rows[k])
             total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(sizeof(int64_t),
                                                                      opgen_sz_dim(dims[op->params[k].dims[0]]))));
+    }
+    for (int k = 0; k < op->n_params; k++) {
+        cvt_off[k] = total;
+        if (cvt[k] >= 0)
+            total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(opgen_itemsize[cvt[k]], (size_t)numel_of[k])));
     }
     const size_t need = total ? opgen_sz_add(total, OPGEN_WS_ALIGN - 1) : 0;
     if (kws == SIZE_MAX || need > (size_t)PTRDIFF_MAX)
@@ -495,6 +656,11 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             w = (char *)ws + (OPGEN_WS_ALIGN - (uintptr_t)ws % OPGEN_WS_ALIGN) % OPGEN_WS_ALIGN;
         }
     }
+    for (int k = 0; k < op->n_params; k++)
+        if (cvt[k] >= 0) {
+            bufs[k].data = w + cvt_off[k];
+            opgen_convert(tensors[k], strides_buf[k], cvt[k], opgen_itemsize[cvt[k]], bufs[k].data);
+        }
     for (int k = 0; k < op->n_params; k++) {
         int nb = n_batch_rows[k];
         if (!nb) continue;

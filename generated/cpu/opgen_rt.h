@@ -60,6 +60,9 @@ typedef struct {
     int8_t size_dim;        /* OPGEN_P_SIZE: the dim it gives */
 } opgen_param_t;
 
+/* a kernel entry's dtype for a variable its kernel is not instantiated over: matches any */
+#define OPGEN_ANY_DTYPE 0xffu
+
 typedef struct {
     uint8_t dtypes[OPGEN_MAX_VARS];
     opgen_kernel_fn fn;
@@ -73,6 +76,9 @@ typedef struct {
     const char *message;
     int n_kernels;
     const opgen_kernel_entry_t *kernels;
+    /* per parameter: the dtype the kernels read it in, converted by the binder into a dense
+       workspace copy when the caller's tensor differs (-1: read as given); NULL: none */
+    const int8_t *convert;
 } opgen_variant_t;
 
 typedef struct {

@@ -186,6 +186,100 @@ static __global__ void opgen_rows_k(int64_t *ro, int64_t rows, int nb, opgen_row
     }
 }
 
+/* ---- parameters converted at the boundary (opgen/lower/boundary.py): the kernels' cast C ---- */
+static __global__ void opgen_convert_k(void *dst, const void *src, int from, int to, int64_t n, int nd,
+                                       opgen_rows_desc_t d) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rem = e, o = 0;
+        for (int i = nd - 1; i >= 0; i--) {
+            o += (rem % d.shape[i]) * d.st[i];
+            rem /= d.shape[i];
+        }
+        switch (from) {
+        case OPGEN_BOOL: {
+            const bool *s = (const bool *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = s[o];
+            break;
+        }
+        case OPGEN_I8: {
+            const int8_t *s = (const int8_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_I16: {
+            const int16_t *s = (const int16_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_I32: {
+            const int32_t *s = (const int32_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_I64: {
+            const int64_t *s = (const int64_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = s[o];
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_U8: {
+            const uint8_t *s = (const uint8_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_U16: {
+            const uint16_t *s = (const uint16_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_U32: {
+            const uint32_t *s = (const uint32_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_U64: {
+            const uint64_t *s = (const uint64_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = (int64_t)(s[o]);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_F16: {
+            const uint16_t *s = (const uint16_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = OPGEN_F2I(int64_t, opgen_f16_to_f32(s[o]), INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (opgen_f16_to_f32(s[o]) != 0);
+            break;
+        }
+        case OPGEN_BF16: {
+            const uint16_t *s = (const uint16_t *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = OPGEN_F2I(int64_t, opgen_bf16_to_f32(s[o]), INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (opgen_bf16_to_f32(s[o]) != 0);
+            break;
+        }
+        case OPGEN_F32: {
+            const float *s = (const float *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = OPGEN_F2I(int64_t, s[o], INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        case OPGEN_F64: {
+            const double *s = (const double *)src;
+            if (to == OPGEN_I64) ((int64_t *)dst)[e] = OPGEN_F2I(int64_t, s[o], INT64_MIN, 9223372036854775807ll, INT64_MIN);
+            if (to == OPGEN_BOOL) ((bool *)dst)[e] = (s[o] != 0);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
 #define OPGEN_WS_ALIGN ((size_t)256)
 
 /* Byte extent [lo, hi) of a non-empty tensor's elements relative to its data pointer. */
@@ -284,6 +378,9 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
     opgen_buf_t bufs[OPGEN_MAX_PARAMS];
     int n_batch_rows[OPGEN_MAX_PARAMS]; /* params whose rows need an offset table: their nb */
     int nonempty[OPGEN_MAX_PARAMS];     /* a present tensor with at least one element */
+    int64_t numel_of[OPGEN_MAX_PARAMS];
+    int cvt[OPGEN_MAX_PARAMS];          /* dtype it is converted to, or -1 */
+    size_t cvt_off[OPGEN_MAX_PARAMS];   /* workspace offset of its converted copy */
     opgen_span_t span[OPGEN_MAX_PARAMS];
     uintptr_t abs_lo[OPGEN_MAX_PARAMS], abs_hi[OPGEN_MAX_PARAMS]; /* its bytes (run calls only) */
     size_t tbl_off[OPGEN_MAX_PARAMS];   /* workspace offset of its row-offset table */
@@ -301,6 +398,8 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
         const opgen_param_t *p = &op->params[k];
         n_batch_rows[k] = 0;
         nonempty[k] = 0;
+        numel_of[k] = 0;
+        cvt[k] = -1;
         if (p->kind == OPGEN_P_SIZE) {
             int64_t v = scalars[k].i;
             if (v < 0) return opgen_fail(OPGEN_ERR_PARAM, "%s: %s must be >= 0", op->name, p->name);
@@ -358,6 +457,7 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
             st[i] = numel == 0 ? 0 : t->strides ? t->strides[i] : step;
             if (numel) step *= t->shape[i]; /* a suffix product of a non-empty tensor: fits */
         }
+        numel_of[k] = numel;
         if (numel > 0) {
             nonempty[k] = 1;
             int64_t nbytes;
@@ -474,10 +574,29 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
     const opgen_kernel_entry_t *ke = NULL;
     for (int i = 0; i < var->n_kernels && !ke; i++) {
         int match = 1;
-        for (int v = 0; v < op->n_vars; v++) match &= var->kernels[i].dtypes[v] == dtypes[v];
+        for (int v = 0; v < op->n_vars; v++)
+            match &= var->kernels[i].dtypes[v] == OPGEN_ANY_DTYPE || var->kernels[i].dtypes[v] == dtypes[v];
         if (match) ke = &var->kernels[i];
     }
     if (!ke) return no_kernel(op, dtypes);
+    /* parameters the kernels read in another dtype (index tensors as int64, masks as bool):
+       converted once, before the kernels run, into a dense copy in the workspace unless the
+       caller's tensor already has that dtype and a contiguous last dim */
+    for (int k = 0; k < op->n_params && var->convert; k++) {
+        const opgen_param_t *p = &op->params[k];
+        if (var->convert[k] < 0 || !nonempty[k]) continue;
+        int r = p->rank;
+        int64_t last = r == 0 ? 1 : p->dims[r - 1] >= 0 ? dims[p->dims[r - 1]] : p->lit[r - 1];
+        if ((int)tensors[k]->dtype == var->convert[k] && (r == 0 || last <= 1 || bufs[k].st[r - 1] == 1))
+            continue;
+        cvt[k] = var->convert[k];
+        int64_t step = 1; /* dense logical strides: suffix products of the element count */
+        for (int i = r - 1; i >= 0; i--) {
+            bufs[k].st[i] = step;
+            step *= p->dims[i] >= 0 ? dims[p->dims[i]] : p->lit[i];
+        }
+        if (p->batch) n_batch_rows[k] = -1;
+    }
     /* workspace layout from an aligned base: kernel temporaries, then the row-offset tables, each at
        a multiple of OPGEN_WS_ALIGN. `need` adds OPGEN_WS_ALIGN - 1 bytes of slack, so that a
        workspace at any address holds the layout once its base is rounded up. All in saturating
@@ -489,6 +608,11 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
         if (n_batch_rows[k])
             total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(sizeof(int64_t),
                                                                      opgen_sz_dim(dims[op->params[k].dims[0]]))));
+    }
+    for (int k = 0; k < op->n_params; k++) {
+        cvt_off[k] = total;
+        if (cvt[k] >= 0)
+            total = opgen_sz_add(total, opgen_ws_round(opgen_sz_mul(opgen_itemsize[cvt[k]], (size_t)numel_of[k])));
     }
     const size_t need = total ? opgen_sz_add(total, OPGEN_WS_ALIGN - 1) : 0;
     if (kws == SIZE_MAX || need > (size_t)PTRDIFF_MAX)
@@ -520,6 +644,20 @@ opgen_status_t opgen_cuda_run(const opgen_op_t *op, const opgen_tensor_t *const 
     }
     /* the call's status word: kernels of this call stop once a device-side check fails */
     if (w) cudaMemsetAsync(w, 0, sizeof(unsigned int), s);
+    for (int k = 0; k < op->n_params; k++) {
+        if (cvt[k] < 0) continue;
+        const opgen_tensor_t *t = tensors[k];
+        opgen_rows_desc_t d;
+        memset(&d, 0, sizeof d);
+        for (int i = 0; i < t->ndim; i++) {
+            d.shape[i] = t->shape[i];
+            d.st[i] = strides_buf[k][i];
+        }
+        bufs[k].data = w + cvt_off[k];
+        opgen_convert_k<<<(unsigned)opgen_cuda_grid((numel_of[k] + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0),
+                          OPGEN_CUDA_THREADS, 0, s>>>(bufs[k].data, t->data, (int)t->dtype, cvt[k], numel_of[k],
+                                                     t->ndim, d);
+    }
     for (int k = 0; k < op->n_params; k++) {
         int nb = n_batch_rows[k];
         if (!nb) continue;

@@ -976,7 +976,7 @@ def op_sources(o: OpDef) -> dict[str, str]:
 
 def _tables(o: OpDef, inst: dict[tuple[str, ...], list[cpu.Instance]]) -> list[str]:
     """The op's signature table over this target's host entries (``h_<inst>``, ``_ws``, ``_pre``)."""
-    return cpu.op_tables(o, inst)
+    return cpu.op_tables(o, inst, {})  # index dtypes: converted by the host entries (index_entries)
 
 
 def unsupported_reason(o: OpDef) -> str | None:

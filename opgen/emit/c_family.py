@@ -57,6 +57,41 @@ def c_literal(value: float | int | bool, d: DType) -> str:
     return text + suffix
 
 
+def c_cast(x: str, src: DType, dst: DType) -> str:
+    """C for ``opgen.cast`` of the register value ``x`` (held in ``src``'s compute type)."""
+    a, b = src.compute, dst.compute
+    if a == b:
+        return x
+    if b.is_bool:
+        return f"({x} != 0)"
+    if a.is_float and b.is_int:
+        lo, hi = (0, 2**b.bits - 1) if b.kind == "uint" else (-(2 ** (b.bits - 1)), 2 ** (b.bits - 1) - 1)
+        bad = c_literal(hi if b.kind == "uint" else lo, b)
+        return f"OPGEN_F2I({b.c_type}, {x}, {c_literal(lo, b)}, {c_literal(hi, b)}, {bad})"
+    return f"({b.c_type})({x})"
+
+
+def c_widen(raw: str, d: DType) -> str:
+    """C reading an element ``raw`` of a caller's tensor of dtype ``d`` into its compute type."""
+    if d == dtypes.BF16:
+        return f"opgen_bf16_to_f32({raw})"
+    if d == dtypes.F16:
+        return f"opgen_f16_to_f32({raw})"
+    return raw
+
+
+def boundary_conversions(targets: tuple[str, ...]) -> list[dict[str, object]]:
+    """How the binder converts an element ``s[o]`` of each dtype to each of ``targets`` (the
+    dtypes opgen/lower/boundary.py converts parameters to): the kernels' own cast C, so a
+    converted tensor gives the same bits as a kernel per dtype would."""
+    out: list[dict[str, object]] = []
+    for d in dtypes.ALL:
+        to = [{"code": cnames.dtype_enum(t), "ctype": dtypes.by_name(t).c_type,
+               "expr": c_cast(c_widen("s[o]", d), d, dtypes.by_name(t))} for t in targets]
+        out.append({"code": cnames.dtype_enum(d.name), "ctype": d.c_type, "to": to})
+    return out
+
+
 class CPrinter:
     """Prints one kernel instantiation. Subclasses override the ``*_hook`` methods."""
 
@@ -69,6 +104,7 @@ class CPrinter:
         self.unit_last = False  # assume every caller buffer's last dim has stride 1
         self.with_ws = True  # also print the workspace-size function
         self.pre_name: str | None = None  # also print the checks-only function under this name
+        self.ws_name = fn_name + "_ws"  # the workspace-size function's name
         self.k = kernel
         self.binding = binding
         self.fn_name = fn_name
@@ -180,13 +216,7 @@ class CPrinter:
         if b.rank == 0 and b.role.data == "local":
             return self.lanes.get(buf, self.name(buf))
         raw = self.elem_ref(buf, idx)
-        d = self.dtype(b.dtype)
-        if b.role.data in ("in", "out"):
-            if d == dtypes.BF16:
-                return f"opgen_bf16_to_f32({raw})"
-            if d == dtypes.F16:
-                return f"opgen_f16_to_f32({raw})"
-        return raw
+        return c_widen(raw, self.dtype(b.dtype)) if b.role.data in ("in", "out") else raw
 
     def store_value(self, b: s.BufType, value: str, vdtype: str) -> str:
         d = self.dtype(b.dtype)
@@ -280,16 +310,7 @@ class CPrinter:
         raise NotImplementedError(f"C printer: no rule for {op.name}")
 
     def cast_expr(self, x: str, src: str, dst: str) -> str:
-        a, b = self.dtype(src).compute, self.dtype(dst).compute
-        if a == b:
-            return x
-        if b.is_bool:
-            return f"({x} != 0)"
-        if a.is_float and b.is_int:
-            lo, hi = (0, 2**b.bits - 1) if b.kind == "uint" else (-(2 ** (b.bits - 1)), 2 ** (b.bits - 1) - 1)
-            bad = c_literal(hi if b.kind == "uint" else lo, b)
-            return f"OPGEN_F2I({b.c_type}, {x}, {c_literal(lo, b)}, {c_literal(hi, b)}, {bad})"
-        return f"({b.c_type})({x})"
+        return c_cast(x, self.dtype(src), self.dtype(dst))
 
     # ------------------------------------------------------------------ statements
     def walk(self, ops: Iterator[Operation]) -> None:
@@ -476,7 +497,7 @@ class CPrinter:
         conds = []
         for n, a in zip((x.data for x in self.k.arg_names.data), self.k.body.block.args, strict=True):
             t = a.type
-            if isinstance(t, s.BufType) and t.rank >= 1:
+            if isinstance(t, s.BufType) and t.rank >= 1 and not s.unread(a):
                 info = self.buf_info[n]
                 if info.last_contig or (t.rank == 1 and info.batch):
                     continue
@@ -492,6 +513,8 @@ class CPrinter:
             cn = cnames.local(n)
             self.names[a] = cn
             t = a.type
+            if s.unread(a):
+                continue
             if isinstance(t, s.BufType):
                 ct = self.storage_ctype(t)
                 const = "const " if t.role.data == "in" else ""
@@ -552,7 +575,7 @@ class CPrinter:
         dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
         out = pre
         if self.with_ws:
-            out += [f"static size_t {self.fn_name}_ws(const int64_t *dims) {{"]
+            out += [f"static size_t {self.ws_name}(const int64_t *dims) {{"]
             out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
             out.append("}")
         out.append(f"{self.fn_attr}static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, "

@@ -65,3 +65,8 @@ def public(name: str) -> str:
 def local(name: str) -> str:
     """The parameter's identifier inside generated function bodies."""
     return "p_" + name
+
+
+def dtype_enum(name: str) -> str:
+    """The ``opgen_dtype_t`` enumerator of a dtype (``i64`` -> ``OPGEN_I64``)."""
+    return "OPGEN_" + name.upper()

@@ -195,6 +195,23 @@ class _Patterns(HasCanonicalizationPatternsTrait):
 # --------------------------------------------------------------------------- structure
 
 
+def converted_params(op: Operation) -> dict[str, str]:
+    """An ``opgen.func``'s or a kernel's ``boundary_casts`` as ``{parameter: dtype}``."""
+    bc = op.properties.get("boundary_casts")
+    return {k: v.data for k, v in bc.data.items()} if isinstance(bc, DictionaryAttr) else {}  # type: ignore[union-attr]
+
+
+def verify_converted(op: Operation) -> None:
+    """``boundary_casts`` names parameters of the op's block whose type has that dtype."""
+    names = [a.data for a in op.arg_names.data]  # type: ignore[attr-defined]
+    for n, d in converted_params(op).items():
+        if n not in names:
+            raise VerifyException(f"{op.name}: boundary_casts names '{n}', not a parameter")
+        t = op.regions[0].block.args[names.index(n)].type
+        if getattr(t, "dtype", None) != d:
+            raise VerifyException(f"{op.name}: boundary_casts gives '{n}' dtype {d}, its type is {t}")
+
+
 @irdl_op_definition
 class FuncOp(IRDLOperation):
     """One traced variant of an op: block arguments are its parameters, in signature order.
@@ -211,6 +228,9 @@ class FuncOp(IRDLOperation):
     #: rank-0 parameters that are tensors in memory (the others of rank 0 — attributes and
     #: sizes — are passed by value)
     rank0_tensors = opt_prop_def(ArrayAttr[StringAttr])
+    #: parameters the caller's tensor is converted to another dtype for, once, by the binder
+    #: (``{name: dtype}``; opgen/lower/boundary.py)
+    boundary_casts = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
 
     traits = traits_def(IsolatedFromAbove())
@@ -244,9 +264,15 @@ class FuncOp(IRDLOperation):
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
                 for k, v in self.dtype_vars.data.items()}
 
+    @property
+    def converted(self) -> dict[str, str]:
+        """``boundary_casts`` as ``{parameter: dtype}``."""
+        return converted_params(self)
+
     def verify_(self) -> None:
         if len(self.arg_names.data) != len(self.body.block.args):
             raise VerifyException("opgen.func: arg_names and block arguments differ in number")
+        verify_converted(self)
         for k, v in self.dtype_var_map().items():
             if k in dtypes.BY_NAME or not v:
                 raise VerifyException(f"opgen.func: bad dtype variable {k!r}")

@@ -42,7 +42,14 @@ from xdsl.traits import IsolatedFromAbove, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from opgen import dtypes
-from opgen.ir.dialect import SymbolicShape, TensorType, parse_shape_and_dtype, tensor_type
+from opgen.ir.dialect import (
+    SymbolicShape,
+    TensorType,
+    converted_params,
+    parse_shape_and_dtype,
+    tensor_type,
+    verify_converted,
+)
 
 INDEX = TensorType.make([], "i64")
 
@@ -113,6 +120,12 @@ def kernel_parts(sym_name: str, arg_names: Sequence[str], arg_types: Sequence[At
             "regions": [Region(block)]}
 
 
+def unread(arg: SSAValue) -> bool:
+    """A kernel parameter nothing reads or writes (a tensor that only gives sizes): it has no
+    storage type in the kernel (its dtype variable may not be instantiated)."""
+    return not arg.uses and not (isinstance(arg.type, BufType) and arg.type.role.data == "out")
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """A kernel: block arguments are the op's parameters as buffers or scalars, in order."""
@@ -121,6 +134,8 @@ class KernelOp(IRDLOperation):
     sym_name = prop_def(StringAttr)
     arg_names = prop_def(ArrayAttr[StringAttr])
     dtype_vars = prop_def(DictionaryAttr)
+    #: parameters the binder converts to another dtype first (``opgen.func``'s, kept)
+    boundary_casts = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 
@@ -131,6 +146,14 @@ class KernelOp(IRDLOperation):
     def dtype_var_map(self) -> dict[str, tuple[dtypes.DType, ...]]:
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
                 for k, v in self.dtype_vars.data.items()}
+
+    @property
+    def converted(self) -> dict[str, str]:
+        """``boundary_casts`` as ``{parameter: dtype}``."""
+        return converted_params(self)
+
+    def verify_(self) -> None:
+        verify_converted(self)
 
 
 @irdl_op_definition

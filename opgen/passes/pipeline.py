@@ -18,6 +18,7 @@ from xdsl.transforms.dead_code_elimination import DeadCodeElimination
 from xdsl.utils.exceptions import VerifyException
 
 from opgen.ir.dialect import Opgen
+from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
@@ -37,13 +38,14 @@ PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
     # C11 + OpenMP: loops over buffers (independent reductions over one range fused); the
     # printer maps the outermost parallel loop to OpenMP
-    # and splits reductions into fixed lanes (opgen/emit/cpu.py).
-    "cpu": [*L0, LowerToLoops(), FuseReductions()],
+    # and splits reductions into fixed lanes (opgen/emit/cpu.py). Index and mask parameters are
+    # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
+    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions()],
     # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
     # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
     # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
-    "cuda": [*L0, LowerToLoops(chain_rows=64), FuseReductions()],
+    "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
