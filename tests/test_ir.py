@@ -61,6 +61,21 @@ def test_pipeline_stages_and_errors(ops):
         pipeline.run(ops["rms_norm_backward"].module(), "nope")
 
 
+@pytest.mark.parametrize("target", ["cpu", "ttmetal"])
+def test_stage_names_are_unique_and_the_last_one_is_the_end(ops, target):
+    """A pass that runs twice (cse, canonicalize) gets ``NAME-2``: ``--stage`` names each run
+    and ``--ir`` (the last stage) shows the end of the pipeline, not the first run's output."""
+    names = pipeline.stages(target)
+    assert len(set(names)) == len(names) and "cse-2" in names
+    seen: list[str] = []
+    m = ops["rms_norm_backward"].module()
+    pipeline.run(m, target, until=names[-1], observe=lambda stage, mod: seen.append(stage))
+    assert seen == names
+    m1 = ops["rms_norm_backward"].module()
+    pipeline.run(m1, target, until="cse")
+    assert '"opgen.func"' in str(m1)  # the first cse is still L0
+
+
 @pytest.mark.parametrize("target", [t for t in pipeline.PIPELINES if t != "l0"])
 def test_every_pass_leaves_valid_ir(ops, target):
     """Builds verify the IR once, after the last pass; here every pass of every pipeline is
@@ -216,14 +231,35 @@ def test_matmul_rank():
     ([2], "sum", "f32", r"bad axes \[2\] for rank 2"),
     ([], "sum", "f32", r"bad axes \[\]"),
     ([0, 0], "max", "f32", r"bad axes"),
-    ([0], "prod", "f32", r"unknown kind 'prod'"),
 ])
 def test_reduce_rejections(axes, kind, dtype, pattern):
     (x,) = values((("N", "D"), dtype))
-    op = ir.ReduceOp(x, "sum", [0])
-    op.properties["kind"] = ir.StringAttr(kind)
+    op = ir.ReduceOp(x, kind, [0])
     op.properties["axes"] = ir._i64s(axes)
     rejects(op, pattern)
+
+
+def test_kinds_predicates_and_statuses_are_enum_attributes():
+    """An unknown kind, predicate or status cannot be built, set as a plain string, or parsed."""
+    (x,) = values((("N", "D"), "f32"))
+    (c,) = values(((), "bool"))
+    with pytest.raises(ValueError, match=r"unknown kind 'prod'"):
+        ir.ReduceOp(x, "prod", [0])
+    with pytest.raises(ValueError, match=r"unknown predicate 'approx'"):
+        ir.CmpOp("approx", x, x)
+    with pytest.raises(ValueError, match=r"status must be one of \('param', 'shape', 'index'\)"):
+        ir.CheckOp(c, "msg", "strides")
+    op = ir.ReduceOp(x, "sum", [0])
+    op.properties["kind"] = ir.StringAttr("sum")
+    rejects(op, r"should be of base attribute opgen.reduce_kind")
+    assert ir.CmpOp("lt", x, x).predicate.data == ir.CmpPredicate.LT == "lt"
+    text = 'builtin.module {{\n^bb0(%c: !opgen.tensor<[], bool>):\n"opgen.check"(%c) <{{message = "m", ' \
+           'status = #opgen<status {}>}}> : (!opgen.tensor<[], bool>) -> ()\n}}'
+    parse(text.format("index")).verify()
+    from xdsl.utils.exceptions import ParseError
+
+    with pytest.raises(ParseError):
+        parse(text.format("strides"))
 
 
 def test_reduce_sum_of_bool():
@@ -261,7 +297,7 @@ def test_select_condition_not_bool():
 def test_check_condition_and_status():
     c, s, t = values(((), "i64"), ((), "bool"), (("N",), "bool"))
     rejects(ir.CheckOp(c, "msg"), r"condition must be a bool tensor")
-    rejects(ir.CheckOp(s, "msg", "strides"), r"status must be one of \('param', 'shape', 'index'\)")
+    ir.CheckOp(s, "a scalar condition", "shape").verify()
     ir.CheckOp(t, "every element must hold", "index").verify()  # a check on a bool tensor
 
 
@@ -361,3 +397,61 @@ def test_tensor_type_syntax_round_trips():
     assert str(t) == "!opgen.tensor<[1, N, D], T>"
     scalar = ir.TensorType.make([], "bool")
     assert str(scalar) == "!opgen.tensor<[], bool>"
+
+
+def _folded(build, arg_types=()):
+    """Run the L0 pipeline (canonicalize folds) on a function returning ``build(args)``'s value
+    into an output ``out``; returns (the returned value's defining op, the function)."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    probe = ir.FuncOp("probe", [f"a{i}" for i in range(len(arg_types))],
+                      [ir.TensorType.make([], d) for d in arg_types], {})
+    ops: list = []
+
+    def emit(op):
+        ops.append(op)
+        return op.results[0]
+
+    v = build(emit, probe.body.block.args)
+    f = ir.FuncOp("f", [*(f"a{i}" for i in range(len(arg_types))), "out"],
+                  [*(ir.TensorType.make([], d) for d in arg_types), v.type], {})
+    mapping = dict(zip(probe.body.block.args, f.body.block.args, strict=False))
+    for op in ops:
+        for i, x in enumerate(op.operands):
+            if x in mapping:
+                op.operands[i] = mapping[x]
+        f.body.block.add_op(op)
+    f.body.block.add_op(ir.ReturnOp([v], ["out"]))
+    m = ModuleOp([f])
+    m.verify()
+    pipeline.run(m, "l0")
+    ret = f.body.block.last_op
+    return ret.operands[0], f
+
+
+def test_integer_and_bool_scalar_constants_fold():
+    def c(emit, x, d):
+        return emit(ir.ConstantOp(x, d))
+
+    v, _ = _folded(lambda e, a: e(ir.AddOp(c(e, 40, "i64"), c(e, 2, "i64"))))
+    assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == 42
+    v, _ = _folded(lambda e, a: e(ir.CmpOp("lt", c(e, 3, "i64"), c(e, 7, "i64"))))
+    assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == 1 and ir.tensor_type(v).dtype == "bool"
+    v, _ = _folded(lambda e, a: e(ir.NotOp(e(ir.AndOp(c(e, True, "bool"), c(e, False, "bool"))))))
+    assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == 1
+    v, f = _folded(lambda e, a: e(ir.SelectOp(c(e, False, "bool"), a[0], a[1])), ("f32", "f32"))
+    assert v is f.body.block.args[1]  # the false branch, a parameter
+    v, f = _folded(lambda e, a: e(ir.AndOp(a[0], a[0])), ("bool",))
+    assert v is f.body.block.args[0]  # x && x is x
+
+
+def test_folding_keeps_what_it_cannot_compute_exactly():
+    def c(emit, x, d):
+        return emit(ir.ConstantOp(x, d))
+
+    v, _ = _folded(lambda e, a: e(ir.AddOp(c(e, 100, "i8"), c(e, 100, "i8"))))  # wraps: not folded
+    assert isinstance(v.owner, ir.AddOp)
+    v, _ = _folded(lambda e, a: e(ir.AddOp(c(e, 0.1, "f32"), c(e, 0.2, "f32"))))  # float rounding: the targets'
+    assert isinstance(v.owner, ir.AddOp)
+    v, _ = _folded(lambda e, a: e(ir.DivOp(c(e, 7, "i64"), c(e, 2, "i64"))))  # no folder
+    assert isinstance(v.owner, ir.DivOp)

@@ -59,9 +59,9 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -77,36 +77,33 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = opgen_f16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_f16(v39);
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_f16(v36);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -166,9 +163,9 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -184,36 +181,33 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = opgen_bf16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = opgen_bf16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_bf16(v39);
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_bf16(v36);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -273,9 +267,9 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -291,36 +285,33 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = p_dy[v31 * st_dy_0 + i32];
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = p_dy[v28 * st_dy_0 + i29];
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -380,9 +371,9 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l26_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -398,36 +389,33 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const double v23 = (double)(p_alpha1);
-    const double v24 = 0.0;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const double v20 = (double)(p_alpha1);
+    const double v21 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        double *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const double v33 = p_dy[v31 * st_dy_0 + i32];
-                const double v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const double v30 = p_dy[v28 * st_dy_0 + i29];
+                const double v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const double v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const double v37 = p_dtable1_acc ? v36 : v24;
-            const double v38 = l26[i35];
-            const double v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
+            const double v34 = p_dtable1_acc ? v33 : v21;
+            const double v35 = l23[i32];
+            const double v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -482,9 +470,9 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -497,36 +485,33 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_N1;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = p_alpha1;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = p_alpha1;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v11; i28 < v10; i28++) {
-                const float v29 = opgen_f16_to_f32(p_dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            for (int64_t i25 = v2; i25 < v10; i25++) {
+                const float v26 = opgen_f16_to_f32(p_dy[v24 * st_dy_0 + i25]);
+                const float v27 = v26 * v16;
+                l19[i25] += v27;
             }
         }
-        for (int64_t i31 = v11; i31 < v10; i31++) {
-            const float v32 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
+        for (int64_t i28 = v2; i28 < v10; i28++) {
+            const float v29 = opgen_f16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
+            const float v30 = p_dtable1_acc ? v29 : v17;
+            const float v31 = l19[i28];
+            const float v32 = v30 + v31;
+            p_dtable1[i18 * st_dtable1_0 + i28] = opgen_f32_to_f16(v32);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -581,9 +566,9 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -596,36 +581,33 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_N1;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = p_alpha1;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = p_alpha1;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v11; i28 < v10; i28++) {
-                const float v29 = opgen_bf16_to_f32(p_dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            for (int64_t i25 = v2; i25 < v10; i25++) {
+                const float v26 = opgen_bf16_to_f32(p_dy[v24 * st_dy_0 + i25]);
+                const float v27 = v26 * v16;
+                l19[i25] += v27;
             }
         }
-        for (int64_t i31 = v11; i31 < v10; i31++) {
-            const float v32 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
+        for (int64_t i28 = v2; i28 < v10; i28++) {
+            const float v29 = opgen_bf16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
+            const float v30 = p_dtable1_acc ? v29 : v17;
+            const float v31 = l19[i28];
+            const float v32 = v30 + v31;
+            p_dtable1[i18 * st_dtable1_0 + i28] = opgen_f32_to_bf16(v32);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -680,9 +662,9 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -695,36 +677,33 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_N1;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = p_alpha1;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = p_alpha1;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v11; i28 < v10; i28++) {
-                const float v29 = p_dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            for (int64_t i25 = v2; i25 < v10; i25++) {
+                const float v26 = p_dy[v24 * st_dy_0 + i25];
+                const float v27 = v26 * v16;
+                l19[i25] += v27;
             }
         }
-        for (int64_t i31 = v11; i31 < v10; i31++) {
-            const float v32 = p_dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i28 = v2; i28 < v10; i28++) {
+            const float v29 = p_dtable1[i18 * st_dtable1_0 + i28];
+            const float v30 = p_dtable1_acc ? v29 : v17;
+            const float v31 = l19[i28];
+            const float v32 = v30 + v31;
+            p_dtable1[i18 * st_dtable1_0 + i28] = v32;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -779,9 +758,9 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l19_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -794,36 +773,33 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_N1;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const double v19 = (double)(p_alpha1);
-    const double v20 = 0.0;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const double v16 = (double)(p_alpha1);
+    const double v17 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            for (int64_t i28 = v11; i28 < v10; i28++) {
-                const double v29 = p_dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        double *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            for (int64_t i25 = v2; i25 < v10; i25++) {
+                const double v26 = p_dy[v24 * st_dy_0 + i25];
+                const double v27 = v26 * v16;
+                l19[i25] += v27;
             }
         }
-        for (int64_t i31 = v11; i31 < v10; i31++) {
-            const double v32 = p_dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = p_dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
+        for (int64_t i28 = v2; i28 < v10; i28++) {
+            const double v29 = p_dtable1[i18 * st_dtable1_0 + i28];
+            const double v30 = p_dtable1_acc ? v29 : v17;
+            const double v31 = l19[i28];
+            const double v32 = v30 + v31;
+            p_dtable1[i18 * st_dtable1_0 + i28] = v32;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -883,9 +859,9 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -901,36 +877,33 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = opgen_f16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_f16(v39);
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_f16(v36);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -990,9 +963,9 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1008,36 +981,33 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = opgen_bf16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = opgen_bf16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_bf16(v39);
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_bf16(v36);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1097,9 +1067,9 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1115,36 +1085,33 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const float v20 = p_alpha1;
+    const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const float v33 = p_dy[v31 * st_dy_0 + i32];
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const float v30 = p_dy[v28 * st_dy_0 + i29];
+                const float v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const float v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
+            const float v34 = p_dtable1_acc ? v33 : v21;
+            const float v35 = l23[i32];
+            const float v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1204,9 +1171,9 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t19 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l26_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1222,36 +1189,33 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
         t5[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const int64_t v15 = 0ll;
-    const bool v16 = v14 == v15;
-    const int64_t v17 = d_N1;
-    const int64_t v18 = v16 ? v15 : v17;
-    opgen_seg_build(t5, d_N, v17, t19, t20);
-    const int64_t v21 = d_N;
-    const int64_t v22 = 1ll;
-    const double v23 = (double)(p_alpha1);
-    const double v24 = 0.0;
+    const bool v15 = v14 == v6;
+    const int64_t v16 = v15 ? v6 : v8;
+    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const int64_t v19 = 1ll;
+    const double v20 = (double)(p_alpha1);
+    const double v21 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v15; i25 < v18; i25++) {
-        double *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t19, i25, v17, v21);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t19, v28, v17, v21);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t20[i30];
-            for (int64_t i32 = v15; i32 < v14; i32++) {
-                const double v33 = p_dy[v31 * st_dy_0 + i32];
-                const double v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i22 = v6; i22 < v16; i22++) {
+        double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l23, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v25 = i22 + v19;
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        for (int64_t i27 = v24; i27 < v26; i27++) {
+            const int64_t v28 = t18[i27];
+            for (int64_t i29 = v6; i29 < v14; i29++) {
+                const double v30 = p_dy[v28 * st_dy_0 + i29];
+                const double v31 = v30 * v20;
+                l23[i29] += v31;
             }
         }
-        for (int64_t i35 = v15; i35 < v14; i35++) {
-            const double v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const double v37 = p_dtable1_acc ? v36 : v24;
-            const double v38 = l26[i35];
-            const double v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i32 = v6; i32 < v14; i32++) {
+            const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
+            const double v34 = p_dtable1_acc ? v33 : v21;
+            const double v35 = l23[i32];
+            const double v36 = v34 + v35;
+            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1325,12 +1289,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t25 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t50 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t51 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l31_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -1342,81 +1306,69 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
         t1[i5] = v6;
     }
-    const int64_t v11 = 0ll;
-    const int64_t v12 = d_N;
-    const int64_t v13 = d_N2;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const int64_t v15 = p_i2[i14];
-        const bool v16 = v15 >= v11;
-        const bool v17 = v15 < v13;
-        const bool v18 = v16 && v17;
-        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i14] = v15;
+    const int64_t v11 = d_N2;
+    for (int64_t i12 = v2; i12 < v3; i12++) {
+        const int64_t v13 = p_i2[i12];
+        const bool v14 = v13 >= v2;
+        const bool v15 = v13 < v11;
+        const bool v16 = v14 && v15;
+        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t10[i12] = v13;
     }
-    const int64_t v19 = d_D;
-    const int64_t v20 = 0ll;
-    const bool v21 = v19 == v20;
-    const int64_t v22 = d_N1;
-    const int64_t v23 = v21 ? v20 : v22;
-    opgen_seg_build(t1, d_N, v22, t24, t25);
-    const int64_t v26 = d_N;
-    const int64_t v27 = 1ll;
-    const float v28 = p_alpha1;
-    const float v29 = 0.0f;
+    const int64_t v17 = d_D;
+    const bool v18 = v17 == v2;
+    const int64_t v19 = v18 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const int64_t v22 = 1ll;
+    const float v23 = p_alpha1;
+    const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v20; i30 < v23; i30++) {
-        float *restrict l31 = l31_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l31, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v32 = opgen_seg_start(t24, i30, v22, v26);
-        const int64_t v33 = i30 + v27;
-        const int64_t v34 = opgen_seg_start(t24, v33, v22, v26);
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t25[i35];
-            for (int64_t i37 = v20; i37 < v19; i37++) {
-                const float v38 = opgen_f16_to_f32(p_dy[v36 * st_dy_0 + i37]);
-                const float v39 = v38 * v28;
-                l31[i37] += v39;
+    for (int64_t i25 = v2; i25 < v19; i25++) {
+        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l26, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v28 = i25 + v22;
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        for (int64_t i30 = v27; i30 < v29; i30++) {
+            const int64_t v31 = t21[i30];
+            for (int64_t i32 = v2; i32 < v17; i32++) {
+                const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
+                const float v34 = v33 * v23;
+                l26[i32] += v34;
             }
         }
-        for (int64_t i40 = v20; i40 < v19; i40++) {
-            const float v41 = opgen_f16_to_f32(p_dtable1[i30 * st_dtable1_0 + i40]);
-            const float v42 = p_dtable1_acc ? v41 : v29;
-            const float v43 = l31[i40];
-            const float v44 = v42 + v43;
-            p_dtable1[i30 * st_dtable1_0 + i40] = opgen_f32_to_f16(v44);
+        for (int64_t i35 = v2; i35 < v17; i35++) {
+            const float v36 = opgen_f16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
+            const float v37 = p_dtable1_acc ? v36 : v24;
+            const float v38 = l26[i35];
+            const float v39 = v37 + v38;
+            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_f16(v39);
         }
     }
-    const int64_t v45 = d_D;
-    const int64_t v46 = 0ll;
-    const bool v47 = v45 == v46;
-    const int64_t v48 = d_N2;
-    const int64_t v49 = v47 ? v46 : v48;
-    opgen_seg_build(t10, d_N, v48, t50, t51);
-    const int64_t v52 = d_N;
-    const int64_t v53 = 1ll;
-    const float v54 = p_alpha2;
-    const float v55 = 0.0f;
+    const int64_t v40 = v18 ? v2 : v11;
+    opgen_seg_build(t10, d_N, v11, t41, t42);
+    const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i56 = v46; i56 < v49; i56++) {
-        float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l57, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v58 = opgen_seg_start(t50, i56, v48, v52);
-        const int64_t v59 = i56 + v53;
-        const int64_t v60 = opgen_seg_start(t50, v59, v48, v52);
-        for (int64_t i61 = v58; i61 < v60; i61++) {
-            const int64_t v62 = t51[i61];
-            for (int64_t i63 = v46; i63 < v45; i63++) {
-                const float v64 = opgen_f16_to_f32(p_dy[v62 * st_dy_0 + i63]);
-                const float v65 = v64 * v54;
-                l57[i63] += v65;
+    for (int64_t i44 = v2; i44 < v40; i44++) {
+        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l45, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v47 = i44 + v22;
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        for (int64_t i49 = v46; i49 < v48; i49++) {
+            const int64_t v50 = t42[i49];
+            for (int64_t i51 = v2; i51 < v17; i51++) {
+                const float v52 = opgen_f16_to_f32(p_dy[v50 * st_dy_0 + i51]);
+                const float v53 = v52 * v43;
+                l45[i51] += v53;
             }
         }
-        for (int64_t i66 = v46; i66 < v45; i66++) {
-            const float v67 = opgen_f16_to_f32(p_dtable2[i56 * st_dtable2_0 + i66]);
-            const float v68 = p_dtable2_acc ? v67 : v55;
-            const float v69 = l57[i66];
-            const float v70 = v68 + v69;
-            p_dtable2[i56 * st_dtable2_0 + i66] = opgen_f32_to_f16(v70);
+        for (int64_t i54 = v2; i54 < v17; i54++) {
+            const float v55 = opgen_f16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
+            const float v56 = p_dtable2_acc ? v55 : v24;
+            const float v57 = l45[i54];
+            const float v58 = v56 + v57;
+            p_dtable2[i44 * st_dtable2_0 + i54] = opgen_f32_to_f16(v58);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1490,12 +1442,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t25 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t50 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t51 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l31_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -1507,81 +1459,69 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
         t1[i5] = v6;
     }
-    const int64_t v11 = 0ll;
-    const int64_t v12 = d_N;
-    const int64_t v13 = d_N2;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const int64_t v15 = p_i2[i14];
-        const bool v16 = v15 >= v11;
-        const bool v17 = v15 < v13;
-        const bool v18 = v16 && v17;
-        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i14] = v15;
+    const int64_t v11 = d_N2;
+    for (int64_t i12 = v2; i12 < v3; i12++) {
+        const int64_t v13 = p_i2[i12];
+        const bool v14 = v13 >= v2;
+        const bool v15 = v13 < v11;
+        const bool v16 = v14 && v15;
+        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t10[i12] = v13;
     }
-    const int64_t v19 = d_D;
-    const int64_t v20 = 0ll;
-    const bool v21 = v19 == v20;
-    const int64_t v22 = d_N1;
-    const int64_t v23 = v21 ? v20 : v22;
-    opgen_seg_build(t1, d_N, v22, t24, t25);
-    const int64_t v26 = d_N;
-    const int64_t v27 = 1ll;
-    const float v28 = p_alpha1;
-    const float v29 = 0.0f;
+    const int64_t v17 = d_D;
+    const bool v18 = v17 == v2;
+    const int64_t v19 = v18 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const int64_t v22 = 1ll;
+    const float v23 = p_alpha1;
+    const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v20; i30 < v23; i30++) {
-        float *restrict l31 = l31_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l31, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v32 = opgen_seg_start(t24, i30, v22, v26);
-        const int64_t v33 = i30 + v27;
-        const int64_t v34 = opgen_seg_start(t24, v33, v22, v26);
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t25[i35];
-            for (int64_t i37 = v20; i37 < v19; i37++) {
-                const float v38 = opgen_bf16_to_f32(p_dy[v36 * st_dy_0 + i37]);
-                const float v39 = v38 * v28;
-                l31[i37] += v39;
+    for (int64_t i25 = v2; i25 < v19; i25++) {
+        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l26, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v28 = i25 + v22;
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        for (int64_t i30 = v27; i30 < v29; i30++) {
+            const int64_t v31 = t21[i30];
+            for (int64_t i32 = v2; i32 < v17; i32++) {
+                const float v33 = opgen_bf16_to_f32(p_dy[v31 * st_dy_0 + i32]);
+                const float v34 = v33 * v23;
+                l26[i32] += v34;
             }
         }
-        for (int64_t i40 = v20; i40 < v19; i40++) {
-            const float v41 = opgen_bf16_to_f32(p_dtable1[i30 * st_dtable1_0 + i40]);
-            const float v42 = p_dtable1_acc ? v41 : v29;
-            const float v43 = l31[i40];
-            const float v44 = v42 + v43;
-            p_dtable1[i30 * st_dtable1_0 + i40] = opgen_f32_to_bf16(v44);
+        for (int64_t i35 = v2; i35 < v17; i35++) {
+            const float v36 = opgen_bf16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
+            const float v37 = p_dtable1_acc ? v36 : v24;
+            const float v38 = l26[i35];
+            const float v39 = v37 + v38;
+            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_bf16(v39);
         }
     }
-    const int64_t v45 = d_D;
-    const int64_t v46 = 0ll;
-    const bool v47 = v45 == v46;
-    const int64_t v48 = d_N2;
-    const int64_t v49 = v47 ? v46 : v48;
-    opgen_seg_build(t10, d_N, v48, t50, t51);
-    const int64_t v52 = d_N;
-    const int64_t v53 = 1ll;
-    const float v54 = p_alpha2;
-    const float v55 = 0.0f;
+    const int64_t v40 = v18 ? v2 : v11;
+    opgen_seg_build(t10, d_N, v11, t41, t42);
+    const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i56 = v46; i56 < v49; i56++) {
-        float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l57, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v58 = opgen_seg_start(t50, i56, v48, v52);
-        const int64_t v59 = i56 + v53;
-        const int64_t v60 = opgen_seg_start(t50, v59, v48, v52);
-        for (int64_t i61 = v58; i61 < v60; i61++) {
-            const int64_t v62 = t51[i61];
-            for (int64_t i63 = v46; i63 < v45; i63++) {
-                const float v64 = opgen_bf16_to_f32(p_dy[v62 * st_dy_0 + i63]);
-                const float v65 = v64 * v54;
-                l57[i63] += v65;
+    for (int64_t i44 = v2; i44 < v40; i44++) {
+        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l45, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v47 = i44 + v22;
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        for (int64_t i49 = v46; i49 < v48; i49++) {
+            const int64_t v50 = t42[i49];
+            for (int64_t i51 = v2; i51 < v17; i51++) {
+                const float v52 = opgen_bf16_to_f32(p_dy[v50 * st_dy_0 + i51]);
+                const float v53 = v52 * v43;
+                l45[i51] += v53;
             }
         }
-        for (int64_t i66 = v46; i66 < v45; i66++) {
-            const float v67 = opgen_bf16_to_f32(p_dtable2[i56 * st_dtable2_0 + i66]);
-            const float v68 = p_dtable2_acc ? v67 : v55;
-            const float v69 = l57[i66];
-            const float v70 = v68 + v69;
-            p_dtable2[i56 * st_dtable2_0 + i66] = opgen_f32_to_bf16(v70);
+        for (int64_t i54 = v2; i54 < v17; i54++) {
+            const float v55 = opgen_bf16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
+            const float v56 = p_dtable2_acc ? v55 : v24;
+            const float v57 = l45[i54];
+            const float v58 = v56 + v57;
+            p_dtable2[i44 * st_dtable2_0 + i54] = opgen_f32_to_bf16(v58);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1655,12 +1595,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t25 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t50 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t51 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l31_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -1672,81 +1612,69 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
         t1[i5] = v6;
     }
-    const int64_t v11 = 0ll;
-    const int64_t v12 = d_N;
-    const int64_t v13 = d_N2;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const int64_t v15 = p_i2[i14];
-        const bool v16 = v15 >= v11;
-        const bool v17 = v15 < v13;
-        const bool v18 = v16 && v17;
-        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i14] = v15;
+    const int64_t v11 = d_N2;
+    for (int64_t i12 = v2; i12 < v3; i12++) {
+        const int64_t v13 = p_i2[i12];
+        const bool v14 = v13 >= v2;
+        const bool v15 = v13 < v11;
+        const bool v16 = v14 && v15;
+        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t10[i12] = v13;
     }
-    const int64_t v19 = d_D;
-    const int64_t v20 = 0ll;
-    const bool v21 = v19 == v20;
-    const int64_t v22 = d_N1;
-    const int64_t v23 = v21 ? v20 : v22;
-    opgen_seg_build(t1, d_N, v22, t24, t25);
-    const int64_t v26 = d_N;
-    const int64_t v27 = 1ll;
-    const float v28 = p_alpha1;
-    const float v29 = 0.0f;
+    const int64_t v17 = d_D;
+    const bool v18 = v17 == v2;
+    const int64_t v19 = v18 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const int64_t v22 = 1ll;
+    const float v23 = p_alpha1;
+    const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v20; i30 < v23; i30++) {
-        float *restrict l31 = l31_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l31, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v32 = opgen_seg_start(t24, i30, v22, v26);
-        const int64_t v33 = i30 + v27;
-        const int64_t v34 = opgen_seg_start(t24, v33, v22, v26);
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t25[i35];
-            for (int64_t i37 = v20; i37 < v19; i37++) {
-                const float v38 = p_dy[v36 * st_dy_0 + i37];
-                const float v39 = v38 * v28;
-                l31[i37] += v39;
+    for (int64_t i25 = v2; i25 < v19; i25++) {
+        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l26, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v28 = i25 + v22;
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        for (int64_t i30 = v27; i30 < v29; i30++) {
+            const int64_t v31 = t21[i30];
+            for (int64_t i32 = v2; i32 < v17; i32++) {
+                const float v33 = p_dy[v31 * st_dy_0 + i32];
+                const float v34 = v33 * v23;
+                l26[i32] += v34;
             }
         }
-        for (int64_t i40 = v20; i40 < v19; i40++) {
-            const float v41 = p_dtable1[i30 * st_dtable1_0 + i40];
-            const float v42 = p_dtable1_acc ? v41 : v29;
-            const float v43 = l31[i40];
-            const float v44 = v42 + v43;
-            p_dtable1[i30 * st_dtable1_0 + i40] = v44;
+        for (int64_t i35 = v2; i35 < v17; i35++) {
+            const float v36 = p_dtable1[i25 * st_dtable1_0 + i35];
+            const float v37 = p_dtable1_acc ? v36 : v24;
+            const float v38 = l26[i35];
+            const float v39 = v37 + v38;
+            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
         }
     }
-    const int64_t v45 = d_D;
-    const int64_t v46 = 0ll;
-    const bool v47 = v45 == v46;
-    const int64_t v48 = d_N2;
-    const int64_t v49 = v47 ? v46 : v48;
-    opgen_seg_build(t10, d_N, v48, t50, t51);
-    const int64_t v52 = d_N;
-    const int64_t v53 = 1ll;
-    const float v54 = p_alpha2;
-    const float v55 = 0.0f;
+    const int64_t v40 = v18 ? v2 : v11;
+    opgen_seg_build(t10, d_N, v11, t41, t42);
+    const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i56 = v46; i56 < v49; i56++) {
-        float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l57, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v58 = opgen_seg_start(t50, i56, v48, v52);
-        const int64_t v59 = i56 + v53;
-        const int64_t v60 = opgen_seg_start(t50, v59, v48, v52);
-        for (int64_t i61 = v58; i61 < v60; i61++) {
-            const int64_t v62 = t51[i61];
-            for (int64_t i63 = v46; i63 < v45; i63++) {
-                const float v64 = p_dy[v62 * st_dy_0 + i63];
-                const float v65 = v64 * v54;
-                l57[i63] += v65;
+    for (int64_t i44 = v2; i44 < v40; i44++) {
+        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l45, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v47 = i44 + v22;
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        for (int64_t i49 = v46; i49 < v48; i49++) {
+            const int64_t v50 = t42[i49];
+            for (int64_t i51 = v2; i51 < v17; i51++) {
+                const float v52 = p_dy[v50 * st_dy_0 + i51];
+                const float v53 = v52 * v43;
+                l45[i51] += v53;
             }
         }
-        for (int64_t i66 = v46; i66 < v45; i66++) {
-            const float v67 = p_dtable2[i56 * st_dtable2_0 + i66];
-            const float v68 = p_dtable2_acc ? v67 : v55;
-            const float v69 = l57[i66];
-            const float v70 = v68 + v69;
-            p_dtable2[i56 * st_dtable2_0 + i66] = v70;
+        for (int64_t i54 = v2; i54 < v17; i54++) {
+            const float v55 = p_dtable2[i44 * st_dtable2_0 + i54];
+            const float v56 = p_dtable2_acc ? v55 : v24;
+            const float v57 = l45[i54];
+            const float v58 = v56 + v57;
+            p_dtable2[i44 * st_dtable2_0 + i54] = v58;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1820,12 +1748,12 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t24 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t25 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t50 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t51 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l31_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l57_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l26_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l45_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_N1;
@@ -1837,81 +1765,69 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
         t1[i5] = v6;
     }
-    const int64_t v11 = 0ll;
-    const int64_t v12 = d_N;
-    const int64_t v13 = d_N2;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const int64_t v15 = p_i2[i14];
-        const bool v16 = v15 >= v11;
-        const bool v17 = v15 < v13;
-        const bool v18 = v16 && v17;
-        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i14] = v15;
+    const int64_t v11 = d_N2;
+    for (int64_t i12 = v2; i12 < v3; i12++) {
+        const int64_t v13 = p_i2[i12];
+        const bool v14 = v13 >= v2;
+        const bool v15 = v13 < v11;
+        const bool v16 = v14 && v15;
+        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t10[i12] = v13;
     }
-    const int64_t v19 = d_D;
-    const int64_t v20 = 0ll;
-    const bool v21 = v19 == v20;
-    const int64_t v22 = d_N1;
-    const int64_t v23 = v21 ? v20 : v22;
-    opgen_seg_build(t1, d_N, v22, t24, t25);
-    const int64_t v26 = d_N;
-    const int64_t v27 = 1ll;
-    const double v28 = (double)(p_alpha1);
-    const double v29 = 0.0;
+    const int64_t v17 = d_D;
+    const bool v18 = v17 == v2;
+    const int64_t v19 = v18 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const int64_t v22 = 1ll;
+    const double v23 = (double)(p_alpha1);
+    const double v24 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v20; i30 < v23; i30++) {
-        double *restrict l31 = l31_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l31, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v32 = opgen_seg_start(t24, i30, v22, v26);
-        const int64_t v33 = i30 + v27;
-        const int64_t v34 = opgen_seg_start(t24, v33, v22, v26);
-        for (int64_t i35 = v32; i35 < v34; i35++) {
-            const int64_t v36 = t25[i35];
-            for (int64_t i37 = v20; i37 < v19; i37++) {
-                const double v38 = p_dy[v36 * st_dy_0 + i37];
-                const double v39 = v38 * v28;
-                l31[i37] += v39;
+    for (int64_t i25 = v2; i25 < v19; i25++) {
+        double *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l26, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v28 = i25 + v22;
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        for (int64_t i30 = v27; i30 < v29; i30++) {
+            const int64_t v31 = t21[i30];
+            for (int64_t i32 = v2; i32 < v17; i32++) {
+                const double v33 = p_dy[v31 * st_dy_0 + i32];
+                const double v34 = v33 * v23;
+                l26[i32] += v34;
             }
         }
-        for (int64_t i40 = v20; i40 < v19; i40++) {
-            const double v41 = p_dtable1[i30 * st_dtable1_0 + i40];
-            const double v42 = p_dtable1_acc ? v41 : v29;
-            const double v43 = l31[i40];
-            const double v44 = v42 + v43;
-            p_dtable1[i30 * st_dtable1_0 + i40] = v44;
+        for (int64_t i35 = v2; i35 < v17; i35++) {
+            const double v36 = p_dtable1[i25 * st_dtable1_0 + i35];
+            const double v37 = p_dtable1_acc ? v36 : v24;
+            const double v38 = l26[i35];
+            const double v39 = v37 + v38;
+            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
         }
     }
-    const int64_t v45 = d_D;
-    const int64_t v46 = 0ll;
-    const bool v47 = v45 == v46;
-    const int64_t v48 = d_N2;
-    const int64_t v49 = v47 ? v46 : v48;
-    opgen_seg_build(t10, d_N, v48, t50, t51);
-    const int64_t v52 = d_N;
-    const int64_t v53 = 1ll;
-    const double v54 = (double)(p_alpha2);
-    const double v55 = 0.0;
+    const int64_t v40 = v18 ? v2 : v11;
+    opgen_seg_build(t10, d_N, v11, t41, t42);
+    const double v43 = (double)(p_alpha2);
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i56 = v46; i56 < v49; i56++) {
-        double *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l57, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v58 = opgen_seg_start(t50, i56, v48, v52);
-        const int64_t v59 = i56 + v53;
-        const int64_t v60 = opgen_seg_start(t50, v59, v48, v52);
-        for (int64_t i61 = v58; i61 < v60; i61++) {
-            const int64_t v62 = t51[i61];
-            for (int64_t i63 = v46; i63 < v45; i63++) {
-                const double v64 = p_dy[v62 * st_dy_0 + i63];
-                const double v65 = v64 * v54;
-                l57[i63] += v65;
+    for (int64_t i44 = v2; i44 < v40; i44++) {
+        double *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l45, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v47 = i44 + v22;
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        for (int64_t i49 = v46; i49 < v48; i49++) {
+            const int64_t v50 = t42[i49];
+            for (int64_t i51 = v2; i51 < v17; i51++) {
+                const double v52 = p_dy[v50 * st_dy_0 + i51];
+                const double v53 = v52 * v43;
+                l45[i51] += v53;
             }
         }
-        for (int64_t i66 = v46; i66 < v45; i66++) {
-            const double v67 = p_dtable2[i56 * st_dtable2_0 + i66];
-            const double v68 = p_dtable2_acc ? v67 : v55;
-            const double v69 = l57[i66];
-            const double v70 = v68 + v69;
-            p_dtable2[i56 * st_dtable2_0 + i66] = v70;
+        for (int64_t i54 = v2; i54 < v17; i54++) {
+            const double v55 = p_dtable2[i44 * st_dtable2_0 + i54];
+            const double v56 = p_dtable2_acc ? v55 : v24;
+            const double v57 = l45[i54];
+            const double v58 = v56 + v57;
+            p_dtable2[i44 * st_dtable2_0 + i54] = v58;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -51,9 +51,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -66,30 +66,27 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i19 = v11; i19 < v14; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t15, i19, v13, v17);
-        const int64_t v22 = i19 + v18;
-        const int64_t v23 = opgen_seg_start(t15, v22, v13, v17);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t16[i24];
-            for (int64_t i26 = v11; i26 < v10; i26++) {
-                const float v27 = opgen_bf16_to_f32(p_grad[v25 * st_grad_0 + i26 * st_grad_1]);
-                l20[i26] += v27;
+    for (int64_t i16 = v2; i16 < v12; i16++) {
+        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l17, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v18 = opgen_seg_start(t13, i16, v4, v3);
+        const int64_t v19 = i16 + v15;
+        const int64_t v20 = opgen_seg_start(t13, v19, v4, v3);
+        for (int64_t i21 = v18; i21 < v20; i21++) {
+            const int64_t v22 = t14[i21];
+            for (int64_t i23 = v2; i23 < v10; i23++) {
+                const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23 * st_grad_1]);
+                l17[i23] += v24;
             }
         }
-        for (int64_t i28 = v11; i28 < v10; i28++) {
-            const float v29 = l20[i28];
-            p_out[i19 * st_out_0 + i28 * st_out_1] = opgen_f32_to_bf16(v29);
+        for (int64_t i25 = v2; i25 < v10; i25++) {
+            const float v26 = l17[i25];
+            p_out[i16 * st_out_0 + i25 * st_out_1] = opgen_f32_to_bf16(v26);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -111,9 +108,9 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -126,30 +123,27 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i19 = v11; i19 < v14; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t15, i19, v13, v17);
-        const int64_t v22 = i19 + v18;
-        const int64_t v23 = opgen_seg_start(t15, v22, v13, v17);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t16[i24];
-            for (int64_t i26 = v11; i26 < v10; i26++) {
-                const float v27 = opgen_bf16_to_f32(p_grad[v25 * st_grad_0 + i26]);
-                l20[i26] += v27;
+    for (int64_t i16 = v2; i16 < v12; i16++) {
+        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l17, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v18 = opgen_seg_start(t13, i16, v4, v3);
+        const int64_t v19 = i16 + v15;
+        const int64_t v20 = opgen_seg_start(t13, v19, v4, v3);
+        for (int64_t i21 = v18; i21 < v20; i21++) {
+            const int64_t v22 = t14[i21];
+            for (int64_t i23 = v2; i23 < v10; i23++) {
+                const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23]);
+                l17[i23] += v24;
             }
         }
-        for (int64_t i28 = v11; i28 < v10; i28++) {
-            const float v29 = l20[i28];
-            p_out[i19 * st_out_0 + i28] = opgen_f32_to_bf16(v29);
+        for (int64_t i25 = v2; i25 < v10; i25++) {
+            const float v26 = l17[i25];
+            p_out[i16 * st_out_0 + i25] = opgen_f32_to_bf16(v26);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -207,9 +201,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -222,30 +216,27 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i19 = v11; i19 < v14; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t15, i19, v13, v17);
-        const int64_t v22 = i19 + v18;
-        const int64_t v23 = opgen_seg_start(t15, v22, v13, v17);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t16[i24];
-            for (int64_t i26 = v11; i26 < v10; i26++) {
-                const float v27 = p_grad[v25 * st_grad_0 + i26 * st_grad_1];
-                l20[i26] += v27;
+    for (int64_t i16 = v2; i16 < v12; i16++) {
+        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l17, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v18 = opgen_seg_start(t13, i16, v4, v3);
+        const int64_t v19 = i16 + v15;
+        const int64_t v20 = opgen_seg_start(t13, v19, v4, v3);
+        for (int64_t i21 = v18; i21 < v20; i21++) {
+            const int64_t v22 = t14[i21];
+            for (int64_t i23 = v2; i23 < v10; i23++) {
+                const float v24 = p_grad[v22 * st_grad_0 + i23 * st_grad_1];
+                l17[i23] += v24;
             }
         }
-        for (int64_t i28 = v11; i28 < v10; i28++) {
-            const float v29 = l20[i28];
-            p_out[i19 * st_out_0 + i28 * st_out_1] = v29;
+        for (int64_t i25 = v2; i25 < v10; i25++) {
+            const float v26 = l17[i25];
+            p_out[i16 * st_out_0 + i25 * st_out_1] = v26;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -267,9 +258,9 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -282,30 +273,27 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i19 = v11; i19 < v14; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t15, i19, v13, v17);
-        const int64_t v22 = i19 + v18;
-        const int64_t v23 = opgen_seg_start(t15, v22, v13, v17);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t16[i24];
-            for (int64_t i26 = v11; i26 < v10; i26++) {
-                const float v27 = p_grad[v25 * st_grad_0 + i26];
-                l20[i26] += v27;
+    for (int64_t i16 = v2; i16 < v12; i16++) {
+        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l17, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v18 = opgen_seg_start(t13, i16, v4, v3);
+        const int64_t v19 = i16 + v15;
+        const int64_t v20 = opgen_seg_start(t13, v19, v4, v3);
+        for (int64_t i21 = v18; i21 < v20; i21++) {
+            const int64_t v22 = t14[i21];
+            for (int64_t i23 = v2; i23 < v10; i23++) {
+                const float v24 = p_grad[v22 * st_grad_0 + i23];
+                l17[i23] += v24;
             }
         }
-        for (int64_t i28 = v11; i28 < v10; i28++) {
-            const float v29 = l20[i28];
-            p_out[i19 * st_out_0 + i28] = v29;
+        for (int64_t i25 = v2; i25 < v10; i25++) {
+            const float v26 = l17[i25];
+            p_out[i16 * st_out_0 + i25] = v26;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -59,9 +59,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -74,47 +74,44 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = p_grad[ro_grad[v27] + i39 * st_grad_1];
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = p_grad[ro_grad[v24] + i36 * st_grad_1];
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44 * st_out_1] = v46;
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41 * st_out_1] = v43;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -140,9 +137,9 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -155,47 +152,44 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = p_grad[ro_grad[v27] + i39];
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = p_grad[ro_grad[v24] + i36];
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44] = v46;
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41] = v43;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -261,9 +255,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -276,47 +270,44 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = opgen_f16_to_f32(p_grad[ro_grad[v27] + i39 * st_grad_1]);
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44 * st_out_1] = opgen_f32_to_f16(v46);
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_f16(v43);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -342,9 +333,9 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -357,47 +348,44 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = opgen_f16_to_f32(p_grad[ro_grad[v27] + i39]);
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36]);
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44] = opgen_f32_to_f16(v46);
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41] = opgen_f32_to_f16(v43);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -463,9 +451,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -478,47 +466,44 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = opgen_bf16_to_f32(p_grad[ro_grad[v27] + i39 * st_grad_1]);
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44 * st_out_1] = opgen_f32_to_bf16(v46);
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_bf16(v43);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -544,9 +529,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     size_t off = 0;
     char *wp = ws;
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     const int64_t v3 = d_N;
     const int64_t v4 = d_V;
@@ -559,47 +544,44 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
         t1[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const int64_t v11 = 0ll;
-    const bool v12 = v10 == v11;
-    const int64_t v13 = d_V;
-    const int64_t v14 = v12 ? v11 : v13;
-    opgen_seg_build(t1, d_N, v13, t15, t16);
-    const int64_t v17 = d_N;
-    const int64_t v18 = 1ll;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
+    const bool v11 = v10 == v2;
+    const int64_t v12 = v11 ? v2 : v4;
+    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const int64_t v15 = 1ll;
+    const float v16 = 1.0f;
+    const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i21 = v11; i21 < v14; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t15, i21, v13, v17);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t15, v24, v13, v17);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t16[i26];
-            const int64_t v28 = p_indices[ro_indices[v27]];
-            const bool v29 = v28 != p_padding_idx;
-            const int64_t v30 = t1[v27];
-            const int64_t v31 = opgen_seg_start(t15, v30, v13, v17);
-            const int64_t v32 = v30 + v18;
-            const int64_t v33 = opgen_seg_start(t15, v32, v13, v17);
-            const int64_t v34 = v33 - v31;
-            const int32_t v35 = (int32_t)(v34);
-            const float v36 = (float)(v35);
-            const float v37 = v19 / v36;
-            const float v38 = p_scale_grad_by_freq ? v37 : v19;
-            for (int64_t i39 = v11; i39 < v10; i39++) {
-                const float v40 = opgen_bf16_to_f32(p_grad[ro_grad[v27] + i39]);
-                const float v41 = v40;
-                const float v42 = v41 * v38;
-                const float v43 = v29 ? v42 : v20;
-                l22[i39] += v43;
+    for (int64_t i18 = v2; i18 < v12; i18++) {
+        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l19, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v21 = i18 + v15;
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        for (int64_t i23 = v20; i23 < v22; i23++) {
+            const int64_t v24 = t14[i23];
+            const int64_t v25 = p_indices[ro_indices[v24]];
+            const bool v26 = v25 != p_padding_idx;
+            const int64_t v27 = t1[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v29 = v27 + v15;
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v31 = v30 - v28;
+            const int32_t v32 = (int32_t)(v31);
+            const float v33 = (float)(v32);
+            const float v34 = v16 / v33;
+            const float v35 = p_scale_grad_by_freq ? v34 : v16;
+            for (int64_t i36 = v2; i36 < v10; i36++) {
+                const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36]);
+                const float v38 = v37;
+                const float v39 = v38 * v35;
+                const float v40 = v26 ? v39 : v17;
+                l19[i36] += v40;
             }
         }
-        for (int64_t i44 = v11; i44 < v10; i44++) {
-            const float v45 = l22[i44];
-            const float v46 = v45;
-            p_out[i21 * st_out_0 + i44] = opgen_f32_to_bf16(v46);
+        for (int64_t i41 = v2; i41 < v10; i41++) {
+            const float v42 = l19[i41];
+            const float v43 = v42;
+            p_out[i18 * st_out_0 + i41] = opgen_f32_to_bf16(v43);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

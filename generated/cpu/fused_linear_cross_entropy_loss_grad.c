@@ -106,12 +106,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -126,134 +126,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -290,12 +275,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_u(c
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -310,134 +295,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_u(c
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -551,12 +521,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -571,134 +541,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -735,12 +690,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_u
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -755,134 +710,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_u
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -996,12 +936,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -1016,134 +956,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -1180,12 +1105,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_u(
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -1200,134 +1125,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_u(
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -1441,12 +1351,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -1461,134 +1371,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -1625,12 +1520,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -1645,134 +1540,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -1894,16 +1774,16 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l62_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l107_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l113_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l118_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l119_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1918,164 +1798,149 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = d_H;
-    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v37 = d_V;
-    const float v38 = 1.0f;
-    const float v39 = 0.0f;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v44; i46++) {
-            const int64_t v47 = v41 + i46;
-            for (int64_t i48 = v31; i48 < v35; i48++) {
-                const float v49 = opgen_f16_to_f32(p_input[v47 * st_input_0 + i48 * st_input_1]);
-                l45[i46 * d_H + i48] = v49;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v38; i40++) {
+            const int64_t v41 = v35 + i40;
+            for (int64_t i42 = v21; i42 < v31; i42++) {
+                const float v43 = opgen_f16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
+                l39[i40 * d_H + i42] = v43;
             }
         }
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l50, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i51 = v31; i51 < v36; i51++) {
-            const int64_t v52 = i51 * v33;
-            const int64_t v53 = v52 + v33;
-            const int64_t v54 = ((v53 < v37 || v53 != v53) ? v53 : v37);
-            const int64_t v55 = v54 - v52;
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v31; i57 < v55; i57++) {
-                const int64_t v58 = v52 + i57;
-                for (int64_t i59 = v31; i59 < v35; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59 * st_weight_1]);
-                    l56[i57 * d_H + i59] = v60;
+        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i45 = v21; i45 < v32; i45++) {
+            const int64_t v46 = i45 * v30;
+            const int64_t v47 = v46 + v30;
+            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
+            const int64_t v49 = v48 - v46;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v21; i51 < v49; i51++) {
+                const int64_t v52 = v46 + i51;
+                for (int64_t i53 = v21; i53 < v31; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
+                    l50[i51 * d_H + i53] = v54;
                 }
             }
-            float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v44, v55, v35, l45, d_H, 1, l56, 1, d_H, l61, 256ll, 0);
-            float *restrict l62 = l62_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i63 = v31; i63 < v44; i63++) {
-                const int64_t v64 = v41 + i63;
-                const float v65 = p_logits_max[v64 * st_logits_max_0];
-                const float v66 = p_sum_exp_logits[v64 * st_sum_exp_logits_0];
-                const int64_t v67 = p_masked_target[v64];
-                const bool v68 = (bool)((p_target_mask[(v64 >> 3) * st_target_mask_0] >> (v64 & 7)) & 1);
-                const bool v69 = !v68;
-                const float v70 = p_grad[v64 * st_grad_0];
-                for (int64_t i71 = v31; i71 < v55; i71++) {
-                    const int64_t v72 = v52 + i71;
-                    const float v73 = l61[i63 * 256ll + i71];
-                    const float v74 = v73;
-                    const float v75 = v74 - v65;
-                    const float v76 = expf(v75);
-                    const float v77 = v76 / v66;
-                    const bool v78 = v72 == v67;
-                    const bool v79 = v78 && v69;
-                    const float v80 = v79 ? v38 : v39;
-                    const float v81 = v77 - v80;
-                    const float v82 = v81 * v70;
-                    l62[i63 * 256ll + i71] = v82;
+            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
+            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i57 = v21; i57 < v38; i57++) {
+                const int64_t v58 = v35 + i57;
+                const float v59 = p_logits_max[v58 * st_logits_max_0];
+                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
+                const int64_t v61 = p_masked_target[v58];
+                const bool v62 = (bool)((p_target_mask[(v58 >> 3) * st_target_mask_0] >> (v58 & 7)) & 1);
+                const bool v63 = !v62;
+                const float v64 = p_grad[v58 * st_grad_0];
+                for (int64_t i65 = v21; i65 < v49; i65++) {
+                    const int64_t v66 = v46 + i65;
+                    const float v67 = l55[i57 * 256ll + i65];
+                    const float v68 = v67;
+                    const float v69 = v68 - v59;
+                    const float v70 = expf(v69);
+                    const float v71 = v70 / v60;
+                    const bool v72 = v66 == v61;
+                    const bool v73 = v72 && v63;
+                    const float v74 = v73 ? v33 : v11;
+                    const float v75 = v71 - v74;
+                    const float v76 = v75 * v64;
+                    l56[i57 * 256ll + i65] = v76;
                 }
             }
-            opgen_sgemm(v44, v35, v55, l62, 256ll, 1, l56, d_H, 1, l50, d_H, 1);
+            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
         }
-        for (int64_t i83 = v31; i83 < v44; i83++) {
-            const int64_t v84 = v41 + i83;
-            for (int64_t i85 = v31; i85 < v35; i85++) {
-                const float v86 = l50[i83 * d_H + i85];
-                const float v87 = v86;
-                p_input_grad[v84 * st_input_grad_0 + i85 * st_input_grad_1] = opgen_f32_to_f16(v87);
+        for (int64_t i77 = v21; i77 < v38; i77++) {
+            const int64_t v78 = v35 + i77;
+            for (int64_t i79 = v21; i79 < v31; i79++) {
+                const float v80 = l44[i77 * d_H + i79];
+                const float v81 = v80;
+                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_f16(v81);
             }
         }
     }
-    const int64_t v88 = 0ll;
-    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v90 = 256ll;
-    const int64_t v91 = d_V;
-    const int64_t v92 = d_H;
-    const int64_t v93 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v94 = d_BT;
-    const float v95 = 1.0f;
-    const float v96 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i97 = v88; i97 < v89; i97++) {
-        const int64_t v98 = i97 * v90;
-        const int64_t v99 = v98 + v90;
-        const int64_t v100 = ((v99 < v91 || v99 != v99) ? v99 : v91);
-        const int64_t v101 = v100 - v98;
-        float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i103 = v88; i103 < v101; i103++) {
-            const int64_t v104 = v98 + i103;
-            for (int64_t i105 = v88; i105 < v92; i105++) {
-                const float v106 = opgen_f16_to_f32(p_weight[v104 * st_weight_0 + i105 * st_weight_1]);
-                l102[i103 * d_H + i105] = v106;
+    for (int64_t i82 = v21; i82 < v32; i82++) {
+        const int64_t v83 = i82 * v30;
+        const int64_t v84 = v83 + v30;
+        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
+        const int64_t v86 = v85 - v83;
+        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i88 = v21; i88 < v86; i88++) {
+            const int64_t v89 = v83 + i88;
+            for (int64_t i90 = v21; i90 < v31; i90++) {
+                const float v91 = opgen_f16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
+                l87[i88 * d_H + i90] = v91;
             }
         }
-        float *restrict l107 = l107_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l107, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i108 = v88; i108 < v93; i108++) {
-            const int64_t v109 = i108 * v90;
-            const int64_t v110 = v109 + v90;
-            const int64_t v111 = ((v110 < v94 || v110 != v110) ? v110 : v94);
-            const int64_t v112 = v111 - v109;
-            float *restrict l113 = l113_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i114 = v88; i114 < v112; i114++) {
-                const int64_t v115 = v109 + i114;
-                for (int64_t i116 = v88; i116 < v92; i116++) {
-                    const float v117 = opgen_f16_to_f32(p_input[v115 * st_input_0 + i116 * st_input_1]);
-                    l113[i114 * d_H + i116] = v117;
+        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i93 = v21; i93 < v29; i93++) {
+            const int64_t v94 = i93 * v30;
+            const int64_t v95 = v94 + v30;
+            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
+            const int64_t v97 = v96 - v94;
+            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i99 = v21; i99 < v97; i99++) {
+                const int64_t v100 = v94 + i99;
+                for (int64_t i101 = v21; i101 < v31; i101++) {
+                    const float v102 = opgen_f16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
+                    l98[i99 * d_H + i101] = v102;
                 }
             }
-            float *restrict l118 = l118_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v112, v101, v92, l113, d_H, 1, l102, 1, d_H, l118, 256ll, 0);
-            float *restrict l119 = l119_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i120 = v88; i120 < v112; i120++) {
-                const int64_t v121 = v109 + i120;
-                const float v122 = p_logits_max[v121 * st_logits_max_0];
-                const float v123 = p_sum_exp_logits[v121 * st_sum_exp_logits_0];
-                const int64_t v124 = p_masked_target[v121];
-                const bool v125 = (bool)((p_target_mask[(v121 >> 3) * st_target_mask_0] >> (v121 & 7)) & 1);
-                const bool v126 = !v125;
-                const float v127 = p_grad[v121 * st_grad_0];
-                for (int64_t i128 = v88; i128 < v101; i128++) {
-                    const int64_t v129 = v98 + i128;
-                    const float v130 = l118[i120 * 256ll + i128];
-                    const float v131 = v130;
-                    const float v132 = v131 - v122;
-                    const float v133 = expf(v132);
-                    const float v134 = v133 / v123;
-                    const bool v135 = v129 == v124;
-                    const bool v136 = v135 && v126;
-                    const float v137 = v136 ? v95 : v96;
-                    const float v138 = v134 - v137;
-                    const float v139 = v138 * v127;
-                    l119[i120 * 256ll + i128] = v139;
+            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i105 = v21; i105 < v97; i105++) {
+                const int64_t v106 = v94 + i105;
+                const float v107 = p_logits_max[v106 * st_logits_max_0];
+                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
+                const int64_t v109 = p_masked_target[v106];
+                const bool v110 = (bool)((p_target_mask[(v106 >> 3) * st_target_mask_0] >> (v106 & 7)) & 1);
+                const bool v111 = !v110;
+                const float v112 = p_grad[v106 * st_grad_0];
+                for (int64_t i113 = v21; i113 < v86; i113++) {
+                    const int64_t v114 = v83 + i113;
+                    const float v115 = l103[i105 * 256ll + i113];
+                    const float v116 = v115;
+                    const float v117 = v116 - v107;
+                    const float v118 = expf(v117);
+                    const float v119 = v118 / v108;
+                    const bool v120 = v114 == v109;
+                    const bool v121 = v120 && v111;
+                    const float v122 = v121 ? v33 : v11;
+                    const float v123 = v119 - v122;
+                    const float v124 = v123 * v112;
+                    l104[i105 * 256ll + i113] = v124;
                 }
             }
-            opgen_sgemm(v101, v92, v112, l119, 1, 256ll, l113, d_H, 1, l107, d_H, 1);
+            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
         }
-        for (int64_t i140 = v88; i140 < v101; i140++) {
-            const int64_t v141 = v98 + i140;
-            for (int64_t i142 = v88; i142 < v92; i142++) {
-                const float v143 = l107[i140 * d_H + i142];
-                const float v144 = v143;
-                p_weight_grad[v141 * st_weight_grad_0 + i142 * st_weight_grad_1] = opgen_f32_to_f16(v144);
+        for (int64_t i125 = v21; i125 < v86; i125++) {
+            const int64_t v126 = v83 + i125;
+            for (int64_t i127 = v21; i127 < v31; i127++) {
+                const float v128 = l92[i125 * d_H + i127];
+                const float v129 = v128;
+                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_f16(v129);
             }
         }
     }
@@ -2113,16 +1978,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l108_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l77_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -2137,164 +2002,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = d_H;
-    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v27 = d_V;
-    const float v28 = 1.0f;
-    const float v29 = 0.0f;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = d_H;
+    const int64_t v22 = (d_V / 256 + (d_V % 256 != 0));
+    const float v23 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v34; i36++) {
-            const int64_t v37 = v31 + i36;
-            for (int64_t i38 = v21; i38 < v25; i38++) {
-                const float v39 = opgen_f16_to_f32(p_input[v37 * st_input_0 + i38]);
-                l35[i36 * d_H + i38] = v39;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v28; i30++) {
+            const int64_t v31 = v25 + i30;
+            for (int64_t i32 = v11; i32 < v21; i32++) {
+                const float v33 = opgen_f16_to_f32(p_input[v31 * st_input_0 + i32]);
+                l29[i30 * d_H + i32] = v33;
             }
         }
-        float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l40, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i41 = v21; i41 < v26; i41++) {
-            const int64_t v42 = i41 * v23;
-            const int64_t v43 = v42 + v23;
-            const int64_t v44 = ((v43 < v27 || v43 != v43) ? v43 : v27);
-            const int64_t v45 = v44 - v42;
-            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i47 = v21; i47 < v45; i47++) {
-                const int64_t v48 = v42 + i47;
-                for (int64_t i49 = v21; i49 < v25; i49++) {
-                    const float v50 = opgen_f16_to_f32(p_weight[v48 * st_weight_0 + i49]);
-                    l46[i47 * d_H + i49] = v50;
+        float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i35 = v11; i35 < v22; i35++) {
+            const int64_t v36 = i35 * v20;
+            const int64_t v37 = v36 + v20;
+            const int64_t v38 = ((v37 < v3 || v37 != v37) ? v37 : v3);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v11; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
+                for (int64_t i43 = v11; i43 < v21; i43++) {
+                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v34, v45, v25, l35, d_H, 1, l46, 1, d_H, l51, 256ll, 0);
-            float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i53 = v21; i53 < v34; i53++) {
-                const int64_t v54 = v31 + i53;
-                const float v55 = p_logits_max[v54];
-                const float v56 = p_sum_exp_logits[v54];
-                const int64_t v57 = p_masked_target[v54];
-                const bool v58 = (bool)((p_target_mask[(v54 >> 3)] >> (v54 & 7)) & 1);
-                const bool v59 = !v58;
-                const float v60 = p_grad[v54];
-                for (int64_t i61 = v21; i61 < v45; i61++) {
-                    const int64_t v62 = v42 + i61;
-                    const float v63 = l51[i53 * 256ll + i61];
-                    const float v64 = v63;
-                    const float v65 = v64 - v55;
-                    const float v66 = expf(v65);
-                    const float v67 = v66 / v56;
-                    const bool v68 = v62 == v57;
-                    const bool v69 = v68 && v59;
-                    const float v70 = v69 ? v28 : v29;
-                    const float v71 = v67 - v70;
-                    const float v72 = v71 * v60;
-                    l52[i53 * 256ll + i61] = v72;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v28, v39, v21, l29, d_H, 1, l40, 1, d_H, l45, 256ll, 0);
+            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i47 = v11; i47 < v28; i47++) {
+                const int64_t v48 = v25 + i47;
+                const float v49 = p_logits_max[v48];
+                const float v50 = p_sum_exp_logits[v48];
+                const int64_t v51 = p_masked_target[v48];
+                const bool v52 = (bool)((p_target_mask[(v48 >> 3)] >> (v48 & 7)) & 1);
+                const bool v53 = !v52;
+                const float v54 = p_grad[v48];
+                for (int64_t i55 = v11; i55 < v39; i55++) {
+                    const int64_t v56 = v36 + i55;
+                    const float v57 = l45[i47 * 256ll + i55];
+                    const float v58 = v57;
+                    const float v59 = v58 - v49;
+                    const float v60 = expf(v59);
+                    const float v61 = v60 / v50;
+                    const bool v62 = v56 == v51;
+                    const bool v63 = v62 && v53;
+                    const float v64 = v63 ? v23 : v1;
+                    const float v65 = v61 - v64;
+                    const float v66 = v65 * v54;
+                    l46[i47 * 256ll + i55] = v66;
                 }
             }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v28, v21, v39, l46, 256ll, 1, l40, d_H, 1, l34, d_H, 1);
         }
-        for (int64_t i73 = v21; i73 < v34; i73++) {
-            const int64_t v74 = v31 + i73;
-            for (int64_t i75 = v21; i75 < v25; i75++) {
-                const float v76 = l40[i73 * d_H + i75];
-                const float v77 = v76;
-                p_input_grad[v74 * st_input_grad_0 + i75] = opgen_f32_to_f16(v77);
+        for (int64_t i67 = v11; i67 < v28; i67++) {
+            const int64_t v68 = v25 + i67;
+            for (int64_t i69 = v11; i69 < v21; i69++) {
+                const float v70 = l34[i67 * d_H + i69];
+                const float v71 = v70;
+                p_input_grad[v68 * st_input_grad_0 + i69] = opgen_f32_to_f16(v71);
             }
         }
     }
-    const int64_t v78 = 0ll;
-    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v80 = 256ll;
-    const int64_t v81 = d_V;
-    const int64_t v82 = d_H;
-    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v84 = d_BT;
-    const float v85 = 1.0f;
-    const float v86 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i87 = v78; i87 < v79; i87++) {
-        const int64_t v88 = i87 * v80;
-        const int64_t v89 = v88 + v80;
-        const int64_t v90 = ((v89 < v81 || v89 != v89) ? v89 : v81);
-        const int64_t v91 = v90 - v88;
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v78; i93 < v91; i93++) {
-            const int64_t v94 = v88 + i93;
-            for (int64_t i95 = v78; i95 < v82; i95++) {
-                const float v96 = opgen_f16_to_f32(p_weight[v94 * st_weight_0 + i95]);
-                l92[i93 * d_H + i95] = v96;
+    for (int64_t i72 = v11; i72 < v22; i72++) {
+        const int64_t v73 = i72 * v20;
+        const int64_t v74 = v73 + v20;
+        const int64_t v75 = ((v74 < v3 || v74 != v74) ? v74 : v3);
+        const int64_t v76 = v75 - v73;
+        float *restrict l77 = l77_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i78 = v11; i78 < v76; i78++) {
+            const int64_t v79 = v73 + i78;
+            for (int64_t i80 = v11; i80 < v21; i80++) {
+                const float v81 = opgen_f16_to_f32(p_weight[v79 * st_weight_0 + i80]);
+                l77[i78 * d_H + i80] = v81;
             }
         }
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v78; i98 < v83; i98++) {
-            const int64_t v99 = i98 * v80;
-            const int64_t v100 = v99 + v80;
-            const int64_t v101 = ((v100 < v84 || v100 != v100) ? v100 : v84);
-            const int64_t v102 = v101 - v99;
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i104 = v78; i104 < v102; i104++) {
-                const int64_t v105 = v99 + i104;
-                for (int64_t i106 = v78; i106 < v82; i106++) {
-                    const float v107 = opgen_f16_to_f32(p_input[v105 * st_input_0 + i106]);
-                    l103[i104 * d_H + i106] = v107;
+        float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l82, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i83 = v11; i83 < v19; i83++) {
+            const int64_t v84 = i83 * v20;
+            const int64_t v85 = v84 + v20;
+            const int64_t v86 = ((v85 < v9 || v85 != v85) ? v85 : v9);
+            const int64_t v87 = v86 - v84;
+            float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i89 = v11; i89 < v87; i89++) {
+                const int64_t v90 = v84 + i89;
+                for (int64_t i91 = v11; i91 < v21; i91++) {
+                    const float v92 = opgen_f16_to_f32(p_input[v90 * st_input_0 + i91]);
+                    l88[i89 * d_H + i91] = v92;
                 }
             }
-            float *restrict l108 = l108_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v102, v91, v82, l103, d_H, 1, l92, 1, d_H, l108, 256ll, 0);
-            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i110 = v78; i110 < v102; i110++) {
-                const int64_t v111 = v99 + i110;
-                const float v112 = p_logits_max[v111];
-                const float v113 = p_sum_exp_logits[v111];
-                const int64_t v114 = p_masked_target[v111];
-                const bool v115 = (bool)((p_target_mask[(v111 >> 3)] >> (v111 & 7)) & 1);
-                const bool v116 = !v115;
-                const float v117 = p_grad[v111];
-                for (int64_t i118 = v78; i118 < v91; i118++) {
-                    const int64_t v119 = v88 + i118;
-                    const float v120 = l108[i110 * 256ll + i118];
-                    const float v121 = v120;
-                    const float v122 = v121 - v112;
-                    const float v123 = expf(v122);
-                    const float v124 = v123 / v113;
-                    const bool v125 = v119 == v114;
-                    const bool v126 = v125 && v116;
-                    const float v127 = v126 ? v85 : v86;
-                    const float v128 = v124 - v127;
-                    const float v129 = v128 * v117;
-                    l109[i110 * 256ll + i118] = v129;
+            float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v87, v76, v21, l88, d_H, 1, l77, 1, d_H, l93, 256ll, 0);
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i95 = v11; i95 < v87; i95++) {
+                const int64_t v96 = v84 + i95;
+                const float v97 = p_logits_max[v96];
+                const float v98 = p_sum_exp_logits[v96];
+                const int64_t v99 = p_masked_target[v96];
+                const bool v100 = (bool)((p_target_mask[(v96 >> 3)] >> (v96 & 7)) & 1);
+                const bool v101 = !v100;
+                const float v102 = p_grad[v96];
+                for (int64_t i103 = v11; i103 < v76; i103++) {
+                    const int64_t v104 = v73 + i103;
+                    const float v105 = l93[i95 * 256ll + i103];
+                    const float v106 = v105;
+                    const float v107 = v106 - v97;
+                    const float v108 = expf(v107);
+                    const float v109 = v108 / v98;
+                    const bool v110 = v104 == v99;
+                    const bool v111 = v110 && v101;
+                    const float v112 = v111 ? v23 : v1;
+                    const float v113 = v109 - v112;
+                    const float v114 = v113 * v102;
+                    l94[i95 * 256ll + i103] = v114;
                 }
             }
-            opgen_sgemm(v91, v82, v102, l109, 1, 256ll, l103, d_H, 1, l97, d_H, 1);
+            opgen_sgemm(v76, v21, v87, l94, 1, 256ll, l88, d_H, 1, l82, d_H, 1);
         }
-        for (int64_t i130 = v78; i130 < v91; i130++) {
-            const int64_t v131 = v88 + i130;
-            for (int64_t i132 = v78; i132 < v82; i132++) {
-                const float v133 = l97[i130 * d_H + i132];
-                const float v134 = v133;
-                p_weight_grad[v131 * st_weight_grad_0 + i132] = opgen_f32_to_f16(v134);
+        for (int64_t i115 = v11; i115 < v76; i115++) {
+            const int64_t v116 = v73 + i115;
+            for (int64_t i117 = v11; i117 < v21; i117++) {
+                const float v118 = l82[i115 * d_H + i117];
+                const float v119 = v118;
+                p_weight_grad[v116 * st_weight_grad_0 + i117] = opgen_f32_to_f16(v119);
             }
         }
     }
@@ -2416,16 +2266,16 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l62_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l107_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l113_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l118_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l119_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -2440,164 +2290,149 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = d_H;
-    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v37 = d_V;
-    const float v38 = 1.0f;
-    const float v39 = 0.0f;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v44; i46++) {
-            const int64_t v47 = v41 + i46;
-            for (int64_t i48 = v31; i48 < v35; i48++) {
-                const float v49 = opgen_f16_to_f32(p_input[v47 * st_input_0 + i48 * st_input_1]);
-                l45[i46 * d_H + i48] = v49;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v38; i40++) {
+            const int64_t v41 = v35 + i40;
+            for (int64_t i42 = v21; i42 < v31; i42++) {
+                const float v43 = opgen_f16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
+                l39[i40 * d_H + i42] = v43;
             }
         }
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l50, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i51 = v31; i51 < v36; i51++) {
-            const int64_t v52 = i51 * v33;
-            const int64_t v53 = v52 + v33;
-            const int64_t v54 = ((v53 < v37 || v53 != v53) ? v53 : v37);
-            const int64_t v55 = v54 - v52;
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v31; i57 < v55; i57++) {
-                const int64_t v58 = v52 + i57;
-                for (int64_t i59 = v31; i59 < v35; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59 * st_weight_1]);
-                    l56[i57 * d_H + i59] = v60;
+        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i45 = v21; i45 < v32; i45++) {
+            const int64_t v46 = i45 * v30;
+            const int64_t v47 = v46 + v30;
+            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
+            const int64_t v49 = v48 - v46;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v21; i51 < v49; i51++) {
+                const int64_t v52 = v46 + i51;
+                for (int64_t i53 = v21; i53 < v31; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
+                    l50[i51 * d_H + i53] = v54;
                 }
             }
-            float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v44, v55, v35, l45, d_H, 1, l56, 1, d_H, l61, 256ll, 0);
-            float *restrict l62 = l62_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i63 = v31; i63 < v44; i63++) {
-                const int64_t v64 = v41 + i63;
-                const float v65 = p_logits_max[v64 * st_logits_max_0];
-                const float v66 = p_sum_exp_logits[v64 * st_sum_exp_logits_0];
-                const int64_t v67 = p_masked_target[v64];
-                const bool v68 = p_target_mask[v64 * st_target_mask_0];
-                const bool v69 = !v68;
-                const float v70 = p_grad[v64 * st_grad_0];
-                for (int64_t i71 = v31; i71 < v55; i71++) {
-                    const int64_t v72 = v52 + i71;
-                    const float v73 = l61[i63 * 256ll + i71];
-                    const float v74 = v73;
-                    const float v75 = v74 - v65;
-                    const float v76 = expf(v75);
-                    const float v77 = v76 / v66;
-                    const bool v78 = v72 == v67;
-                    const bool v79 = v78 && v69;
-                    const float v80 = v79 ? v38 : v39;
-                    const float v81 = v77 - v80;
-                    const float v82 = v81 * v70;
-                    l62[i63 * 256ll + i71] = v82;
+            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
+            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i57 = v21; i57 < v38; i57++) {
+                const int64_t v58 = v35 + i57;
+                const float v59 = p_logits_max[v58 * st_logits_max_0];
+                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
+                const int64_t v61 = p_masked_target[v58];
+                const bool v62 = p_target_mask[v58 * st_target_mask_0];
+                const bool v63 = !v62;
+                const float v64 = p_grad[v58 * st_grad_0];
+                for (int64_t i65 = v21; i65 < v49; i65++) {
+                    const int64_t v66 = v46 + i65;
+                    const float v67 = l55[i57 * 256ll + i65];
+                    const float v68 = v67;
+                    const float v69 = v68 - v59;
+                    const float v70 = expf(v69);
+                    const float v71 = v70 / v60;
+                    const bool v72 = v66 == v61;
+                    const bool v73 = v72 && v63;
+                    const float v74 = v73 ? v33 : v11;
+                    const float v75 = v71 - v74;
+                    const float v76 = v75 * v64;
+                    l56[i57 * 256ll + i65] = v76;
                 }
             }
-            opgen_sgemm(v44, v35, v55, l62, 256ll, 1, l56, d_H, 1, l50, d_H, 1);
+            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
         }
-        for (int64_t i83 = v31; i83 < v44; i83++) {
-            const int64_t v84 = v41 + i83;
-            for (int64_t i85 = v31; i85 < v35; i85++) {
-                const float v86 = l50[i83 * d_H + i85];
-                const float v87 = v86;
-                p_input_grad[v84 * st_input_grad_0 + i85 * st_input_grad_1] = opgen_f32_to_f16(v87);
+        for (int64_t i77 = v21; i77 < v38; i77++) {
+            const int64_t v78 = v35 + i77;
+            for (int64_t i79 = v21; i79 < v31; i79++) {
+                const float v80 = l44[i77 * d_H + i79];
+                const float v81 = v80;
+                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_f16(v81);
             }
         }
     }
-    const int64_t v88 = 0ll;
-    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v90 = 256ll;
-    const int64_t v91 = d_V;
-    const int64_t v92 = d_H;
-    const int64_t v93 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v94 = d_BT;
-    const float v95 = 1.0f;
-    const float v96 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i97 = v88; i97 < v89; i97++) {
-        const int64_t v98 = i97 * v90;
-        const int64_t v99 = v98 + v90;
-        const int64_t v100 = ((v99 < v91 || v99 != v99) ? v99 : v91);
-        const int64_t v101 = v100 - v98;
-        float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i103 = v88; i103 < v101; i103++) {
-            const int64_t v104 = v98 + i103;
-            for (int64_t i105 = v88; i105 < v92; i105++) {
-                const float v106 = opgen_f16_to_f32(p_weight[v104 * st_weight_0 + i105 * st_weight_1]);
-                l102[i103 * d_H + i105] = v106;
+    for (int64_t i82 = v21; i82 < v32; i82++) {
+        const int64_t v83 = i82 * v30;
+        const int64_t v84 = v83 + v30;
+        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
+        const int64_t v86 = v85 - v83;
+        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i88 = v21; i88 < v86; i88++) {
+            const int64_t v89 = v83 + i88;
+            for (int64_t i90 = v21; i90 < v31; i90++) {
+                const float v91 = opgen_f16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
+                l87[i88 * d_H + i90] = v91;
             }
         }
-        float *restrict l107 = l107_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l107, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i108 = v88; i108 < v93; i108++) {
-            const int64_t v109 = i108 * v90;
-            const int64_t v110 = v109 + v90;
-            const int64_t v111 = ((v110 < v94 || v110 != v110) ? v110 : v94);
-            const int64_t v112 = v111 - v109;
-            float *restrict l113 = l113_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i114 = v88; i114 < v112; i114++) {
-                const int64_t v115 = v109 + i114;
-                for (int64_t i116 = v88; i116 < v92; i116++) {
-                    const float v117 = opgen_f16_to_f32(p_input[v115 * st_input_0 + i116 * st_input_1]);
-                    l113[i114 * d_H + i116] = v117;
+        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i93 = v21; i93 < v29; i93++) {
+            const int64_t v94 = i93 * v30;
+            const int64_t v95 = v94 + v30;
+            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
+            const int64_t v97 = v96 - v94;
+            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i99 = v21; i99 < v97; i99++) {
+                const int64_t v100 = v94 + i99;
+                for (int64_t i101 = v21; i101 < v31; i101++) {
+                    const float v102 = opgen_f16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
+                    l98[i99 * d_H + i101] = v102;
                 }
             }
-            float *restrict l118 = l118_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v112, v101, v92, l113, d_H, 1, l102, 1, d_H, l118, 256ll, 0);
-            float *restrict l119 = l119_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i120 = v88; i120 < v112; i120++) {
-                const int64_t v121 = v109 + i120;
-                const float v122 = p_logits_max[v121 * st_logits_max_0];
-                const float v123 = p_sum_exp_logits[v121 * st_sum_exp_logits_0];
-                const int64_t v124 = p_masked_target[v121];
-                const bool v125 = p_target_mask[v121 * st_target_mask_0];
-                const bool v126 = !v125;
-                const float v127 = p_grad[v121 * st_grad_0];
-                for (int64_t i128 = v88; i128 < v101; i128++) {
-                    const int64_t v129 = v98 + i128;
-                    const float v130 = l118[i120 * 256ll + i128];
-                    const float v131 = v130;
-                    const float v132 = v131 - v122;
-                    const float v133 = expf(v132);
-                    const float v134 = v133 / v123;
-                    const bool v135 = v129 == v124;
-                    const bool v136 = v135 && v126;
-                    const float v137 = v136 ? v95 : v96;
-                    const float v138 = v134 - v137;
-                    const float v139 = v138 * v127;
-                    l119[i120 * 256ll + i128] = v139;
+            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i105 = v21; i105 < v97; i105++) {
+                const int64_t v106 = v94 + i105;
+                const float v107 = p_logits_max[v106 * st_logits_max_0];
+                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
+                const int64_t v109 = p_masked_target[v106];
+                const bool v110 = p_target_mask[v106 * st_target_mask_0];
+                const bool v111 = !v110;
+                const float v112 = p_grad[v106 * st_grad_0];
+                for (int64_t i113 = v21; i113 < v86; i113++) {
+                    const int64_t v114 = v83 + i113;
+                    const float v115 = l103[i105 * 256ll + i113];
+                    const float v116 = v115;
+                    const float v117 = v116 - v107;
+                    const float v118 = expf(v117);
+                    const float v119 = v118 / v108;
+                    const bool v120 = v114 == v109;
+                    const bool v121 = v120 && v111;
+                    const float v122 = v121 ? v33 : v11;
+                    const float v123 = v119 - v122;
+                    const float v124 = v123 * v112;
+                    l104[i105 * 256ll + i113] = v124;
                 }
             }
-            opgen_sgemm(v101, v92, v112, l119, 1, 256ll, l113, d_H, 1, l107, d_H, 1);
+            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
         }
-        for (int64_t i140 = v88; i140 < v101; i140++) {
-            const int64_t v141 = v98 + i140;
-            for (int64_t i142 = v88; i142 < v92; i142++) {
-                const float v143 = l107[i140 * d_H + i142];
-                const float v144 = v143;
-                p_weight_grad[v141 * st_weight_grad_0 + i142 * st_weight_grad_1] = opgen_f32_to_f16(v144);
+        for (int64_t i125 = v21; i125 < v86; i125++) {
+            const int64_t v126 = v83 + i125;
+            for (int64_t i127 = v21; i127 < v31; i127++) {
+                const float v128 = l92[i125 * d_H + i127];
+                const float v129 = v128;
+                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_f16(v129);
             }
         }
     }
@@ -2635,16 +2470,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l108_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l77_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -2659,164 +2494,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = d_H;
-    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v27 = d_V;
-    const float v28 = 1.0f;
-    const float v29 = 0.0f;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = d_H;
+    const int64_t v22 = (d_V / 256 + (d_V % 256 != 0));
+    const float v23 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v34; i36++) {
-            const int64_t v37 = v31 + i36;
-            for (int64_t i38 = v21; i38 < v25; i38++) {
-                const float v39 = opgen_f16_to_f32(p_input[v37 * st_input_0 + i38]);
-                l35[i36 * d_H + i38] = v39;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v28; i30++) {
+            const int64_t v31 = v25 + i30;
+            for (int64_t i32 = v11; i32 < v21; i32++) {
+                const float v33 = opgen_f16_to_f32(p_input[v31 * st_input_0 + i32]);
+                l29[i30 * d_H + i32] = v33;
             }
         }
-        float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l40, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i41 = v21; i41 < v26; i41++) {
-            const int64_t v42 = i41 * v23;
-            const int64_t v43 = v42 + v23;
-            const int64_t v44 = ((v43 < v27 || v43 != v43) ? v43 : v27);
-            const int64_t v45 = v44 - v42;
-            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i47 = v21; i47 < v45; i47++) {
-                const int64_t v48 = v42 + i47;
-                for (int64_t i49 = v21; i49 < v25; i49++) {
-                    const float v50 = opgen_f16_to_f32(p_weight[v48 * st_weight_0 + i49]);
-                    l46[i47 * d_H + i49] = v50;
+        float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i35 = v11; i35 < v22; i35++) {
+            const int64_t v36 = i35 * v20;
+            const int64_t v37 = v36 + v20;
+            const int64_t v38 = ((v37 < v3 || v37 != v37) ? v37 : v3);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v11; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
+                for (int64_t i43 = v11; i43 < v21; i43++) {
+                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v34, v45, v25, l35, d_H, 1, l46, 1, d_H, l51, 256ll, 0);
-            float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i53 = v21; i53 < v34; i53++) {
-                const int64_t v54 = v31 + i53;
-                const float v55 = p_logits_max[v54];
-                const float v56 = p_sum_exp_logits[v54];
-                const int64_t v57 = p_masked_target[v54];
-                const bool v58 = p_target_mask[v54];
-                const bool v59 = !v58;
-                const float v60 = p_grad[v54];
-                for (int64_t i61 = v21; i61 < v45; i61++) {
-                    const int64_t v62 = v42 + i61;
-                    const float v63 = l51[i53 * 256ll + i61];
-                    const float v64 = v63;
-                    const float v65 = v64 - v55;
-                    const float v66 = expf(v65);
-                    const float v67 = v66 / v56;
-                    const bool v68 = v62 == v57;
-                    const bool v69 = v68 && v59;
-                    const float v70 = v69 ? v28 : v29;
-                    const float v71 = v67 - v70;
-                    const float v72 = v71 * v60;
-                    l52[i53 * 256ll + i61] = v72;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v28, v39, v21, l29, d_H, 1, l40, 1, d_H, l45, 256ll, 0);
+            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i47 = v11; i47 < v28; i47++) {
+                const int64_t v48 = v25 + i47;
+                const float v49 = p_logits_max[v48];
+                const float v50 = p_sum_exp_logits[v48];
+                const int64_t v51 = p_masked_target[v48];
+                const bool v52 = p_target_mask[v48];
+                const bool v53 = !v52;
+                const float v54 = p_grad[v48];
+                for (int64_t i55 = v11; i55 < v39; i55++) {
+                    const int64_t v56 = v36 + i55;
+                    const float v57 = l45[i47 * 256ll + i55];
+                    const float v58 = v57;
+                    const float v59 = v58 - v49;
+                    const float v60 = expf(v59);
+                    const float v61 = v60 / v50;
+                    const bool v62 = v56 == v51;
+                    const bool v63 = v62 && v53;
+                    const float v64 = v63 ? v23 : v1;
+                    const float v65 = v61 - v64;
+                    const float v66 = v65 * v54;
+                    l46[i47 * 256ll + i55] = v66;
                 }
             }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v28, v21, v39, l46, 256ll, 1, l40, d_H, 1, l34, d_H, 1);
         }
-        for (int64_t i73 = v21; i73 < v34; i73++) {
-            const int64_t v74 = v31 + i73;
-            for (int64_t i75 = v21; i75 < v25; i75++) {
-                const float v76 = l40[i73 * d_H + i75];
-                const float v77 = v76;
-                p_input_grad[v74 * st_input_grad_0 + i75] = opgen_f32_to_f16(v77);
+        for (int64_t i67 = v11; i67 < v28; i67++) {
+            const int64_t v68 = v25 + i67;
+            for (int64_t i69 = v11; i69 < v21; i69++) {
+                const float v70 = l34[i67 * d_H + i69];
+                const float v71 = v70;
+                p_input_grad[v68 * st_input_grad_0 + i69] = opgen_f32_to_f16(v71);
             }
         }
     }
-    const int64_t v78 = 0ll;
-    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v80 = 256ll;
-    const int64_t v81 = d_V;
-    const int64_t v82 = d_H;
-    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v84 = d_BT;
-    const float v85 = 1.0f;
-    const float v86 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i87 = v78; i87 < v79; i87++) {
-        const int64_t v88 = i87 * v80;
-        const int64_t v89 = v88 + v80;
-        const int64_t v90 = ((v89 < v81 || v89 != v89) ? v89 : v81);
-        const int64_t v91 = v90 - v88;
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v78; i93 < v91; i93++) {
-            const int64_t v94 = v88 + i93;
-            for (int64_t i95 = v78; i95 < v82; i95++) {
-                const float v96 = opgen_f16_to_f32(p_weight[v94 * st_weight_0 + i95]);
-                l92[i93 * d_H + i95] = v96;
+    for (int64_t i72 = v11; i72 < v22; i72++) {
+        const int64_t v73 = i72 * v20;
+        const int64_t v74 = v73 + v20;
+        const int64_t v75 = ((v74 < v3 || v74 != v74) ? v74 : v3);
+        const int64_t v76 = v75 - v73;
+        float *restrict l77 = l77_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i78 = v11; i78 < v76; i78++) {
+            const int64_t v79 = v73 + i78;
+            for (int64_t i80 = v11; i80 < v21; i80++) {
+                const float v81 = opgen_f16_to_f32(p_weight[v79 * st_weight_0 + i80]);
+                l77[i78 * d_H + i80] = v81;
             }
         }
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v78; i98 < v83; i98++) {
-            const int64_t v99 = i98 * v80;
-            const int64_t v100 = v99 + v80;
-            const int64_t v101 = ((v100 < v84 || v100 != v100) ? v100 : v84);
-            const int64_t v102 = v101 - v99;
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i104 = v78; i104 < v102; i104++) {
-                const int64_t v105 = v99 + i104;
-                for (int64_t i106 = v78; i106 < v82; i106++) {
-                    const float v107 = opgen_f16_to_f32(p_input[v105 * st_input_0 + i106]);
-                    l103[i104 * d_H + i106] = v107;
+        float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l82, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i83 = v11; i83 < v19; i83++) {
+            const int64_t v84 = i83 * v20;
+            const int64_t v85 = v84 + v20;
+            const int64_t v86 = ((v85 < v9 || v85 != v85) ? v85 : v9);
+            const int64_t v87 = v86 - v84;
+            float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i89 = v11; i89 < v87; i89++) {
+                const int64_t v90 = v84 + i89;
+                for (int64_t i91 = v11; i91 < v21; i91++) {
+                    const float v92 = opgen_f16_to_f32(p_input[v90 * st_input_0 + i91]);
+                    l88[i89 * d_H + i91] = v92;
                 }
             }
-            float *restrict l108 = l108_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v102, v91, v82, l103, d_H, 1, l92, 1, d_H, l108, 256ll, 0);
-            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i110 = v78; i110 < v102; i110++) {
-                const int64_t v111 = v99 + i110;
-                const float v112 = p_logits_max[v111];
-                const float v113 = p_sum_exp_logits[v111];
-                const int64_t v114 = p_masked_target[v111];
-                const bool v115 = p_target_mask[v111];
-                const bool v116 = !v115;
-                const float v117 = p_grad[v111];
-                for (int64_t i118 = v78; i118 < v91; i118++) {
-                    const int64_t v119 = v88 + i118;
-                    const float v120 = l108[i110 * 256ll + i118];
-                    const float v121 = v120;
-                    const float v122 = v121 - v112;
-                    const float v123 = expf(v122);
-                    const float v124 = v123 / v113;
-                    const bool v125 = v119 == v114;
-                    const bool v126 = v125 && v116;
-                    const float v127 = v126 ? v85 : v86;
-                    const float v128 = v124 - v127;
-                    const float v129 = v128 * v117;
-                    l109[i110 * 256ll + i118] = v129;
+            float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v87, v76, v21, l88, d_H, 1, l77, 1, d_H, l93, 256ll, 0);
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i95 = v11; i95 < v87; i95++) {
+                const int64_t v96 = v84 + i95;
+                const float v97 = p_logits_max[v96];
+                const float v98 = p_sum_exp_logits[v96];
+                const int64_t v99 = p_masked_target[v96];
+                const bool v100 = p_target_mask[v96];
+                const bool v101 = !v100;
+                const float v102 = p_grad[v96];
+                for (int64_t i103 = v11; i103 < v76; i103++) {
+                    const int64_t v104 = v73 + i103;
+                    const float v105 = l93[i95 * 256ll + i103];
+                    const float v106 = v105;
+                    const float v107 = v106 - v97;
+                    const float v108 = expf(v107);
+                    const float v109 = v108 / v98;
+                    const bool v110 = v104 == v99;
+                    const bool v111 = v110 && v101;
+                    const float v112 = v111 ? v23 : v1;
+                    const float v113 = v109 - v112;
+                    const float v114 = v113 * v102;
+                    l94[i95 * 256ll + i103] = v114;
                 }
             }
-            opgen_sgemm(v91, v82, v102, l109, 1, 256ll, l103, d_H, 1, l97, d_H, 1);
+            opgen_sgemm(v76, v21, v87, l94, 1, 256ll, l88, d_H, 1, l82, d_H, 1);
         }
-        for (int64_t i130 = v78; i130 < v91; i130++) {
-            const int64_t v131 = v88 + i130;
-            for (int64_t i132 = v78; i132 < v82; i132++) {
-                const float v133 = l97[i130 * d_H + i132];
-                const float v134 = v133;
-                p_weight_grad[v131 * st_weight_grad_0 + i132] = opgen_f32_to_f16(v134);
+        for (int64_t i115 = v11; i115 < v76; i115++) {
+            const int64_t v116 = v73 + i115;
+            for (int64_t i117 = v11; i117 < v21; i117++) {
+                const float v118 = l82[i115 * d_H + i117];
+                const float v119 = v118;
+                p_weight_grad[v116 * st_weight_grad_0 + i117] = opgen_f32_to_f16(v119);
             }
         }
     }
@@ -2938,16 +2758,16 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l62_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l107_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l113_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l118_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l119_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -2962,164 +2782,149 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = d_H;
-    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v37 = d_V;
-    const float v38 = 1.0f;
-    const float v39 = 0.0f;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v44; i46++) {
-            const int64_t v47 = v41 + i46;
-            for (int64_t i48 = v31; i48 < v35; i48++) {
-                const float v49 = opgen_bf16_to_f32(p_input[v47 * st_input_0 + i48 * st_input_1]);
-                l45[i46 * d_H + i48] = v49;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v38; i40++) {
+            const int64_t v41 = v35 + i40;
+            for (int64_t i42 = v21; i42 < v31; i42++) {
+                const float v43 = opgen_bf16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
+                l39[i40 * d_H + i42] = v43;
             }
         }
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l50, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i51 = v31; i51 < v36; i51++) {
-            const int64_t v52 = i51 * v33;
-            const int64_t v53 = v52 + v33;
-            const int64_t v54 = ((v53 < v37 || v53 != v53) ? v53 : v37);
-            const int64_t v55 = v54 - v52;
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v31; i57 < v55; i57++) {
-                const int64_t v58 = v52 + i57;
-                for (int64_t i59 = v31; i59 < v35; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59 * st_weight_1]);
-                    l56[i57 * d_H + i59] = v60;
+        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i45 = v21; i45 < v32; i45++) {
+            const int64_t v46 = i45 * v30;
+            const int64_t v47 = v46 + v30;
+            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
+            const int64_t v49 = v48 - v46;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v21; i51 < v49; i51++) {
+                const int64_t v52 = v46 + i51;
+                for (int64_t i53 = v21; i53 < v31; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
+                    l50[i51 * d_H + i53] = v54;
                 }
             }
-            float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v44, v55, v35, l45, d_H, 1, l56, 1, d_H, l61, 256ll, 0);
-            float *restrict l62 = l62_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i63 = v31; i63 < v44; i63++) {
-                const int64_t v64 = v41 + i63;
-                const float v65 = p_logits_max[v64 * st_logits_max_0];
-                const float v66 = p_sum_exp_logits[v64 * st_sum_exp_logits_0];
-                const int64_t v67 = p_masked_target[v64];
-                const bool v68 = (bool)((p_target_mask[(v64 >> 3) * st_target_mask_0] >> (v64 & 7)) & 1);
-                const bool v69 = !v68;
-                const float v70 = p_grad[v64 * st_grad_0];
-                for (int64_t i71 = v31; i71 < v55; i71++) {
-                    const int64_t v72 = v52 + i71;
-                    const float v73 = l61[i63 * 256ll + i71];
-                    const float v74 = v73;
-                    const float v75 = v74 - v65;
-                    const float v76 = expf(v75);
-                    const float v77 = v76 / v66;
-                    const bool v78 = v72 == v67;
-                    const bool v79 = v78 && v69;
-                    const float v80 = v79 ? v38 : v39;
-                    const float v81 = v77 - v80;
-                    const float v82 = v81 * v70;
-                    l62[i63 * 256ll + i71] = v82;
+            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
+            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i57 = v21; i57 < v38; i57++) {
+                const int64_t v58 = v35 + i57;
+                const float v59 = p_logits_max[v58 * st_logits_max_0];
+                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
+                const int64_t v61 = p_masked_target[v58];
+                const bool v62 = (bool)((p_target_mask[(v58 >> 3) * st_target_mask_0] >> (v58 & 7)) & 1);
+                const bool v63 = !v62;
+                const float v64 = p_grad[v58 * st_grad_0];
+                for (int64_t i65 = v21; i65 < v49; i65++) {
+                    const int64_t v66 = v46 + i65;
+                    const float v67 = l55[i57 * 256ll + i65];
+                    const float v68 = v67;
+                    const float v69 = v68 - v59;
+                    const float v70 = expf(v69);
+                    const float v71 = v70 / v60;
+                    const bool v72 = v66 == v61;
+                    const bool v73 = v72 && v63;
+                    const float v74 = v73 ? v33 : v11;
+                    const float v75 = v71 - v74;
+                    const float v76 = v75 * v64;
+                    l56[i57 * 256ll + i65] = v76;
                 }
             }
-            opgen_sgemm(v44, v35, v55, l62, 256ll, 1, l56, d_H, 1, l50, d_H, 1);
+            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
         }
-        for (int64_t i83 = v31; i83 < v44; i83++) {
-            const int64_t v84 = v41 + i83;
-            for (int64_t i85 = v31; i85 < v35; i85++) {
-                const float v86 = l50[i83 * d_H + i85];
-                const float v87 = v86;
-                p_input_grad[v84 * st_input_grad_0 + i85 * st_input_grad_1] = opgen_f32_to_bf16(v87);
+        for (int64_t i77 = v21; i77 < v38; i77++) {
+            const int64_t v78 = v35 + i77;
+            for (int64_t i79 = v21; i79 < v31; i79++) {
+                const float v80 = l44[i77 * d_H + i79];
+                const float v81 = v80;
+                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_bf16(v81);
             }
         }
     }
-    const int64_t v88 = 0ll;
-    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v90 = 256ll;
-    const int64_t v91 = d_V;
-    const int64_t v92 = d_H;
-    const int64_t v93 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v94 = d_BT;
-    const float v95 = 1.0f;
-    const float v96 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i97 = v88; i97 < v89; i97++) {
-        const int64_t v98 = i97 * v90;
-        const int64_t v99 = v98 + v90;
-        const int64_t v100 = ((v99 < v91 || v99 != v99) ? v99 : v91);
-        const int64_t v101 = v100 - v98;
-        float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i103 = v88; i103 < v101; i103++) {
-            const int64_t v104 = v98 + i103;
-            for (int64_t i105 = v88; i105 < v92; i105++) {
-                const float v106 = opgen_bf16_to_f32(p_weight[v104 * st_weight_0 + i105 * st_weight_1]);
-                l102[i103 * d_H + i105] = v106;
+    for (int64_t i82 = v21; i82 < v32; i82++) {
+        const int64_t v83 = i82 * v30;
+        const int64_t v84 = v83 + v30;
+        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
+        const int64_t v86 = v85 - v83;
+        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i88 = v21; i88 < v86; i88++) {
+            const int64_t v89 = v83 + i88;
+            for (int64_t i90 = v21; i90 < v31; i90++) {
+                const float v91 = opgen_bf16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
+                l87[i88 * d_H + i90] = v91;
             }
         }
-        float *restrict l107 = l107_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l107, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i108 = v88; i108 < v93; i108++) {
-            const int64_t v109 = i108 * v90;
-            const int64_t v110 = v109 + v90;
-            const int64_t v111 = ((v110 < v94 || v110 != v110) ? v110 : v94);
-            const int64_t v112 = v111 - v109;
-            float *restrict l113 = l113_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i114 = v88; i114 < v112; i114++) {
-                const int64_t v115 = v109 + i114;
-                for (int64_t i116 = v88; i116 < v92; i116++) {
-                    const float v117 = opgen_bf16_to_f32(p_input[v115 * st_input_0 + i116 * st_input_1]);
-                    l113[i114 * d_H + i116] = v117;
+        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i93 = v21; i93 < v29; i93++) {
+            const int64_t v94 = i93 * v30;
+            const int64_t v95 = v94 + v30;
+            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
+            const int64_t v97 = v96 - v94;
+            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i99 = v21; i99 < v97; i99++) {
+                const int64_t v100 = v94 + i99;
+                for (int64_t i101 = v21; i101 < v31; i101++) {
+                    const float v102 = opgen_bf16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
+                    l98[i99 * d_H + i101] = v102;
                 }
             }
-            float *restrict l118 = l118_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v112, v101, v92, l113, d_H, 1, l102, 1, d_H, l118, 256ll, 0);
-            float *restrict l119 = l119_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i120 = v88; i120 < v112; i120++) {
-                const int64_t v121 = v109 + i120;
-                const float v122 = p_logits_max[v121 * st_logits_max_0];
-                const float v123 = p_sum_exp_logits[v121 * st_sum_exp_logits_0];
-                const int64_t v124 = p_masked_target[v121];
-                const bool v125 = (bool)((p_target_mask[(v121 >> 3) * st_target_mask_0] >> (v121 & 7)) & 1);
-                const bool v126 = !v125;
-                const float v127 = p_grad[v121 * st_grad_0];
-                for (int64_t i128 = v88; i128 < v101; i128++) {
-                    const int64_t v129 = v98 + i128;
-                    const float v130 = l118[i120 * 256ll + i128];
-                    const float v131 = v130;
-                    const float v132 = v131 - v122;
-                    const float v133 = expf(v132);
-                    const float v134 = v133 / v123;
-                    const bool v135 = v129 == v124;
-                    const bool v136 = v135 && v126;
-                    const float v137 = v136 ? v95 : v96;
-                    const float v138 = v134 - v137;
-                    const float v139 = v138 * v127;
-                    l119[i120 * 256ll + i128] = v139;
+            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i105 = v21; i105 < v97; i105++) {
+                const int64_t v106 = v94 + i105;
+                const float v107 = p_logits_max[v106 * st_logits_max_0];
+                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
+                const int64_t v109 = p_masked_target[v106];
+                const bool v110 = (bool)((p_target_mask[(v106 >> 3) * st_target_mask_0] >> (v106 & 7)) & 1);
+                const bool v111 = !v110;
+                const float v112 = p_grad[v106 * st_grad_0];
+                for (int64_t i113 = v21; i113 < v86; i113++) {
+                    const int64_t v114 = v83 + i113;
+                    const float v115 = l103[i105 * 256ll + i113];
+                    const float v116 = v115;
+                    const float v117 = v116 - v107;
+                    const float v118 = expf(v117);
+                    const float v119 = v118 / v108;
+                    const bool v120 = v114 == v109;
+                    const bool v121 = v120 && v111;
+                    const float v122 = v121 ? v33 : v11;
+                    const float v123 = v119 - v122;
+                    const float v124 = v123 * v112;
+                    l104[i105 * 256ll + i113] = v124;
                 }
             }
-            opgen_sgemm(v101, v92, v112, l119, 1, 256ll, l113, d_H, 1, l107, d_H, 1);
+            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
         }
-        for (int64_t i140 = v88; i140 < v101; i140++) {
-            const int64_t v141 = v98 + i140;
-            for (int64_t i142 = v88; i142 < v92; i142++) {
-                const float v143 = l107[i140 * d_H + i142];
-                const float v144 = v143;
-                p_weight_grad[v141 * st_weight_grad_0 + i142 * st_weight_grad_1] = opgen_f32_to_bf16(v144);
+        for (int64_t i125 = v21; i125 < v86; i125++) {
+            const int64_t v126 = v83 + i125;
+            for (int64_t i127 = v21; i127 < v31; i127++) {
+                const float v128 = l92[i125 * d_H + i127];
+                const float v129 = v128;
+                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_bf16(v129);
             }
         }
     }
@@ -3157,16 +2962,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l108_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l77_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -3181,164 +2986,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = d_H;
-    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v27 = d_V;
-    const float v28 = 1.0f;
-    const float v29 = 0.0f;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = d_H;
+    const int64_t v22 = (d_V / 256 + (d_V % 256 != 0));
+    const float v23 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v34; i36++) {
-            const int64_t v37 = v31 + i36;
-            for (int64_t i38 = v21; i38 < v25; i38++) {
-                const float v39 = opgen_bf16_to_f32(p_input[v37 * st_input_0 + i38]);
-                l35[i36 * d_H + i38] = v39;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v28; i30++) {
+            const int64_t v31 = v25 + i30;
+            for (int64_t i32 = v11; i32 < v21; i32++) {
+                const float v33 = opgen_bf16_to_f32(p_input[v31 * st_input_0 + i32]);
+                l29[i30 * d_H + i32] = v33;
             }
         }
-        float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l40, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i41 = v21; i41 < v26; i41++) {
-            const int64_t v42 = i41 * v23;
-            const int64_t v43 = v42 + v23;
-            const int64_t v44 = ((v43 < v27 || v43 != v43) ? v43 : v27);
-            const int64_t v45 = v44 - v42;
-            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i47 = v21; i47 < v45; i47++) {
-                const int64_t v48 = v42 + i47;
-                for (int64_t i49 = v21; i49 < v25; i49++) {
-                    const float v50 = opgen_bf16_to_f32(p_weight[v48 * st_weight_0 + i49]);
-                    l46[i47 * d_H + i49] = v50;
+        float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i35 = v11; i35 < v22; i35++) {
+            const int64_t v36 = i35 * v20;
+            const int64_t v37 = v36 + v20;
+            const int64_t v38 = ((v37 < v3 || v37 != v37) ? v37 : v3);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v11; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
+                for (int64_t i43 = v11; i43 < v21; i43++) {
+                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v34, v45, v25, l35, d_H, 1, l46, 1, d_H, l51, 256ll, 0);
-            float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i53 = v21; i53 < v34; i53++) {
-                const int64_t v54 = v31 + i53;
-                const float v55 = p_logits_max[v54];
-                const float v56 = p_sum_exp_logits[v54];
-                const int64_t v57 = p_masked_target[v54];
-                const bool v58 = (bool)((p_target_mask[(v54 >> 3)] >> (v54 & 7)) & 1);
-                const bool v59 = !v58;
-                const float v60 = p_grad[v54];
-                for (int64_t i61 = v21; i61 < v45; i61++) {
-                    const int64_t v62 = v42 + i61;
-                    const float v63 = l51[i53 * 256ll + i61];
-                    const float v64 = v63;
-                    const float v65 = v64 - v55;
-                    const float v66 = expf(v65);
-                    const float v67 = v66 / v56;
-                    const bool v68 = v62 == v57;
-                    const bool v69 = v68 && v59;
-                    const float v70 = v69 ? v28 : v29;
-                    const float v71 = v67 - v70;
-                    const float v72 = v71 * v60;
-                    l52[i53 * 256ll + i61] = v72;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v28, v39, v21, l29, d_H, 1, l40, 1, d_H, l45, 256ll, 0);
+            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i47 = v11; i47 < v28; i47++) {
+                const int64_t v48 = v25 + i47;
+                const float v49 = p_logits_max[v48];
+                const float v50 = p_sum_exp_logits[v48];
+                const int64_t v51 = p_masked_target[v48];
+                const bool v52 = (bool)((p_target_mask[(v48 >> 3)] >> (v48 & 7)) & 1);
+                const bool v53 = !v52;
+                const float v54 = p_grad[v48];
+                for (int64_t i55 = v11; i55 < v39; i55++) {
+                    const int64_t v56 = v36 + i55;
+                    const float v57 = l45[i47 * 256ll + i55];
+                    const float v58 = v57;
+                    const float v59 = v58 - v49;
+                    const float v60 = expf(v59);
+                    const float v61 = v60 / v50;
+                    const bool v62 = v56 == v51;
+                    const bool v63 = v62 && v53;
+                    const float v64 = v63 ? v23 : v1;
+                    const float v65 = v61 - v64;
+                    const float v66 = v65 * v54;
+                    l46[i47 * 256ll + i55] = v66;
                 }
             }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v28, v21, v39, l46, 256ll, 1, l40, d_H, 1, l34, d_H, 1);
         }
-        for (int64_t i73 = v21; i73 < v34; i73++) {
-            const int64_t v74 = v31 + i73;
-            for (int64_t i75 = v21; i75 < v25; i75++) {
-                const float v76 = l40[i73 * d_H + i75];
-                const float v77 = v76;
-                p_input_grad[v74 * st_input_grad_0 + i75] = opgen_f32_to_bf16(v77);
+        for (int64_t i67 = v11; i67 < v28; i67++) {
+            const int64_t v68 = v25 + i67;
+            for (int64_t i69 = v11; i69 < v21; i69++) {
+                const float v70 = l34[i67 * d_H + i69];
+                const float v71 = v70;
+                p_input_grad[v68 * st_input_grad_0 + i69] = opgen_f32_to_bf16(v71);
             }
         }
     }
-    const int64_t v78 = 0ll;
-    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v80 = 256ll;
-    const int64_t v81 = d_V;
-    const int64_t v82 = d_H;
-    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v84 = d_BT;
-    const float v85 = 1.0f;
-    const float v86 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i87 = v78; i87 < v79; i87++) {
-        const int64_t v88 = i87 * v80;
-        const int64_t v89 = v88 + v80;
-        const int64_t v90 = ((v89 < v81 || v89 != v89) ? v89 : v81);
-        const int64_t v91 = v90 - v88;
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v78; i93 < v91; i93++) {
-            const int64_t v94 = v88 + i93;
-            for (int64_t i95 = v78; i95 < v82; i95++) {
-                const float v96 = opgen_bf16_to_f32(p_weight[v94 * st_weight_0 + i95]);
-                l92[i93 * d_H + i95] = v96;
+    for (int64_t i72 = v11; i72 < v22; i72++) {
+        const int64_t v73 = i72 * v20;
+        const int64_t v74 = v73 + v20;
+        const int64_t v75 = ((v74 < v3 || v74 != v74) ? v74 : v3);
+        const int64_t v76 = v75 - v73;
+        float *restrict l77 = l77_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i78 = v11; i78 < v76; i78++) {
+            const int64_t v79 = v73 + i78;
+            for (int64_t i80 = v11; i80 < v21; i80++) {
+                const float v81 = opgen_bf16_to_f32(p_weight[v79 * st_weight_0 + i80]);
+                l77[i78 * d_H + i80] = v81;
             }
         }
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v78; i98 < v83; i98++) {
-            const int64_t v99 = i98 * v80;
-            const int64_t v100 = v99 + v80;
-            const int64_t v101 = ((v100 < v84 || v100 != v100) ? v100 : v84);
-            const int64_t v102 = v101 - v99;
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i104 = v78; i104 < v102; i104++) {
-                const int64_t v105 = v99 + i104;
-                for (int64_t i106 = v78; i106 < v82; i106++) {
-                    const float v107 = opgen_bf16_to_f32(p_input[v105 * st_input_0 + i106]);
-                    l103[i104 * d_H + i106] = v107;
+        float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l82, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i83 = v11; i83 < v19; i83++) {
+            const int64_t v84 = i83 * v20;
+            const int64_t v85 = v84 + v20;
+            const int64_t v86 = ((v85 < v9 || v85 != v85) ? v85 : v9);
+            const int64_t v87 = v86 - v84;
+            float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i89 = v11; i89 < v87; i89++) {
+                const int64_t v90 = v84 + i89;
+                for (int64_t i91 = v11; i91 < v21; i91++) {
+                    const float v92 = opgen_bf16_to_f32(p_input[v90 * st_input_0 + i91]);
+                    l88[i89 * d_H + i91] = v92;
                 }
             }
-            float *restrict l108 = l108_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v102, v91, v82, l103, d_H, 1, l92, 1, d_H, l108, 256ll, 0);
-            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i110 = v78; i110 < v102; i110++) {
-                const int64_t v111 = v99 + i110;
-                const float v112 = p_logits_max[v111];
-                const float v113 = p_sum_exp_logits[v111];
-                const int64_t v114 = p_masked_target[v111];
-                const bool v115 = (bool)((p_target_mask[(v111 >> 3)] >> (v111 & 7)) & 1);
-                const bool v116 = !v115;
-                const float v117 = p_grad[v111];
-                for (int64_t i118 = v78; i118 < v91; i118++) {
-                    const int64_t v119 = v88 + i118;
-                    const float v120 = l108[i110 * 256ll + i118];
-                    const float v121 = v120;
-                    const float v122 = v121 - v112;
-                    const float v123 = expf(v122);
-                    const float v124 = v123 / v113;
-                    const bool v125 = v119 == v114;
-                    const bool v126 = v125 && v116;
-                    const float v127 = v126 ? v85 : v86;
-                    const float v128 = v124 - v127;
-                    const float v129 = v128 * v117;
-                    l109[i110 * 256ll + i118] = v129;
+            float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v87, v76, v21, l88, d_H, 1, l77, 1, d_H, l93, 256ll, 0);
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i95 = v11; i95 < v87; i95++) {
+                const int64_t v96 = v84 + i95;
+                const float v97 = p_logits_max[v96];
+                const float v98 = p_sum_exp_logits[v96];
+                const int64_t v99 = p_masked_target[v96];
+                const bool v100 = (bool)((p_target_mask[(v96 >> 3)] >> (v96 & 7)) & 1);
+                const bool v101 = !v100;
+                const float v102 = p_grad[v96];
+                for (int64_t i103 = v11; i103 < v76; i103++) {
+                    const int64_t v104 = v73 + i103;
+                    const float v105 = l93[i95 * 256ll + i103];
+                    const float v106 = v105;
+                    const float v107 = v106 - v97;
+                    const float v108 = expf(v107);
+                    const float v109 = v108 / v98;
+                    const bool v110 = v104 == v99;
+                    const bool v111 = v110 && v101;
+                    const float v112 = v111 ? v23 : v1;
+                    const float v113 = v109 - v112;
+                    const float v114 = v113 * v102;
+                    l94[i95 * 256ll + i103] = v114;
                 }
             }
-            opgen_sgemm(v91, v82, v102, l109, 1, 256ll, l103, d_H, 1, l97, d_H, 1);
+            opgen_sgemm(v76, v21, v87, l94, 1, 256ll, l88, d_H, 1, l82, d_H, 1);
         }
-        for (int64_t i130 = v78; i130 < v91; i130++) {
-            const int64_t v131 = v88 + i130;
-            for (int64_t i132 = v78; i132 < v82; i132++) {
-                const float v133 = l97[i130 * d_H + i132];
-                const float v134 = v133;
-                p_weight_grad[v131 * st_weight_grad_0 + i132] = opgen_f32_to_bf16(v134);
+        for (int64_t i115 = v11; i115 < v76; i115++) {
+            const int64_t v116 = v73 + i115;
+            for (int64_t i117 = v11; i117 < v21; i117++) {
+                const float v118 = l82[i115 * d_H + i117];
+                const float v119 = v118;
+                p_weight_grad[v116 * st_weight_grad_0 + i117] = opgen_f32_to_bf16(v119);
             }
         }
     }
@@ -3460,16 +3250,16 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l62_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l107_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l113_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l118_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l119_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -3484,164 +3274,149 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = d_H;
-    const int64_t v36 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v37 = d_V;
-    const float v38 = 1.0f;
-    const float v39 = 0.0f;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v44; i46++) {
-            const int64_t v47 = v41 + i46;
-            for (int64_t i48 = v31; i48 < v35; i48++) {
-                const float v49 = opgen_bf16_to_f32(p_input[v47 * st_input_0 + i48 * st_input_1]);
-                l45[i46 * d_H + i48] = v49;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v38; i40++) {
+            const int64_t v41 = v35 + i40;
+            for (int64_t i42 = v21; i42 < v31; i42++) {
+                const float v43 = opgen_bf16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
+                l39[i40 * d_H + i42] = v43;
             }
         }
-        float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l50, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i51 = v31; i51 < v36; i51++) {
-            const int64_t v52 = i51 * v33;
-            const int64_t v53 = v52 + v33;
-            const int64_t v54 = ((v53 < v37 || v53 != v53) ? v53 : v37);
-            const int64_t v55 = v54 - v52;
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v31; i57 < v55; i57++) {
-                const int64_t v58 = v52 + i57;
-                for (int64_t i59 = v31; i59 < v35; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59 * st_weight_1]);
-                    l56[i57 * d_H + i59] = v60;
+        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i45 = v21; i45 < v32; i45++) {
+            const int64_t v46 = i45 * v30;
+            const int64_t v47 = v46 + v30;
+            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
+            const int64_t v49 = v48 - v46;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v21; i51 < v49; i51++) {
+                const int64_t v52 = v46 + i51;
+                for (int64_t i53 = v21; i53 < v31; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
+                    l50[i51 * d_H + i53] = v54;
                 }
             }
-            float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v44, v55, v35, l45, d_H, 1, l56, 1, d_H, l61, 256ll, 0);
-            float *restrict l62 = l62_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i63 = v31; i63 < v44; i63++) {
-                const int64_t v64 = v41 + i63;
-                const float v65 = p_logits_max[v64 * st_logits_max_0];
-                const float v66 = p_sum_exp_logits[v64 * st_sum_exp_logits_0];
-                const int64_t v67 = p_masked_target[v64];
-                const bool v68 = p_target_mask[v64 * st_target_mask_0];
-                const bool v69 = !v68;
-                const float v70 = p_grad[v64 * st_grad_0];
-                for (int64_t i71 = v31; i71 < v55; i71++) {
-                    const int64_t v72 = v52 + i71;
-                    const float v73 = l61[i63 * 256ll + i71];
-                    const float v74 = v73;
-                    const float v75 = v74 - v65;
-                    const float v76 = expf(v75);
-                    const float v77 = v76 / v66;
-                    const bool v78 = v72 == v67;
-                    const bool v79 = v78 && v69;
-                    const float v80 = v79 ? v38 : v39;
-                    const float v81 = v77 - v80;
-                    const float v82 = v81 * v70;
-                    l62[i63 * 256ll + i71] = v82;
+            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
+            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i57 = v21; i57 < v38; i57++) {
+                const int64_t v58 = v35 + i57;
+                const float v59 = p_logits_max[v58 * st_logits_max_0];
+                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
+                const int64_t v61 = p_masked_target[v58];
+                const bool v62 = p_target_mask[v58 * st_target_mask_0];
+                const bool v63 = !v62;
+                const float v64 = p_grad[v58 * st_grad_0];
+                for (int64_t i65 = v21; i65 < v49; i65++) {
+                    const int64_t v66 = v46 + i65;
+                    const float v67 = l55[i57 * 256ll + i65];
+                    const float v68 = v67;
+                    const float v69 = v68 - v59;
+                    const float v70 = expf(v69);
+                    const float v71 = v70 / v60;
+                    const bool v72 = v66 == v61;
+                    const bool v73 = v72 && v63;
+                    const float v74 = v73 ? v33 : v11;
+                    const float v75 = v71 - v74;
+                    const float v76 = v75 * v64;
+                    l56[i57 * 256ll + i65] = v76;
                 }
             }
-            opgen_sgemm(v44, v35, v55, l62, 256ll, 1, l56, d_H, 1, l50, d_H, 1);
+            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
         }
-        for (int64_t i83 = v31; i83 < v44; i83++) {
-            const int64_t v84 = v41 + i83;
-            for (int64_t i85 = v31; i85 < v35; i85++) {
-                const float v86 = l50[i83 * d_H + i85];
-                const float v87 = v86;
-                p_input_grad[v84 * st_input_grad_0 + i85 * st_input_grad_1] = opgen_f32_to_bf16(v87);
+        for (int64_t i77 = v21; i77 < v38; i77++) {
+            const int64_t v78 = v35 + i77;
+            for (int64_t i79 = v21; i79 < v31; i79++) {
+                const float v80 = l44[i77 * d_H + i79];
+                const float v81 = v80;
+                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_bf16(v81);
             }
         }
     }
-    const int64_t v88 = 0ll;
-    const int64_t v89 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v90 = 256ll;
-    const int64_t v91 = d_V;
-    const int64_t v92 = d_H;
-    const int64_t v93 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v94 = d_BT;
-    const float v95 = 1.0f;
-    const float v96 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i97 = v88; i97 < v89; i97++) {
-        const int64_t v98 = i97 * v90;
-        const int64_t v99 = v98 + v90;
-        const int64_t v100 = ((v99 < v91 || v99 != v99) ? v99 : v91);
-        const int64_t v101 = v100 - v98;
-        float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i103 = v88; i103 < v101; i103++) {
-            const int64_t v104 = v98 + i103;
-            for (int64_t i105 = v88; i105 < v92; i105++) {
-                const float v106 = opgen_bf16_to_f32(p_weight[v104 * st_weight_0 + i105 * st_weight_1]);
-                l102[i103 * d_H + i105] = v106;
+    for (int64_t i82 = v21; i82 < v32; i82++) {
+        const int64_t v83 = i82 * v30;
+        const int64_t v84 = v83 + v30;
+        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
+        const int64_t v86 = v85 - v83;
+        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i88 = v21; i88 < v86; i88++) {
+            const int64_t v89 = v83 + i88;
+            for (int64_t i90 = v21; i90 < v31; i90++) {
+                const float v91 = opgen_bf16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
+                l87[i88 * d_H + i90] = v91;
             }
         }
-        float *restrict l107 = l107_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l107, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i108 = v88; i108 < v93; i108++) {
-            const int64_t v109 = i108 * v90;
-            const int64_t v110 = v109 + v90;
-            const int64_t v111 = ((v110 < v94 || v110 != v110) ? v110 : v94);
-            const int64_t v112 = v111 - v109;
-            float *restrict l113 = l113_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i114 = v88; i114 < v112; i114++) {
-                const int64_t v115 = v109 + i114;
-                for (int64_t i116 = v88; i116 < v92; i116++) {
-                    const float v117 = opgen_bf16_to_f32(p_input[v115 * st_input_0 + i116 * st_input_1]);
-                    l113[i114 * d_H + i116] = v117;
+        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i93 = v21; i93 < v29; i93++) {
+            const int64_t v94 = i93 * v30;
+            const int64_t v95 = v94 + v30;
+            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
+            const int64_t v97 = v96 - v94;
+            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i99 = v21; i99 < v97; i99++) {
+                const int64_t v100 = v94 + i99;
+                for (int64_t i101 = v21; i101 < v31; i101++) {
+                    const float v102 = opgen_bf16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
+                    l98[i99 * d_H + i101] = v102;
                 }
             }
-            float *restrict l118 = l118_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v112, v101, v92, l113, d_H, 1, l102, 1, d_H, l118, 256ll, 0);
-            float *restrict l119 = l119_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i120 = v88; i120 < v112; i120++) {
-                const int64_t v121 = v109 + i120;
-                const float v122 = p_logits_max[v121 * st_logits_max_0];
-                const float v123 = p_sum_exp_logits[v121 * st_sum_exp_logits_0];
-                const int64_t v124 = p_masked_target[v121];
-                const bool v125 = p_target_mask[v121 * st_target_mask_0];
-                const bool v126 = !v125;
-                const float v127 = p_grad[v121 * st_grad_0];
-                for (int64_t i128 = v88; i128 < v101; i128++) {
-                    const int64_t v129 = v98 + i128;
-                    const float v130 = l118[i120 * 256ll + i128];
-                    const float v131 = v130;
-                    const float v132 = v131 - v122;
-                    const float v133 = expf(v132);
-                    const float v134 = v133 / v123;
-                    const bool v135 = v129 == v124;
-                    const bool v136 = v135 && v126;
-                    const float v137 = v136 ? v95 : v96;
-                    const float v138 = v134 - v137;
-                    const float v139 = v138 * v127;
-                    l119[i120 * 256ll + i128] = v139;
+            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
+            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i105 = v21; i105 < v97; i105++) {
+                const int64_t v106 = v94 + i105;
+                const float v107 = p_logits_max[v106 * st_logits_max_0];
+                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
+                const int64_t v109 = p_masked_target[v106];
+                const bool v110 = p_target_mask[v106 * st_target_mask_0];
+                const bool v111 = !v110;
+                const float v112 = p_grad[v106 * st_grad_0];
+                for (int64_t i113 = v21; i113 < v86; i113++) {
+                    const int64_t v114 = v83 + i113;
+                    const float v115 = l103[i105 * 256ll + i113];
+                    const float v116 = v115;
+                    const float v117 = v116 - v107;
+                    const float v118 = expf(v117);
+                    const float v119 = v118 / v108;
+                    const bool v120 = v114 == v109;
+                    const bool v121 = v120 && v111;
+                    const float v122 = v121 ? v33 : v11;
+                    const float v123 = v119 - v122;
+                    const float v124 = v123 * v112;
+                    l104[i105 * 256ll + i113] = v124;
                 }
             }
-            opgen_sgemm(v101, v92, v112, l119, 1, 256ll, l113, d_H, 1, l107, d_H, 1);
+            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
         }
-        for (int64_t i140 = v88; i140 < v101; i140++) {
-            const int64_t v141 = v98 + i140;
-            for (int64_t i142 = v88; i142 < v92; i142++) {
-                const float v143 = l107[i140 * d_H + i142];
-                const float v144 = v143;
-                p_weight_grad[v141 * st_weight_grad_0 + i142 * st_weight_grad_1] = opgen_f32_to_bf16(v144);
+        for (int64_t i125 = v21; i125 < v86; i125++) {
+            const int64_t v126 = v83 + i125;
+            for (int64_t i127 = v21; i127 < v31; i127++) {
+                const float v128 = l92[i125 * d_H + i127];
+                const float v129 = v128;
+                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_bf16(v129);
             }
         }
     }
@@ -3679,16 +3454,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l52_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l108_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l77_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l88_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -3703,164 +3478,149 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = d_H;
-    const int64_t v26 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v27 = d_V;
-    const float v28 = 1.0f;
-    const float v29 = 0.0f;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = d_H;
+    const int64_t v22 = (d_V / 256 + (d_V % 256 != 0));
+    const float v23 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v34; i36++) {
-            const int64_t v37 = v31 + i36;
-            for (int64_t i38 = v21; i38 < v25; i38++) {
-                const float v39 = opgen_bf16_to_f32(p_input[v37 * st_input_0 + i38]);
-                l35[i36 * d_H + i38] = v39;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v28; i30++) {
+            const int64_t v31 = v25 + i30;
+            for (int64_t i32 = v11; i32 < v21; i32++) {
+                const float v33 = opgen_bf16_to_f32(p_input[v31 * st_input_0 + i32]);
+                l29[i30 * d_H + i32] = v33;
             }
         }
-        float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l40, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i41 = v21; i41 < v26; i41++) {
-            const int64_t v42 = i41 * v23;
-            const int64_t v43 = v42 + v23;
-            const int64_t v44 = ((v43 < v27 || v43 != v43) ? v43 : v27);
-            const int64_t v45 = v44 - v42;
-            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i47 = v21; i47 < v45; i47++) {
-                const int64_t v48 = v42 + i47;
-                for (int64_t i49 = v21; i49 < v25; i49++) {
-                    const float v50 = opgen_bf16_to_f32(p_weight[v48 * st_weight_0 + i49]);
-                    l46[i47 * d_H + i49] = v50;
+        float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i35 = v11; i35 < v22; i35++) {
+            const int64_t v36 = i35 * v20;
+            const int64_t v37 = v36 + v20;
+            const int64_t v38 = ((v37 < v3 || v37 != v37) ? v37 : v3);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v11; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
+                for (int64_t i43 = v11; i43 < v21; i43++) {
+                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v34, v45, v25, l35, d_H, 1, l46, 1, d_H, l51, 256ll, 0);
-            float *restrict l52 = l52_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i53 = v21; i53 < v34; i53++) {
-                const int64_t v54 = v31 + i53;
-                const float v55 = p_logits_max[v54];
-                const float v56 = p_sum_exp_logits[v54];
-                const int64_t v57 = p_masked_target[v54];
-                const bool v58 = p_target_mask[v54];
-                const bool v59 = !v58;
-                const float v60 = p_grad[v54];
-                for (int64_t i61 = v21; i61 < v45; i61++) {
-                    const int64_t v62 = v42 + i61;
-                    const float v63 = l51[i53 * 256ll + i61];
-                    const float v64 = v63;
-                    const float v65 = v64 - v55;
-                    const float v66 = expf(v65);
-                    const float v67 = v66 / v56;
-                    const bool v68 = v62 == v57;
-                    const bool v69 = v68 && v59;
-                    const float v70 = v69 ? v28 : v29;
-                    const float v71 = v67 - v70;
-                    const float v72 = v71 * v60;
-                    l52[i53 * 256ll + i61] = v72;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v28, v39, v21, l29, d_H, 1, l40, 1, d_H, l45, 256ll, 0);
+            float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i47 = v11; i47 < v28; i47++) {
+                const int64_t v48 = v25 + i47;
+                const float v49 = p_logits_max[v48];
+                const float v50 = p_sum_exp_logits[v48];
+                const int64_t v51 = p_masked_target[v48];
+                const bool v52 = p_target_mask[v48];
+                const bool v53 = !v52;
+                const float v54 = p_grad[v48];
+                for (int64_t i55 = v11; i55 < v39; i55++) {
+                    const int64_t v56 = v36 + i55;
+                    const float v57 = l45[i47 * 256ll + i55];
+                    const float v58 = v57;
+                    const float v59 = v58 - v49;
+                    const float v60 = expf(v59);
+                    const float v61 = v60 / v50;
+                    const bool v62 = v56 == v51;
+                    const bool v63 = v62 && v53;
+                    const float v64 = v63 ? v23 : v1;
+                    const float v65 = v61 - v64;
+                    const float v66 = v65 * v54;
+                    l46[i47 * 256ll + i55] = v66;
                 }
             }
-            opgen_sgemm(v34, v25, v45, l52, 256ll, 1, l46, d_H, 1, l40, d_H, 1);
+            opgen_sgemm(v28, v21, v39, l46, 256ll, 1, l40, d_H, 1, l34, d_H, 1);
         }
-        for (int64_t i73 = v21; i73 < v34; i73++) {
-            const int64_t v74 = v31 + i73;
-            for (int64_t i75 = v21; i75 < v25; i75++) {
-                const float v76 = l40[i73 * d_H + i75];
-                const float v77 = v76;
-                p_input_grad[v74 * st_input_grad_0 + i75] = opgen_f32_to_bf16(v77);
+        for (int64_t i67 = v11; i67 < v28; i67++) {
+            const int64_t v68 = v25 + i67;
+            for (int64_t i69 = v11; i69 < v21; i69++) {
+                const float v70 = l34[i67 * d_H + i69];
+                const float v71 = v70;
+                p_input_grad[v68 * st_input_grad_0 + i69] = opgen_f32_to_bf16(v71);
             }
         }
     }
-    const int64_t v78 = 0ll;
-    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v80 = 256ll;
-    const int64_t v81 = d_V;
-    const int64_t v82 = d_H;
-    const int64_t v83 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v84 = d_BT;
-    const float v85 = 1.0f;
-    const float v86 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i87 = v78; i87 < v79; i87++) {
-        const int64_t v88 = i87 * v80;
-        const int64_t v89 = v88 + v80;
-        const int64_t v90 = ((v89 < v81 || v89 != v89) ? v89 : v81);
-        const int64_t v91 = v90 - v88;
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v78; i93 < v91; i93++) {
-            const int64_t v94 = v88 + i93;
-            for (int64_t i95 = v78; i95 < v82; i95++) {
-                const float v96 = opgen_bf16_to_f32(p_weight[v94 * st_weight_0 + i95]);
-                l92[i93 * d_H + i95] = v96;
+    for (int64_t i72 = v11; i72 < v22; i72++) {
+        const int64_t v73 = i72 * v20;
+        const int64_t v74 = v73 + v20;
+        const int64_t v75 = ((v74 < v3 || v74 != v74) ? v74 : v3);
+        const int64_t v76 = v75 - v73;
+        float *restrict l77 = l77_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i78 = v11; i78 < v76; i78++) {
+            const int64_t v79 = v73 + i78;
+            for (int64_t i80 = v11; i80 < v21; i80++) {
+                const float v81 = opgen_bf16_to_f32(p_weight[v79 * st_weight_0 + i80]);
+                l77[i78 * d_H + i80] = v81;
             }
         }
-        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i98 = v78; i98 < v83; i98++) {
-            const int64_t v99 = i98 * v80;
-            const int64_t v100 = v99 + v80;
-            const int64_t v101 = ((v100 < v84 || v100 != v100) ? v100 : v84);
-            const int64_t v102 = v101 - v99;
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i104 = v78; i104 < v102; i104++) {
-                const int64_t v105 = v99 + i104;
-                for (int64_t i106 = v78; i106 < v82; i106++) {
-                    const float v107 = opgen_bf16_to_f32(p_input[v105 * st_input_0 + i106]);
-                    l103[i104 * d_H + i106] = v107;
+        float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l82, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i83 = v11; i83 < v19; i83++) {
+            const int64_t v84 = i83 * v20;
+            const int64_t v85 = v84 + v20;
+            const int64_t v86 = ((v85 < v9 || v85 != v85) ? v85 : v9);
+            const int64_t v87 = v86 - v84;
+            float *restrict l88 = l88_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i89 = v11; i89 < v87; i89++) {
+                const int64_t v90 = v84 + i89;
+                for (int64_t i91 = v11; i91 < v21; i91++) {
+                    const float v92 = opgen_bf16_to_f32(p_input[v90 * st_input_0 + i91]);
+                    l88[i89 * d_H + i91] = v92;
                 }
             }
-            float *restrict l108 = l108_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v102, v91, v82, l103, d_H, 1, l92, 1, d_H, l108, 256ll, 0);
-            float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i110 = v78; i110 < v102; i110++) {
-                const int64_t v111 = v99 + i110;
-                const float v112 = p_logits_max[v111];
-                const float v113 = p_sum_exp_logits[v111];
-                const int64_t v114 = p_masked_target[v111];
-                const bool v115 = p_target_mask[v111];
-                const bool v116 = !v115;
-                const float v117 = p_grad[v111];
-                for (int64_t i118 = v78; i118 < v91; i118++) {
-                    const int64_t v119 = v88 + i118;
-                    const float v120 = l108[i110 * 256ll + i118];
-                    const float v121 = v120;
-                    const float v122 = v121 - v112;
-                    const float v123 = expf(v122);
-                    const float v124 = v123 / v113;
-                    const bool v125 = v119 == v114;
-                    const bool v126 = v125 && v116;
-                    const float v127 = v126 ? v85 : v86;
-                    const float v128 = v124 - v127;
-                    const float v129 = v128 * v117;
-                    l109[i110 * 256ll + i118] = v129;
+            float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v87, v76, v21, l88, d_H, 1, l77, 1, d_H, l93, 256ll, 0);
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i95 = v11; i95 < v87; i95++) {
+                const int64_t v96 = v84 + i95;
+                const float v97 = p_logits_max[v96];
+                const float v98 = p_sum_exp_logits[v96];
+                const int64_t v99 = p_masked_target[v96];
+                const bool v100 = p_target_mask[v96];
+                const bool v101 = !v100;
+                const float v102 = p_grad[v96];
+                for (int64_t i103 = v11; i103 < v76; i103++) {
+                    const int64_t v104 = v73 + i103;
+                    const float v105 = l93[i95 * 256ll + i103];
+                    const float v106 = v105;
+                    const float v107 = v106 - v97;
+                    const float v108 = expf(v107);
+                    const float v109 = v108 / v98;
+                    const bool v110 = v104 == v99;
+                    const bool v111 = v110 && v101;
+                    const float v112 = v111 ? v23 : v1;
+                    const float v113 = v109 - v112;
+                    const float v114 = v113 * v102;
+                    l94[i95 * 256ll + i103] = v114;
                 }
             }
-            opgen_sgemm(v91, v82, v102, l109, 1, 256ll, l103, d_H, 1, l97, d_H, 1);
+            opgen_sgemm(v76, v21, v87, l94, 1, 256ll, l88, d_H, 1, l82, d_H, 1);
         }
-        for (int64_t i130 = v78; i130 < v91; i130++) {
-            const int64_t v131 = v88 + i130;
-            for (int64_t i132 = v78; i132 < v82; i132++) {
-                const float v133 = l97[i130 * d_H + i132];
-                const float v134 = v133;
-                p_weight_grad[v131 * st_weight_grad_0 + i132] = opgen_f32_to_bf16(v134);
+        for (int64_t i115 = v11; i115 < v76; i115++) {
+            const int64_t v116 = v73 + i115;
+            for (int64_t i117 = v11; i117 < v21; i117++) {
+                const float v118 = l82[i115 * d_H + i117];
+                const float v119 = v118;
+                p_weight_grad[v116 * st_weight_grad_0 + i117] = opgen_f32_to_bf16(v119);
             }
         }
     }
@@ -3974,12 +3734,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -3994,134 +3754,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -4158,12 +3903,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -4178,134 +3923,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -4419,12 +4149,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -4439,134 +4169,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -4603,12 +4318,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -4623,134 +4338,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -4864,12 +4564,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -4884,134 +4584,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -5048,12 +4733,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -5068,134 +4753,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -5309,12 +4979,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -5329,134 +4999,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -5493,12 +5148,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -5513,134 +5168,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -5754,12 +5394,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -5774,134 +5414,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -5938,12 +5563,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -5958,134 +5583,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -6199,12 +5809,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -6219,134 +5829,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -6383,12 +5978,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -6403,134 +5998,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -6644,12 +6224,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -6664,134 +6244,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -6828,12 +6393,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -6848,134 +6413,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -7089,12 +6639,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -7109,134 +6659,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -7273,12 +6808,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -7293,134 +6828,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -7534,12 +7054,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -7554,134 +7074,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -7718,12 +7223,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -7738,134 +7243,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -7979,12 +7469,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -7999,134 +7489,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_f16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_f16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_f16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
             }
         }
     }
@@ -8163,12 +7638,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -8183,134 +7658,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_f16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_f16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_f16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_f16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_f16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_f16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_f16(v97);
             }
         }
     }
@@ -8424,12 +7884,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -8444,134 +7904,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = (bool)((p_target_mask[(i24 >> 3) * st_target_mask_0] >> (i24 & 7)) & 1);
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = (bool)((p_target_mask[(v53 >> 3) * st_target_mask_0] >> (v53 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -8608,12 +8053,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -8628,134 +8073,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = (bool)((p_target_mask[(i14 >> 3)] >> (i14 & 7)) & 1);
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = (bool)((p_target_mask[(i12 >> 3)] >> (i12 & 7)) & 1);
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = (bool)((p_target_mask[(v43 >> 3)] >> (v43 & 7)) & 1);
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = (bool)((p_target_mask[(v37 >> 3)] >> (v37 & 7)) & 1);
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = (bool)((p_target_mask[(v89 >> 3)] >> (v89 & 7)) & 1);
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = (bool)((p_target_mask[(v74 >> 3)] >> (v74 & 7)) & 1);
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }
@@ -8869,12 +8299,12 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l112_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v11 = 0.0f;
     const bool v12 = p_label_smoothing == v11;
     if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -8889,134 +8319,119 @@ __attribute__((optimize("O1"))) static opgen_status_t k_fused_linear_cross_entro
     const bool v20 = v18 >= v19;
     if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v21 = 0ll;
-    const int64_t v22 = d_BT;
-    const int64_t v23 = d_V;
-    for (int64_t i24 = v21; i24 < v22; i24++) {
-        const bool v25 = p_target_mask[i24 * st_target_mask_0];
-        const int64_t v26 = p_masked_target[i24];
-        const bool v27 = v26 >= v21;
-        const bool v28 = v26 < v23;
-        const bool v29 = v27 && v28;
-        const bool v30 = v25 || v29;
-        if (!(v30)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i22 = v21; i22 < v19; i22++) {
+        const bool v23 = p_target_mask[i22 * st_target_mask_0];
+        const int64_t v24 = p_masked_target[i22];
+        const bool v25 = v24 >= v21;
+        const bool v26 = v24 < v13;
+        const bool v27 = v25 && v26;
+        const bool v28 = v23 || v27;
+        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v31 = 0ll;
-    const int64_t v32 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v33 = 256ll;
-    const int64_t v34 = d_BT;
-    const int64_t v35 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v36 = d_V;
-    const float v37 = 1.0f;
-    const float v38 = 0.0f;
-    const int64_t v39 = d_H;
+    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v30 = 256ll;
+    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
+    const float v32 = 1.0f;
+    const int64_t v33 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v31; i40 < v32; i40++) {
-        const int64_t v41 = i40 * v33;
-        const int64_t v42 = v41 + v33;
-        const int64_t v43 = ((v42 < v34 || v42 != v42) ? v42 : v34);
-        const int64_t v44 = v43 - v41;
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i46 = v31; i46 < v35; i46++) {
-            const int64_t v47 = i46 * v33;
-            const int64_t v48 = v47 + v33;
-            const int64_t v49 = ((v48 < v36 || v48 != v48) ? v48 : v36);
-            const int64_t v50 = v49 - v47;
-            float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i52 = v31; i52 < v44; i52++) {
-                const int64_t v53 = v41 + i52;
-                const int64_t v54 = p_masked_target[v53];
-                const bool v55 = p_target_mask[v53 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v53 * st_grad_0];
-                for (int64_t i58 = v31; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_softmax[v53 * st_softmax_0 + v59 * st_softmax_1];
-                    const bool v61 = v59 == v54;
-                    const bool v62 = v61 && v56;
-                    const float v63 = v62 ? v37 : v38;
-                    const float v64 = v60 - v63;
-                    const float v65 = v64 * v57;
-                    l51[i52 * 256ll + i58] = v65;
+    for (int64_t i34 = v21; i34 < v29; i34++) {
+        const int64_t v35 = i34 * v30;
+        const int64_t v36 = v35 + v30;
+        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
+        const int64_t v38 = v37 - v35;
+        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i40 = v21; i40 < v31; i40++) {
+            const int64_t v41 = i40 * v30;
+            const int64_t v42 = v41 + v30;
+            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
+            const int64_t v44 = v43 - v41;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i46 = v21; i46 < v38; i46++) {
+                const int64_t v47 = v35 + i46;
+                const int64_t v48 = p_masked_target[v47];
+                const bool v49 = p_target_mask[v47 * st_target_mask_0];
+                const bool v50 = !v49;
+                const float v51 = p_grad[v47 * st_grad_0];
+                for (int64_t i52 = v21; i52 < v44; i52++) {
+                    const int64_t v53 = v41 + i52;
+                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
+                    const bool v55 = v53 == v48;
+                    const bool v56 = v55 && v50;
+                    const float v57 = v56 ? v32 : v11;
+                    const float v58 = v54 - v57;
+                    const float v59 = v58 * v51;
+                    l45[i46 * 256ll + i52] = v59;
                 }
             }
-            float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i67 = v31; i67 < v50; i67++) {
-                const int64_t v68 = v47 + i67;
-                for (int64_t i69 = v31; i69 < v39; i69++) {
-                    const float v70 = opgen_bf16_to_f32(p_weight[v68 * st_weight_0 + i69 * st_weight_1]);
-                    const float v71 = v70;
-                    l66[i67 * d_H + i69] = v71;
+            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i61 = v21; i61 < v44; i61++) {
+                const int64_t v62 = v41 + i61;
+                for (int64_t i63 = v21; i63 < v33; i63++) {
+                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
+                    const float v65 = v64;
+                    l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v44, v39, v50, l51, 256ll, 1, l66, d_H, 1, l45, d_H, 1);
+            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
-        for (int64_t i72 = v31; i72 < v44; i72++) {
-            const int64_t v73 = v41 + i72;
-            for (int64_t i74 = v31; i74 < v39; i74++) {
-                const float v75 = l45[i72 * d_H + i74];
-                const float v76 = v75;
-                p_input_grad[v73 * st_input_grad_0 + i74 * st_input_grad_1] = opgen_f32_to_bf16(v76);
+        for (int64_t i66 = v21; i66 < v38; i66++) {
+            const int64_t v67 = v35 + i66;
+            for (int64_t i68 = v21; i68 < v33; i68++) {
+                const float v69 = l39[i66 * d_H + i68];
+                const float v70 = v69;
+                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
             }
         }
     }
-    const int64_t v77 = 0ll;
-    const int64_t v78 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v79 = 256ll;
-    const int64_t v80 = d_V;
-    const int64_t v81 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v82 = d_BT;
-    const float v83 = 1.0f;
-    const float v84 = 0.0f;
-    const int64_t v85 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v77; i86 < v78; i86++) {
-        const int64_t v87 = i86 * v79;
-        const int64_t v88 = v87 + v79;
-        const int64_t v89 = ((v88 < v80 || v88 != v88) ? v88 : v80);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v77; i92 < v81; i92++) {
-            const int64_t v93 = i92 * v79;
-            const int64_t v94 = v93 + v79;
-            const int64_t v95 = ((v94 < v82 || v94 != v94) ? v94 : v82);
-            const int64_t v96 = v95 - v93;
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v77; i98 < v96; i98++) {
-                const int64_t v99 = v93 + i98;
-                const int64_t v100 = p_masked_target[v99];
-                const bool v101 = p_target_mask[v99 * st_target_mask_0];
-                const bool v102 = !v101;
-                const float v103 = p_grad[v99 * st_grad_0];
-                for (int64_t i104 = v77; i104 < v90; i104++) {
-                    const int64_t v105 = v87 + i104;
-                    const float v106 = p_softmax[v99 * st_softmax_0 + v105 * st_softmax_1];
-                    const bool v107 = v105 == v100;
-                    const bool v108 = v107 && v102;
-                    const float v109 = v108 ? v83 : v84;
-                    const float v110 = v106 - v109;
-                    const float v111 = v110 * v103;
-                    l97[i98 * 256ll + i104] = v111;
+    for (int64_t i71 = v21; i71 < v31; i71++) {
+        const int64_t v72 = i71 * v30;
+        const int64_t v73 = v72 + v30;
+        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v21; i77 < v29; i77++) {
+            const int64_t v78 = i77 * v30;
+            const int64_t v79 = v78 + v30;
+            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
+            const int64_t v81 = v80 - v78;
+            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i83 = v21; i83 < v81; i83++) {
+                const int64_t v84 = v78 + i83;
+                const int64_t v85 = p_masked_target[v84];
+                const bool v86 = p_target_mask[v84 * st_target_mask_0];
+                const bool v87 = !v86;
+                const float v88 = p_grad[v84 * st_grad_0];
+                for (int64_t i89 = v21; i89 < v75; i89++) {
+                    const int64_t v90 = v72 + i89;
+                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
+                    const bool v92 = v90 == v85;
+                    const bool v93 = v92 && v87;
+                    const float v94 = v93 ? v32 : v11;
+                    const float v95 = v91 - v94;
+                    const float v96 = v95 * v88;
+                    l82[i83 * 256ll + i89] = v96;
                 }
             }
-            float *restrict l112 = l112_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i113 = v77; i113 < v96; i113++) {
-                const int64_t v114 = v93 + i113;
-                for (int64_t i115 = v77; i115 < v85; i115++) {
-                    const float v116 = opgen_bf16_to_f32(p_input[v114 * st_input_0 + i115 * st_input_1]);
-                    const float v117 = v116;
-                    l112[i113 * d_H + i115] = v117;
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i98 = v21; i98 < v81; i98++) {
+                const int64_t v99 = v78 + i98;
+                for (int64_t i100 = v21; i100 < v33; i100++) {
+                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
+                    const float v102 = v101;
+                    l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v90, v85, v96, l97, 1, 256ll, l112, d_H, 1, l91, d_H, 1);
+            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
-        for (int64_t i118 = v77; i118 < v90; i118++) {
-            const int64_t v119 = v87 + i118;
-            for (int64_t i120 = v77; i120 < v85; i120++) {
-                const float v121 = l91[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+        for (int64_t i103 = v21; i103 < v75; i103++) {
+            const int64_t v104 = v72 + i103;
+            for (int64_t i105 = v21; i105 < v33; i105++) {
+                const float v106 = l76[i103 * d_H + i105];
+                const float v107 = v106;
+                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
             }
         }
     }
@@ -9053,12 +8468,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l81_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l102_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l66_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -9073,134 +8488,119 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const bool v10 = v8 >= v9;
     if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     const int64_t v11 = 0ll;
-    const int64_t v12 = d_BT;
-    const int64_t v13 = d_V;
-    for (int64_t i14 = v11; i14 < v12; i14++) {
-        const bool v15 = p_target_mask[i14];
-        const int64_t v16 = p_masked_target[i14];
-        const bool v17 = v16 >= v11;
-        const bool v18 = v16 < v13;
-        const bool v19 = v17 && v18;
-        const bool v20 = v15 || v19;
-        if (!(v20)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    for (int64_t i12 = v11; i12 < v9; i12++) {
+        const bool v13 = p_target_mask[i12];
+        const int64_t v14 = p_masked_target[i12];
+        const bool v15 = v14 >= v11;
+        const bool v16 = v14 < v3;
+        const bool v17 = v15 && v16;
+        const bool v18 = v13 || v17;
+        if (!(v18)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v21 = 0ll;
-    const int64_t v22 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v23 = 256ll;
-    const int64_t v24 = d_BT;
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v26 = d_V;
-    const float v27 = 1.0f;
-    const float v28 = 0.0f;
-    const int64_t v29 = d_H;
+    const int64_t v19 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v20 = 256ll;
+    const int64_t v21 = (d_V / 256 + (d_V % 256 != 0));
+    const float v22 = 1.0f;
+    const int64_t v23 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v21; i30 < v22; i30++) {
-        const int64_t v31 = i30 * v23;
-        const int64_t v32 = v31 + v23;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = v33 - v31;
-        float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l35, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i36 = v21; i36 < v25; i36++) {
-            const int64_t v37 = i36 * v23;
-            const int64_t v38 = v37 + v23;
-            const int64_t v39 = ((v38 < v26 || v38 != v38) ? v38 : v26);
-            const int64_t v40 = v39 - v37;
-            float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i42 = v21; i42 < v34; i42++) {
-                const int64_t v43 = v31 + i42;
-                const int64_t v44 = p_masked_target[v43];
-                const bool v45 = p_target_mask[v43];
-                const bool v46 = !v45;
-                const float v47 = p_grad[v43];
-                for (int64_t i48 = v21; i48 < v40; i48++) {
-                    const int64_t v49 = v37 + i48;
-                    const float v50 = p_softmax[v43 * st_softmax_0 + v49];
-                    const bool v51 = v49 == v44;
-                    const bool v52 = v51 && v46;
-                    const float v53 = v52 ? v27 : v28;
-                    const float v54 = v50 - v53;
-                    const float v55 = v54 * v47;
-                    l41[i42 * 256ll + i48] = v55;
+    for (int64_t i24 = v11; i24 < v19; i24++) {
+        const int64_t v25 = i24 * v20;
+        const int64_t v26 = v25 + v20;
+        const int64_t v27 = ((v26 < v9 || v26 != v26) ? v26 : v9);
+        const int64_t v28 = v27 - v25;
+        float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l29, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i30 = v11; i30 < v21; i30++) {
+            const int64_t v31 = i30 * v20;
+            const int64_t v32 = v31 + v20;
+            const int64_t v33 = ((v32 < v3 || v32 != v32) ? v32 : v3);
+            const int64_t v34 = v33 - v31;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i36 = v11; i36 < v28; i36++) {
+                const int64_t v37 = v25 + i36;
+                const int64_t v38 = p_masked_target[v37];
+                const bool v39 = p_target_mask[v37];
+                const bool v40 = !v39;
+                const float v41 = p_grad[v37];
+                for (int64_t i42 = v11; i42 < v34; i42++) {
+                    const int64_t v43 = v31 + i42;
+                    const float v44 = p_softmax[v37 * st_softmax_0 + v43];
+                    const bool v45 = v43 == v38;
+                    const bool v46 = v45 && v40;
+                    const float v47 = v46 ? v22 : v1;
+                    const float v48 = v44 - v47;
+                    const float v49 = v48 * v41;
+                    l35[i36 * 256ll + i42] = v49;
                 }
             }
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i57 = v21; i57 < v40; i57++) {
-                const int64_t v58 = v37 + i57;
-                for (int64_t i59 = v21; i59 < v29; i59++) {
-                    const float v60 = opgen_bf16_to_f32(p_weight[v58 * st_weight_0 + i59]);
-                    const float v61 = v60;
-                    l56[i57 * d_H + i59] = v61;
+            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i51 = v11; i51 < v34; i51++) {
+                const int64_t v52 = v31 + i51;
+                for (int64_t i53 = v11; i53 < v23; i53++) {
+                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53]);
+                    const float v55 = v54;
+                    l50[i51 * d_H + i53] = v55;
                 }
             }
-            opgen_sgemm(v34, v29, v40, l41, 256ll, 1, l56, d_H, 1, l35, d_H, 1);
+            opgen_sgemm(v28, v23, v34, l35, 256ll, 1, l50, d_H, 1, l29, d_H, 1);
         }
-        for (int64_t i62 = v21; i62 < v34; i62++) {
-            const int64_t v63 = v31 + i62;
-            for (int64_t i64 = v21; i64 < v29; i64++) {
-                const float v65 = l35[i62 * d_H + i64];
-                const float v66 = v65;
-                p_input_grad[v63 * st_input_grad_0 + i64] = opgen_f32_to_bf16(v66);
+        for (int64_t i56 = v11; i56 < v28; i56++) {
+            const int64_t v57 = v25 + i56;
+            for (int64_t i58 = v11; i58 < v23; i58++) {
+                const float v59 = l29[i56 * d_H + i58];
+                const float v60 = v59;
+                p_input_grad[v57 * st_input_grad_0 + i58] = opgen_f32_to_bf16(v60);
             }
         }
     }
-    const int64_t v67 = 0ll;
-    const int64_t v68 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v69 = 256ll;
-    const int64_t v70 = d_V;
-    const int64_t v71 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v72 = d_BT;
-    const float v73 = 1.0f;
-    const float v74 = 0.0f;
-    const int64_t v75 = d_H;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i76 = v67; i76 < v68; i76++) {
-        const int64_t v77 = i76 * v69;
-        const int64_t v78 = v77 + v69;
-        const int64_t v79 = ((v78 < v70 || v78 != v78) ? v78 : v70);
-        const int64_t v80 = v79 - v77;
-        float *restrict l81 = l81_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l81, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i82 = v67; i82 < v71; i82++) {
-            const int64_t v83 = i82 * v69;
-            const int64_t v84 = v83 + v69;
-            const int64_t v85 = ((v84 < v72 || v84 != v84) ? v84 : v72);
-            const int64_t v86 = v85 - v83;
-            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i88 = v67; i88 < v86; i88++) {
-                const int64_t v89 = v83 + i88;
-                const int64_t v90 = p_masked_target[v89];
-                const bool v91 = p_target_mask[v89];
-                const bool v92 = !v91;
-                const float v93 = p_grad[v89];
-                for (int64_t i94 = v67; i94 < v80; i94++) {
-                    const int64_t v95 = v77 + i94;
-                    const float v96 = p_softmax[v89 * st_softmax_0 + v95];
-                    const bool v97 = v95 == v90;
-                    const bool v98 = v97 && v92;
-                    const float v99 = v98 ? v73 : v74;
-                    const float v100 = v96 - v99;
-                    const float v101 = v100 * v93;
-                    l87[i88 * 256ll + i94] = v101;
+    for (int64_t i61 = v11; i61 < v21; i61++) {
+        const int64_t v62 = i61 * v20;
+        const int64_t v63 = v62 + v20;
+        const int64_t v64 = ((v63 < v3 || v63 != v63) ? v63 : v3);
+        const int64_t v65 = v64 - v62;
+        float *restrict l66 = l66_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l66, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i67 = v11; i67 < v19; i67++) {
+            const int64_t v68 = i67 * v20;
+            const int64_t v69 = v68 + v20;
+            const int64_t v70 = ((v69 < v9 || v69 != v69) ? v69 : v9);
+            const int64_t v71 = v70 - v68;
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i73 = v11; i73 < v71; i73++) {
+                const int64_t v74 = v68 + i73;
+                const int64_t v75 = p_masked_target[v74];
+                const bool v76 = p_target_mask[v74];
+                const bool v77 = !v76;
+                const float v78 = p_grad[v74];
+                for (int64_t i79 = v11; i79 < v65; i79++) {
+                    const int64_t v80 = v62 + i79;
+                    const float v81 = p_softmax[v74 * st_softmax_0 + v80];
+                    const bool v82 = v80 == v75;
+                    const bool v83 = v82 && v77;
+                    const float v84 = v83 ? v22 : v1;
+                    const float v85 = v81 - v84;
+                    const float v86 = v85 * v78;
+                    l72[i73 * 256ll + i79] = v86;
                 }
             }
-            float *restrict l102 = l102_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i103 = v67; i103 < v86; i103++) {
-                const int64_t v104 = v83 + i103;
-                for (int64_t i105 = v67; i105 < v75; i105++) {
-                    const float v106 = opgen_bf16_to_f32(p_input[v104 * st_input_0 + i105]);
-                    const float v107 = v106;
-                    l102[i103 * d_H + i105] = v107;
+            float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i88 = v11; i88 < v71; i88++) {
+                const int64_t v89 = v68 + i88;
+                for (int64_t i90 = v11; i90 < v23; i90++) {
+                    const float v91 = opgen_bf16_to_f32(p_input[v89 * st_input_0 + i90]);
+                    const float v92 = v91;
+                    l87[i88 * d_H + i90] = v92;
                 }
             }
-            opgen_sgemm(v80, v75, v86, l87, 1, 256ll, l102, d_H, 1, l81, d_H, 1);
+            opgen_sgemm(v65, v23, v71, l72, 1, 256ll, l87, d_H, 1, l66, d_H, 1);
         }
-        for (int64_t i108 = v67; i108 < v80; i108++) {
-            const int64_t v109 = v77 + i108;
-            for (int64_t i110 = v67; i110 < v75; i110++) {
-                const float v111 = l81[i108 * d_H + i110];
-                const float v112 = v111;
-                p_weight_grad[v109 * st_weight_grad_0 + i110] = opgen_f32_to_bf16(v112);
+        for (int64_t i93 = v11; i93 < v65; i93++) {
+            const int64_t v94 = v62 + i93;
+            for (int64_t i95 = v11; i95 < v23; i95++) {
+                const float v96 = l66[i93 * d_H + i95];
+                const float v97 = v96;
+                p_weight_grad[v94 * st_weight_grad_0 + i95] = opgen_f32_to_bf16(v97);
             }
         }
     }

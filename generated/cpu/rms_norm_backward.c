@@ -63,120 +63,115 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v30 = opgen_f16_to_f32(p_w[i23 * st_w_0]);
+                        const int64_t i21 = r24 + l;
+                        const float v25 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v28 = opgen_f16_to_f32(p_w[i21 * st_w_0]);
+                        const float v29 = v27 * v28;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v31 = v29 * v30;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v37 = opgen_f16_to_f32(p_w[i23 * st_w_0]);
+                        const int64_t i21 = r24 + l;
+                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v35 = opgen_f16_to_f32(p_w[i21 * st_w_0]);
+                        const float v36 = v34 * v35;
+                        const float v37 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v38 = v36 * v37;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i43]);
-                const float v45 = opgen_f16_to_f32(p_x[ro_x[i18] + i43]);
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = opgen_f32_to_f16(v61);
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
+                const float v43 = opgen_f16_to_f32(p_x[ro_x[i16] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = opgen_f16_to_f32(p_w[i41 * st_w_0]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_f16(v59);
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67 * st_grad_w_0] = opgen_f32_to_f16(v71);
+        const float v66 = l63;
+        p_grad_w[i62 * st_grad_w_0] = opgen_f32_to_f16(v66);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -204,120 +199,115 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v30 = opgen_f16_to_f32(p_w[i23]);
+                        const int64_t i21 = r24 + l;
+                        const float v25 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v28 = opgen_f16_to_f32(p_w[i21]);
+                        const float v29 = v27 * v28;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v31 = v29 * v30;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v37 = opgen_f16_to_f32(p_w[i23]);
+                        const int64_t i21 = r24 + l;
+                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v35 = opgen_f16_to_f32(p_w[i21]);
+                        const float v36 = v34 * v35;
+                        const float v37 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v38 = v36 * v37;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i43]);
-                const float v45 = opgen_f16_to_f32(p_x[ro_x[i18] + i43]);
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = opgen_f16_to_f32(p_w[i43]);
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = opgen_f32_to_f16(v61);
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
+                const float v43 = opgen_f16_to_f32(p_x[ro_x[i16] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = opgen_f16_to_f32(p_w[i41]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_f16(v59);
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67] = opgen_f32_to_f16(v71);
+        const float v66 = l63;
+        p_grad_w[i62] = opgen_f32_to_f16(v66);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -386,120 +376,115 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = p_x[ro_x[i18] + i23];
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = p_grad_y[ro_grad_y[i18] + i23];
-                        const float v30 = p_w[i23 * st_w_0];
+                        const int64_t i21 = r24 + l;
+                        const float v25 = p_x[ro_x[i16] + i21];
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = p_grad_y[ro_grad_y[i16] + i21];
+                        const float v28 = p_w[i21 * st_w_0];
+                        const float v29 = v27 * v28;
+                        const float v30 = p_x[ro_x[i16] + i21];
                         const float v31 = v29 * v30;
-                        const float v32 = p_x[ro_x[i18] + i23];
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = p_x[ro_x[i18] + i23];
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = p_grad_y[ro_grad_y[i18] + i23];
-                        const float v37 = p_w[i23 * st_w_0];
+                        const int64_t i21 = r24 + l;
+                        const float v32 = p_x[ro_x[i16] + i21];
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = p_grad_y[ro_grad_y[i16] + i21];
+                        const float v35 = p_w[i21 * st_w_0];
+                        const float v36 = v34 * v35;
+                        const float v37 = p_x[ro_x[i16] + i21];
                         const float v38 = v36 * v37;
-                        const float v39 = p_x[ro_x[i18] + i23];
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = p_grad_y[ro_grad_y[i18] + i43];
-                const float v45 = p_x[ro_x[i18] + i43];
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = p_w[i43 * st_w_0];
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = v61;
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = p_grad_y[ro_grad_y[i16] + i41];
+                const float v43 = p_x[ro_x[i16] + i41];
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = p_w[i41 * st_w_0];
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = v59;
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67 * st_grad_w_0] = v71;
+        const float v66 = l63;
+        p_grad_w[i62 * st_grad_w_0] = v66;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -527,120 +512,115 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = p_x[ro_x[i18] + i23];
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = p_grad_y[ro_grad_y[i18] + i23];
-                        const float v30 = p_w[i23];
+                        const int64_t i21 = r24 + l;
+                        const float v25 = p_x[ro_x[i16] + i21];
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = p_grad_y[ro_grad_y[i16] + i21];
+                        const float v28 = p_w[i21];
+                        const float v29 = v27 * v28;
+                        const float v30 = p_x[ro_x[i16] + i21];
                         const float v31 = v29 * v30;
-                        const float v32 = p_x[ro_x[i18] + i23];
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = p_x[ro_x[i18] + i23];
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = p_grad_y[ro_grad_y[i18] + i23];
-                        const float v37 = p_w[i23];
+                        const int64_t i21 = r24 + l;
+                        const float v32 = p_x[ro_x[i16] + i21];
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = p_grad_y[ro_grad_y[i16] + i21];
+                        const float v35 = p_w[i21];
+                        const float v36 = v34 * v35;
+                        const float v37 = p_x[ro_x[i16] + i21];
                         const float v38 = v36 * v37;
-                        const float v39 = p_x[ro_x[i18] + i23];
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = p_grad_y[ro_grad_y[i18] + i43];
-                const float v45 = p_x[ro_x[i18] + i43];
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = p_w[i43];
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = v61;
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = p_grad_y[ro_grad_y[i16] + i41];
+                const float v43 = p_x[ro_x[i16] + i41];
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = p_w[i41];
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = v59;
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67] = v71;
+        const float v66 = l63;
+        p_grad_w[i62] = v66;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -709,120 +689,115 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v30 = opgen_bf16_to_f32(p_w[i23 * st_w_0]);
+                        const int64_t i21 = r24 + l;
+                        const float v25 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v28 = opgen_bf16_to_f32(p_w[i21 * st_w_0]);
+                        const float v29 = v27 * v28;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v31 = v29 * v30;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v37 = opgen_bf16_to_f32(p_w[i23 * st_w_0]);
+                        const int64_t i21 = r24 + l;
+                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v35 = opgen_bf16_to_f32(p_w[i21 * st_w_0]);
+                        const float v36 = v34 * v35;
+                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v38 = v36 * v37;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i43]);
-                const float v45 = opgen_bf16_to_f32(p_x[ro_x[i18] + i43]);
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = opgen_f32_to_bf16(v61);
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
+                const float v43 = opgen_bf16_to_f32(p_x[ro_x[i16] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = opgen_bf16_to_f32(p_w[i41 * st_w_0]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_bf16(v59);
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67 * st_grad_w_0] = opgen_f32_to_bf16(v71);
+        const float v66 = l63;
+        p_grad_w[i62 * st_grad_w_0] = opgen_f32_to_bf16(v66);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -850,120 +825,115 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t6 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const bool v4 = v1 == v2;
-    const bool v5 = v3 && v4;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v5 ? v2 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v1);
-    const float v12 = p_eps;
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v3 ? v2 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v1);
+    const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i13 = v2; i13 < v8; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = i13 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < v10 || v16 != v16) ? v16 : v10);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
+    for (int64_t i11 = v2; i11 < v6; i11++) {
+        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l12, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v13 = i11 * v7;
+        const int64_t v14 = v13 + v7;
+        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        for (int64_t i16 = v13; i16 < v15; i16++) {
+            float l17 = 0;
+            float l18 = 0;
             float l19 = 0;
             float l20 = 0;
-            float l21 = 0;
-            float l22 = 0;
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l20;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l22;
-                int64_t r26 = v2;
-                for (; r26 + 16 <= v1; r26 += 16) {
+                float lane22[16];
+                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
+                float lane23[16];
+                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
+                int64_t r24 = v2;
+                for (; r24 + 16 <= v1; r24 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v30 = opgen_bf16_to_f32(p_w[i23]);
+                        const int64_t i21 = r24 + l;
+                        const float v25 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v26 = v25 * v25;
+                        lane22[l] += v26;
+                        const float v27 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v28 = opgen_bf16_to_f32(p_w[i21]);
+                        const float v29 = v27 * v28;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v31 = v29 * v30;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        lane23[l] += v31;
                     }
                 }
-                for (int l = 0; r26 + l < v1; l++) {
+                for (int l = 0; r24 + l < v1; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i23]);
-                        const float v37 = opgen_bf16_to_f32(p_w[i23]);
+                        const int64_t i21 = r24 + l;
+                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
+                        const float v33 = v32 * v32;
+                        lane22[l] += v33;
+                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
+                        const float v35 = opgen_bf16_to_f32(p_w[i21]);
+                        const float v36 = v34 * v35;
+                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
                         const float v38 = v36 * v37;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[i18] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        lane23[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l20 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l22 = lane25[0];
+                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
+                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
+                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
+                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
+                l18 = lane22[0];
+                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
+                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
+                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
+                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
+                l20 = lane23[0];
             }
-            const float v41 = l20;
-            l19 = v41;
-            const float v42 = l22;
-            l21 = v42;
-            for (int64_t i43 = v2; i43 < v1; i43++) {
-                const float v44 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i43]);
-                const float v45 = opgen_bf16_to_f32(p_x[ro_x[i18] + i43]);
-                const float v46 = v44 * v45;
-                const float v47 = l19;
-                const float v48 = v47 / v11;
-                const float v49 = v48 + v12;
-                const float v50 = 1.0f / sqrtf(v49);
-                const float v51 = v46 * v50;
-                l14[i43] += v51;
-                const float v52 = opgen_bf16_to_f32(p_w[i43]);
-                const float v53 = v44 * v52;
-                const float v54 = v53 * v50;
-                const float v55 = l21;
-                const float v56 = v55 / v11;
-                const float v57 = v56 * v50;
-                const float v58 = v57 * v50;
-                const float v59 = v58 * v50;
-                const float v60 = v45 * v59;
-                const float v61 = v54 - v60;
-                p_grad_x[ro_grad_x[i18] + i43] = opgen_f32_to_bf16(v61);
+            const float v39 = l18;
+            l17 = v39;
+            const float v40 = l20;
+            l19 = v40;
+            for (int64_t i41 = v2; i41 < v1; i41++) {
+                const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
+                const float v43 = opgen_bf16_to_f32(p_x[ro_x[i16] + i41]);
+                const float v44 = v42 * v43;
+                const float v45 = l17;
+                const float v46 = v45 / v9;
+                const float v47 = v46 + v10;
+                const float v48 = 1.0f / sqrtf(v47);
+                const float v49 = v44 * v48;
+                l12[i41] += v49;
+                const float v50 = opgen_bf16_to_f32(p_w[i41]);
+                const float v51 = v42 * v50;
+                const float v52 = v51 * v48;
+                const float v53 = l19;
+                const float v54 = v53 / v9;
+                const float v55 = v54 * v48;
+                const float v56 = v55 * v48;
+                const float v57 = v56 * v48;
+                const float v58 = v43 * v57;
+                const float v59 = v52 - v58;
+                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_bf16(v59);
             }
         }
-        for (int64_t i62 = v2; i62 < v1; i62++) {
-            const float v63 = l14[i62];
-            t6[i13 * d_D + i62] = v63;
+        for (int64_t i60 = v2; i60 < v1; i60++) {
+            const float v61 = l12[i60];
+            t4[i11 * d_D + i60] = v61;
         }
     }
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_D;
-    const int64_t v66 = (d_N / 32 + (d_N % 32 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i67 = v64; i67 < v65; i67++) {
-        float l68 = 0;
-        for (int64_t i69 = v64; i69 < v66; i69++) {
-            const float v70 = t6[i69 * d_D + i67];
-            l68 += v70;
+    for (int64_t i62 = v2; i62 < v1; i62++) {
+        float l63 = 0;
+        for (int64_t i64 = v2; i64 < v5; i64++) {
+            const float v65 = t4[i64 * d_D + i62];
+            l63 += v65;
         }
-        const float v71 = l68;
-        p_grad_w[i67] = opgen_f32_to_bf16(v71);
+        const float v66 = l63;
+        p_grad_w[i62] = opgen_f32_to_bf16(v66);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

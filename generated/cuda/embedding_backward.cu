@@ -35,28 +35,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -67,7 +67,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -75,10 +75,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -91,7 +91,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -108,12 +108,12 @@ static void k_embedding_backward_f16_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -126,7 +126,7 @@ static void k_embedding_backward_f16_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -164,20 +164,19 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward_f16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward_f16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16");
 }
 
@@ -215,28 +214,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -247,7 +246,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -255,10 +254,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -271,7 +270,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -288,12 +287,12 @@ static void k_embedding_backward_bf16_layout(const int64_t *dims, char *ws, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -306,7 +305,7 @@ static void k_embedding_backward_bf16_layout(const int64_t *dims, char *ws, char
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -344,20 +343,19 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward_bf16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward_bf16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16");
 }
 
@@ -395,28 +393,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -427,7 +425,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = p_dy[v28 * st_dy_0 + i30];
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -435,10 +433,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -451,7 +449,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -468,12 +466,12 @@ static void k_embedding_backward_f32_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -486,7 +484,7 @@ static void k_embedding_backward_f32_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -524,20 +522,19 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward_f32_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward_f32_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32");
 }
 
@@ -575,28 +572,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 2;
+                if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
                     #pragma unroll
@@ -607,7 +604,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
                         const double v39 = p_dy[v28 * st_dy_0 + i30];
                         const double v40 = v39 * v19;
                         l22[i30] += v40;
@@ -615,10 +612,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 2;
+            if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
                 #pragma unroll
@@ -631,7 +628,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
                     const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const double v55 = p_dtable1_acc ? v54 : v20;
                     const double v56 = l22[i42];
@@ -648,12 +645,12 @@ static void k_embedding_backward_f64_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -666,7 +663,7 @@ static void k_embedding_backward_f64_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -704,20 +701,19 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward_f64_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward_f64_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64");
 }
 
@@ -755,28 +751,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -787,7 +783,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -795,10 +791,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -811,7 +807,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -828,12 +824,12 @@ static void k_embedding_backward__i2_f16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -846,7 +842,7 @@ static void k_embedding_backward__i2_f16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -880,20 +876,19 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const int64_t d_N1 = dims[2];
     const int64_t v63 = 0ll;
     const int64_t v64 = d_N;
-    const int64_t v65 = d_D;
-    const int64_t v66 = 0ll;
-    const bool v67 = v65 == v66;
-    const int64_t v68 = d_N1;
-    const int64_t v69 = v67 ? v66 : v68;
-    const int64_t grid70 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid70 > 0) k_embedding_backward__i2_f16_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v65 = d_N1;
+    const int64_t v66 = d_D;
+    const bool v67 = v66 == v63;
+    const int64_t v68 = v67 ? v63 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid69 > 0) k_embedding_backward__i2_f16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid71 = opgen_cuda_grid(v69 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid71 > 0) k_embedding_backward__i2_f16_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid70 > 0) k_embedding_backward__i2_f16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16");
 }
 
@@ -931,28 +926,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -963,7 +958,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -971,10 +966,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -987,7 +982,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -1004,12 +999,12 @@ static void k_embedding_backward__i2_bf16_layout(const int64_t *dims, char *ws, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1022,7 +1017,7 @@ static void k_embedding_backward__i2_bf16_layout(const int64_t *dims, char *ws, 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1056,20 +1051,19 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const int64_t d_N1 = dims[2];
     const int64_t v63 = 0ll;
     const int64_t v64 = d_N;
-    const int64_t v65 = d_D;
-    const int64_t v66 = 0ll;
-    const bool v67 = v65 == v66;
-    const int64_t v68 = d_N1;
-    const int64_t v69 = v67 ? v66 : v68;
-    const int64_t grid70 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid70 > 0) k_embedding_backward__i2_bf16_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v65 = d_N1;
+    const int64_t v66 = d_D;
+    const bool v67 = v66 == v63;
+    const int64_t v68 = v67 ? v63 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid69 > 0) k_embedding_backward__i2_bf16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid71 = opgen_cuda_grid(v69 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid71 > 0) k_embedding_backward__i2_bf16_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid70 > 0) k_embedding_backward__i2_bf16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16");
 }
 
@@ -1107,28 +1101,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -1139,7 +1133,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = p_dy[v28 * st_dy_0 + i30];
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -1147,10 +1141,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -1163,7 +1157,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -1180,12 +1174,12 @@ static void k_embedding_backward__i2_f32_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1198,7 +1192,7 @@ static void k_embedding_backward__i2_f32_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1232,20 +1226,19 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const int64_t d_N1 = dims[2];
     const int64_t v63 = 0ll;
     const int64_t v64 = d_N;
-    const int64_t v65 = d_D;
-    const int64_t v66 = 0ll;
-    const bool v67 = v65 == v66;
-    const int64_t v68 = d_N1;
-    const int64_t v69 = v67 ? v66 : v68;
-    const int64_t grid70 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid70 > 0) k_embedding_backward__i2_f32_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v65 = d_N1;
+    const int64_t v66 = d_D;
+    const bool v67 = v66 == v63;
+    const int64_t v68 = v67 ? v63 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid69 > 0) k_embedding_backward__i2_f32_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid71 = opgen_cuda_grid(v69 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid71 > 0) k_embedding_backward__i2_f32_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid70 > 0) k_embedding_backward__i2_f32_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32");
 }
 
@@ -1283,28 +1276,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 2;
+                if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
                     #pragma unroll
@@ -1315,7 +1308,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
                         const double v39 = p_dy[v28 * st_dy_0 + i30];
                         const double v40 = v39 * v19;
                         l22[i30] += v40;
@@ -1323,10 +1316,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 2;
+            if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
                 #pragma unroll
@@ -1339,7 +1332,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
                     const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const double v55 = p_dtable1_acc ? v54 : v20;
                     const double v56 = l22[i42];
@@ -1356,12 +1349,12 @@ static void k_embedding_backward__i2_f64_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1374,7 +1367,7 @@ static void k_embedding_backward__i2_f64_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1408,20 +1401,19 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const int64_t d_N1 = dims[2];
     const int64_t v63 = 0ll;
     const int64_t v64 = d_N;
-    const int64_t v65 = d_D;
-    const int64_t v66 = 0ll;
-    const bool v67 = v65 == v66;
-    const int64_t v68 = d_N1;
-    const int64_t v69 = v67 ? v66 : v68;
-    const int64_t grid70 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid70 > 0) k_embedding_backward__i2_f64_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v65 = d_N1;
+    const int64_t v66 = d_D;
+    const bool v67 = v66 == v63;
+    const int64_t v68 = v67 ? v63 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid69 > 0) k_embedding_backward__i2_f64_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid71 = opgen_cuda_grid(v69 - v66, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid71 > 0) k_embedding_backward__i2_f64_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid70 > 0) k_embedding_backward__i2_f64_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64");
 }
 
@@ -1459,28 +1451,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -1491,7 +1483,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -1499,10 +1491,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -1515,7 +1507,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -1532,12 +1524,12 @@ static void k_embedding_backward__dtable2_f16_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1550,7 +1542,7 @@ static void k_embedding_backward__dtable2_f16_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1588,20 +1580,19 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward__dtable2_f16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward__dtable2_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward__dtable2_f16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward__dtable2_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16");
 }
 
@@ -1639,28 +1630,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -1671,7 +1662,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -1679,10 +1670,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -1695,7 +1686,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -1712,12 +1703,12 @@ static void k_embedding_backward__dtable2_bf16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1730,7 +1721,7 @@ static void k_embedding_backward__dtable2_bf16_layout(const int64_t *dims, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1768,20 +1759,19 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward__dtable2_bf16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward__dtable2_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward__dtable2_bf16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward__dtable2_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16");
 }
 
@@ -1819,28 +1809,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 4;
+                if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
                     #pragma unroll
@@ -1851,7 +1841,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
                         const float v39 = p_dy[v28 * st_dy_0 + i30];
                         const float v40 = v39 * v19;
                         l22[i30] += v40;
@@ -1859,10 +1849,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 4;
+            if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
                 #pragma unroll
@@ -1875,7 +1865,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
                     const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const float v55 = p_dtable1_acc ? v54 : v20;
                     const float v56 = l22[i42];
@@ -1892,12 +1882,12 @@ static void k_embedding_backward__dtable2_f32_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1910,7 +1900,7 @@ static void k_embedding_backward__dtable2_f32_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1948,20 +1938,19 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward__dtable2_f32_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward__dtable2_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward__dtable2_f32_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward__dtable2_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32");
 }
 
@@ -1999,28 +1988,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_N1;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_N1;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v12; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v12) {
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v12 + vq35 * 2;
+                if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
                     #pragma unroll
@@ -2031,7 +2020,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v12; i30++) {
+                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
                         const double v39 = p_dy[v28 * st_dy_0 + i30];
                         const double v40 = v39 * v19;
                         l22[i30] += v40;
@@ -2039,10 +2028,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v12; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v12) {
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v12 + vq48 * 2;
+            if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
                 #pragma unroll
@@ -2055,7 +2044,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v12; i42++) {
+                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
                     const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
                     const double v55 = p_dtable1_acc ? v54 : v20;
                     const double v56 = l22[i42];
@@ -2072,12 +2061,12 @@ static void k_embedding_backward__dtable2_f64_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = d_D;
-    const int64_t v59 = 0ll;
-    const bool v60 = v58 == v59;
-    const int64_t v61 = d_N1;
-    const int64_t v62 = v60 ? v59 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v58 = 0ll;
+    const int64_t v59 = d_N1;
+    const int64_t v60 = d_D;
+    const bool v61 = v60 == v58;
+    const int64_t v62 = v61 ? v58 : v59;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2090,7 +2079,7 @@ static void k_embedding_backward__dtable2_f64_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2128,20 +2117,19 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const int64_t d_N1 = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_N1;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_backward__dtable2_f64_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_N1;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_backward__dtable2_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_backward__dtable2_f64_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_backward__dtable2_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64");
 }
 
@@ -2200,28 +2188,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = d_D;
-    const int64_t v24 = 0ll;
-    const bool v25 = v23 == v24;
-    const int64_t v26 = d_N1;
-    const int64_t v27 = v25 ? v24 : v26;
-    const int64_t v28 = d_N;
+    const int64_t v23 = 0ll;
+    const int64_t v24 = d_N;
+    const int64_t v25 = d_N1;
+    const int64_t v26 = d_D;
+    const bool v27 = v26 == v23;
+    const int64_t v28 = v27 ? v23 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v27; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v26, v28);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v26, v28);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v23; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v23) {
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v23 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
                     #pragma unroll
@@ -2232,7 +2220,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v23; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
                         const float v50 = opgen_f16_to_f32(p_dy[v39 * st_dy_0 + i41]);
                         const float v51 = v50 * v30;
                         l33[i41] += v51;
@@ -2240,10 +2228,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v23; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v23) {
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v23 + vq59 * 4;
+            if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
                 #pragma unroll
@@ -2256,7 +2244,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v23; i53++) {
+                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
                     const float v65 = opgen_f16_to_f32(p_dtable1[i32 * st_dtable1_0 + i53]);
                     const float v66 = p_dtable1_acc ? v65 : v31;
                     const float v67 = l33[i53];
@@ -2282,65 +2270,65 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_D;
-    const int64_t v70 = 0ll;
-    const bool v71 = v69 == v70;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = v71 ? v70 : v72;
-    const int64_t v74 = d_N;
-    const int64_t v75 = 1ll;
-    const float v76 = p_alpha2;
-    const float v77 = 0.0f;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v73; i78 += (int64_t)gridDim.x) {
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_N;
+    const int64_t v71 = d_N2;
+    const int64_t v72 = d_D;
+    const bool v73 = v72 == v69;
+    const int64_t v74 = 1ll;
+    const float v75 = 0.0f;
+    const int64_t v76 = v73 ? v69 : v71;
+    const float v77 = p_alpha2;
+    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v72, v74);
-        const int64_t v82 = i78 + v75;
-        const int64_t v83 = opgen_seg_start(t5, v82, v72, v74);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v82 = i78 + v74;
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v69; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v69) {
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v69 + vq92 * 4;
+                if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
                     #pragma unroll
                     for (int vj93 = 0; vj93 < 4; vj93++) {
                         const float v94 = opgen_f16_to_f32(vec88.v[vj93]);
-                        const float v95 = v94 * v76;
+                        const float v95 = v94 * v77;
                         vec89.v[vj93] += v95;
                     }
                     *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v69; i87++) {
+                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
                         const float v96 = opgen_f16_to_f32(p_dy[v85 * st_dy_0 + i87]);
-                        const float v97 = v96 * v76;
+                        const float v97 = v96 * v77;
                         l79[i87] += v97;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v69; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v69) {
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v69 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
                 #pragma unroll
                 for (int vj106 = 0; vj106 < 4; vj106++) {
                     const float v107 = opgen_f16_to_f32(vec100.v[vj106]);
-                    const float v108 = p_dtable2_acc ? v107 : v77;
+                    const float v108 = p_dtable2_acc ? v107 : v75;
                     const float v109 = vec101.v[vj106];
                     const float v110 = v108 + v109;
                     vec100.v[vj106] = opgen_f32_to_f16(v110);
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v69; i99++) {
+                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
                     const float v111 = opgen_f16_to_f32(p_dtable2[i78 * st_dtable2_0 + i99]);
-                    const float v112 = p_dtable2_acc ? v111 : v77;
+                    const float v112 = p_dtable2_acc ? v111 : v75;
                     const float v113 = l79[i99];
                     const float v114 = v112 + v113;
                     p_dtable2[i78 * st_dtable2_0 + i99] = opgen_f32_to_f16(v114);
@@ -2356,18 +2344,15 @@ static void k_embedding_backward__i2_dtable2_f16_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = d_D;
-    const int64_t v116 = 0ll;
-    const bool v117 = v115 == v116;
-    const int64_t v118 = d_N1;
-    const int64_t v119 = v117 ? v116 : v118;
-    const int64_t v120 = d_D;
-    const int64_t v121 = 0ll;
-    const bool v122 = v120 == v121;
-    const int64_t v123 = d_N2;
-    const int64_t v124 = v122 ? v121 : v123;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v119 - v116, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v121, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v115 = 0ll;
+    const int64_t v116 = d_N1;
+    const int64_t v117 = d_N2;
+    const int64_t v118 = d_D;
+    const bool v119 = v118 == v115;
+    const int64_t v120 = v119 ? v115 : v116;
+    const int64_t v121 = v119 ? v115 : v117;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2386,13 +2371,13 @@ static void k_embedding_backward__i2_dtable2_f16_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v123)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2429,38 +2414,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v125 = 0ll;
-    const int64_t v126 = d_N;
-    const int64_t v127 = 0ll;
-    const int64_t v128 = d_N;
-    const int64_t v129 = d_D;
-    const int64_t v130 = 0ll;
-    const bool v131 = v129 == v130;
-    const int64_t v132 = d_N1;
-    const int64_t v133 = v131 ? v130 : v132;
-    const int64_t v134 = d_D;
-    const int64_t v135 = 0ll;
-    const bool v136 = v134 == v135;
-    const int64_t v137 = d_N2;
-    const int64_t v138 = v136 ? v135 : v137;
-    const int64_t grid139 = opgen_cuda_grid((v126 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid139 > 0) k_embedding_backward__i2_dtable2_f16_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid((v128 - v127 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid140 > 0) k_embedding_backward__i2_dtable2_f16_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v122 = 0ll;
+    const int64_t v123 = d_N;
+    const int64_t v124 = d_N1;
+    const int64_t v125 = d_N2;
+    const int64_t v126 = d_D;
+    const bool v127 = v126 == v122;
+    const int64_t v128 = v127 ? v122 : v124;
+    const int64_t v129 = v127 ? v122 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid130 > 0) k_embedding_backward__i2_dtable2_f16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid131 > 0) k_embedding_backward__i2_dtable2_f16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v132, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v132), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid141 = opgen_cuda_grid(v133 - v130, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid141 > 0) k_embedding_backward__i2_dtable2_f16_k2<<<(unsigned)grid141, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v137, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v137), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid142 = opgen_cuda_grid(v138 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid142 > 0) k_embedding_backward__i2_dtable2_f16_k3<<<(unsigned)grid142, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16");
 }
 
@@ -2519,28 +2498,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = d_D;
-    const int64_t v24 = 0ll;
-    const bool v25 = v23 == v24;
-    const int64_t v26 = d_N1;
-    const int64_t v27 = v25 ? v24 : v26;
-    const int64_t v28 = d_N;
+    const int64_t v23 = 0ll;
+    const int64_t v24 = d_N;
+    const int64_t v25 = d_N1;
+    const int64_t v26 = d_D;
+    const bool v27 = v26 == v23;
+    const int64_t v28 = v27 ? v23 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v27; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v26, v28);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v26, v28);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v23; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v23) {
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v23 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
                     #pragma unroll
@@ -2551,7 +2530,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v23; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
                         const float v50 = opgen_bf16_to_f32(p_dy[v39 * st_dy_0 + i41]);
                         const float v51 = v50 * v30;
                         l33[i41] += v51;
@@ -2559,10 +2538,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v23; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v23) {
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v23 + vq59 * 4;
+            if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
                 #pragma unroll
@@ -2575,7 +2554,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v23; i53++) {
+                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
                     const float v65 = opgen_bf16_to_f32(p_dtable1[i32 * st_dtable1_0 + i53]);
                     const float v66 = p_dtable1_acc ? v65 : v31;
                     const float v67 = l33[i53];
@@ -2601,65 +2580,65 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_D;
-    const int64_t v70 = 0ll;
-    const bool v71 = v69 == v70;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = v71 ? v70 : v72;
-    const int64_t v74 = d_N;
-    const int64_t v75 = 1ll;
-    const float v76 = p_alpha2;
-    const float v77 = 0.0f;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v73; i78 += (int64_t)gridDim.x) {
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_N;
+    const int64_t v71 = d_N2;
+    const int64_t v72 = d_D;
+    const bool v73 = v72 == v69;
+    const int64_t v74 = 1ll;
+    const float v75 = 0.0f;
+    const int64_t v76 = v73 ? v69 : v71;
+    const float v77 = p_alpha2;
+    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v72, v74);
-        const int64_t v82 = i78 + v75;
-        const int64_t v83 = opgen_seg_start(t5, v82, v72, v74);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v82 = i78 + v74;
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v69; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v69) {
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v69 + vq92 * 4;
+                if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
                     #pragma unroll
                     for (int vj93 = 0; vj93 < 4; vj93++) {
                         const float v94 = opgen_bf16_to_f32(vec88.v[vj93]);
-                        const float v95 = v94 * v76;
+                        const float v95 = v94 * v77;
                         vec89.v[vj93] += v95;
                     }
                     *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v69; i87++) {
+                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
                         const float v96 = opgen_bf16_to_f32(p_dy[v85 * st_dy_0 + i87]);
-                        const float v97 = v96 * v76;
+                        const float v97 = v96 * v77;
                         l79[i87] += v97;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v69; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v69) {
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v69 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
                 #pragma unroll
                 for (int vj106 = 0; vj106 < 4; vj106++) {
                     const float v107 = opgen_bf16_to_f32(vec100.v[vj106]);
-                    const float v108 = p_dtable2_acc ? v107 : v77;
+                    const float v108 = p_dtable2_acc ? v107 : v75;
                     const float v109 = vec101.v[vj106];
                     const float v110 = v108 + v109;
                     vec100.v[vj106] = opgen_f32_to_bf16(v110);
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v69; i99++) {
+                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
                     const float v111 = opgen_bf16_to_f32(p_dtable2[i78 * st_dtable2_0 + i99]);
-                    const float v112 = p_dtable2_acc ? v111 : v77;
+                    const float v112 = p_dtable2_acc ? v111 : v75;
                     const float v113 = l79[i99];
                     const float v114 = v112 + v113;
                     p_dtable2[i78 * st_dtable2_0 + i99] = opgen_f32_to_bf16(v114);
@@ -2675,18 +2654,15 @@ static void k_embedding_backward__i2_dtable2_bf16_layout(const int64_t *dims, ch
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = d_D;
-    const int64_t v116 = 0ll;
-    const bool v117 = v115 == v116;
-    const int64_t v118 = d_N1;
-    const int64_t v119 = v117 ? v116 : v118;
-    const int64_t v120 = d_D;
-    const int64_t v121 = 0ll;
-    const bool v122 = v120 == v121;
-    const int64_t v123 = d_N2;
-    const int64_t v124 = v122 ? v121 : v123;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v119 - v116, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v121, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v115 = 0ll;
+    const int64_t v116 = d_N1;
+    const int64_t v117 = d_N2;
+    const int64_t v118 = d_D;
+    const bool v119 = v118 == v115;
+    const int64_t v120 = v119 ? v115 : v116;
+    const int64_t v121 = v119 ? v115 : v117;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2705,13 +2681,13 @@ static void k_embedding_backward__i2_dtable2_bf16_layout(const int64_t *dims, ch
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v123)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2748,38 +2724,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v125 = 0ll;
-    const int64_t v126 = d_N;
-    const int64_t v127 = 0ll;
-    const int64_t v128 = d_N;
-    const int64_t v129 = d_D;
-    const int64_t v130 = 0ll;
-    const bool v131 = v129 == v130;
-    const int64_t v132 = d_N1;
-    const int64_t v133 = v131 ? v130 : v132;
-    const int64_t v134 = d_D;
-    const int64_t v135 = 0ll;
-    const bool v136 = v134 == v135;
-    const int64_t v137 = d_N2;
-    const int64_t v138 = v136 ? v135 : v137;
-    const int64_t grid139 = opgen_cuda_grid((v126 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid139 > 0) k_embedding_backward__i2_dtable2_bf16_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid((v128 - v127 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid140 > 0) k_embedding_backward__i2_dtable2_bf16_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v122 = 0ll;
+    const int64_t v123 = d_N;
+    const int64_t v124 = d_N1;
+    const int64_t v125 = d_N2;
+    const int64_t v126 = d_D;
+    const bool v127 = v126 == v122;
+    const int64_t v128 = v127 ? v122 : v124;
+    const int64_t v129 = v127 ? v122 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid130 > 0) k_embedding_backward__i2_dtable2_bf16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid131 > 0) k_embedding_backward__i2_dtable2_bf16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v132, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v132), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid141 = opgen_cuda_grid(v133 - v130, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid141 > 0) k_embedding_backward__i2_dtable2_bf16_k2<<<(unsigned)grid141, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_bf16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v137, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v137), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid142 = opgen_cuda_grid(v138 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid142 > 0) k_embedding_backward__i2_dtable2_bf16_k3<<<(unsigned)grid142, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_bf16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16");
 }
 
@@ -2838,28 +2808,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = d_D;
-    const int64_t v24 = 0ll;
-    const bool v25 = v23 == v24;
-    const int64_t v26 = d_N1;
-    const int64_t v27 = v25 ? v24 : v26;
-    const int64_t v28 = d_N;
+    const int64_t v23 = 0ll;
+    const int64_t v24 = d_N;
+    const int64_t v25 = d_N1;
+    const int64_t v26 = d_D;
+    const bool v27 = v26 == v23;
+    const int64_t v28 = v27 ? v23 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v27; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v26, v28);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v26, v28);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v23; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v23) {
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v23 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
                     #pragma unroll
@@ -2870,7 +2840,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v23; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
                         const float v50 = p_dy[v39 * st_dy_0 + i41];
                         const float v51 = v50 * v30;
                         l33[i41] += v51;
@@ -2878,10 +2848,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v23; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v23) {
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v23 + vq59 * 4;
+            if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
                 #pragma unroll
@@ -2894,7 +2864,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v23; i53++) {
+                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
                     const float v65 = p_dtable1[i32 * st_dtable1_0 + i53];
                     const float v66 = p_dtable1_acc ? v65 : v31;
                     const float v67 = l33[i53];
@@ -2920,65 +2890,65 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_D;
-    const int64_t v70 = 0ll;
-    const bool v71 = v69 == v70;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = v71 ? v70 : v72;
-    const int64_t v74 = d_N;
-    const int64_t v75 = 1ll;
-    const float v76 = p_alpha2;
-    const float v77 = 0.0f;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v73; i78 += (int64_t)gridDim.x) {
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_N;
+    const int64_t v71 = d_N2;
+    const int64_t v72 = d_D;
+    const bool v73 = v72 == v69;
+    const int64_t v74 = 1ll;
+    const float v75 = 0.0f;
+    const int64_t v76 = v73 ? v69 : v71;
+    const float v77 = p_alpha2;
+    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v72, v74);
-        const int64_t v82 = i78 + v75;
-        const int64_t v83 = opgen_seg_start(t5, v82, v72, v74);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v82 = i78 + v74;
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v69; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v69) {
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v69 + vq92 * 4;
+                if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<float, 4> vec88 = *(const opgen_vec<float, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
                     #pragma unroll
                     for (int vj93 = 0; vj93 < 4; vj93++) {
                         const float v94 = vec88.v[vj93];
-                        const float v95 = v94 * v76;
+                        const float v95 = v94 * v77;
                         vec89.v[vj93] += v95;
                     }
                     *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v69; i87++) {
+                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
                         const float v96 = p_dy[v85 * st_dy_0 + i87];
-                        const float v97 = v96 * v76;
+                        const float v97 = v96 * v77;
                         l79[i87] += v97;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v69; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v69) {
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v69 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
                 #pragma unroll
                 for (int vj106 = 0; vj106 < 4; vj106++) {
                     const float v107 = vec100.v[vj106];
-                    const float v108 = p_dtable2_acc ? v107 : v77;
+                    const float v108 = p_dtable2_acc ? v107 : v75;
                     const float v109 = vec101.v[vj106];
                     const float v110 = v108 + v109;
                     vec100.v[vj106] = v110;
                 }
                 *(opgen_vec<float, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v69; i99++) {
+                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
                     const float v111 = p_dtable2[i78 * st_dtable2_0 + i99];
-                    const float v112 = p_dtable2_acc ? v111 : v77;
+                    const float v112 = p_dtable2_acc ? v111 : v75;
                     const float v113 = l79[i99];
                     const float v114 = v112 + v113;
                     p_dtable2[i78 * st_dtable2_0 + i99] = v114;
@@ -2994,18 +2964,15 @@ static void k_embedding_backward__i2_dtable2_f32_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = d_D;
-    const int64_t v116 = 0ll;
-    const bool v117 = v115 == v116;
-    const int64_t v118 = d_N1;
-    const int64_t v119 = v117 ? v116 : v118;
-    const int64_t v120 = d_D;
-    const int64_t v121 = 0ll;
-    const bool v122 = v120 == v121;
-    const int64_t v123 = d_N2;
-    const int64_t v124 = v122 ? v121 : v123;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v119 - v116, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v121, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v115 = 0ll;
+    const int64_t v116 = d_N1;
+    const int64_t v117 = d_N2;
+    const int64_t v118 = d_D;
+    const bool v119 = v118 == v115;
+    const int64_t v120 = v119 ? v115 : v116;
+    const int64_t v121 = v119 ? v115 : v117;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -3024,13 +2991,13 @@ static void k_embedding_backward__i2_dtable2_f32_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v123)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3067,38 +3034,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v125 = 0ll;
-    const int64_t v126 = d_N;
-    const int64_t v127 = 0ll;
-    const int64_t v128 = d_N;
-    const int64_t v129 = d_D;
-    const int64_t v130 = 0ll;
-    const bool v131 = v129 == v130;
-    const int64_t v132 = d_N1;
-    const int64_t v133 = v131 ? v130 : v132;
-    const int64_t v134 = d_D;
-    const int64_t v135 = 0ll;
-    const bool v136 = v134 == v135;
-    const int64_t v137 = d_N2;
-    const int64_t v138 = v136 ? v135 : v137;
-    const int64_t grid139 = opgen_cuda_grid((v126 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid139 > 0) k_embedding_backward__i2_dtable2_f32_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid((v128 - v127 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid140 > 0) k_embedding_backward__i2_dtable2_f32_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v122 = 0ll;
+    const int64_t v123 = d_N;
+    const int64_t v124 = d_N1;
+    const int64_t v125 = d_N2;
+    const int64_t v126 = d_D;
+    const bool v127 = v126 == v122;
+    const int64_t v128 = v127 ? v122 : v124;
+    const int64_t v129 = v127 ? v122 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid130 > 0) k_embedding_backward__i2_dtable2_f32_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid131 > 0) k_embedding_backward__i2_dtable2_f32_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v132, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v132), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid141 = opgen_cuda_grid(v133 - v130, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid141 > 0) k_embedding_backward__i2_dtable2_f32_k2<<<(unsigned)grid141, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f32_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v137, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v137), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid142 = opgen_cuda_grid(v138 - v135, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid142 > 0) k_embedding_backward__i2_dtable2_f32_k3<<<(unsigned)grid142, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f32_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32");
 }
 
@@ -3157,28 +3118,28 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = d_D;
-    const int64_t v24 = 0ll;
-    const bool v25 = v23 == v24;
-    const int64_t v26 = d_N1;
-    const int64_t v27 = v25 ? v24 : v26;
-    const int64_t v28 = d_N;
+    const int64_t v23 = 0ll;
+    const int64_t v24 = d_N;
+    const int64_t v25 = d_N1;
+    const int64_t v26 = d_D;
+    const bool v27 = v26 == v23;
+    const int64_t v28 = v27 ? v23 : v25;
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v27; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         double *__restrict__ l33 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 2; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 2) for (size_t z34j = z34; z34j < z34 + 2 && z34j < (size_t)d_D; z34j++) l33[z34j] = (double)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v26, v28);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v26, v28);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 2 < v23; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 2;
-                if (vok44 && vb45 + 2 <= v23) {
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 2 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v23 + vq46 * 2;
+                if (vok44 && vb45 + 2 <= v26) {
                     opgen_vec<double, 2> vec42 = *(const opgen_vec<double, 2> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&l33[vb45];
                     #pragma unroll
@@ -3189,7 +3150,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                     }
                     *(opgen_vec<double, 2> *)&l33[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 2 && i41 < v23; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 2 && i41 < v26; i41++) {
                         const double v50 = p_dy[v39 * st_dy_0 + i41];
                         const double v51 = v50 * v30;
                         l33[i41] += v51;
@@ -3197,10 +3158,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 2 < v23; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 2;
-            if (vok57 && vb58 + 2 <= v23) {
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 2 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v23 + vq59 * 2;
+            if (vok57 && vb58 + 2 <= v26) {
                 opgen_vec<double, 2> vec54 = *(const opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<double, 2> vec55 = *(const opgen_vec<double, 2> *)&l33[vb58];
                 #pragma unroll
@@ -3213,7 +3174,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
                 *(opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 2 && i53 < v23; i53++) {
+                for (int64_t i53 = vb58; i53 < vb58 + 2 && i53 < v26; i53++) {
                     const double v65 = p_dtable1[i32 * st_dtable1_0 + i53];
                     const double v66 = p_dtable1_acc ? v65 : v31;
                     const double v67 = l33[i53];
@@ -3239,65 +3200,65 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_D;
-    const int64_t v70 = 0ll;
-    const bool v71 = v69 == v70;
-    const int64_t v72 = d_N2;
-    const int64_t v73 = v71 ? v70 : v72;
-    const int64_t v74 = d_N;
-    const int64_t v75 = 1ll;
-    const double v76 = (double)(p_alpha2);
-    const double v77 = 0.0;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v73; i78 += (int64_t)gridDim.x) {
+    const int64_t v69 = 0ll;
+    const int64_t v70 = d_N;
+    const int64_t v71 = d_N2;
+    const int64_t v72 = d_D;
+    const bool v73 = v72 == v69;
+    const int64_t v74 = 1ll;
+    const double v75 = 0.0;
+    const int64_t v76 = v73 ? v69 : v71;
+    const double v77 = (double)(p_alpha2);
+    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         double *__restrict__ l79 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 2; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 2) for (size_t z80j = z80; z80j < z80 + 2 && z80j < (size_t)d_D; z80j++) l79[z80j] = (double)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v72, v74);
-        const int64_t v82 = i78 + v75;
-        const int64_t v83 = opgen_seg_start(t5, v82, v72, v74);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v82 = i78 + v74;
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 2 < v69; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 2;
-                if (vok90 && vb91 + 2 <= v69) {
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 2 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v69 + vq92 * 2;
+                if (vok90 && vb91 + 2 <= v72) {
                     opgen_vec<double, 2> vec88 = *(const opgen_vec<double, 2> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<double, 2> vec89 = *(const opgen_vec<double, 2> *)&l79[vb91];
                     #pragma unroll
                     for (int vj93 = 0; vj93 < 2; vj93++) {
                         const double v94 = vec88.v[vj93];
-                        const double v95 = v94 * v76;
+                        const double v95 = v94 * v77;
                         vec89.v[vj93] += v95;
                     }
                     *(opgen_vec<double, 2> *)&l79[vb91] = vec89;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 2 && i87 < v69; i87++) {
+                    for (int64_t i87 = vb91; i87 < vb91 + 2 && i87 < v72; i87++) {
                         const double v96 = p_dy[v85 * st_dy_0 + i87];
-                        const double v97 = v96 * v76;
+                        const double v97 = v96 * v77;
                         l79[i87] += v97;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 2 < v69; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 2;
-            if (vok103 && vb104 + 2 <= v69) {
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 2 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v69 + vq105 * 2;
+            if (vok103 && vb104 + 2 <= v72) {
                 opgen_vec<double, 2> vec100 = *(const opgen_vec<double, 2> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<double, 2> vec101 = *(const opgen_vec<double, 2> *)&l79[vb104];
                 #pragma unroll
                 for (int vj106 = 0; vj106 < 2; vj106++) {
                     const double v107 = vec100.v[vj106];
-                    const double v108 = p_dtable2_acc ? v107 : v77;
+                    const double v108 = p_dtable2_acc ? v107 : v75;
                     const double v109 = vec101.v[vj106];
                     const double v110 = v108 + v109;
                     vec100.v[vj106] = v110;
                 }
                 *(opgen_vec<double, 2> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 2 && i99 < v69; i99++) {
+                for (int64_t i99 = vb104; i99 < vb104 + 2 && i99 < v72; i99++) {
                     const double v111 = p_dtable2[i78 * st_dtable2_0 + i99];
-                    const double v112 = p_dtable2_acc ? v111 : v77;
+                    const double v112 = p_dtable2_acc ? v111 : v75;
                     const double v113 = l79[i99];
                     const double v114 = v112 + v113;
                     p_dtable2[i78 * st_dtable2_0 + i99] = v114;
@@ -3313,18 +3274,15 @@ static void k_embedding_backward__i2_dtable2_f64_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = d_D;
-    const int64_t v116 = 0ll;
-    const bool v117 = v115 == v116;
-    const int64_t v118 = d_N1;
-    const int64_t v119 = v117 ? v116 : v118;
-    const int64_t v120 = d_D;
-    const int64_t v121 = 0ll;
-    const bool v122 = v120 == v121;
-    const int64_t v123 = d_N2;
-    const int64_t v124 = v122 ? v121 : v123;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v119 - v116, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v124 - v121, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v115 = 0ll;
+    const int64_t v116 = d_N1;
+    const int64_t v117 = d_N2;
+    const int64_t v118 = d_D;
+    const bool v119 = v118 == v115;
+    const int64_t v120 = v119 ? v115 : v116;
+    const int64_t v121 = v119 ? v115 : v117;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -3343,13 +3301,13 @@ static void k_embedding_backward__i2_dtable2_f64_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v123)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3386,38 +3344,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v125 = 0ll;
-    const int64_t v126 = d_N;
-    const int64_t v127 = 0ll;
-    const int64_t v128 = d_N;
-    const int64_t v129 = d_D;
-    const int64_t v130 = 0ll;
-    const bool v131 = v129 == v130;
-    const int64_t v132 = d_N1;
-    const int64_t v133 = v131 ? v130 : v132;
-    const int64_t v134 = d_D;
-    const int64_t v135 = 0ll;
-    const bool v136 = v134 == v135;
-    const int64_t v137 = d_N2;
-    const int64_t v138 = v136 ? v135 : v137;
-    const int64_t grid139 = opgen_cuda_grid((v126 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid139 > 0) k_embedding_backward__i2_dtable2_f64_k0<<<(unsigned)grid139, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid140 = opgen_cuda_grid((v128 - v127 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid140 > 0) k_embedding_backward__i2_dtable2_f64_k1<<<(unsigned)grid140, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v122 = 0ll;
+    const int64_t v123 = d_N;
+    const int64_t v124 = d_N1;
+    const int64_t v125 = d_N2;
+    const int64_t v126 = d_D;
+    const bool v127 = v126 == v122;
+    const int64_t v128 = v127 ? v122 : v124;
+    const int64_t v129 = v127 ? v122 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid130 > 0) k_embedding_backward__i2_dtable2_f64_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid131 > 0) k_embedding_backward__i2_dtable2_f64_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v132, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v132), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid141 = opgen_cuda_grid(v133 - v130, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid141 > 0) k_embedding_backward__i2_dtable2_f64_k2<<<(unsigned)grid141, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f64_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v137, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v137), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid142 = opgen_cuda_grid(v138 - v135, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid142 > 0) k_embedding_backward__i2_dtable2_f64_k3<<<(unsigned)grid142, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f64_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64");
 }
 

@@ -35,33 +35,33 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v16; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v15, v17);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v12; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v12; i28++) {
+            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v12 + vq33 * 4;
+                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                     const float v34 = opgen_bf16_to_f32(p_grad[v26 * st_grad_0 + i28 * st_grad_1]);
                     l20[i28] += v34;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v12; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v12; i36++) {
+        for (int64_t vq41 = threadIdx.x; v12 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v12 + vq41 * 4;
+            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
                 const float v42 = l20[i36];
                 p_out[i19 * st_out_0 + i36 * st_out_1] = opgen_f32_to_bf16(v42);
             }
@@ -74,12 +74,12 @@ static void k_embedding_bw_bf16_layout(const int64_t *dims, char *ws, char **wsp
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = d_D;
-    const int64_t v44 = 0ll;
-    const bool v45 = v43 == v44;
-    const int64_t v46 = d_V;
-    const int64_t v47 = v45 ? v44 : v46;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v44, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_V;
+    const int64_t v45 = d_D;
+    const bool v46 = v45 == v43;
+    const int64_t v47 = v46 ? v43 : v44;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v43, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -92,7 +92,7 @@ static void k_embedding_bw_bf16_layout(const int64_t *dims, char *ws, char **wsp
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v46)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v44)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -126,20 +126,19 @@ static opgen_status_t k_embedding_bw_bf16_g(const opgen_buf_t *bufs, const int64
     const int64_t d_D = dims[2];
     const int64_t v48 = 0ll;
     const int64_t v49 = d_N;
-    const int64_t v50 = d_D;
-    const int64_t v51 = 0ll;
-    const bool v52 = v50 == v51;
-    const int64_t v53 = d_V;
-    const int64_t v54 = v52 ? v51 : v53;
-    const int64_t grid55 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid55 > 0) k_embedding_bw_bf16_g_k0<<<(unsigned)grid55, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v50 = d_V;
+    const int64_t v51 = d_D;
+    const bool v52 = v51 == v48;
+    const int64_t v53 = v52 ? v48 : v50;
+    const int64_t grid54 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid54 > 0) k_embedding_bw_bf16_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v53, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v53), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid56 = opgen_cuda_grid(v54 - v51, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid56 > 0) k_embedding_bw_bf16_g_k1<<<(unsigned)grid56, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid55 = opgen_cuda_grid(v53 - v48, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid55 > 0) k_embedding_bw_bf16_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_g");
 }
 
@@ -175,26 +174,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v16; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v15, v17);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v12; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                if (vok31 && vb32 + 4 <= v12) {
+            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v12] % 8u == 0) && ((uintptr_t)&l20[v12] % 16u == 0);
+            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v12 + vq33 * 4;
+                if (vok31 && vb32 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec29 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v26 * st_grad_0 + vb32];
                     opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
                     #pragma unroll
@@ -204,17 +203,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
                     }
                     *(opgen_vec<float, 4> *)&l20[vb32] = vec30;
                 } else {
-                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v12; i28++) {
+                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                         const float v36 = opgen_bf16_to_f32(p_grad[v26 * st_grad_0 + i28]);
                         l20[i28] += v36;
                     }
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v12; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v13 + vq43 * 4;
-            if (vok41 && vb42 + 4 <= v12) {
+        const bool vok41 = ((uintptr_t)&l20[v12] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v12] % 8u == 0);
+        for (int64_t vq43 = threadIdx.x; v12 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
+            const int64_t vb42 = v12 + vq43 * 4;
+            if (vok41 && vb42 + 4 <= v15) {
                 opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
                 opgen_vec<uint16_t, 4> vec40;
                 #pragma unroll
@@ -224,7 +223,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_out[i19 * st_out_0 + vb42] = vec40;
             } else {
-                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v12; i38++) {
+                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v15; i38++) {
                     const float v46 = l20[i38];
                     p_out[i19 * st_out_0 + i38] = opgen_f32_to_bf16(v46);
                 }
@@ -249,20 +248,19 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t d_D = dims[2];
     const int64_t v52 = 0ll;
     const int64_t v53 = d_N;
-    const int64_t v54 = d_D;
-    const int64_t v55 = 0ll;
-    const bool v56 = v54 == v55;
-    const int64_t v57 = d_V;
-    const int64_t v58 = v56 ? v55 : v57;
-    const int64_t grid59 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid59 > 0) k_embedding_bw_bf16_u_k0<<<(unsigned)grid59, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v54 = d_V;
+    const int64_t v55 = d_D;
+    const bool v56 = v55 == v52;
+    const int64_t v57 = v56 ? v52 : v54;
+    const int64_t grid58 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid58 > 0) k_embedding_bw_bf16_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v57, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v57), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid60 = opgen_cuda_grid(v58 - v55, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid60 > 0) k_embedding_bw_bf16_u_k1<<<(unsigned)grid60, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid59 = opgen_cuda_grid(v57 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid59 > 0) k_embedding_bw_bf16_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_u");
 }
 
@@ -306,33 +304,33 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v16; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v15, v17);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v12; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v12; i28++) {
+            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v12 + vq33 * 4;
+                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                     const float v34 = p_grad[v26 * st_grad_0 + i28 * st_grad_1];
                     l20[i28] += v34;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v12; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v12; i36++) {
+        for (int64_t vq41 = threadIdx.x; v12 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v12 + vq41 * 4;
+            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
                 const float v42 = l20[i36];
                 p_out[i19 * st_out_0 + i36 * st_out_1] = v42;
             }
@@ -345,12 +343,12 @@ static void k_embedding_bw_f32_layout(const int64_t *dims, char *ws, char **wsp,
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = d_D;
-    const int64_t v44 = 0ll;
-    const bool v45 = v43 == v44;
-    const int64_t v46 = d_V;
-    const int64_t v47 = v45 ? v44 : v46;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v44, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v43 = 0ll;
+    const int64_t v44 = d_V;
+    const int64_t v45 = d_D;
+    const bool v46 = v45 == v43;
+    const int64_t v47 = v46 ? v43 : v44;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v43, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -363,7 +361,7 @@ static void k_embedding_bw_f32_layout(const int64_t *dims, char *ws, char **wsp,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v46)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v44)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -397,20 +395,19 @@ static opgen_status_t k_embedding_bw_f32_g(const opgen_buf_t *bufs, const int64_
     const int64_t d_D = dims[2];
     const int64_t v48 = 0ll;
     const int64_t v49 = d_N;
-    const int64_t v50 = d_D;
-    const int64_t v51 = 0ll;
-    const bool v52 = v50 == v51;
-    const int64_t v53 = d_V;
-    const int64_t v54 = v52 ? v51 : v53;
-    const int64_t grid55 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid55 > 0) k_embedding_bw_f32_g_k0<<<(unsigned)grid55, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v50 = d_V;
+    const int64_t v51 = d_D;
+    const bool v52 = v51 == v48;
+    const int64_t v53 = v52 ? v48 : v50;
+    const int64_t grid54 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid54 > 0) k_embedding_bw_f32_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v53, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v53), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid56 = opgen_cuda_grid(v54 - v51, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid56 > 0) k_embedding_bw_f32_g_k1<<<(unsigned)grid56, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid55 = opgen_cuda_grid(v53 - v48, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid55 > 0) k_embedding_bw_f32_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_g");
 }
 
@@ -446,26 +443,26 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v16; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v15, v17);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v12; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                if (vok31 && vb32 + 4 <= v12) {
+            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v12] % 16u == 0) && ((uintptr_t)&l20[v12] % 16u == 0);
+            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v12 + vq33 * 4;
+                if (vok31 && vb32 + 4 <= v15) {
                     opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_grad[v26 * st_grad_0 + vb32];
                     opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
                     #pragma unroll
@@ -475,17 +472,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
                     }
                     *(opgen_vec<float, 4> *)&l20[vb32] = vec30;
                 } else {
-                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v12; i28++) {
+                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                         const float v36 = p_grad[v26 * st_grad_0 + i28];
                         l20[i28] += v36;
                     }
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v12; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v13 + vq43 * 4;
-            if (vok41 && vb42 + 4 <= v12) {
+        const bool vok41 = ((uintptr_t)&l20[v12] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v12] % 16u == 0);
+        for (int64_t vq43 = threadIdx.x; v12 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
+            const int64_t vb42 = v12 + vq43 * 4;
+            if (vok41 && vb42 + 4 <= v15) {
                 opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
                 opgen_vec<float, 4> vec40;
                 #pragma unroll
@@ -495,7 +492,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
                 }
                 *(opgen_vec<float, 4> *)&p_out[i19 * st_out_0 + vb42] = vec40;
             } else {
-                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v12; i38++) {
+                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v15; i38++) {
                     const float v46 = l20[i38];
                     p_out[i19 * st_out_0 + i38] = v46;
                 }
@@ -520,20 +517,19 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t d_D = dims[2];
     const int64_t v52 = 0ll;
     const int64_t v53 = d_N;
-    const int64_t v54 = d_D;
-    const int64_t v55 = 0ll;
-    const bool v56 = v54 == v55;
-    const int64_t v57 = d_V;
-    const int64_t v58 = v56 ? v55 : v57;
-    const int64_t grid59 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid59 > 0) k_embedding_bw_f32_u_k0<<<(unsigned)grid59, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v54 = d_V;
+    const int64_t v55 = d_D;
+    const bool v56 = v55 == v52;
+    const int64_t v57 = v56 ? v52 : v54;
+    const int64_t grid58 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid58 > 0) k_embedding_bw_f32_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v57, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v57), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid60 = opgen_cuda_grid(v58 - v55, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid60 > 0) k_embedding_bw_f32_u_k1<<<(unsigned)grid60, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid59 = opgen_cuda_grid(v57 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid59 > 0) k_embedding_bw_f32_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_u");
 }
 

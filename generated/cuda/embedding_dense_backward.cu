@@ -41,38 +41,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = p_grad[ro_grad[v28] + i41 * st_grad_1];
                     const float v48 = v47;
                     const float v49 = v48 * v39;
@@ -81,9 +81,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v12; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v12; i52++) {
+        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v12 + vq57 * 4;
+            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
                 p_out[i21 * st_out_0 + i52 * st_out_1] = v59;
@@ -97,12 +97,12 @@ static void k_embedding_dense_backward_f32_layout(const int64_t *dims, char *ws,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = d_D;
-    const int64_t v61 = 0ll;
-    const bool v62 = v60 == v61;
-    const int64_t v63 = d_V;
-    const int64_t v64 = v62 ? v61 : v63;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_V;
+    const int64_t v62 = d_D;
+    const bool v63 = v62 == v60;
+    const int64_t v64 = v63 ? v60 : v61;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -115,7 +115,7 @@ static void k_embedding_dense_backward_f32_layout(const int64_t *dims, char *ws,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v63)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -149,20 +149,19 @@ static opgen_status_t k_embedding_dense_backward_f32_g(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_V;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_dense_backward_f32_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_V;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_dense_backward_f32_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_dense_backward_f32_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_dense_backward_f32_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_g");
 }
 
@@ -204,39 +203,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v12) {
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
                     #pragma unroll
@@ -249,7 +248,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                     }
                     *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                         const float v52 = p_grad[ro_grad[v28] + i41];
                         const float v53 = v52;
                         const float v54 = v53 * v39;
@@ -259,10 +258,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v12; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v12) {
+        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 16u == 0);
+        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v12 + vq62 * 4;
+            if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<float, 4> vec59;
                 #pragma unroll
@@ -273,7 +272,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
                 *(opgen_vec<float, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v12; i57++) {
+                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
                     const float v66 = l22[i57];
                     const float v67 = v66;
                     p_out[i21 * st_out_0 + i57] = v67;
@@ -299,20 +298,19 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2];
     const int64_t v73 = 0ll;
     const int64_t v74 = d_N;
-    const int64_t v75 = d_D;
-    const int64_t v76 = 0ll;
-    const bool v77 = v75 == v76;
-    const int64_t v78 = d_V;
-    const int64_t v79 = v77 ? v76 : v78;
-    const int64_t grid80 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid80 > 0) k_embedding_dense_backward_f32_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_D;
+    const bool v77 = v76 == v73;
+    const int64_t v78 = v77 ? v73 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid79 > 0) k_embedding_dense_backward_f32_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v78, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v78), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid81 = opgen_cuda_grid(v79 - v76, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid81 > 0) k_embedding_dense_backward_f32_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid80 > 0) k_embedding_dense_backward_f32_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u");
 }
 
@@ -362,38 +360,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
                     const float v48 = v47;
                     const float v49 = v48 * v39;
@@ -402,9 +400,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v12; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v12; i52++) {
+        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v12 + vq57 * 4;
+            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
                 p_out[i21 * st_out_0 + i52 * st_out_1] = opgen_f32_to_f16(v59);
@@ -418,12 +416,12 @@ static void k_embedding_dense_backward_f16_layout(const int64_t *dims, char *ws,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = d_D;
-    const int64_t v61 = 0ll;
-    const bool v62 = v60 == v61;
-    const int64_t v63 = d_V;
-    const int64_t v64 = v62 ? v61 : v63;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_V;
+    const int64_t v62 = d_D;
+    const bool v63 = v62 == v60;
+    const int64_t v64 = v63 ? v60 : v61;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -436,7 +434,7 @@ static void k_embedding_dense_backward_f16_layout(const int64_t *dims, char *ws,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v63)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -470,20 +468,19 @@ static opgen_status_t k_embedding_dense_backward_f16_g(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_V;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_dense_backward_f16_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_V;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_dense_backward_f16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_dense_backward_f16_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_dense_backward_f16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_g");
 }
 
@@ -525,39 +522,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v12) {
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
                     #pragma unroll
@@ -570,7 +567,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                     }
                     *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                         const float v52 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i41]);
                         const float v53 = v52;
                         const float v54 = v53 * v39;
@@ -580,10 +577,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v12; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v12) {
+        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 8u == 0);
+        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v12 + vq62 * 4;
+            if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<uint16_t, 4> vec59;
                 #pragma unroll
@@ -594,7 +591,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v12; i57++) {
+                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
                     const float v66 = l22[i57];
                     const float v67 = v66;
                     p_out[i21 * st_out_0 + i57] = opgen_f32_to_f16(v67);
@@ -620,20 +617,19 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2];
     const int64_t v73 = 0ll;
     const int64_t v74 = d_N;
-    const int64_t v75 = d_D;
-    const int64_t v76 = 0ll;
-    const bool v77 = v75 == v76;
-    const int64_t v78 = d_V;
-    const int64_t v79 = v77 ? v76 : v78;
-    const int64_t grid80 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid80 > 0) k_embedding_dense_backward_f16_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_D;
+    const bool v77 = v76 == v73;
+    const int64_t v78 = v77 ? v73 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid79 > 0) k_embedding_dense_backward_f16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v78, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v78), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid81 = opgen_cuda_grid(v79 - v76, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid81 > 0) k_embedding_dense_backward_f16_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid80 > 0) k_embedding_dense_backward_f16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u");
 }
 
@@ -683,38 +679,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
                     const float v48 = v47;
                     const float v49 = v48 * v39;
@@ -723,9 +719,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v12; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v12; i52++) {
+        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v12 + vq57 * 4;
+            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
                 p_out[i21 * st_out_0 + i52 * st_out_1] = opgen_f32_to_bf16(v59);
@@ -739,12 +735,12 @@ static void k_embedding_dense_backward_bf16_layout(const int64_t *dims, char *ws
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = d_D;
-    const int64_t v61 = 0ll;
-    const bool v62 = v60 == v61;
-    const int64_t v63 = d_V;
-    const int64_t v64 = v62 ? v61 : v63;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v60 = 0ll;
+    const int64_t v61 = d_V;
+    const int64_t v62 = d_D;
+    const bool v63 = v62 == v60;
+    const int64_t v64 = v63 ? v60 : v61;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -757,7 +753,7 @@ static void k_embedding_dense_backward_bf16_layout(const int64_t *dims, char *ws
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v63)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -791,20 +787,19 @@ static opgen_status_t k_embedding_dense_backward_bf16_g(const opgen_buf_t *bufs,
     const int64_t d_V = dims[2];
     const int64_t v65 = 0ll;
     const int64_t v66 = d_N;
-    const int64_t v67 = d_D;
-    const int64_t v68 = 0ll;
-    const bool v69 = v67 == v68;
-    const int64_t v70 = d_V;
-    const int64_t v71 = v69 ? v68 : v70;
-    const int64_t grid72 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid72 > 0) k_embedding_dense_backward_bf16_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v67 = d_V;
+    const int64_t v68 = d_D;
+    const bool v69 = v68 == v65;
+    const int64_t v70 = v69 ? v65 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid71 > 0) k_embedding_dense_backward_bf16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v70, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v70), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid73 = opgen_cuda_grid(v71 - v68, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid73 > 0) k_embedding_dense_backward_bf16_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid72 > 0) k_embedding_dense_backward_bf16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_g");
 }
 
@@ -846,39 +841,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = d_D;
-    const int64_t v13 = 0ll;
-    const bool v14 = v12 == v13;
-    const int64_t v15 = d_V;
-    const int64_t v16 = v14 ? v13 : v15;
-    const int64_t v17 = d_N;
+    const int64_t v12 = 0ll;
+    const int64_t v13 = d_N;
+    const int64_t v14 = d_V;
+    const int64_t v15 = d_D;
+    const bool v16 = v15 == v12;
+    const int64_t v17 = v16 ? v12 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v15, v17);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v15, v17);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v15, v17);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v15, v17);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v12; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v12) {
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v12 + vq46 * 4;
+                if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
                     #pragma unroll
@@ -891,7 +886,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                     }
                     *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v12; i41++) {
+                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                         const float v52 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i41]);
                         const float v53 = v52;
                         const float v54 = v53 * v39;
@@ -901,10 +896,10 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v12; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v12) {
+        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 8u == 0);
+        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v12 + vq62 * 4;
+            if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<uint16_t, 4> vec59;
                 #pragma unroll
@@ -915,7 +910,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
                 *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v12; i57++) {
+                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
                     const float v66 = l22[i57];
                     const float v67 = v66;
                     p_out[i21 * st_out_0 + i57] = opgen_f32_to_bf16(v67);
@@ -941,20 +936,19 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t d_V = dims[2];
     const int64_t v73 = 0ll;
     const int64_t v74 = d_N;
-    const int64_t v75 = d_D;
-    const int64_t v76 = 0ll;
-    const bool v77 = v75 == v76;
-    const int64_t v78 = d_V;
-    const int64_t v79 = v77 ? v76 : v78;
-    const int64_t grid80 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid80 > 0) k_embedding_dense_backward_bf16_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v75 = d_V;
+    const int64_t v76 = d_D;
+    const bool v77 = v76 == v73;
+    const int64_t v78 = v77 ? v73 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid79 > 0) k_embedding_dense_backward_bf16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v78, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v78), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid81 = opgen_cuda_grid(v79 - v76, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid81 > 0) k_embedding_dense_backward_bf16_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid80 > 0) k_embedding_dense_backward_bf16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u");
 }
 

@@ -8,14 +8,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -43,38 +43,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -84,7 +84,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -94,11 +94,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -111,11 +111,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -145,38 +145,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -186,7 +186,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -196,11 +196,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -213,11 +213,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -234,10 +234,9 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_layout(const 
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -270,19 +269,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_pre
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -299,20 +298,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8");
 }
 
@@ -323,14 +320,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -358,38 +355,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -399,7 +396,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -409,11 +406,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -426,11 +423,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -460,38 +457,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -501,7 +498,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -511,11 +508,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -528,11 +525,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -549,10 +546,9 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_layout(cons
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -585,19 +581,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_p
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -614,20 +610,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool");
 }
 
@@ -638,14 +632,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -673,38 +667,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -714,7 +708,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -724,11 +718,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -741,11 +735,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -775,38 +769,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -816,7 +810,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -826,11 +820,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -843,11 +837,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -864,10 +858,9 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_layout(const
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -900,19 +893,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_pr
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -929,20 +922,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8");
 }
 
@@ -953,14 +944,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -988,38 +979,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -1029,7 +1020,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -1039,11 +1030,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -1056,11 +1047,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -1090,38 +1081,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -1131,7 +1122,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -1141,11 +1132,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -1158,11 +1149,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -1179,10 +1170,9 @@ static void k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_layout(con
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1215,19 +1205,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1244,20 +1234,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool");
 }
 
@@ -1268,14 +1256,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -1307,29 +1295,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = d_H;
-    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v17 = 256ll;
-    const int64_t v18 = d_V;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = d_H;
+    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v19 = 256ll;
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n28 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n29 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n28 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n29 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f30 = threadIdx.x; f30 < n28 * n29; f30 += OPGEN_CUDA_THREADS) {
-                const int64_t i31 = v11 + (f30 / (n29));
-                const int64_t i32 = v11 + f30 % n29;
+                const int64_t i31 = v14 + (f30 / (n29));
+                const int64_t i32 = v14 + f30 % n29;
                 const int64_t v33 = v22 + i31;
                 const float v34 = opgen_f16_to_f32(p_input[v33 * st_input_0 + i32 * st_input_1]);
                 l26[i31 * d_H + i32] = v34;
@@ -1340,19 +1328,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v11; i37 < v16; i37++) {
-            const int64_t v38 = i37 * v17;
-            const int64_t v39 = v38 + v17;
-            const int64_t v40 = ((v39 < v18 || v39 != v39) ? v39 : v18);
+        for (int64_t i37 = v14; i37 < v18; i37++) {
+            const int64_t v38 = i37 * v19;
+            const int64_t v39 = v38 + v19;
+            const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n44 = v41 > v11 ? v41 - v11 : 0;
-                const int64_t n45 = v15 > v11 ? v15 - v11 : 0;
+                const int64_t n44 = v41 > v14 ? v41 - v14 : 0;
+                const int64_t n45 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f46 = threadIdx.x; f46 < n44 * n45; f46 += OPGEN_CUDA_THREADS) {
-                    const int64_t i47 = v11 + (f46 / (n45));
-                    const int64_t i48 = v11 + f46 % n45;
+                    const int64_t i47 = v14 + (f46 / (n45));
+                    const int64_t i48 = v14 + f46 % n45;
                     const int64_t v49 = v38 + i47;
                     const float v50 = opgen_f16_to_f32(p_weight[v49 * st_weight_0 + i48 * st_weight_1]);
                     l42[i47 * d_H + i48] = v50;
@@ -1361,16 +1349,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l51 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v25, v41, v15, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v25, v41, v17, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
             __syncthreads();
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n54 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n55 = v41 > v11 ? v41 - v11 : 0;
+                const int64_t n54 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n55 = v41 > v14 ? v41 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v22 + i57;
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
@@ -1386,23 +1374,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v71 = v70 / v61;
                     const bool v72 = v66 == v62;
                     const bool v73 = v72 && v64;
-                    const float v74 = v73 ? v19 : v20;
+                    const float v74 = v73 ? v20 : v11;
                     const float v75 = v71 - v74;
                     const float v76 = v75 * v65;
                     l52[i57 * 256ll + i58] = v76;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v15, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n78 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n79 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n78 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n79 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f80 = threadIdx.x; f80 < n78 * n79; f80 += OPGEN_CUDA_THREADS) {
-                const int64_t i81 = v11 + (f80 / (n79));
-                const int64_t i82 = v11 + f80 % n79;
+                const int64_t i81 = v14 + (f80 / (n79));
+                const int64_t i82 = v14 + f80 % n79;
                 const int64_t v83 = v22 + i81;
                 const float v84 = l35[i81 * d_H + i82];
                 const float v85 = v84;
@@ -1436,29 +1424,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v86 = 0ll;
-    const int64_t v87 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v88 = 256ll;
-    const int64_t v89 = d_V;
-    const int64_t v90 = d_H;
-    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v92 = 64ll;
-    const int64_t v93 = d_BT;
-    const float v94 = 1.0f;
-    const float v95 = 0.0f;
-    for (int64_t i96 = v86 + (int64_t)blockIdx.x; i96 < v87; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v88;
-        const int64_t v98 = v97 + v88;
-        const int64_t v99 = ((v98 < v89 || v98 != v98) ? v98 : v89);
+    const float v86 = 0.0f;
+    const int64_t v87 = d_V;
+    const int64_t v88 = d_BT;
+    const int64_t v89 = 0ll;
+    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v91 = 64ll;
+    const int64_t v92 = d_H;
+    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v94 = 256ll;
+    const float v95 = 1.0f;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v94;
+        const int64_t v98 = v97 + v94;
+        const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n103 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n104 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n103 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n104 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f105 = threadIdx.x; f105 < n103 * n104; f105 += OPGEN_CUDA_THREADS) {
-                const int64_t i106 = v86 + (f105 / (n104));
-                const int64_t i107 = v86 + f105 % n104;
+                const int64_t i106 = v89 + (f105 / (n104));
+                const int64_t i107 = v89 + f105 % n104;
                 const int64_t v108 = v97 + i106;
                 const float v109 = opgen_f16_to_f32(p_weight[v108 * st_weight_0 + i107 * st_weight_1]);
                 l101[i106 * d_H + i107] = v109;
@@ -1469,19 +1457,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v86; i112 < v91; i112++) {
-            const int64_t v113 = i112 * v92;
-            const int64_t v114 = v113 + v92;
-            const int64_t v115 = ((v114 < v93 || v114 != v114) ? v114 : v93);
+        for (int64_t i112 = v89; i112 < v90; i112++) {
+            const int64_t v113 = i112 * v91;
+            const int64_t v114 = v113 + v91;
+            const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n119 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n120 = v90 > v86 ? v90 - v86 : 0;
+                const int64_t n119 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n120 = v92 > v89 ? v92 - v89 : 0;
                 for (int64_t f121 = threadIdx.x; f121 < n119 * n120; f121 += OPGEN_CUDA_THREADS) {
-                    const int64_t i122 = v86 + (f121 / (n120));
-                    const int64_t i123 = v86 + f121 % n120;
+                    const int64_t i122 = v89 + (f121 / (n120));
+                    const int64_t i123 = v89 + f121 % n120;
                     const int64_t v124 = v113 + i122;
                     const float v125 = opgen_f16_to_f32(p_input[v124 * st_input_0 + i123 * st_input_1]);
                     l117[i122 * d_H + i123] = v125;
@@ -1490,16 +1478,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v116, v100, v90, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v116, v100, v92, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
             __syncthreads();
             float *__restrict__ l127 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n129 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n130 = v100 > v86 ? v100 - v86 : 0;
+                const int64_t n129 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n130 = v100 > v89 ? v100 - v89 : 0;
                 for (int64_t f131 = threadIdx.x; f131 < n129 * n130; f131 += OPGEN_CUDA_THREADS) {
-                    const int64_t i132 = v86 + (f131 / (n130));
-                    const int64_t i133 = v86 + f131 % n130;
+                    const int64_t i132 = v89 + (f131 / (n130));
+                    const int64_t i133 = v89 + f131 % n130;
                     const int64_t v134 = v113 + i132;
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
@@ -1515,23 +1503,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v146 = v145 / v136;
                     const bool v147 = v141 == v137;
                     const bool v148 = v147 && v139;
-                    const float v149 = v148 ? v94 : v95;
+                    const float v149 = v148 ? v95 : v86;
                     const float v150 = v146 - v149;
                     const float v151 = v150 * v140;
                     l127[i132 * 256ll + i133] = v151;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v100, v90, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v100, v92, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n153 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n154 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n153 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n154 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f155 = threadIdx.x; f155 < n153 * n154; f155 += OPGEN_CUDA_THREADS) {
-                const int64_t i156 = v86 + (f155 / (n154));
-                const int64_t i157 = v86 + f155 % n154;
+                const int64_t i156 = v89 + (f155 / (n154));
+                const int64_t i157 = v89 + f155 % n154;
                 const int64_t v158 = v97 + i156;
                 const float v159 = l110[i156 * d_H + i157];
                 const float v160 = v159;
@@ -1548,10 +1536,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_V = dims[2];
     const int64_t v161 = 0ll;
     const int64_t v162 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v163 = 0ll;
-    const int64_t v164 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v163 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v162 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v164 - v163, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v163 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1592,19 +1579,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v165 = 0.0f;
-    const bool v166 = p_label_smoothing == v165;
-    const int64_t v167 = d_V;
-    const int64_t v168 = 128ll;
-    const bool v169 = v167 >= v168;
-    const int64_t v170 = 8ll;
-    const int64_t v171 = d_L;
-    const int64_t v172 = v171 * v170;
-    const int64_t v173 = d_BT;
-    const bool v174 = v172 >= v173;
-    if (!(v166)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    if (!(v169)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    if (!(v174)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const float v164 = 0.0f;
+    const bool v165 = p_label_smoothing == v164;
+    const int64_t v166 = d_V;
+    const int64_t v167 = 128ll;
+    const bool v168 = v166 >= v167;
+    const int64_t v169 = 8ll;
+    const int64_t v170 = d_L;
+    const int64_t v171 = v170 * v169;
+    const int64_t v172 = d_BT;
+    const bool v173 = v171 >= v172;
+    if (!(v165)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    if (!(v168)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    if (!(v173)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1621,20 +1608,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v174 = d_BT;
     const int64_t v175 = 0ll;
-    const int64_t v176 = d_BT;
-    const int64_t v177 = 0ll;
-    const int64_t v178 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v179 = 0ll;
-    const int64_t v180 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid181 = opgen_cuda_grid((v176 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid181 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k0<<<(unsigned)grid181, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v176 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v177 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid178 = opgen_cuda_grid((v174 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid178 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k0<<<(unsigned)grid178, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid182 = opgen_cuda_grid(v178 - v177, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid182 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k1<<<(unsigned)grid182, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid179 = opgen_cuda_grid(v176 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid179 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k1<<<(unsigned)grid179, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid183 = opgen_cuda_grid(v180 - v179, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid183 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k2<<<(unsigned)grid183, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid180 = opgen_cuda_grid(v177 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid180 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_k2<<<(unsigned)grid180, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8");
 }
 
@@ -1645,14 +1630,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -1684,29 +1669,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = d_H;
-    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v17 = 256ll;
-    const int64_t v18 = d_V;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = d_H;
+    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v19 = 256ll;
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n28 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n29 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n28 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n29 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f30 = threadIdx.x; f30 < n28 * n29; f30 += OPGEN_CUDA_THREADS) {
-                const int64_t i31 = v11 + (f30 / (n29));
-                const int64_t i32 = v11 + f30 % n29;
+                const int64_t i31 = v14 + (f30 / (n29));
+                const int64_t i32 = v14 + f30 % n29;
                 const int64_t v33 = v22 + i31;
                 const float v34 = opgen_f16_to_f32(p_input[v33 * st_input_0 + i32 * st_input_1]);
                 l26[i31 * d_H + i32] = v34;
@@ -1717,19 +1702,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v11; i37 < v16; i37++) {
-            const int64_t v38 = i37 * v17;
-            const int64_t v39 = v38 + v17;
-            const int64_t v40 = ((v39 < v18 || v39 != v39) ? v39 : v18);
+        for (int64_t i37 = v14; i37 < v18; i37++) {
+            const int64_t v38 = i37 * v19;
+            const int64_t v39 = v38 + v19;
+            const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n44 = v41 > v11 ? v41 - v11 : 0;
-                const int64_t n45 = v15 > v11 ? v15 - v11 : 0;
+                const int64_t n44 = v41 > v14 ? v41 - v14 : 0;
+                const int64_t n45 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f46 = threadIdx.x; f46 < n44 * n45; f46 += OPGEN_CUDA_THREADS) {
-                    const int64_t i47 = v11 + (f46 / (n45));
-                    const int64_t i48 = v11 + f46 % n45;
+                    const int64_t i47 = v14 + (f46 / (n45));
+                    const int64_t i48 = v14 + f46 % n45;
                     const int64_t v49 = v38 + i47;
                     const float v50 = opgen_f16_to_f32(p_weight[v49 * st_weight_0 + i48 * st_weight_1]);
                     l42[i47 * d_H + i48] = v50;
@@ -1738,16 +1723,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l51 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v25, v41, v15, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v25, v41, v17, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
             __syncthreads();
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n54 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n55 = v41 > v11 ? v41 - v11 : 0;
+                const int64_t n54 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n55 = v41 > v14 ? v41 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v22 + i57;
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
@@ -1763,23 +1748,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v71 = v70 / v61;
                     const bool v72 = v66 == v62;
                     const bool v73 = v72 && v64;
-                    const float v74 = v73 ? v19 : v20;
+                    const float v74 = v73 ? v20 : v11;
                     const float v75 = v71 - v74;
                     const float v76 = v75 * v65;
                     l52[i57 * 256ll + i58] = v76;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v15, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n78 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n79 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n78 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n79 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f80 = threadIdx.x; f80 < n78 * n79; f80 += OPGEN_CUDA_THREADS) {
-                const int64_t i81 = v11 + (f80 / (n79));
-                const int64_t i82 = v11 + f80 % n79;
+                const int64_t i81 = v14 + (f80 / (n79));
+                const int64_t i82 = v14 + f80 % n79;
                 const int64_t v83 = v22 + i81;
                 const float v84 = l35[i81 * d_H + i82];
                 const float v85 = v84;
@@ -1813,29 +1798,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v86 = 0ll;
-    const int64_t v87 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v88 = 256ll;
-    const int64_t v89 = d_V;
-    const int64_t v90 = d_H;
-    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v92 = 64ll;
-    const int64_t v93 = d_BT;
-    const float v94 = 1.0f;
-    const float v95 = 0.0f;
-    for (int64_t i96 = v86 + (int64_t)blockIdx.x; i96 < v87; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v88;
-        const int64_t v98 = v97 + v88;
-        const int64_t v99 = ((v98 < v89 || v98 != v98) ? v98 : v89);
+    const float v86 = 0.0f;
+    const int64_t v87 = d_V;
+    const int64_t v88 = d_BT;
+    const int64_t v89 = 0ll;
+    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v91 = 64ll;
+    const int64_t v92 = d_H;
+    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v94 = 256ll;
+    const float v95 = 1.0f;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v94;
+        const int64_t v98 = v97 + v94;
+        const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n103 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n104 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n103 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n104 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f105 = threadIdx.x; f105 < n103 * n104; f105 += OPGEN_CUDA_THREADS) {
-                const int64_t i106 = v86 + (f105 / (n104));
-                const int64_t i107 = v86 + f105 % n104;
+                const int64_t i106 = v89 + (f105 / (n104));
+                const int64_t i107 = v89 + f105 % n104;
                 const int64_t v108 = v97 + i106;
                 const float v109 = opgen_f16_to_f32(p_weight[v108 * st_weight_0 + i107 * st_weight_1]);
                 l101[i106 * d_H + i107] = v109;
@@ -1846,19 +1831,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v86; i112 < v91; i112++) {
-            const int64_t v113 = i112 * v92;
-            const int64_t v114 = v113 + v92;
-            const int64_t v115 = ((v114 < v93 || v114 != v114) ? v114 : v93);
+        for (int64_t i112 = v89; i112 < v90; i112++) {
+            const int64_t v113 = i112 * v91;
+            const int64_t v114 = v113 + v91;
+            const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n119 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n120 = v90 > v86 ? v90 - v86 : 0;
+                const int64_t n119 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n120 = v92 > v89 ? v92 - v89 : 0;
                 for (int64_t f121 = threadIdx.x; f121 < n119 * n120; f121 += OPGEN_CUDA_THREADS) {
-                    const int64_t i122 = v86 + (f121 / (n120));
-                    const int64_t i123 = v86 + f121 % n120;
+                    const int64_t i122 = v89 + (f121 / (n120));
+                    const int64_t i123 = v89 + f121 % n120;
                     const int64_t v124 = v113 + i122;
                     const float v125 = opgen_f16_to_f32(p_input[v124 * st_input_0 + i123 * st_input_1]);
                     l117[i122 * d_H + i123] = v125;
@@ -1867,16 +1852,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v116, v100, v90, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v116, v100, v92, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
             __syncthreads();
             float *__restrict__ l127 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n129 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n130 = v100 > v86 ? v100 - v86 : 0;
+                const int64_t n129 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n130 = v100 > v89 ? v100 - v89 : 0;
                 for (int64_t f131 = threadIdx.x; f131 < n129 * n130; f131 += OPGEN_CUDA_THREADS) {
-                    const int64_t i132 = v86 + (f131 / (n130));
-                    const int64_t i133 = v86 + f131 % n130;
+                    const int64_t i132 = v89 + (f131 / (n130));
+                    const int64_t i133 = v89 + f131 % n130;
                     const int64_t v134 = v113 + i132;
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
@@ -1892,23 +1877,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v146 = v145 / v136;
                     const bool v147 = v141 == v137;
                     const bool v148 = v147 && v139;
-                    const float v149 = v148 ? v94 : v95;
+                    const float v149 = v148 ? v95 : v86;
                     const float v150 = v146 - v149;
                     const float v151 = v150 * v140;
                     l127[i132 * 256ll + i133] = v151;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v100, v90, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v100, v92, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n153 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n154 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n153 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n154 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f155 = threadIdx.x; f155 < n153 * n154; f155 += OPGEN_CUDA_THREADS) {
-                const int64_t i156 = v86 + (f155 / (n154));
-                const int64_t i157 = v86 + f155 % n154;
+                const int64_t i156 = v89 + (f155 / (n154));
+                const int64_t i157 = v89 + f155 % n154;
                 const int64_t v158 = v97 + i156;
                 const float v159 = l110[i156 * d_H + i157];
                 const float v160 = v159;
@@ -1925,10 +1910,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f1
     const int64_t d_V = dims[2];
     const int64_t v161 = 0ll;
     const int64_t v162 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v163 = 0ll;
-    const int64_t v164 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v163 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v162 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v164 - v163, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v163 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -1969,19 +1953,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v165 = 0.0f;
-    const bool v166 = p_label_smoothing == v165;
-    const int64_t v167 = d_V;
-    const int64_t v168 = 128ll;
-    const bool v169 = v167 >= v168;
-    const int64_t v170 = 1ll;
-    const int64_t v171 = d_L;
-    const int64_t v172 = v171 * v170;
-    const int64_t v173 = d_BT;
-    const bool v174 = v172 >= v173;
-    if (!(v166)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    if (!(v169)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    if (!(v174)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const float v164 = 0.0f;
+    const bool v165 = p_label_smoothing == v164;
+    const int64_t v166 = d_V;
+    const int64_t v167 = 128ll;
+    const bool v168 = v166 >= v167;
+    const int64_t v169 = 1ll;
+    const int64_t v170 = d_L;
+    const int64_t v171 = v170 * v169;
+    const int64_t v172 = d_BT;
+    const bool v173 = v171 >= v172;
+    if (!(v165)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    if (!(v168)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    if (!(v173)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1998,20 +1982,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v174 = d_BT;
     const int64_t v175 = 0ll;
-    const int64_t v176 = d_BT;
-    const int64_t v177 = 0ll;
-    const int64_t v178 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v179 = 0ll;
-    const int64_t v180 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid181 = opgen_cuda_grid((v176 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid181 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k0<<<(unsigned)grid181, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v176 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v177 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid178 = opgen_cuda_grid((v174 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid178 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k0<<<(unsigned)grid178, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid182 = opgen_cuda_grid(v178 - v177, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid182 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k1<<<(unsigned)grid182, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid179 = opgen_cuda_grid(v176 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid179 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k1<<<(unsigned)grid179, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid183 = opgen_cuda_grid(v180 - v179, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid183 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k2<<<(unsigned)grid183, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid180 = opgen_cuda_grid(v177 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid180 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_k2<<<(unsigned)grid180, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool");
 }
 
@@ -2022,14 +2004,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -2061,29 +2043,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = d_H;
-    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v17 = 256ll;
-    const int64_t v18 = d_V;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = d_H;
+    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v19 = 256ll;
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n28 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n29 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n28 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n29 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f30 = threadIdx.x; f30 < n28 * n29; f30 += OPGEN_CUDA_THREADS) {
-                const int64_t i31 = v11 + (f30 / (n29));
-                const int64_t i32 = v11 + f30 % n29;
+                const int64_t i31 = v14 + (f30 / (n29));
+                const int64_t i32 = v14 + f30 % n29;
                 const int64_t v33 = v22 + i31;
                 const float v34 = opgen_bf16_to_f32(p_input[v33 * st_input_0 + i32 * st_input_1]);
                 l26[i31 * d_H + i32] = v34;
@@ -2094,19 +2076,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v11; i37 < v16; i37++) {
-            const int64_t v38 = i37 * v17;
-            const int64_t v39 = v38 + v17;
-            const int64_t v40 = ((v39 < v18 || v39 != v39) ? v39 : v18);
+        for (int64_t i37 = v14; i37 < v18; i37++) {
+            const int64_t v38 = i37 * v19;
+            const int64_t v39 = v38 + v19;
+            const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n44 = v41 > v11 ? v41 - v11 : 0;
-                const int64_t n45 = v15 > v11 ? v15 - v11 : 0;
+                const int64_t n44 = v41 > v14 ? v41 - v14 : 0;
+                const int64_t n45 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f46 = threadIdx.x; f46 < n44 * n45; f46 += OPGEN_CUDA_THREADS) {
-                    const int64_t i47 = v11 + (f46 / (n45));
-                    const int64_t i48 = v11 + f46 % n45;
+                    const int64_t i47 = v14 + (f46 / (n45));
+                    const int64_t i48 = v14 + f46 % n45;
                     const int64_t v49 = v38 + i47;
                     const float v50 = opgen_bf16_to_f32(p_weight[v49 * st_weight_0 + i48 * st_weight_1]);
                     l42[i47 * d_H + i48] = v50;
@@ -2115,16 +2097,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l51 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v25, v41, v15, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v25, v41, v17, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
             __syncthreads();
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n54 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n55 = v41 > v11 ? v41 - v11 : 0;
+                const int64_t n54 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n55 = v41 > v14 ? v41 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v22 + i57;
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
@@ -2140,23 +2122,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v71 = v70 / v61;
                     const bool v72 = v66 == v62;
                     const bool v73 = v72 && v64;
-                    const float v74 = v73 ? v19 : v20;
+                    const float v74 = v73 ? v20 : v11;
                     const float v75 = v71 - v74;
                     const float v76 = v75 * v65;
                     l52[i57 * 256ll + i58] = v76;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v15, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n78 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n79 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n78 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n79 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f80 = threadIdx.x; f80 < n78 * n79; f80 += OPGEN_CUDA_THREADS) {
-                const int64_t i81 = v11 + (f80 / (n79));
-                const int64_t i82 = v11 + f80 % n79;
+                const int64_t i81 = v14 + (f80 / (n79));
+                const int64_t i82 = v14 + f80 % n79;
                 const int64_t v83 = v22 + i81;
                 const float v84 = l35[i81 * d_H + i82];
                 const float v85 = v84;
@@ -2190,29 +2172,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v86 = 0ll;
-    const int64_t v87 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v88 = 256ll;
-    const int64_t v89 = d_V;
-    const int64_t v90 = d_H;
-    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v92 = 64ll;
-    const int64_t v93 = d_BT;
-    const float v94 = 1.0f;
-    const float v95 = 0.0f;
-    for (int64_t i96 = v86 + (int64_t)blockIdx.x; i96 < v87; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v88;
-        const int64_t v98 = v97 + v88;
-        const int64_t v99 = ((v98 < v89 || v98 != v98) ? v98 : v89);
+    const float v86 = 0.0f;
+    const int64_t v87 = d_V;
+    const int64_t v88 = d_BT;
+    const int64_t v89 = 0ll;
+    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v91 = 64ll;
+    const int64_t v92 = d_H;
+    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v94 = 256ll;
+    const float v95 = 1.0f;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v94;
+        const int64_t v98 = v97 + v94;
+        const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n103 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n104 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n103 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n104 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f105 = threadIdx.x; f105 < n103 * n104; f105 += OPGEN_CUDA_THREADS) {
-                const int64_t i106 = v86 + (f105 / (n104));
-                const int64_t i107 = v86 + f105 % n104;
+                const int64_t i106 = v89 + (f105 / (n104));
+                const int64_t i107 = v89 + f105 % n104;
                 const int64_t v108 = v97 + i106;
                 const float v109 = opgen_bf16_to_f32(p_weight[v108 * st_weight_0 + i107 * st_weight_1]);
                 l101[i106 * d_H + i107] = v109;
@@ -2223,19 +2205,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v86; i112 < v91; i112++) {
-            const int64_t v113 = i112 * v92;
-            const int64_t v114 = v113 + v92;
-            const int64_t v115 = ((v114 < v93 || v114 != v114) ? v114 : v93);
+        for (int64_t i112 = v89; i112 < v90; i112++) {
+            const int64_t v113 = i112 * v91;
+            const int64_t v114 = v113 + v91;
+            const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n119 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n120 = v90 > v86 ? v90 - v86 : 0;
+                const int64_t n119 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n120 = v92 > v89 ? v92 - v89 : 0;
                 for (int64_t f121 = threadIdx.x; f121 < n119 * n120; f121 += OPGEN_CUDA_THREADS) {
-                    const int64_t i122 = v86 + (f121 / (n120));
-                    const int64_t i123 = v86 + f121 % n120;
+                    const int64_t i122 = v89 + (f121 / (n120));
+                    const int64_t i123 = v89 + f121 % n120;
                     const int64_t v124 = v113 + i122;
                     const float v125 = opgen_bf16_to_f32(p_input[v124 * st_input_0 + i123 * st_input_1]);
                     l117[i122 * d_H + i123] = v125;
@@ -2244,16 +2226,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v116, v100, v90, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v116, v100, v92, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
             __syncthreads();
             float *__restrict__ l127 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n129 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n130 = v100 > v86 ? v100 - v86 : 0;
+                const int64_t n129 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n130 = v100 > v89 ? v100 - v89 : 0;
                 for (int64_t f131 = threadIdx.x; f131 < n129 * n130; f131 += OPGEN_CUDA_THREADS) {
-                    const int64_t i132 = v86 + (f131 / (n130));
-                    const int64_t i133 = v86 + f131 % n130;
+                    const int64_t i132 = v89 + (f131 / (n130));
+                    const int64_t i133 = v89 + f131 % n130;
                     const int64_t v134 = v113 + i132;
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
@@ -2269,23 +2251,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v146 = v145 / v136;
                     const bool v147 = v141 == v137;
                     const bool v148 = v147 && v139;
-                    const float v149 = v148 ? v94 : v95;
+                    const float v149 = v148 ? v95 : v86;
                     const float v150 = v146 - v149;
                     const float v151 = v150 * v140;
                     l127[i132 * 256ll + i133] = v151;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v100, v90, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v100, v92, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n153 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n154 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n153 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n154 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f155 = threadIdx.x; f155 < n153 * n154; f155 += OPGEN_CUDA_THREADS) {
-                const int64_t i156 = v86 + (f155 / (n154));
-                const int64_t i157 = v86 + f155 % n154;
+                const int64_t i156 = v89 + (f155 / (n154));
+                const int64_t i157 = v89 + f155 % n154;
                 const int64_t v158 = v97 + i156;
                 const float v159 = l110[i156 * d_H + i157];
                 const float v160 = v159;
@@ -2302,10 +2284,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_V = dims[2];
     const int64_t v161 = 0ll;
     const int64_t v162 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v163 = 0ll;
-    const int64_t v164 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v163 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v162 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v164 - v163, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v163 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -2346,19 +2327,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v165 = 0.0f;
-    const bool v166 = p_label_smoothing == v165;
-    const int64_t v167 = d_V;
-    const int64_t v168 = 128ll;
-    const bool v169 = v167 >= v168;
-    const int64_t v170 = 8ll;
-    const int64_t v171 = d_L;
-    const int64_t v172 = v171 * v170;
-    const int64_t v173 = d_BT;
-    const bool v174 = v172 >= v173;
-    if (!(v166)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    if (!(v169)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    if (!(v174)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const float v164 = 0.0f;
+    const bool v165 = p_label_smoothing == v164;
+    const int64_t v166 = d_V;
+    const int64_t v167 = 128ll;
+    const bool v168 = v166 >= v167;
+    const int64_t v169 = 8ll;
+    const int64_t v170 = d_L;
+    const int64_t v171 = v170 * v169;
+    const int64_t v172 = d_BT;
+    const bool v173 = v171 >= v172;
+    if (!(v165)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    if (!(v168)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    if (!(v173)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2375,20 +2356,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v174 = d_BT;
     const int64_t v175 = 0ll;
-    const int64_t v176 = d_BT;
-    const int64_t v177 = 0ll;
-    const int64_t v178 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v179 = 0ll;
-    const int64_t v180 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid181 = opgen_cuda_grid((v176 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid181 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k0<<<(unsigned)grid181, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v176 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v177 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid178 = opgen_cuda_grid((v174 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid178 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k0<<<(unsigned)grid178, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid182 = opgen_cuda_grid(v178 - v177, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid182 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k1<<<(unsigned)grid182, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid179 = opgen_cuda_grid(v176 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid179 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k1<<<(unsigned)grid179, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid183 = opgen_cuda_grid(v180 - v179, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid183 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k2<<<(unsigned)grid183, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid180 = opgen_cuda_grid(v177 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid180 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_k2<<<(unsigned)grid180, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8");
 }
 
@@ -2399,14 +2378,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -2438,29 +2417,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = d_H;
-    const int64_t v16 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v17 = 256ll;
-    const int64_t v18 = d_V;
-    const float v19 = 1.0f;
-    const float v20 = 0.0f;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = d_H;
+    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v19 = 256ll;
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n28 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n29 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n28 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n29 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f30 = threadIdx.x; f30 < n28 * n29; f30 += OPGEN_CUDA_THREADS) {
-                const int64_t i31 = v11 + (f30 / (n29));
-                const int64_t i32 = v11 + f30 % n29;
+                const int64_t i31 = v14 + (f30 / (n29));
+                const int64_t i32 = v14 + f30 % n29;
                 const int64_t v33 = v22 + i31;
                 const float v34 = opgen_bf16_to_f32(p_input[v33 * st_input_0 + i32 * st_input_1]);
                 l26[i31 * d_H + i32] = v34;
@@ -2471,19 +2450,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v11; i37 < v16; i37++) {
-            const int64_t v38 = i37 * v17;
-            const int64_t v39 = v38 + v17;
-            const int64_t v40 = ((v39 < v18 || v39 != v39) ? v39 : v18);
+        for (int64_t i37 = v14; i37 < v18; i37++) {
+            const int64_t v38 = i37 * v19;
+            const int64_t v39 = v38 + v19;
+            const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n44 = v41 > v11 ? v41 - v11 : 0;
-                const int64_t n45 = v15 > v11 ? v15 - v11 : 0;
+                const int64_t n44 = v41 > v14 ? v41 - v14 : 0;
+                const int64_t n45 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f46 = threadIdx.x; f46 < n44 * n45; f46 += OPGEN_CUDA_THREADS) {
-                    const int64_t i47 = v11 + (f46 / (n45));
-                    const int64_t i48 = v11 + f46 % n45;
+                    const int64_t i47 = v14 + (f46 / (n45));
+                    const int64_t i48 = v14 + f46 % n45;
                     const int64_t v49 = v38 + i47;
                     const float v50 = opgen_bf16_to_f32(p_weight[v49 * st_weight_0 + i48 * st_weight_1]);
                     l42[i47 * d_H + i48] = v50;
@@ -2492,16 +2471,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l51 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v25, v41, v15, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v25, v41, v17, l26, d_H, 1, l42, 1, d_H, l51, 256ll, 0);
             __syncthreads();
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n54 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n55 = v41 > v11 ? v41 - v11 : 0;
+                const int64_t n54 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n55 = v41 > v14 ? v41 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v22 + i57;
                     const float v60 = p_logits_max[v59 * st_logits_max_0];
                     const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
@@ -2517,23 +2496,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v71 = v70 / v61;
                     const bool v72 = v66 == v62;
                     const bool v73 = v72 && v64;
-                    const float v74 = v73 ? v19 : v20;
+                    const float v74 = v73 ? v20 : v11;
                     const float v75 = v71 - v74;
                     const float v76 = v75 * v65;
                     l52[i57 * 256ll + i58] = v76;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v15, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v41, l52, 256ll, 1, l42, d_H, 1, l35, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n78 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n79 = v15 > v11 ? v15 - v11 : 0;
+            const int64_t n78 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n79 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f80 = threadIdx.x; f80 < n78 * n79; f80 += OPGEN_CUDA_THREADS) {
-                const int64_t i81 = v11 + (f80 / (n79));
-                const int64_t i82 = v11 + f80 % n79;
+                const int64_t i81 = v14 + (f80 / (n79));
+                const int64_t i82 = v14 + f80 % n79;
                 const int64_t v83 = v22 + i81;
                 const float v84 = l35[i81 * d_H + i82];
                 const float v85 = v84;
@@ -2567,29 +2546,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v86 = 0ll;
-    const int64_t v87 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v88 = 256ll;
-    const int64_t v89 = d_V;
-    const int64_t v90 = d_H;
-    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v92 = 64ll;
-    const int64_t v93 = d_BT;
-    const float v94 = 1.0f;
-    const float v95 = 0.0f;
-    for (int64_t i96 = v86 + (int64_t)blockIdx.x; i96 < v87; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v88;
-        const int64_t v98 = v97 + v88;
-        const int64_t v99 = ((v98 < v89 || v98 != v98) ? v98 : v89);
+    const float v86 = 0.0f;
+    const int64_t v87 = d_V;
+    const int64_t v88 = d_BT;
+    const int64_t v89 = 0ll;
+    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v91 = 64ll;
+    const int64_t v92 = d_H;
+    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v94 = 256ll;
+    const float v95 = 1.0f;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v94;
+        const int64_t v98 = v97 + v94;
+        const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         {
-            const int64_t n103 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n104 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n103 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n104 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f105 = threadIdx.x; f105 < n103 * n104; f105 += OPGEN_CUDA_THREADS) {
-                const int64_t i106 = v86 + (f105 / (n104));
-                const int64_t i107 = v86 + f105 % n104;
+                const int64_t i106 = v89 + (f105 / (n104));
+                const int64_t i107 = v89 + f105 % n104;
                 const int64_t v108 = v97 + i106;
                 const float v109 = opgen_bf16_to_f32(p_weight[v108 * st_weight_0 + i107 * st_weight_1]);
                 l101[i106 * d_H + i107] = v109;
@@ -2600,19 +2579,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v86; i112 < v91; i112++) {
-            const int64_t v113 = i112 * v92;
-            const int64_t v114 = v113 + v92;
-            const int64_t v115 = ((v114 < v93 || v114 != v114) ? v114 : v93);
+        for (int64_t i112 = v89; i112 < v90; i112++) {
+            const int64_t v113 = i112 * v91;
+            const int64_t v114 = v113 + v91;
+            const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n119 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n120 = v90 > v86 ? v90 - v86 : 0;
+                const int64_t n119 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n120 = v92 > v89 ? v92 - v89 : 0;
                 for (int64_t f121 = threadIdx.x; f121 < n119 * n120; f121 += OPGEN_CUDA_THREADS) {
-                    const int64_t i122 = v86 + (f121 / (n120));
-                    const int64_t i123 = v86 + f121 % n120;
+                    const int64_t i122 = v89 + (f121 / (n120));
+                    const int64_t i123 = v89 + f121 % n120;
                     const int64_t v124 = v113 + i122;
                     const float v125 = opgen_bf16_to_f32(p_input[v124 * st_input_0 + i123 * st_input_1]);
                     l117[i122 * d_H + i123] = v125;
@@ -2621,16 +2600,16 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             float *__restrict__ l126 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[8] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
-            opgen_block_gemm_tc<false, false>(v116, v100, v90, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
+            opgen_block_gemm_tc<false, false>(v116, v100, v92, l117, d_H, 1, l101, 1, d_H, l126, 256ll, 0);
             __syncthreads();
             float *__restrict__ l127 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[9] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n129 = v116 > v86 ? v116 - v86 : 0;
-                const int64_t n130 = v100 > v86 ? v100 - v86 : 0;
+                const int64_t n129 = v116 > v89 ? v116 - v89 : 0;
+                const int64_t n130 = v100 > v89 ? v100 - v89 : 0;
                 for (int64_t f131 = threadIdx.x; f131 < n129 * n130; f131 += OPGEN_CUDA_THREADS) {
-                    const int64_t i132 = v86 + (f131 / (n130));
-                    const int64_t i133 = v86 + f131 % n130;
+                    const int64_t i132 = v89 + (f131 / (n130));
+                    const int64_t i133 = v89 + f131 % n130;
                     const int64_t v134 = v113 + i132;
                     const float v135 = p_logits_max[v134 * st_logits_max_0];
                     const float v136 = p_sum_exp_logits[v134 * st_sum_exp_logits_0];
@@ -2646,23 +2625,23 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v146 = v145 / v136;
                     const bool v147 = v141 == v137;
                     const bool v148 = v147 && v139;
-                    const float v149 = v148 ? v94 : v95;
+                    const float v149 = v148 ? v95 : v86;
                     const float v150 = v146 - v149;
                     const float v151 = v150 * v140;
                     l127[i132 * 256ll + i133] = v151;
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v100, v90, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v100, v92, v116, l127, 1, 256ll, l117, d_H, 1, l110, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
-            const int64_t n153 = v100 > v86 ? v100 - v86 : 0;
-            const int64_t n154 = v90 > v86 ? v90 - v86 : 0;
+            const int64_t n153 = v100 > v89 ? v100 - v89 : 0;
+            const int64_t n154 = v92 > v89 ? v92 - v89 : 0;
             for (int64_t f155 = threadIdx.x; f155 < n153 * n154; f155 += OPGEN_CUDA_THREADS) {
-                const int64_t i156 = v86 + (f155 / (n154));
-                const int64_t i157 = v86 + f155 % n154;
+                const int64_t i156 = v89 + (f155 / (n154));
+                const int64_t i157 = v89 + f155 % n154;
                 const int64_t v158 = v97 + i156;
                 const float v159 = l110[i156 * d_H + i157];
                 const float v160 = v159;
@@ -2679,10 +2658,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf
     const int64_t d_V = dims[2];
     const int64_t v161 = 0ll;
     const int64_t v162 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v163 = 0ll;
-    const int64_t v164 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v163 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v162 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v164 - v163, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v163 - v161, opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -2723,19 +2701,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v165 = 0.0f;
-    const bool v166 = p_label_smoothing == v165;
-    const int64_t v167 = d_V;
-    const int64_t v168 = 128ll;
-    const bool v169 = v167 >= v168;
-    const int64_t v170 = 1ll;
-    const int64_t v171 = d_L;
-    const int64_t v172 = v171 * v170;
-    const int64_t v173 = d_BT;
-    const bool v174 = v172 >= v173;
-    if (!(v166)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    if (!(v169)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    if (!(v174)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const float v164 = 0.0f;
+    const bool v165 = p_label_smoothing == v164;
+    const int64_t v166 = d_V;
+    const int64_t v167 = 128ll;
+    const bool v168 = v166 >= v167;
+    const int64_t v169 = 1ll;
+    const int64_t v170 = d_L;
+    const int64_t v171 = v170 * v169;
+    const int64_t v172 = d_BT;
+    const bool v173 = v171 >= v172;
+    if (!(v165)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    if (!(v168)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    if (!(v173)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2752,20 +2730,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v174 = d_BT;
     const int64_t v175 = 0ll;
-    const int64_t v176 = d_BT;
-    const int64_t v177 = 0ll;
-    const int64_t v178 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v179 = 0ll;
-    const int64_t v180 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid181 = opgen_cuda_grid((v176 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid181 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k0<<<(unsigned)grid181, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v176 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v177 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid178 = opgen_cuda_grid((v174 - v175 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid178 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k0<<<(unsigned)grid178, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid182 = opgen_cuda_grid(v178 - v177, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid182 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k1<<<(unsigned)grid182, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid179 = opgen_cuda_grid(v176 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid179 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k1<<<(unsigned)grid179, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid183 = opgen_cuda_grid(v180 - v179, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
-    if (grid183 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k2<<<(unsigned)grid183, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
+    const int64_t grid180 = opgen_cuda_grid(v177 - v175, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll));
+    if (grid180 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_k2<<<(unsigned)grid180, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool");
 }
 
@@ -2776,14 +2752,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -2811,38 +2787,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -2852,7 +2828,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -2862,11 +2838,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -2879,11 +2855,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -2913,38 +2889,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -2954,7 +2930,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -2964,11 +2940,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -2981,11 +2957,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -3002,10 +2978,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_la
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3038,19 +3013,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3067,20 +3042,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8");
 }
 
@@ -3091,14 +3064,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -3126,38 +3099,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -3167,7 +3140,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3177,11 +3150,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -3194,11 +3167,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -3228,38 +3201,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -3269,7 +3242,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3279,11 +3252,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -3296,11 +3269,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -3317,10 +3290,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3353,19 +3325,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3382,20 +3354,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool");
 }
 
@@ -3406,14 +3376,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -3441,38 +3411,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -3482,7 +3452,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3492,11 +3462,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -3509,11 +3479,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -3543,38 +3513,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -3584,7 +3554,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3594,11 +3564,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -3611,11 +3581,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -3632,10 +3602,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_l
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3668,19 +3637,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3697,20 +3666,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8");
 }
 
@@ -3721,14 +3688,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -3756,38 +3723,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -3797,7 +3764,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3807,11 +3774,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -3824,11 +3791,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -3858,38 +3825,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -3899,7 +3866,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3909,11 +3876,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -3926,11 +3893,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -3947,10 +3914,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -3983,19 +3949,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4012,20 +3978,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool");
 }
 
@@ -4036,14 +4000,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -4071,38 +4035,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -4112,7 +4076,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4122,11 +4086,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -4139,11 +4103,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -4173,38 +4137,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -4214,7 +4178,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4224,11 +4188,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -4241,11 +4205,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -4262,10 +4226,9 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4298,19 +4261,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4327,20 +4290,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8");
 }
 
@@ -4351,14 +4312,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -4386,38 +4347,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -4427,7 +4388,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4437,11 +4398,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -4454,11 +4415,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -4488,38 +4449,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -4529,7 +4490,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4539,11 +4500,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -4556,11 +4517,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -4577,10 +4538,9 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_b
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4613,19 +4573,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4642,20 +4602,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool");
 }
 
@@ -4666,14 +4624,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -4701,38 +4659,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -4742,7 +4700,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4752,11 +4710,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -4769,11 +4727,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -4803,38 +4761,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -4844,7 +4802,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4854,11 +4812,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -4871,11 +4829,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -4892,10 +4850,9 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -4928,19 +4885,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4957,20 +4914,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8");
 }
 
@@ -4981,14 +4936,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -5016,38 +4971,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -5057,7 +5012,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5067,11 +5022,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -5084,11 +5039,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -5118,38 +5073,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -5159,7 +5114,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5169,11 +5124,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -5186,11 +5141,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -5207,10 +5162,9 @@ static void k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5243,19 +5197,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -5272,20 +5226,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool");
 }
 
@@ -5296,14 +5248,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -5331,38 +5283,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -5372,7 +5324,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5382,11 +5334,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -5399,11 +5351,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -5433,38 +5385,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -5474,7 +5426,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5484,11 +5436,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -5501,11 +5453,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -5522,10 +5474,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5558,19 +5509,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -5587,20 +5538,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8");
 }
 
@@ -5611,14 +5560,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -5646,38 +5595,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -5687,7 +5636,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5697,11 +5646,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_f16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -5714,11 +5663,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -5748,38 +5697,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -5789,7 +5738,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5799,11 +5748,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_f16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -5816,11 +5765,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -5837,10 +5786,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -5873,19 +5821,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -5902,20 +5850,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool");
 }
 
@@ -5926,14 +5872,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = (bool)((p_target_mask[(i4 >> 3) * st_target_mask_0] >> (i4 & 7)) & 1);
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -5961,38 +5907,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
@@ -6002,7 +5948,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -6012,11 +5958,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -6029,11 +5975,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -6063,38 +6009,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = (bool)((p_target_mask[(v100 >> 3) * st_target_mask_0] >> (v100 & 7)) & 1);
@@ -6104,7 +6050,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -6114,11 +6060,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -6131,11 +6077,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -6152,10 +6098,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -6188,19 +6133,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 8ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 8ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -6217,20 +6162,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8");
 }
 
@@ -6241,14 +6184,14 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t *__restrict__ p_masked_target = (const int64_t *)a.bufs[4].data;
     const int64_t d_BT = a.dims[0];
     const int64_t d_V = a.dims[2];
-    const int64_t v1 = 0ll;
+    const int64_t v1 = d_V;
     const int64_t v2 = d_BT;
-    const int64_t v3 = d_V;
-    for (int64_t i4 = v1 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    const int64_t v3 = 0ll;
+    for (int64_t i4 = v3 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i4 < v2; i4 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const bool v5 = p_target_mask[i4 * st_target_mask_0];
         const int64_t v6 = p_masked_target[i4];
-        const bool v7 = v6 >= v1;
-        const bool v8 = v6 < v3;
+        const bool v7 = v6 >= v3;
+        const bool v8 = v6 < v1;
         const bool v9 = v7 && v8;
         const bool v10 = v5 || v9;
         /* maskedTarget out of [0, V) on a row whose target is in this shard: record, skip the rest */
@@ -6276,38 +6219,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v11 = 0ll;
-    const int64_t v12 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v13 = 64ll;
-    const int64_t v14 = d_BT;
-    const int64_t v15 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v16 = 256ll;
-    const int64_t v17 = d_V;
-    const float v18 = 1.0f;
-    const float v19 = 0.0f;
+    const float v11 = 0.0f;
+    const int64_t v12 = d_V;
+    const int64_t v13 = d_BT;
+    const int64_t v14 = 0ll;
+    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v16 = 64ll;
+    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v18 = 256ll;
+    const float v19 = 1.0f;
     const int64_t v20 = d_H;
-    for (int64_t i21 = v11 + (int64_t)blockIdx.x; i21 < v12; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v13;
-        const int64_t v23 = v22 + v13;
-        const int64_t v24 = ((v23 < v14 || v23 != v23) ? v23 : v14);
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v16;
+        const int64_t v23 = v22 + v16;
+        const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v11; i28 < v15; i28++) {
-            const int64_t v29 = i28 * v16;
-            const int64_t v30 = v29 + v16;
-            const int64_t v31 = ((v30 < v17 || v30 != v30) ? v30 : v17);
+        for (int64_t i28 = v14; i28 < v17; i28++) {
+            const int64_t v29 = i28 * v18;
+            const int64_t v30 = v29 + v18;
+            const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
             const int64_t v32 = v31 - v29;
             float *__restrict__ l33 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n35 = v25 > v11 ? v25 - v11 : 0;
-                const int64_t n36 = v32 > v11 ? v32 - v11 : 0;
+                const int64_t n35 = v25 > v14 ? v25 - v14 : 0;
+                const int64_t n36 = v32 > v14 ? v32 - v14 : 0;
                 for (int64_t f37 = threadIdx.x; f37 < n35 * n36; f37 += OPGEN_CUDA_THREADS) {
-                    const int64_t i38 = v11 + (f37 / (n36));
-                    const int64_t i39 = v11 + f37 % n36;
+                    const int64_t i38 = v14 + (f37 / (n36));
+                    const int64_t i39 = v14 + f37 % n36;
                     const int64_t v40 = v22 + i38;
                     const int64_t v41 = p_masked_target[v40];
                     const bool v42 = p_target_mask[v40 * st_target_mask_0];
@@ -6317,7 +6260,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v18 : v19;
+                    const float v49 = v48 ? v19 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -6327,11 +6270,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l52 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n54 = v32 > v11 ? v32 - v11 : 0;
-                const int64_t n55 = v20 > v11 ? v20 - v11 : 0;
+                const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
+                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
-                    const int64_t i57 = v11 + (f56 / (n55));
-                    const int64_t i58 = v11 + f56 % n55;
+                    const int64_t i57 = v14 + (f56 / (n55));
+                    const int64_t i58 = v14 + f56 % n55;
                     const int64_t v59 = v29 + i57;
                     const float v60 = opgen_bf16_to_f32(p_weight[v59 * st_weight_0 + i58 * st_weight_1]);
                     const float v61 = v60;
@@ -6344,11 +6287,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n63 = v25 > v11 ? v25 - v11 : 0;
-            const int64_t n64 = v20 > v11 ? v20 - v11 : 0;
+            const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
+            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
-                const int64_t i66 = v11 + (f65 / (n64));
-                const int64_t i67 = v11 + f65 % n64;
+                const int64_t i66 = v14 + (f65 / (n64));
+                const int64_t i67 = v14 + f65 % n64;
                 const int64_t v68 = v22 + i66;
                 const float v69 = l26[i66 * d_H + i67];
                 const float v70 = v69;
@@ -6378,38 +6321,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t d_BT = a.dims[0];
     const int64_t d_H = a.dims[1];
     const int64_t d_V = a.dims[2];
-    const int64_t v71 = 0ll;
-    const int64_t v72 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v73 = 256ll;
-    const int64_t v74 = d_V;
+    const float v71 = 0.0f;
+    const int64_t v72 = d_V;
+    const int64_t v73 = d_BT;
+    const int64_t v74 = 0ll;
     const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v76 = 64ll;
-    const int64_t v77 = d_BT;
-    const float v78 = 1.0f;
-    const float v79 = 0.0f;
+    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v78 = 256ll;
+    const float v79 = 1.0f;
     const int64_t v80 = d_H;
-    for (int64_t i81 = v71 + (int64_t)blockIdx.x; i81 < v72; i81 += (int64_t)gridDim.x) {
-        const int64_t v82 = i81 * v73;
-        const int64_t v83 = v82 + v73;
-        const int64_t v84 = ((v83 < v74 || v83 != v83) ? v83 : v74);
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+        const int64_t v82 = i81 * v78;
+        const int64_t v83 = v82 + v78;
+        const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v71; i88 < v75; i88++) {
+        for (int64_t i88 = v74; i88 < v75; i88++) {
             const int64_t v89 = i88 * v76;
             const int64_t v90 = v89 + v76;
-            const int64_t v91 = ((v90 < v77 || v90 != v90) ? v90 : v77);
+            const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
             __syncthreads();
             {
-                const int64_t n95 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n96 = v85 > v71 ? v85 - v71 : 0;
+                const int64_t n95 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n96 = v85 > v74 ? v85 - v74 : 0;
                 for (int64_t f97 = threadIdx.x; f97 < n95 * n96; f97 += OPGEN_CUDA_THREADS) {
-                    const int64_t i98 = v71 + (f97 / (n96));
-                    const int64_t i99 = v71 + f97 % n96;
+                    const int64_t i98 = v74 + (f97 / (n96));
+                    const int64_t i99 = v74 + f97 % n96;
                     const int64_t v100 = v89 + i98;
                     const int64_t v101 = p_masked_target[v100];
                     const bool v102 = p_target_mask[v100 * st_target_mask_0];
@@ -6419,7 +6362,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v78 : v79;
+                    const float v109 = v108 ? v79 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -6429,11 +6372,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             float *__restrict__ l112 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll)) : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
             __syncthreads();
             {
-                const int64_t n114 = v92 > v71 ? v92 - v71 : 0;
-                const int64_t n115 = v80 > v71 ? v80 - v71 : 0;
+                const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
+                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
-                    const int64_t i117 = v71 + (f116 / (n115));
-                    const int64_t i118 = v71 + f116 % n115;
+                    const int64_t i117 = v74 + (f116 / (n115));
+                    const int64_t i118 = v74 + f116 % n115;
                     const int64_t v119 = v89 + i117;
                     const float v120 = opgen_bf16_to_f32(p_input[v119 * st_input_0 + i118 * st_input_1]);
                     const float v121 = v120;
@@ -6446,11 +6389,11 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         {
-            const int64_t n123 = v85 > v71 ? v85 - v71 : 0;
-            const int64_t n124 = v80 > v71 ? v80 - v71 : 0;
+            const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
+            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
-                const int64_t i126 = v71 + (f125 / (n124));
-                const int64_t i127 = v71 + f125 % n124;
+                const int64_t i126 = v74 + (f125 / (n124));
+                const int64_t i127 = v74 + f125 % n124;
                 const int64_t v128 = v82 + i126;
                 const float v129 = l86[i126 * d_H + i127];
                 const float v130 = v129;
@@ -6467,10 +6410,9 @@ static void k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_so
     const int64_t d_V = dims[2];
     const int64_t v131 = 0ll;
     const int64_t v132 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v133 = 0ll;
-    const int64_t v134 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v133 = (d_V / 256 + (d_V % 256 != 0));
     const int64_t g1 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v132 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
-    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v134 - v133, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
+    const int64_t g2 = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v133 - v131, opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     const size_t arena = off;
     size_t end = off;
@@ -6503,19 +6445,19 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_V = dims[2];
     const int64_t d_L = dims[3];
-    const float v135 = 0.0f;
-    const bool v136 = p_label_smoothing == v135;
-    const int64_t v137 = d_V;
-    const int64_t v138 = 128ll;
-    const bool v139 = v137 >= v138;
-    const int64_t v140 = 1ll;
-    const int64_t v141 = d_L;
-    const int64_t v142 = v141 * v140;
-    const int64_t v143 = d_BT;
-    const bool v144 = v142 >= v143;
-    if (!(v136)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    if (!(v139)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    if (!(v144)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const float v134 = 0.0f;
+    const bool v135 = p_label_smoothing == v134;
+    const int64_t v136 = d_V;
+    const int64_t v137 = 128ll;
+    const bool v138 = v136 >= v137;
+    const int64_t v139 = 1ll;
+    const int64_t v140 = d_L;
+    const int64_t v141 = v140 * v139;
+    const int64_t v142 = d_BT;
+    const bool v143 = v141 >= v142;
+    if (!(v135)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    if (!(v138)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    if (!(v143)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -6532,20 +6474,18 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_BT = dims[0];
     const int64_t d_H = dims[1];
     const int64_t d_V = dims[2];
+    const int64_t v144 = d_BT;
     const int64_t v145 = 0ll;
-    const int64_t v146 = d_BT;
-    const int64_t v147 = 0ll;
-    const int64_t v148 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v149 = 0ll;
-    const int64_t v150 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t grid151 = opgen_cuda_grid((v146 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid151 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k0<<<(unsigned)grid151, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v146 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v147 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t grid148 = opgen_cuda_grid((v144 - v145 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid148 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k0<<<(unsigned)grid148, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid152 = opgen_cuda_grid(v148 - v147, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
-    if (grid152 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k1<<<(unsigned)grid152, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid149 = opgen_cuda_grid(v146 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H));
+    if (grid149 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k1<<<(unsigned)grid149, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) : 0, stream>>>(a);
     a.smem = (opgen_sz_add(opgen_sz_add(opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H)))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(256ll))))), opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(64ll), opgen_sz_dim(d_H))))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid153 = opgen_cuda_grid(v150 - v149, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
-    if (grid153 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k2<<<(unsigned)grid153, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
+    const int64_t grid150 = opgen_cuda_grid(v147 - v145, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H));
+    if (grid150 > 0) k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_k2<<<(unsigned)grid150, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)256ll) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) : 0, stream>>>(a);
     return opgen_cuda_launched("k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool");
 }
 

@@ -18,84 +18,82 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 8;
-                    for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
-                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
-                        const float v36 = v35 * v35;
-                        part25 += v36;
-                        const float v37 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
-                        const float v38 = opgen_f16_to_f32(p_w[i27 * st_w_0]);
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 8;
+                    for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
+                        const float v33 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
+                        const float v34 = v33 * v33;
+                        part23 += v34;
+                        const float v35 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
+                        const float v36 = opgen_f16_to_f32(p_w[i25 * st_w_0]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
                         const float v39 = v37 * v38;
-                        const float v40 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
-                        const float v41 = v39 * v40;
-                        part26 += v41;
+                        part24 += v39;
                     }
                 }
-                float red42[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red42);
-                l21 = red42[0];
-                l23 = red42[1];
+                float red40[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red40);
+                l19 = red40[0];
+                l21 = red40[1];
             }
-            const float v43 = l21;
-            l20 = v43;
-            const float v44 = l23;
-            l22 = v44;
-            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
-                const int64_t vb53 = v3 + vq54 * 4;
-                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
-                    const float v55 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i46]);
-                    const float v56 = opgen_f16_to_f32(p_x[ro_x[i19] + i46]);
-                    const float v57 = v55 * v56;
-                    const float v58 = l20;
-                    const float v59 = v58 / v11;
-                    const float v60 = v59 + v12;
-                    const float v61 = 1.0f / sqrtf(v60);
-                    const float v62 = v57 * v61;
-                    l14[i46] += v62;
-                    const float v63 = opgen_f16_to_f32(p_w[i46 * st_w_0]);
-                    const float v64 = v55 * v63;
-                    const float v65 = v64 * v61;
-                    const float v66 = l22;
-                    const float v67 = v66 / v11;
-                    const float v68 = v67 * v61;
-                    const float v69 = v68 * v61;
-                    const float v70 = v69 * v61;
-                    const float v71 = v56 * v70;
-                    const float v72 = v65 - v71;
-                    p_grad_x[ro_grad_x[i19] + i46] = opgen_f32_to_f16(v72);
+            const float v41 = l19;
+            l18 = v41;
+            const float v42 = l21;
+            l20 = v42;
+            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
+                const int64_t vb51 = v3 + vq52 * 4;
+                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
+                    const float v53 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i44]);
+                    const float v54 = opgen_f16_to_f32(p_x[ro_x[i17] + i44]);
+                    const float v55 = v53 * v54;
+                    const float v56 = l18;
+                    const float v57 = v56 / v9;
+                    const float v58 = v57 + v10;
+                    const float v59 = 1.0f / sqrtf(v58);
+                    const float v60 = v55 * v59;
+                    l12[i44] += v60;
+                    const float v61 = opgen_f16_to_f32(p_w[i44 * st_w_0]);
+                    const float v62 = v53 * v61;
+                    const float v63 = v62 * v59;
+                    const float v64 = l20;
+                    const float v65 = v64 / v9;
+                    const float v66 = v65 * v59;
+                    const float v67 = v66 * v59;
+                    const float v68 = v67 * v59;
+                    const float v69 = v54 * v68;
+                    const float v70 = v63 - v69;
+                    p_grad_x[ro_grad_x[i17] + i44] = opgen_f32_to_f16(v70);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
-            const int64_t vb78 = v3 + vq79 * 4;
-            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
-                const float v80 = l14[i74];
-                t1[i13 * d_D + i74] = v80;
+        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
+            const int64_t vb76 = v3 + vq77 * 4;
+            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
+                const float v78 = l12[i72];
+                t1[i11 * d_D + i72] = v78;
             }
         }
         __syncthreads();
@@ -109,31 +107,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v81 = 0ll;
-    const int64_t v82 = d_D;
-    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l85 = (float)0;
-        for (int64_t i86 = v81; i86 < v83; i86++) {
-            const float v87 = t1[i86 * d_D + i84];
-            l85 += v87;
+    const int64_t v79 = d_D;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l83 = (float)0;
+        for (int64_t i84 = v80; i84 < v81; i84++) {
+            const float v85 = t1[i84 * d_D + i82];
+            l83 += v85;
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_f16(v88);
+        const float v86 = l83;
+        p_grad_w[i82 * st_grad_w_0] = opgen_f32_to_f16(v86);
     }
 }
 
 static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v89 = d_D;
-    const int64_t v90 = 0ll;
-    const bool v91 = v89 == v90;
-    const bool v92 = v89 == v90;
-    const bool v93 = v91 && v92;
-    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v87 = d_D;
+    const int64_t v88 = 0ll;
+    const bool v89 = v87 == v88;
+    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v91 = v89 ? v88 : v90;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
@@ -167,20 +163,16 @@ static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v96 = d_D;
-    const int64_t v97 = 0ll;
-    const bool v98 = v96 == v97;
-    const bool v99 = v96 == v97;
-    const bool v100 = v98 && v99;
-    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v102 = v100 ? v97 : v101;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = d_D;
+    const int64_t v92 = d_D;
+    const int64_t v93 = 0ll;
+    const bool v94 = v92 == v93;
+    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v96 = v94 ? v93 : v95;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid105 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid106 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid97 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid98 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_g");
 }
 
@@ -200,148 +192,146 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 8;
-                    if (vok32 && vb33 + 8 <= v2) {
-                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i19] + vb33];
-                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i19] + vb33];
-                        opgen_vec<uint16_t, 8> vec30 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb33];
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 8;
+                    if (vok30 && vb31 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i17] + vb31];
+                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i17] + vb31];
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb31];
                         #pragma unroll
-                        for (int vj35 = 0; vj35 < 8; vj35++) {
-                            const float v36 = opgen_f16_to_f32(vec28.v[vj35]);
-                            const float v37 = v36 * v36;
-                            part25 += v37;
-                            const float v38 = opgen_f16_to_f32(vec29.v[vj35]);
-                            const float v39 = opgen_f16_to_f32(vec30.v[vj35]);
+                        for (int vj33 = 0; vj33 < 8; vj33++) {
+                            const float v34 = opgen_f16_to_f32(vec26.v[vj33]);
+                            const float v35 = v34 * v34;
+                            part23 += v35;
+                            const float v36 = opgen_f16_to_f32(vec27.v[vj33]);
+                            const float v37 = opgen_f16_to_f32(vec28.v[vj33]);
+                            const float v38 = v36 * v37;
+                            const float v39 = opgen_f16_to_f32(vec26.v[vj33]);
                             const float v40 = v38 * v39;
-                            const float v41 = opgen_f16_to_f32(vec28.v[vj35]);
-                            const float v42 = v40 * v41;
-                            part26 += v42;
+                            part24 += v40;
                         }
                     } else {
-                        for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
-                            const float v43 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
-                            const float v44 = v43 * v43;
-                            part25 += v44;
-                            const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
-                            const float v46 = opgen_f16_to_f32(p_w[i27]);
+                        for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
+                            const float v41 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
+                            const float v42 = v41 * v41;
+                            part23 += v42;
+                            const float v43 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
+                            const float v44 = opgen_f16_to_f32(p_w[i25]);
+                            const float v45 = v43 * v44;
+                            const float v46 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
                             const float v47 = v45 * v46;
-                            const float v48 = opgen_f16_to_f32(p_x[ro_x[i19] + i27]);
-                            const float v49 = v47 * v48;
-                            part26 += v49;
+                            part24 += v47;
                         }
                     }
                 }
-                float red50[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red50);
-                l21 = red50[0];
-                l23 = red50[1];
+                float red48[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red48);
+                l19 = red48[0];
+                l21 = red48[1];
             }
-            const float v51 = l21;
-            l20 = v51;
-            const float v52 = l23;
-            l22 = v52;
-            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 8u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 8u == 0);
-            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
-                const int64_t vb61 = v3 + vq62 * 4;
-                if (vok60 && vb61 + 4 <= v2) {
-                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
-                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i19] + vb61];
-                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
-                    opgen_vec<uint16_t, 4> vec58 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb61];
-                    opgen_vec<uint16_t, 4> vec59;
+            const float v49 = l19;
+            l18 = v49;
+            const float v50 = l21;
+            l20 = v50;
+            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 8u == 0);
+            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
+                const int64_t vb59 = v3 + vq60 * 4;
+                if (vok58 && vb59 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec53 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i17] + vb59];
+                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
+                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb59];
+                    opgen_vec<uint16_t, 4> vec57;
                     #pragma unroll
-                    for (int vj63 = 0; vj63 < 4; vj63++) {
-                        const float v64 = opgen_f16_to_f32(vec55.v[vj63]);
-                        const float v65 = opgen_f16_to_f32(vec56.v[vj63]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l20;
-                        const float v68 = v67 / v11;
-                        const float v69 = v68 + v12;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        vec57.v[vj63] += v71;
-                        const float v72 = opgen_f16_to_f32(vec58.v[vj63]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l22;
-                        const float v76 = v75 / v11;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        vec59.v[vj63] = opgen_f32_to_f16(v81);
+                    for (int vj61 = 0; vj61 < 4; vj61++) {
+                        const float v62 = opgen_f16_to_f32(vec53.v[vj61]);
+                        const float v63 = opgen_f16_to_f32(vec54.v[vj61]);
+                        const float v64 = v62 * v63;
+                        const float v65 = l18;
+                        const float v66 = v65 / v9;
+                        const float v67 = v66 + v10;
+                        const float v68 = 1.0f / sqrtf(v67);
+                        const float v69 = v64 * v68;
+                        vec55.v[vj61] += v69;
+                        const float v70 = opgen_f16_to_f32(vec56.v[vj61]);
+                        const float v71 = v62 * v70;
+                        const float v72 = v71 * v68;
+                        const float v73 = l20;
+                        const float v74 = v73 / v9;
+                        const float v75 = v74 * v68;
+                        const float v76 = v75 * v68;
+                        const float v77 = v76 * v68;
+                        const float v78 = v63 * v77;
+                        const float v79 = v72 - v78;
+                        vec57.v[vj61] = opgen_f32_to_f16(v79);
                     }
-                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
-                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
+                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
                 } else {
-                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
-                        const float v82 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i19] + i54]);
-                        const float v83 = opgen_f16_to_f32(p_x[ro_x[i19] + i54]);
-                        const float v84 = v82 * v83;
-                        const float v85 = l20;
-                        const float v86 = v85 / v11;
-                        const float v87 = v86 + v12;
-                        const float v88 = 1.0f / sqrtf(v87);
-                        const float v89 = v84 * v88;
-                        l14[i54] += v89;
-                        const float v90 = opgen_f16_to_f32(p_w[i54]);
-                        const float v91 = v82 * v90;
-                        const float v92 = v91 * v88;
-                        const float v93 = l22;
-                        const float v94 = v93 / v11;
-                        const float v95 = v94 * v88;
-                        const float v96 = v95 * v88;
-                        const float v97 = v96 * v88;
-                        const float v98 = v83 * v97;
-                        const float v99 = v92 - v98;
-                        p_grad_x[ro_grad_x[i19] + i54] = opgen_f32_to_f16(v99);
+                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
+                        const float v80 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i52]);
+                        const float v81 = opgen_f16_to_f32(p_x[ro_x[i17] + i52]);
+                        const float v82 = v80 * v81;
+                        const float v83 = l18;
+                        const float v84 = v83 / v9;
+                        const float v85 = v84 + v10;
+                        const float v86 = 1.0f / sqrtf(v85);
+                        const float v87 = v82 * v86;
+                        l12[i52] += v87;
+                        const float v88 = opgen_f16_to_f32(p_w[i52]);
+                        const float v89 = v80 * v88;
+                        const float v90 = v89 * v86;
+                        const float v91 = l20;
+                        const float v92 = v91 / v9;
+                        const float v93 = v92 * v86;
+                        const float v94 = v93 * v86;
+                        const float v95 = v94 * v86;
+                        const float v96 = v81 * v95;
+                        const float v97 = v90 - v96;
+                        p_grad_x[ro_grad_x[i17] + i52] = opgen_f32_to_f16(v97);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
-        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
-            const int64_t vb105 = v3 + vq106 * 4;
-            if (vok104 && vb105 + 4 <= v2) {
-                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
-                opgen_vec<float, 4> vec103;
+        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
+            const int64_t vb103 = v3 + vq104 * 4;
+            if (vok102 && vb103 + 4 <= v2) {
+                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
+                opgen_vec<float, 4> vec101;
                 #pragma unroll
-                for (int vj107 = 0; vj107 < 4; vj107++) {
-                    const float v108 = vec102.v[vj107];
-                    vec103.v[vj107] = v108;
+                for (int vj105 = 0; vj105 < 4; vj105++) {
+                    const float v106 = vec100.v[vj105];
+                    vec101.v[vj105] = v106;
                 }
-                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
             } else {
-                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
-                    const float v109 = l14[i101];
-                    t1[i13 * d_D + i101] = v109;
+                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
+                    const float v107 = l12[i99];
+                    t1[i11 * d_D + i99] = v107;
                 }
             }
         }
@@ -355,17 +345,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v110 = 0ll;
-    const int64_t v111 = d_D;
-    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l114 = (float)0;
-        for (int64_t i115 = v110; i115 < v112; i115++) {
-            const float v116 = t1[i115 * d_D + i113];
-            l114 += v116;
+    const int64_t v108 = d_D;
+    const int64_t v109 = 0ll;
+    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l112 = (float)0;
+        for (int64_t i113 = v109; i113 < v110; i113++) {
+            const float v114 = t1[i113 * d_D + i111];
+            l112 += v114;
         }
-        const float v117 = l114;
-        p_grad_w[i113] = opgen_f32_to_f16(v117);
+        const float v115 = l112;
+        p_grad_w[i111] = opgen_f32_to_f16(v115);
     }
 }
 
@@ -381,20 +371,16 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v125 = d_D;
-    const int64_t v126 = 0ll;
-    const bool v127 = v125 == v126;
-    const bool v128 = v125 == v126;
-    const bool v129 = v127 && v128;
-    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v131 = v129 ? v126 : v130;
-    const int64_t v132 = 0ll;
-    const int64_t v133 = d_D;
+    const int64_t v121 = d_D;
+    const int64_t v122 = 0ll;
+    const bool v123 = v121 == v122;
+    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v125 = v123 ? v122 : v124;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid134 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid135 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid126 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid127 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_u");
 }
 
@@ -421,84 +407,82 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 4 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 4;
-                    for (int64_t i27 = vb33; i27 < vb33 + 4 && i27 < v2; i27++) {
-                        const float v35 = p_x[ro_x[i19] + i27];
-                        const float v36 = v35 * v35;
-                        part25 += v36;
-                        const float v37 = p_grad_y[ro_grad_y[i19] + i27];
-                        const float v38 = p_w[i27 * st_w_0];
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 4 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 4;
+                    for (int64_t i25 = vb31; i25 < vb31 + 4 && i25 < v2; i25++) {
+                        const float v33 = p_x[ro_x[i17] + i25];
+                        const float v34 = v33 * v33;
+                        part23 += v34;
+                        const float v35 = p_grad_y[ro_grad_y[i17] + i25];
+                        const float v36 = p_w[i25 * st_w_0];
+                        const float v37 = v35 * v36;
+                        const float v38 = p_x[ro_x[i17] + i25];
                         const float v39 = v37 * v38;
-                        const float v40 = p_x[ro_x[i19] + i27];
-                        const float v41 = v39 * v40;
-                        part26 += v41;
+                        part24 += v39;
                     }
                 }
-                float red42[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red42);
-                l21 = red42[0];
-                l23 = red42[1];
+                float red40[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red40);
+                l19 = red40[0];
+                l21 = red40[1];
             }
-            const float v43 = l21;
-            l20 = v43;
-            const float v44 = l23;
-            l22 = v44;
-            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
-                const int64_t vb53 = v3 + vq54 * 4;
-                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
-                    const float v55 = p_grad_y[ro_grad_y[i19] + i46];
-                    const float v56 = p_x[ro_x[i19] + i46];
-                    const float v57 = v55 * v56;
-                    const float v58 = l20;
-                    const float v59 = v58 / v11;
-                    const float v60 = v59 + v12;
-                    const float v61 = 1.0f / sqrtf(v60);
-                    const float v62 = v57 * v61;
-                    l14[i46] += v62;
-                    const float v63 = p_w[i46 * st_w_0];
-                    const float v64 = v55 * v63;
-                    const float v65 = v64 * v61;
-                    const float v66 = l22;
-                    const float v67 = v66 / v11;
-                    const float v68 = v67 * v61;
-                    const float v69 = v68 * v61;
-                    const float v70 = v69 * v61;
-                    const float v71 = v56 * v70;
-                    const float v72 = v65 - v71;
-                    p_grad_x[ro_grad_x[i19] + i46] = v72;
+            const float v41 = l19;
+            l18 = v41;
+            const float v42 = l21;
+            l20 = v42;
+            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
+                const int64_t vb51 = v3 + vq52 * 4;
+                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
+                    const float v53 = p_grad_y[ro_grad_y[i17] + i44];
+                    const float v54 = p_x[ro_x[i17] + i44];
+                    const float v55 = v53 * v54;
+                    const float v56 = l18;
+                    const float v57 = v56 / v9;
+                    const float v58 = v57 + v10;
+                    const float v59 = 1.0f / sqrtf(v58);
+                    const float v60 = v55 * v59;
+                    l12[i44] += v60;
+                    const float v61 = p_w[i44 * st_w_0];
+                    const float v62 = v53 * v61;
+                    const float v63 = v62 * v59;
+                    const float v64 = l20;
+                    const float v65 = v64 / v9;
+                    const float v66 = v65 * v59;
+                    const float v67 = v66 * v59;
+                    const float v68 = v67 * v59;
+                    const float v69 = v54 * v68;
+                    const float v70 = v63 - v69;
+                    p_grad_x[ro_grad_x[i17] + i44] = v70;
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
-            const int64_t vb78 = v3 + vq79 * 4;
-            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
-                const float v80 = l14[i74];
-                t1[i13 * d_D + i74] = v80;
+        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
+            const int64_t vb76 = v3 + vq77 * 4;
+            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
+                const float v78 = l12[i72];
+                t1[i11 * d_D + i72] = v78;
             }
         }
         __syncthreads();
@@ -512,31 +496,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v81 = 0ll;
-    const int64_t v82 = d_D;
-    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l85 = (float)0;
-        for (int64_t i86 = v81; i86 < v83; i86++) {
-            const float v87 = t1[i86 * d_D + i84];
-            l85 += v87;
+    const int64_t v79 = d_D;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l83 = (float)0;
+        for (int64_t i84 = v80; i84 < v81; i84++) {
+            const float v85 = t1[i84 * d_D + i82];
+            l83 += v85;
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = v88;
+        const float v86 = l83;
+        p_grad_w[i82 * st_grad_w_0] = v86;
     }
 }
 
 static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v89 = d_D;
-    const int64_t v90 = 0ll;
-    const bool v91 = v89 == v90;
-    const bool v92 = v89 == v90;
-    const bool v93 = v91 && v92;
-    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v87 = d_D;
+    const int64_t v88 = 0ll;
+    const bool v89 = v87 == v88;
+    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v91 = v89 ? v88 : v90;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
@@ -570,20 +552,16 @@ static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v96 = d_D;
-    const int64_t v97 = 0ll;
-    const bool v98 = v96 == v97;
-    const bool v99 = v96 == v97;
-    const bool v100 = v98 && v99;
-    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v102 = v100 ? v97 : v101;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = d_D;
+    const int64_t v92 = d_D;
+    const int64_t v93 = 0ll;
+    const bool v94 = v92 == v93;
+    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v96 = v94 ? v93 : v95;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid105 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid106 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid97 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid98 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_g");
 }
 
@@ -603,148 +581,146 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 4 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 4;
-                    if (vok32 && vb33 + 4 <= v2) {
-                        opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i19] + vb33];
-                        opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i19] + vb33];
-                        opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_w[vb33];
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 4 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 4;
+                    if (vok30 && vb31 + 4 <= v2) {
+                        opgen_vec<float, 4> vec26 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i17] + vb31];
+                        opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i17] + vb31];
+                        opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&p_w[vb31];
                         #pragma unroll
-                        for (int vj35 = 0; vj35 < 4; vj35++) {
-                            const float v36 = vec28.v[vj35];
-                            const float v37 = v36 * v36;
-                            part25 += v37;
-                            const float v38 = vec29.v[vj35];
-                            const float v39 = vec30.v[vj35];
+                        for (int vj33 = 0; vj33 < 4; vj33++) {
+                            const float v34 = vec26.v[vj33];
+                            const float v35 = v34 * v34;
+                            part23 += v35;
+                            const float v36 = vec27.v[vj33];
+                            const float v37 = vec28.v[vj33];
+                            const float v38 = v36 * v37;
+                            const float v39 = vec26.v[vj33];
                             const float v40 = v38 * v39;
-                            const float v41 = vec28.v[vj35];
-                            const float v42 = v40 * v41;
-                            part26 += v42;
+                            part24 += v40;
                         }
                     } else {
-                        for (int64_t i27 = vb33; i27 < vb33 + 4 && i27 < v2; i27++) {
-                            const float v43 = p_x[ro_x[i19] + i27];
-                            const float v44 = v43 * v43;
-                            part25 += v44;
-                            const float v45 = p_grad_y[ro_grad_y[i19] + i27];
-                            const float v46 = p_w[i27];
+                        for (int64_t i25 = vb31; i25 < vb31 + 4 && i25 < v2; i25++) {
+                            const float v41 = p_x[ro_x[i17] + i25];
+                            const float v42 = v41 * v41;
+                            part23 += v42;
+                            const float v43 = p_grad_y[ro_grad_y[i17] + i25];
+                            const float v44 = p_w[i25];
+                            const float v45 = v43 * v44;
+                            const float v46 = p_x[ro_x[i17] + i25];
                             const float v47 = v45 * v46;
-                            const float v48 = p_x[ro_x[i19] + i27];
-                            const float v49 = v47 * v48;
-                            part26 += v49;
+                            part24 += v47;
                         }
                     }
                 }
-                float red50[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red50);
-                l21 = red50[0];
-                l23 = red50[1];
+                float red48[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red48);
+                l19 = red48[0];
+                l21 = red48[1];
             }
-            const float v51 = l21;
-            l20 = v51;
-            const float v52 = l23;
-            l22 = v52;
-            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 16u == 0);
-            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
-                const int64_t vb61 = v3 + vq62 * 4;
-                if (vok60 && vb61 + 4 <= v2) {
-                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
-                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i19] + vb61];
-                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
-                    opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&p_w[vb61];
-                    opgen_vec<float, 4> vec59;
+            const float v49 = l19;
+            l18 = v49;
+            const float v50 = l21;
+            l20 = v50;
+            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 16u == 0);
+            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
+                const int64_t vb59 = v3 + vq60 * 4;
+                if (vok58 && vb59 + 4 <= v2) {
+                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
+                    opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i17] + vb59];
+                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
+                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&p_w[vb59];
+                    opgen_vec<float, 4> vec57;
                     #pragma unroll
-                    for (int vj63 = 0; vj63 < 4; vj63++) {
-                        const float v64 = vec55.v[vj63];
-                        const float v65 = vec56.v[vj63];
-                        const float v66 = v64 * v65;
-                        const float v67 = l20;
-                        const float v68 = v67 / v11;
-                        const float v69 = v68 + v12;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        vec57.v[vj63] += v71;
-                        const float v72 = vec58.v[vj63];
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l22;
-                        const float v76 = v75 / v11;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        vec59.v[vj63] = v81;
+                    for (int vj61 = 0; vj61 < 4; vj61++) {
+                        const float v62 = vec53.v[vj61];
+                        const float v63 = vec54.v[vj61];
+                        const float v64 = v62 * v63;
+                        const float v65 = l18;
+                        const float v66 = v65 / v9;
+                        const float v67 = v66 + v10;
+                        const float v68 = 1.0f / sqrtf(v67);
+                        const float v69 = v64 * v68;
+                        vec55.v[vj61] += v69;
+                        const float v70 = vec56.v[vj61];
+                        const float v71 = v62 * v70;
+                        const float v72 = v71 * v68;
+                        const float v73 = l20;
+                        const float v74 = v73 / v9;
+                        const float v75 = v74 * v68;
+                        const float v76 = v75 * v68;
+                        const float v77 = v76 * v68;
+                        const float v78 = v63 * v77;
+                        const float v79 = v72 - v78;
+                        vec57.v[vj61] = v79;
                     }
-                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
-                    *(opgen_vec<float, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
+                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
+                    *(opgen_vec<float, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
                 } else {
-                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
-                        const float v82 = p_grad_y[ro_grad_y[i19] + i54];
-                        const float v83 = p_x[ro_x[i19] + i54];
-                        const float v84 = v82 * v83;
-                        const float v85 = l20;
-                        const float v86 = v85 / v11;
-                        const float v87 = v86 + v12;
-                        const float v88 = 1.0f / sqrtf(v87);
-                        const float v89 = v84 * v88;
-                        l14[i54] += v89;
-                        const float v90 = p_w[i54];
-                        const float v91 = v82 * v90;
-                        const float v92 = v91 * v88;
-                        const float v93 = l22;
-                        const float v94 = v93 / v11;
-                        const float v95 = v94 * v88;
-                        const float v96 = v95 * v88;
-                        const float v97 = v96 * v88;
-                        const float v98 = v83 * v97;
-                        const float v99 = v92 - v98;
-                        p_grad_x[ro_grad_x[i19] + i54] = v99;
+                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
+                        const float v80 = p_grad_y[ro_grad_y[i17] + i52];
+                        const float v81 = p_x[ro_x[i17] + i52];
+                        const float v82 = v80 * v81;
+                        const float v83 = l18;
+                        const float v84 = v83 / v9;
+                        const float v85 = v84 + v10;
+                        const float v86 = 1.0f / sqrtf(v85);
+                        const float v87 = v82 * v86;
+                        l12[i52] += v87;
+                        const float v88 = p_w[i52];
+                        const float v89 = v80 * v88;
+                        const float v90 = v89 * v86;
+                        const float v91 = l20;
+                        const float v92 = v91 / v9;
+                        const float v93 = v92 * v86;
+                        const float v94 = v93 * v86;
+                        const float v95 = v94 * v86;
+                        const float v96 = v81 * v95;
+                        const float v97 = v90 - v96;
+                        p_grad_x[ro_grad_x[i17] + i52] = v97;
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
-        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
-            const int64_t vb105 = v3 + vq106 * 4;
-            if (vok104 && vb105 + 4 <= v2) {
-                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
-                opgen_vec<float, 4> vec103;
+        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
+            const int64_t vb103 = v3 + vq104 * 4;
+            if (vok102 && vb103 + 4 <= v2) {
+                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
+                opgen_vec<float, 4> vec101;
                 #pragma unroll
-                for (int vj107 = 0; vj107 < 4; vj107++) {
-                    const float v108 = vec102.v[vj107];
-                    vec103.v[vj107] = v108;
+                for (int vj105 = 0; vj105 < 4; vj105++) {
+                    const float v106 = vec100.v[vj105];
+                    vec101.v[vj105] = v106;
                 }
-                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
             } else {
-                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
-                    const float v109 = l14[i101];
-                    t1[i13 * d_D + i101] = v109;
+                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
+                    const float v107 = l12[i99];
+                    t1[i11 * d_D + i99] = v107;
                 }
             }
         }
@@ -758,17 +734,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v110 = 0ll;
-    const int64_t v111 = d_D;
-    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l114 = (float)0;
-        for (int64_t i115 = v110; i115 < v112; i115++) {
-            const float v116 = t1[i115 * d_D + i113];
-            l114 += v116;
+    const int64_t v108 = d_D;
+    const int64_t v109 = 0ll;
+    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l112 = (float)0;
+        for (int64_t i113 = v109; i113 < v110; i113++) {
+            const float v114 = t1[i113 * d_D + i111];
+            l112 += v114;
         }
-        const float v117 = l114;
-        p_grad_w[i113] = v117;
+        const float v115 = l112;
+        p_grad_w[i111] = v115;
     }
 }
 
@@ -784,20 +760,16 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v125 = d_D;
-    const int64_t v126 = 0ll;
-    const bool v127 = v125 == v126;
-    const bool v128 = v125 == v126;
-    const bool v129 = v127 && v128;
-    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v131 = v129 ? v126 : v130;
-    const int64_t v132 = 0ll;
-    const int64_t v133 = d_D;
+    const int64_t v121 = d_D;
+    const int64_t v122 = 0ll;
+    const bool v123 = v121 == v122;
+    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v125 = v123 ? v122 : v124;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid134 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid135 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid126 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid127 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_u");
 }
 
@@ -824,84 +796,82 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 8;
-                    for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
-                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
-                        const float v36 = v35 * v35;
-                        part25 += v36;
-                        const float v37 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
-                        const float v38 = opgen_bf16_to_f32(p_w[i27 * st_w_0]);
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 8;
+                    for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
+                        const float v33 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
+                        const float v34 = v33 * v33;
+                        part23 += v34;
+                        const float v35 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
+                        const float v36 = opgen_bf16_to_f32(p_w[i25 * st_w_0]);
+                        const float v37 = v35 * v36;
+                        const float v38 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
                         const float v39 = v37 * v38;
-                        const float v40 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
-                        const float v41 = v39 * v40;
-                        part26 += v41;
+                        part24 += v39;
                     }
                 }
-                float red42[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red42);
-                l21 = red42[0];
-                l23 = red42[1];
+                float red40[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red40);
+                l19 = red40[0];
+                l21 = red40[1];
             }
-            const float v43 = l21;
-            l20 = v43;
-            const float v44 = l23;
-            l22 = v44;
-            for (int64_t vq54 = threadIdx.x; v3 + vq54 * 4 < v2; vq54 += OPGEN_CUDA_THREADS) {
-                const int64_t vb53 = v3 + vq54 * 4;
-                for (int64_t i46 = vb53; i46 < vb53 + 4 && i46 < v2; i46++) {
-                    const float v55 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i46]);
-                    const float v56 = opgen_bf16_to_f32(p_x[ro_x[i19] + i46]);
-                    const float v57 = v55 * v56;
-                    const float v58 = l20;
-                    const float v59 = v58 / v11;
-                    const float v60 = v59 + v12;
-                    const float v61 = 1.0f / sqrtf(v60);
-                    const float v62 = v57 * v61;
-                    l14[i46] += v62;
-                    const float v63 = opgen_bf16_to_f32(p_w[i46 * st_w_0]);
-                    const float v64 = v55 * v63;
-                    const float v65 = v64 * v61;
-                    const float v66 = l22;
-                    const float v67 = v66 / v11;
-                    const float v68 = v67 * v61;
-                    const float v69 = v68 * v61;
-                    const float v70 = v69 * v61;
-                    const float v71 = v56 * v70;
-                    const float v72 = v65 - v71;
-                    p_grad_x[ro_grad_x[i19] + i46] = opgen_f32_to_bf16(v72);
+            const float v41 = l19;
+            l18 = v41;
+            const float v42 = l21;
+            l20 = v42;
+            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
+                const int64_t vb51 = v3 + vq52 * 4;
+                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
+                    const float v53 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i44]);
+                    const float v54 = opgen_bf16_to_f32(p_x[ro_x[i17] + i44]);
+                    const float v55 = v53 * v54;
+                    const float v56 = l18;
+                    const float v57 = v56 / v9;
+                    const float v58 = v57 + v10;
+                    const float v59 = 1.0f / sqrtf(v58);
+                    const float v60 = v55 * v59;
+                    l12[i44] += v60;
+                    const float v61 = opgen_bf16_to_f32(p_w[i44 * st_w_0]);
+                    const float v62 = v53 * v61;
+                    const float v63 = v62 * v59;
+                    const float v64 = l20;
+                    const float v65 = v64 / v9;
+                    const float v66 = v65 * v59;
+                    const float v67 = v66 * v59;
+                    const float v68 = v67 * v59;
+                    const float v69 = v54 * v68;
+                    const float v70 = v63 - v69;
+                    p_grad_x[ro_grad_x[i17] + i44] = opgen_f32_to_bf16(v70);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq79 = threadIdx.x; v3 + vq79 * 4 < v2; vq79 += OPGEN_CUDA_THREADS) {
-            const int64_t vb78 = v3 + vq79 * 4;
-            for (int64_t i74 = vb78; i74 < vb78 + 4 && i74 < v2; i74++) {
-                const float v80 = l14[i74];
-                t1[i13 * d_D + i74] = v80;
+        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
+            const int64_t vb76 = v3 + vq77 * 4;
+            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
+                const float v78 = l12[i72];
+                t1[i11 * d_D + i72] = v78;
             }
         }
         __syncthreads();
@@ -915,31 +885,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v81 = 0ll;
-    const int64_t v82 = d_D;
-    const int64_t v83 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i84 < v82; i84 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l85 = (float)0;
-        for (int64_t i86 = v81; i86 < v83; i86++) {
-            const float v87 = t1[i86 * d_D + i84];
-            l85 += v87;
+    const int64_t v79 = d_D;
+    const int64_t v80 = 0ll;
+    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l83 = (float)0;
+        for (int64_t i84 = v80; i84 < v81; i84++) {
+            const float v85 = t1[i84 * d_D + i82];
+            l83 += v85;
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_bf16(v88);
+        const float v86 = l83;
+        p_grad_w[i82 * st_grad_w_0] = opgen_f32_to_bf16(v86);
     }
 }
 
 static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v89 = d_D;
-    const int64_t v90 = 0ll;
-    const bool v91 = v89 == v90;
-    const bool v92 = v89 == v90;
-    const bool v93 = v91 && v92;
-    const int64_t v94 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v95 = v93 ? v90 : v94;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v95 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v87 = d_D;
+    const int64_t v88 = 0ll;
+    const bool v89 = v87 == v88;
+    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v91 = v89 ? v88 : v90;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
@@ -973,20 +941,16 @@ static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v96 = d_D;
-    const int64_t v97 = 0ll;
-    const bool v98 = v96 == v97;
-    const bool v99 = v96 == v97;
-    const bool v100 = v98 && v99;
-    const int64_t v101 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v102 = v100 ? v97 : v101;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = d_D;
+    const int64_t v92 = d_D;
+    const int64_t v93 = 0ll;
+    const bool v94 = v92 == v93;
+    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v96 = v94 ? v93 : v95;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid105 = opgen_cuda_grid(v102 - v97, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid105 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid105, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid106 = opgen_cuda_grid((v104 - v103 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid106 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid106, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid97 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid98 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_g");
 }
 
@@ -1006,148 +970,146 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const bool v5 = v2 == v3;
-    const bool v6 = v4 && v5;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v6 ? v3 : v7;
-    const int64_t v9 = 32ll;
-    const int64_t v10 = d_N;
-    const float v11 = (float)(v2);
-    const float v12 = p_eps;
-    for (int64_t i13 = v3 + (int64_t)blockIdx.x; i13 < v8; i13 += (int64_t)gridDim.x) {
-        float *__restrict__ l14 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v4 ? v3 : v5;
+    const int64_t v7 = 32ll;
+    const int64_t v8 = d_N;
+    const float v9 = (float)(v2);
+    const float v10 = p_eps;
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+        float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (see thread_owned): no barrier */
-        for (size_t z15 = threadIdx.x * 4; z15 < (size_t)d_D; z15 += OPGEN_CUDA_THREADS * 4) for (size_t z15j = z15; z15j < z15 + 4 && z15j < (size_t)d_D; z15j++) l14[z15j] = (float)0;
-        const int64_t v16 = i13 * v9;
-        const int64_t v17 = v16 + v9;
-        const int64_t v18 = ((v17 < v10 || v17 != v17) ? v17 : v10);
-        for (int64_t i19 = v16; i19 < v18; i19++) {
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        const int64_t v14 = i11 * v7;
+        const int64_t v15 = v14 + v7;
+        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        for (int64_t i17 = v14; i17 < v16; i17++) {
+            float l18 = (float)0;
+            float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
-            float l22 = (float)0;
-            float l23 = (float)0;
             {
-                float part25 = threadIdx.x == 0 ? l21 : (float)0;
-                float part26 = threadIdx.x == 0 ? l23 : (float)0;
-                const bool vok32 = ((uintptr_t)&p_x[ro_x[i19] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq34 = threadIdx.x; v3 + vq34 * 8 < v2; vq34 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb33 = v3 + vq34 * 8;
-                    if (vok32 && vb33 + 8 <= v2) {
-                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i19] + vb33];
-                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i19] + vb33];
-                        opgen_vec<uint16_t, 8> vec30 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb33];
+                float part23 = threadIdx.x == 0 ? l19 : (float)0;
+                float part24 = threadIdx.x == 0 ? l21 : (float)0;
+                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb31 = v3 + vq32 * 8;
+                    if (vok30 && vb31 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i17] + vb31];
+                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i17] + vb31];
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb31];
                         #pragma unroll
-                        for (int vj35 = 0; vj35 < 8; vj35++) {
-                            const float v36 = opgen_bf16_to_f32(vec28.v[vj35]);
-                            const float v37 = v36 * v36;
-                            part25 += v37;
-                            const float v38 = opgen_bf16_to_f32(vec29.v[vj35]);
-                            const float v39 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        for (int vj33 = 0; vj33 < 8; vj33++) {
+                            const float v34 = opgen_bf16_to_f32(vec26.v[vj33]);
+                            const float v35 = v34 * v34;
+                            part23 += v35;
+                            const float v36 = opgen_bf16_to_f32(vec27.v[vj33]);
+                            const float v37 = opgen_bf16_to_f32(vec28.v[vj33]);
+                            const float v38 = v36 * v37;
+                            const float v39 = opgen_bf16_to_f32(vec26.v[vj33]);
                             const float v40 = v38 * v39;
-                            const float v41 = opgen_bf16_to_f32(vec28.v[vj35]);
-                            const float v42 = v40 * v41;
-                            part26 += v42;
+                            part24 += v40;
                         }
                     } else {
-                        for (int64_t i27 = vb33; i27 < vb33 + 8 && i27 < v2; i27++) {
-                            const float v43 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
-                            const float v44 = v43 * v43;
-                            part25 += v44;
-                            const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i27]);
-                            const float v46 = opgen_bf16_to_f32(p_w[i27]);
+                        for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
+                            const float v41 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
+                            const float v42 = v41 * v41;
+                            part23 += v42;
+                            const float v43 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
+                            const float v44 = opgen_bf16_to_f32(p_w[i25]);
+                            const float v45 = v43 * v44;
+                            const float v46 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
                             const float v47 = v45 * v46;
-                            const float v48 = opgen_bf16_to_f32(p_x[ro_x[i19] + i27]);
-                            const float v49 = v47 * v48;
-                            part26 += v49;
+                            part24 += v47;
                         }
                     }
                 }
-                float red50[2] = {part25, part26};
-                opgen_block_reduce_n<0, float, 2>(red50);
-                l21 = red50[0];
-                l23 = red50[1];
+                float red48[2] = {part23, part24};
+                opgen_block_reduce_n<0, float, 2>(red48);
+                l19 = red48[0];
+                l21 = red48[1];
             }
-            const float v51 = l21;
-            l20 = v51;
-            const float v52 = l23;
-            l22 = v52;
-            const bool vok60 = ((uintptr_t)&p_grad_y[ro_grad_y[i19] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i19] + v3] % 8u == 0) && ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i19] + v3] % 8u == 0);
-            for (int64_t vq62 = threadIdx.x; v3 + vq62 * 4 < v2; vq62 += OPGEN_CUDA_THREADS) {
-                const int64_t vb61 = v3 + vq62 * 4;
-                if (vok60 && vb61 + 4 <= v2) {
-                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i19] + vb61];
-                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i19] + vb61];
-                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&l14[vb61];
-                    opgen_vec<uint16_t, 4> vec58 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb61];
-                    opgen_vec<uint16_t, 4> vec59;
+            const float v49 = l19;
+            l18 = v49;
+            const float v50 = l21;
+            l20 = v50;
+            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 8u == 0);
+            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
+                const int64_t vb59 = v3 + vq60 * 4;
+                if (vok58 && vb59 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec53 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i17] + vb59];
+                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
+                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb59];
+                    opgen_vec<uint16_t, 4> vec57;
                     #pragma unroll
-                    for (int vj63 = 0; vj63 < 4; vj63++) {
-                        const float v64 = opgen_bf16_to_f32(vec55.v[vj63]);
-                        const float v65 = opgen_bf16_to_f32(vec56.v[vj63]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l20;
-                        const float v68 = v67 / v11;
-                        const float v69 = v68 + v12;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        vec57.v[vj63] += v71;
-                        const float v72 = opgen_bf16_to_f32(vec58.v[vj63]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l22;
-                        const float v76 = v75 / v11;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        vec59.v[vj63] = opgen_f32_to_bf16(v81);
+                    for (int vj61 = 0; vj61 < 4; vj61++) {
+                        const float v62 = opgen_bf16_to_f32(vec53.v[vj61]);
+                        const float v63 = opgen_bf16_to_f32(vec54.v[vj61]);
+                        const float v64 = v62 * v63;
+                        const float v65 = l18;
+                        const float v66 = v65 / v9;
+                        const float v67 = v66 + v10;
+                        const float v68 = 1.0f / sqrtf(v67);
+                        const float v69 = v64 * v68;
+                        vec55.v[vj61] += v69;
+                        const float v70 = opgen_bf16_to_f32(vec56.v[vj61]);
+                        const float v71 = v62 * v70;
+                        const float v72 = v71 * v68;
+                        const float v73 = l20;
+                        const float v74 = v73 / v9;
+                        const float v75 = v74 * v68;
+                        const float v76 = v75 * v68;
+                        const float v77 = v76 * v68;
+                        const float v78 = v63 * v77;
+                        const float v79 = v72 - v78;
+                        vec57.v[vj61] = opgen_f32_to_bf16(v79);
                     }
-                    *(opgen_vec<float, 4> *)&l14[vb61] = vec57;
-                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i19] + vb61] = vec59;
+                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
                 } else {
-                    for (int64_t i54 = vb61; i54 < vb61 + 4 && i54 < v2; i54++) {
-                        const float v82 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i19] + i54]);
-                        const float v83 = opgen_bf16_to_f32(p_x[ro_x[i19] + i54]);
-                        const float v84 = v82 * v83;
-                        const float v85 = l20;
-                        const float v86 = v85 / v11;
-                        const float v87 = v86 + v12;
-                        const float v88 = 1.0f / sqrtf(v87);
-                        const float v89 = v84 * v88;
-                        l14[i54] += v89;
-                        const float v90 = opgen_bf16_to_f32(p_w[i54]);
-                        const float v91 = v82 * v90;
-                        const float v92 = v91 * v88;
-                        const float v93 = l22;
-                        const float v94 = v93 / v11;
-                        const float v95 = v94 * v88;
-                        const float v96 = v95 * v88;
-                        const float v97 = v96 * v88;
-                        const float v98 = v83 * v97;
-                        const float v99 = v92 - v98;
-                        p_grad_x[ro_grad_x[i19] + i54] = opgen_f32_to_bf16(v99);
+                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
+                        const float v80 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i52]);
+                        const float v81 = opgen_bf16_to_f32(p_x[ro_x[i17] + i52]);
+                        const float v82 = v80 * v81;
+                        const float v83 = l18;
+                        const float v84 = v83 / v9;
+                        const float v85 = v84 + v10;
+                        const float v86 = 1.0f / sqrtf(v85);
+                        const float v87 = v82 * v86;
+                        l12[i52] += v87;
+                        const float v88 = opgen_bf16_to_f32(p_w[i52]);
+                        const float v89 = v80 * v88;
+                        const float v90 = v89 * v86;
+                        const float v91 = l20;
+                        const float v92 = v91 / v9;
+                        const float v93 = v92 * v86;
+                        const float v94 = v93 * v86;
+                        const float v95 = v94 * v86;
+                        const float v96 = v81 * v95;
+                        const float v97 = v90 - v96;
+                        p_grad_x[ro_grad_x[i17] + i52] = opgen_f32_to_bf16(v97);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok104 = ((uintptr_t)&l14[v3] % 16u == 0) && ((uintptr_t)&t1[i13 * d_D + v3] % 16u == 0);
-        for (int64_t vq106 = threadIdx.x; v3 + vq106 * 4 < v2; vq106 += OPGEN_CUDA_THREADS) {
-            const int64_t vb105 = v3 + vq106 * 4;
-            if (vok104 && vb105 + 4 <= v2) {
-                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&l14[vb105];
-                opgen_vec<float, 4> vec103;
+        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
+            const int64_t vb103 = v3 + vq104 * 4;
+            if (vok102 && vb103 + 4 <= v2) {
+                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
+                opgen_vec<float, 4> vec101;
                 #pragma unroll
-                for (int vj107 = 0; vj107 < 4; vj107++) {
-                    const float v108 = vec102.v[vj107];
-                    vec103.v[vj107] = v108;
+                for (int vj105 = 0; vj105 < 4; vj105++) {
+                    const float v106 = vec100.v[vj105];
+                    vec101.v[vj105] = v106;
                 }
-                *(opgen_vec<float, 4> *)&t1[i13 * d_D + vb105] = vec103;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
             } else {
-                for (int64_t i101 = vb105; i101 < vb105 + 4 && i101 < v2; i101++) {
-                    const float v109 = l14[i101];
-                    t1[i13 * d_D + i101] = v109;
+                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
+                    const float v107 = l12[i99];
+                    t1[i11 * d_D + i99] = v107;
                 }
             }
         }
@@ -1161,17 +1123,17 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v110 = 0ll;
-    const int64_t v111 = d_D;
-    const int64_t v112 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i113 < v111; i113 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l114 = (float)0;
-        for (int64_t i115 = v110; i115 < v112; i115++) {
-            const float v116 = t1[i115 * d_D + i113];
-            l114 += v116;
+    const int64_t v108 = d_D;
+    const int64_t v109 = 0ll;
+    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
+    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+        float l112 = (float)0;
+        for (int64_t i113 = v109; i113 < v110; i113++) {
+            const float v114 = t1[i113 * d_D + i111];
+            l112 += v114;
         }
-        const float v117 = l114;
-        p_grad_w[i113] = opgen_f32_to_bf16(v117);
+        const float v115 = l112;
+        p_grad_w[i111] = opgen_f32_to_bf16(v115);
     }
 }
 
@@ -1187,20 +1149,16 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v125 = d_D;
-    const int64_t v126 = 0ll;
-    const bool v127 = v125 == v126;
-    const bool v128 = v125 == v126;
-    const bool v129 = v127 && v128;
-    const int64_t v130 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v131 = v129 ? v126 : v130;
-    const int64_t v132 = 0ll;
-    const int64_t v133 = d_D;
+    const int64_t v121 = d_D;
+    const int64_t v122 = 0ll;
+    const bool v123 = v121 == v122;
+    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v125 = v123 ? v122 : v124;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid134 = opgen_cuda_grid(v131 - v126, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid134 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid135 = opgen_cuda_grid((v133 - v132 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid135 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid135, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid126 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid127 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_u");
 }
 

@@ -12,8 +12,8 @@ builtin.module {
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
     %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
     %9 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = "eq"}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
-    "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = "param"}> : (!opgen.tensor<[], bool>) -> ()
+    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     "opgen.return"(%8) <{names = ["dtable1"]}> : (!opgen.tensor<[N1, D], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "embedding_backward__i2", arg_names = ["dy", "i1", "i2", "alpha1", "alpha2", "dtable1_acc", "dtable2_acc", "dtable1"], dtype_vars = {T = ["f16", "bf16", "f32", "f64"], I = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]}}> ({
@@ -41,8 +41,8 @@ builtin.module {
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
     %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
     %9 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = "eq"}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
-    "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = "param"}> : (!opgen.tensor<[], bool>) -> ()
+    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     "opgen.return"(%8) <{names = ["dtable1"]}> : (!opgen.tensor<[N1, D], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "embedding_backward__i2_dtable2", arg_names = ["dy", "i1", "i2", "alpha1", "alpha2", "dtable1_acc", "dtable2_acc", "dtable1", "dtable2"], dtype_vars = {T = ["f16", "bf16", "f32", "f64"], I = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]}}> ({

@@ -12,7 +12,7 @@ builtin.module {
     %7 = "opgen.broadcast"(%scale_grad_by_freq) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N], bool>
     %8 = "opgen.select"(%7, %6, %4) : (!opgen.tensor<[N], bool>, !opgen.tensor<[N], f32>, !opgen.tensor<[N], f32>) -> !opgen.tensor<[N], f32>
     %9 = "opgen.broadcast"(%padding_idx) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[N], i64>
-    %10 = "opgen.cmp"(%0, %9) <{predicate = "ne"}> : (!opgen.tensor<[N], i64>, !opgen.tensor<[N], i64>) -> !opgen.tensor<[N], bool>
+    %10 = "opgen.cmp"(%0, %9) <{predicate = #opgen<predicate ne>}> : (!opgen.tensor<[N], i64>, !opgen.tensor<[N], i64>) -> !opgen.tensor<[N], bool>
     %11 = "opgen.cast"(%grad) : (!opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], f32>
     %12 = "opgen.broadcast"(%8) <{dims = array<i64: 0>}> : (!opgen.tensor<[N], f32>) -> !opgen.tensor<[N, D], f32>
     %13 = "opgen.mul"(%11, %12) : (!opgen.tensor<[N, D], f32>, !opgen.tensor<[N, D], f32>) -> !opgen.tensor<[N, D], f32>

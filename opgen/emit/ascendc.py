@@ -116,7 +116,7 @@ class AscendPrinter:
         names = [a.data for a in k.arg_names.data]
         self.args = [_Arg(n, a, pidx.get(n, -1)) for n, a in zip(names, k.body.block.args, strict=True)]
         #: the kernel's products on the matrix unit, one Matmul object each (a MIX kernel)
-        self.matmuls = [op for op in k.body.block.walk() if isinstance(op, t.MatmulOp)]
+        self.matmuls = [op for op in k.body.block.walk() if isinstance(op, t.TileMatmulOp)]
 
     # ------------------------------------------------------------------ helpers
     def line(self, text: str) -> None:
@@ -343,7 +343,7 @@ class AscendPrinter:
             self.line(f"{dst}.SetValue({pos}, opgen_bad);")
             self.line(f"DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>"
                       f"({dst}[{pos}]);")
-        elif isinstance(op, t.MatmulOp):
+        elif isinstance(op, t.TileMatmulOp):
             self.matmul(op)
         elif isinstance(op, t.MoveOp):
             dst = self.target(op.result)
@@ -387,7 +387,7 @@ class AscendPrinter:
         self.line("}")
 
     # ------------------------------------------------------------------ the matrix unit
-    def org_shape(self, op: t.MatmulOp, m: str, n: str, k: str, host: bool = False) -> str:
+    def org_shape(self, op: t.TileMatmulOp, m: str, n: str, k: str, host: bool = False) -> str:
         """``orgM, orgN, orgKa, orgKb`` of a product: the operands' leading dims (their views' row
         lengths) where they are stored, the product's extents elsewhere (on the host at least 1:
         the tiling of a product nothing runs)."""
@@ -398,7 +398,7 @@ class AscendPrinter:
         org_n, org_kb = (n, ldb) if op.trans_b.data else (ldb, k)
         return ", ".join(f"(int32_t)({x})" for x in (org_m, org_n, org_ka, org_kb))
 
-    def matmul(self, op: t.MatmulOp) -> None:
+    def matmul(self, op: t.TileMatmulOp) -> None:
         mm = op.sym.data
         m, n, k = (self.name(x) for x in (op.m, op.n, op.k))
         ldc = self._gm_row(t.gm_type(op.c))
@@ -408,7 +408,7 @@ class AscendPrinter:
         self.line(f"{mm}.SetTensorB({self.name(op.b)}[{self.name(op.b_off)}], {_cbool(op.trans_b)});")
         self.line(f"{mm}.IterateAll({self.name(op.c)}[{self.name(op.c_off)}]);")
 
-    def host_matmul(self, op: t.MatmulOp) -> None:
+    def host_matmul(self, op: t.TileMatmulOp) -> None:
         """The Matmul API's tiling of one product (host side), for its largest extents."""
         def ext(x: str) -> str:
             return x if x.isdigit() else f"(d_{x} > 0 ? d_{x} : 1)"
@@ -929,7 +929,7 @@ def op_sources(o: OpDef) -> dict[str, str]:
             '#include "opgen_ascendc_kernel.h"', f'#include "{o.name}_tiling.h"', "", "using namespace AscendC;", ""]
     host = [f"/* {o.name}: host tiling and launchers of the Ascend C kernels, {where} */",
             '#include "opgen_ascendc_rt.h"', f'#include "{o.name}_tiling.h"']
-    if any(isinstance(op, t.MatmulOp) for kl in ks.values() for k in kl for op in k.body.block.walk()):
+    if any(isinstance(op, t.TileMatmulOp) for kl in ks.values() for k in kl for op in k.body.block.walk()):
         tiling.insert(-1, '#include "kernel_tiling/kernel_tiling.h"')
         kern[2:2] = ['#include "lib/matmul_intf.h"']
         kern.insert(-1, "using namespace matmul;")

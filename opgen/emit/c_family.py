@@ -265,7 +265,7 @@ class CPrinter:
             return f"(bool)(({byte} >> ({i} & 7)) & 1)"
         if isinstance(op, s.SegmentStartOp):
             return f"opgen_seg_start({', '.join(args)})"
-        if isinstance(op, s.FlagsOp):
+        if isinstance(op, s.FlagsPerElemOp):
             return "8ll" if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else "1ll"
         if type(op) in self.UNARY_F:
             return f"{self.fmath(self.UNARY_F[type(op)], rt)}({args[0]})"
@@ -337,7 +337,7 @@ class CPrinter:
             else:
                 cmp = ">" if kind == "max" else "<"
                 self.line(f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};")
-        elif isinstance(op, s.FailOp):
+        elif isinstance(op, s.RequireOp):
             st = "OPGEN_ERR_" + {"index": "INDEX", "param": "PARAM", "shape": "SHAPE"}[op.status.data]
             msg = op.message.data.replace('"', "'")
             self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{self.k.sym_name.data}: {msg}");')
@@ -345,7 +345,7 @@ class CPrinter:
             n = self.dim(s.buf_type(op.idx).shape[0])
             self.line(f"opgen_seg_build({self.name(op.idx)}, {n}, {self.name(op.rows)}, "
                       f"{self.name(op.seg)}, {self.name(op.order)});")
-        elif isinstance(op, s.MatmulOp):
+        elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
         elif op.results:
             self.define(op.results[0], self.scalar_expr(op))
@@ -433,7 +433,7 @@ class CPrinter:
         self.depth -= 1
         self.line("}")
 
-    def matmul(self, op: s.MatmulOp) -> None:
+    def matmul(self, op: s.BufferMatmulOp) -> None:
         a, b, c = op.a, op.b, op.c
         ta, tb = (t.data for t in op.trans.data)
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
@@ -540,11 +540,11 @@ class CPrinter:
         if self.pre_name:  # the leading scalar checks, callable before any buffer exists
             lead = []
             for op in self.k.body.block.ops:
-                if isinstance(op, s.ForOp | s.AllocOp | s.SegmentsOp | s.MatmulOp | s.StoreOp | s.AccumOp):
+                if isinstance(op, s.ForOp | s.AllocOp | s.SegmentsOp | s.BufferMatmulOp | s.StoreOp | s.AccumOp):
                     break
                 lead.append(op)
             needed: set[Operation] = set()
-            for check in (op for op in lead if isinstance(op, s.FailOp)):
+            for check in (op for op in lead if isinstance(op, s.RequireOp)):
                 deps: set[Operation] = set()
                 todo: list[Operation] = [check]
                 while todo:  # the check and what it reads

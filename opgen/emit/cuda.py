@@ -72,7 +72,7 @@ class CudaUnsupported(NotImplementedError):
     """The CUDA printer met a loop structure it cannot map safely (never silently wrong)."""
 
 
-def _pure(op: Operation) -> bool:
+def _scalar_value(op: Operation) -> bool:
     """A scalar computation (no side effect): its result is a rank-0 value."""
     return bool(op.results) and isinstance(op.results[0].type, ir.TensorType)
 
@@ -108,7 +108,7 @@ def _register(buf: SSAValue) -> bool:
 
 
 @dataclass
-class Region:
+class WorkspaceRegion:
     """A workspace region: ``kind`` temp (count elements), scratch (count elements per block of
     kernel ``kid``), or cub (radix-sort scratch for ``n`` indices into ``rows`` rows)."""
 
@@ -127,7 +127,7 @@ class Region:
 
 
 @dataclass
-class Group:
+class KernelGroup:
     ops: list[Operation]
     kid: int
     mode: str = "single"  # single | block | flat
@@ -149,9 +149,9 @@ class CudaPrinter(CPrinter):
         self.ctx = "uniform"  # uniform (whole block) | thread (one thread) | flat (grid-strided thread)
         self.owned: tuple[SSAValue, ...] = ()  # loop variables identifying this thread's iteration
         self.private: set[SSAValue] = set()  # scalar locals allocated in the current thread context
-        self.regions: list[Region] = []
+        self.regions: list[WorkspaceRegion] = []
         self.region_of: dict[SSAValue, int] = {}
-        self.group: Group | None = None
+        self.group: KernelGroup | None = None
         self.owned_scratch: set[SSAValue] = set()  # see thread_owned
         self.owned_width: dict[SSAValue, int] = {}  # chunk width of the loops touching an owned buffer
         self.vec_subst: dict[tuple[SSAValue, tuple[SSAValue, ...]], str] = {}  # element -> vector lane
@@ -168,7 +168,7 @@ class CudaPrinter(CPrinter):
             return
         self.line("__syncthreads();")
 
-    def add_region(self, r: Region) -> int:
+    def add_region(self, r: WorkspaceRegion) -> int:
         self.regions.append(r)
         if len(self.regions) > MAX_WS:
             raise CudaUnsupported(f"{self.fn_name}: more than {MAX_WS} workspace regions")
@@ -180,7 +180,7 @@ class CudaPrinter(CPrinter):
     def top_level(self, v: SSAValue) -> Operation | None:
         """The top-level pure op defining ``v`` (None for block arguments and nested values)."""
         op = v.owner
-        if isinstance(op, Operation) and op.parent_op() is self.k and _pure(op):
+        if isinstance(op, Operation) and op.parent_op() is self.k and _scalar_value(op):
             return op
         return None
 
@@ -191,7 +191,7 @@ class CudaPrinter(CPrinter):
         op = self.top_level(v)
         if op is None or isinstance(op, s.LoadOp | s.LoadBitOp):
             return False
-        if isinstance(op, ir.ConstantOp | ir.DimOp | s.FlagsOp):
+        if isinstance(op, ir.ConstantOp | ir.DimOp | s.FlagsPerElemOp):
             return True
         return all(self.host_ok(o, scalars) for o in op.operands)
 
@@ -205,7 +205,7 @@ class CudaPrinter(CPrinter):
             if op is None or op in seen:
                 continue
             seen.add(op)
-            if not isinstance(op, s.FlagsOp):
+            if not isinstance(op, s.FlagsPerElemOp):
                 todo.extend(op.operands)
         return sorted(seen, key=lambda o: self.order[o])
 
@@ -225,7 +225,7 @@ class CudaPrinter(CPrinter):
         for o in _nested(loop):
             if isinstance(o, s.ForOp) and o.kind.data in ("parallel", "reduce"):
                 return True
-            if isinstance(o, s.MatmulOp):
+            if isinstance(o, s.BufferMatmulOp):
                 return True
             if isinstance(o, s.AllocOp) and not _register(o.result):
                 return True
@@ -240,7 +240,7 @@ class CudaPrinter(CPrinter):
         owned: set[SSAValue] = set()
         atomic: set[SSAValue] = set()
         for o in _nested(loop):
-            if isinstance(o, s.MatmulOp | s.SegmentsOp):
+            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
                 return False
             if isinstance(o, s.AllocOp) and not _register(o.result):
                 return False
@@ -264,7 +264,7 @@ class CudaPrinter(CPrinter):
     def thread_mappable(self, loop: s.ForOp) -> bool:
         """The loop's iterations can be spread over the block's threads as they are."""
         for o in _nested(loop):
-            if isinstance(o, s.MatmulOp | s.SegmentsOp):
+            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
                 return False
             if isinstance(o, s.AllocOp) and not _register(o.result):
                 return False
@@ -278,7 +278,7 @@ class CudaPrinter(CPrinter):
         accs: list[s.AccumOp] = []
         kinds: dict[SSAValue, str] = {}
         for o in loop.body.block.ops:
-            if isinstance(o, s.ForOp | s.MatmulOp | s.SegmentsOp | s.AllocOp | s.FailOp | s.StoreOp):
+            if isinstance(o, s.ForOp | s.BufferMatmulOp | s.SegmentsOp | s.AllocOp | s.RequireOp | s.StoreOp):
                 return None
             if isinstance(o, s.AccumOp):
                 if not _register(o.buf) or _inside(o.buf.owner, loop):  # type: ignore[arg-type]
@@ -299,7 +299,7 @@ class CudaPrinter(CPrinter):
             if not ops or not isinstance(ops[-1], s.ForOp) or ops[-1].kind.data != "parallel":
                 break
             inner = ops[-1]
-            if not all(_pure(o) for o in ops[:-1]):
+            if not all(_scalar_value(o) for o in ops[:-1]):
                 break
             if any(_inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
                    for v in (inner.lo, inner.hi)):
@@ -337,7 +337,7 @@ class CudaPrinter(CPrinter):
         sizes: list[int] = []
         stored_shared = False
         for o in lp.body.block.ops:
-            if o.regions or isinstance(o, s.FailOp | s.MatmulOp | s.SegmentsOp):
+            if o.regions or isinstance(o, s.RequireOp | s.BufferMatmulOp | s.SegmentsOp):
                 return 1
             if isinstance(o, s.AllocOp):
                 if not _register(o.result):
@@ -455,7 +455,7 @@ class CudaPrinter(CPrinter):
         self.depth -= 1
         self.line("}")
 
-    def thread_owned(self, g: Group) -> set[SSAValue]:
+    def thread_owned(self, g: KernelGroup) -> set[SSAValue]:
         """Per-block scratch vectors whose element ``e`` only thread ``e % T`` ever touches: every
         access is ``buf[i]`` in a loop over ``[0, n)`` strided over the block's threads (a thread
         loop or a block reduction directly under the block's uniform code), like the zero fill.
@@ -519,7 +519,7 @@ class CudaPrinter(CPrinter):
     def walk(self, ops: Iterator[Operation]) -> None:
         opened = 0
         for op in ops:
-            if isinstance(op, s.FailOp):
+            if isinstance(op, s.RequireOp):
                 self.fail(op)
                 opened += 1
             else:
@@ -528,7 +528,7 @@ class CudaPrinter(CPrinter):
             self.depth -= 1
             self.line("}")
 
-    def fail(self, op: s.FailOp) -> None:
+    def fail(self, op: s.RequireOp) -> None:
         code = f"(unsigned int){STATUS[op.status.data]}"
         who = "if (threadIdx.x == 0) " if self.ctx == "uniform" else ""
         self.line(f"/* {op.message.data.replace('*/', '* /')}: record, skip the rest */")
@@ -544,11 +544,11 @@ class CudaPrinter(CPrinter):
             self.alloc(op)
         elif isinstance(op, s.StoreOp | s.AccumOp):
             self.update(op)
-        elif isinstance(op, s.FailOp):
+        elif isinstance(op, s.RequireOp):
             self.walk(iter([op]))
         elif isinstance(op, s.SegmentsOp):
             raise CudaUnsupported(f"{self.fn_name}: sched.segments inside a loop")
-        elif isinstance(op, s.MatmulOp):
+        elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
         else:
             super().stmt(op)
@@ -598,7 +598,7 @@ class CudaPrinter(CPrinter):
         self.names[op.result] = n
         count = self.count_expr(b)
         before = self.scratch_bytes(self.group.kid)
-        r = self.add_region(Region(ct, count, "scratch", self.group.kid, size=self.size_count(b.shape)))
+        r = self.add_region(WorkspaceRegion(ct, count, "scratch", self.group.kid, size=self.size_count(b.shape)))
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
                   f"(size_t)blockIdx.x * ({count});")
@@ -752,7 +752,7 @@ class CudaPrinter(CPrinter):
         self.line("}")
 
     # ------------------------------------------------------------------ matmul
-    def matmul(self, op: s.MatmulOp) -> None:
+    def matmul(self, op: s.BufferMatmulOp) -> None:
         bufs = [s.buf_type(x) for x in (op.a, op.b, op.c)]
         cts = {self.storage_ctype(t) for t in bufs}
         ta, tb = (t.data for t in op.trans.data)
@@ -791,11 +791,11 @@ class CudaPrinter(CPrinter):
         for o in self.k.walk():
             if isinstance(o, s.StoreOp) and o.buf is buf and not narrow(o.value):
                 return False
-            if isinstance(o, s.AccumOp | s.MatmulOp | s.SegmentsOp) and buf in s.effects(o)[1]:
+            if isinstance(o, s.AccumOp | s.BufferMatmulOp | s.SegmentsOp) and buf in s.effects(o)[1]:
                 return False
         return True
 
-    def matmul_elements(self, op: s.MatmulOp, mode: str) -> None:
+    def matmul_elements(self, op: s.BufferMatmulOp, mode: str) -> None:
         """One output element per iteration, k summed in order: ``seq`` (this thread does all),
         ``block`` (strided over the block's threads) or ``grid`` (over the whole grid)."""
         bufs = [s.buf_type(x) for x in (op.a, op.b, op.c)]
@@ -874,7 +874,7 @@ class CudaPrinter(CPrinter):
             decls.append((f"d_{d}", f"const int64_t d_{d} = dims[{i}];"))
         return _used(decls, body)
 
-    def print_group(self, g: Group) -> str:
+    def print_group(self, g: KernelGroup) -> str:
         """The ``__global__`` kernel of one device group."""
         self.group = g
         self.names = dict(self.arg_names)
@@ -944,38 +944,38 @@ class CudaPrinter(CPrinter):
     def print_instance(self) -> str:
         """Kernels, workspace layout, size function and launcher of this instance."""
         steps: list[tuple[str, object]] = []
-        groups: list[Group] = []
+        groups: list[KernelGroup] = []
         self.names_temp: dict[SSAValue, str] = {}
         cur: list[Operation] = []
         cur_regs: set[SSAValue] = set()
 
         def flush() -> None:
             if cur:
-                g = Group(list(cur), len(groups))
+                g = KernelGroup(list(cur), len(groups))
                 groups.append(g)
                 steps.append(("group", g))
                 cur.clear()
 
         for op in self.top:
-            if _pure(op):
+            if _scalar_value(op):
                 continue
             if isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp":
                 b = s.buf_type(op.result)
                 n = self.fresh("t")
                 self.names_temp[op.result] = n
-                self.region_of[op.result] = self.add_region(Region(self.storage_ctype(b), self.count_expr(b), "temp",
-                                                                   size=self.size_count(b.shape)))
+                self.region_of[op.result] = self.add_region(
+                    WorkspaceRegion(self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)))
                 if op.zero is not None and op.zero.data:
                     flush()
                     steps.append(("memset", op))
                 continue
-            if isinstance(op, s.FailOp) and not cur and self.host_ok(op.cond):
+            if isinstance(op, s.RequireOp) and not cur and self.host_ok(op.cond):
                 steps.append(("check", op))
                 continue
-            if isinstance(op, s.SegmentsOp | s.MatmulOp):
+            if isinstance(op, s.SegmentsOp | s.BufferMatmulOp):
                 flush()
-                if isinstance(op, s.MatmulOp):
-                    g = Group([op], len(groups), "matmul")
+                if isinstance(op, s.BufferMatmulOp):
+                    g = KernelGroup([op], len(groups), "matmul")
                     groups.append(g)
                     steps.append(("group", g))
                 else:
@@ -1015,9 +1015,9 @@ class CudaPrinter(CPrinter):
                 if not self.host_ok(op.rows, scalars=False):
                     raise CudaUnsupported(f"{self.fn_name}: segment rows must follow from dims")
                 n = self.dim(s.buf_type(op.idx).shape[0])
-                rk = self.add_region(Region("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
-                rv = self.add_region(Region("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
-                rt = self.add_region(Region("char", n, "cub", rows=op.rows))
+                rk = self.add_region(WorkspaceRegion("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
+                rv = self.add_region(WorkspaceRegion("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
+                rt = self.add_region(WorkspaceRegion("char", n, "cub", rows=op.rows))
                 seg_regions[op] = (rk, rv, rt)
         # kernels (their scratch regions are registered while printing)
         kernels = []
@@ -1107,12 +1107,12 @@ class CudaPrinter(CPrinter):
                 host_roots.append(x.rows)  # type: ignore[attr-defined]
             elif kind == "group":
                 g = x
-                assert isinstance(g, Group)
+                assert isinstance(g, KernelGroup)
                 if g.loop is not None:
                     host_roots += [g.loop.lo, g.loop.hi]
                 if g.mode == "matmul":
                     mm = g.ops[0]
-                    assert isinstance(mm, s.MatmulOp)
+                    assert isinstance(mm, s.BufferMatmulOp)
                     host_roots += [mm.m, mm.n]
         for v in host_roots:
             if not self.host_ok(v):
@@ -1121,7 +1121,7 @@ class CudaPrinter(CPrinter):
         for kind, x in steps:
             if kind == "check":
                 op = x
-                assert isinstance(op, s.FailOp)
+                assert isinstance(op, s.RequireOp)
                 msg = op.message.data.replace('"', "'")
                 self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS[op.status.data]}, '
                           f'"{self.k.sym_name.data}: {msg}");')
@@ -1146,7 +1146,7 @@ class CudaPrinter(CPrinter):
                 self.line("}")
             else:
                 g = x
-                assert isinstance(g, Group)
+                assert isinstance(g, KernelGroup)
                 k = f"{self.fn_name}_k{g.kid}"
                 if g.mode == "single":
                     sb = self.scratch_bytes(g.kid)
@@ -1174,7 +1174,7 @@ class CudaPrinter(CPrinter):
                         n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
                     else:
                         mm = g.ops[0]
-                        assert isinstance(mm, s.MatmulOp)
+                        assert isinstance(mm, s.BufferMatmulOp)
                         n_expr = f"{self.name(mm.m)} * {self.name(mm.n)}"
                     self.line(f"const int64_t {gv} = opgen_cuda_grid(({n_expr} + OPGEN_CUDA_THREADS - 1) / "
                               "OPGEN_CUDA_THREADS, 0);")
@@ -1201,7 +1201,7 @@ class CudaPrinter(CPrinter):
         return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
                           "\n".join(launcher)]) + "\n"
 
-    def host_checks(self, checks: list[s.FailOp]) -> list[str]:
+    def host_checks(self, checks: list[s.RequireOp]) -> list[str]:
         """Host code returning the status of the first failing check."""
         self.names = dict(self.arg_names)
         self.lines, self.depth = [], 1
@@ -1212,7 +1212,7 @@ class CudaPrinter(CPrinter):
                       f'"{self.k.sym_name.data}: {msg}");')
         return self.lines
 
-    def print_matmul_kernel(self, g: Group) -> str:
+    def print_matmul_kernel(self, g: KernelGroup) -> str:
         self.group = g
         self.names = dict(self.arg_names)
         for v, n in self.names_temp.items():
@@ -1220,7 +1220,7 @@ class CudaPrinter(CPrinter):
         self.lines, self.depth = [], 1
         self.ctx, self.owned, self.private = "flat", (), set()
         op = g.ops[0]
-        assert isinstance(op, s.MatmulOp)
+        assert isinstance(op, s.BufferMatmulOp)
         self.define_ops(self.needed(op.operands))
         self.matmul_elements(op, "grid")
         self.ctx = "uniform"
@@ -1242,7 +1242,7 @@ def op_source(o: OpDef, fuse: bool = True) -> str:
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
     ks = cpu.kernels(o, "cuda", fuse)
     for present, k in ks.items():
-        gemm = any(isinstance(x, s.MatmulOp) for x in k.walk())
+        gemm = any(isinstance(x, s.BufferMatmulOp) for x in k.walk())
         kinfo = cpu.kernel_buf_info(k, info)
         for b in cpu.bindings(k):
             fn = cpu.instance_name(o, present, b)

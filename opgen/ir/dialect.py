@@ -9,9 +9,10 @@ explicitly cast. Each op verifies its own typing rules, beside its definition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+from xdsl.dialect_interfaces.constant_materialization import ConstantMaterializationInterface
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
@@ -23,6 +24,8 @@ from xdsl.dialects.builtin import (
     f64,
     i64,
 )
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.interfaces import HasFolderInterface
 from xdsl.ir import (
     Attribute,
     Block,
@@ -30,6 +33,7 @@ from xdsl.ir import (
     Operation,
     ParametrizedAttribute,
     Region,
+    SpacedOpaqueSyntaxAttribute,
     SSAValue,
     TypeAttribute,
 )
@@ -48,8 +52,9 @@ from xdsl.irdl import (
 from xdsl.parser import AttrParser
 from xdsl.pattern_rewriter import RewritePattern
 from xdsl.printer import Printer
-from xdsl.traits import HasCanonicalizationPatternsTrait, IsolatedFromAbove, IsTerminator, Pure
+from xdsl.traits import ConstantLike, HasCanonicalizationPatternsTrait, IsolatedFromAbove, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 from opgen import dtypes
 
@@ -109,14 +114,36 @@ def _i64s(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, [int(v) for v in values])
 
 
+#: dim functions of the lowered levels' symbolic sizes: ``cdiv(N,32)`` (ceil(N / 32)) and
+#: ``segs(V,N)`` (the words of a segment table, sched.segments)
+DIM_FUNCTIONS = ("cdiv", "segs")
+
+
+def parse_dim(parser: AttrParser) -> str:
+    """One dim of a shape: an integer, an identifier, ``f(a,b)`` of :data:`DIM_FUNCTIONS`, or any
+    of those ``+ k``; returned in the printed spelling (``cdiv(N,32)``, ``N+1``)."""
+    num = parser.parse_optional_integer(allow_boolean=False)
+    if num is not None:
+        return str(num)
+    d = parser.parse_identifier()
+    if d in DIM_FUNCTIONS and parser.parse_optional_punctuation("(") is not None:
+        a = parse_dim(parser)
+        parser.parse_punctuation(",")
+        b = parse_dim(parser)
+        parser.parse_punctuation(")")
+        d = f"{d}({a},{b})"
+    if parser.parse_optional_punctuation("+") is not None:
+        d += f"+{parser.parse_integer(allow_boolean=False)}"
+    return d
+
+
 def parse_shape_and_dtype(parser: AttrParser) -> tuple[ArrayAttr[StringAttr], StringAttr]:
-    """Parse ``[N, D, 1], T`` (dims are identifiers or integers) as used by opgen's types."""
+    """Parse ``[N, D, 1], T`` (dims as :func:`parse_dim` reads them) as used by opgen's types."""
     parser.parse_punctuation("[")
     dims: list[StringAttr] = []
     if parser.parse_optional_punctuation("]") is None:
         while True:
-            num = parser.parse_optional_integer(allow_boolean=False)
-            dims.append(StringAttr(str(num) if num is not None else parser.parse_identifier()))
+            dims.append(StringAttr(parse_dim(parser)))
             if parser.parse_optional_punctuation(",") is None:
                 break
         parser.parse_punctuation("]")
@@ -308,7 +335,22 @@ class ReturnOp(IRDLOperation):
             raise VerifyException("opgen.return: one name per returned value")
 
 
-CHECK_STATUSES = ("param", "shape", "index")
+class Status(StrEnum):
+    """The status a failed run-time check returns (``OPGEN_ERR_<STATUS>`` in the C ABI)."""
+
+    PARAM = "param"
+    SHAPE = "shape"
+    INDEX = "index"
+
+
+@irdl_attr_definition
+class StatusAttr(EnumAttribute[Status], SpacedOpaqueSyntaxAttribute):
+    """``#opgen<status index>`` (also used by the lowered levels' checks)."""
+
+    name = "opgen.status"
+
+
+CHECK_STATUSES = tuple(x.value for x in Status)
 
 
 @irdl_op_definition
@@ -321,30 +363,33 @@ class CheckOp(IRDLOperation):
     name = "opgen.check"
     cond = operand_def(TensorType)
     message = prop_def(StringAttr)
-    status = prop_def(StringAttr)
+    status = prop_def(StatusAttr)
 
     def __init__(self, cond: SSAValue, message: str, status: str = "param"):
+        if status not in CHECK_STATUSES:
+            raise ValueError(f"opgen.check: status must be one of {CHECK_STATUSES}, got {status!r}")
         super().__init__(operands=[cond], properties={
-            "message": StringAttr(message), "status": StringAttr(status)})
+            "message": StringAttr(message), "status": StatusAttr(Status(status))})
 
     def verify_(self) -> None:
         if tensor_type(self.cond).dtype != "bool":
             raise VerifyException("opgen.check: condition must be a bool tensor")
-        if self.status.data not in CHECK_STATUSES:
-            raise VerifyException(f"opgen.check: status must be one of {CHECK_STATUSES}")
 
 
 # ------------------------------------------------------------------------- leaf values
 
 
 @irdl_op_definition
-class ConstantOp(IRDLOperation):
-    """A scalar literal."""
+class ConstantOp(IRDLOperation, HasFolderInterface):
+    """A scalar literal (``IntegerAttr`` for integer and bool dtypes, ``FloatAttr`` otherwise)."""
 
     name = "opgen.constant"
     value = prop_def(FloatAttr | IntegerAttr)
     result = result_def(TensorType)
-    traits = traits_def(Pure())
+    traits = traits_def(Pure(), ConstantLike())
+
+    def fold(self) -> Sequence[SSAValue | Attribute]:
+        return (self.value,)
 
     def __init__(self, value: float | int | bool, dtype: str):
         if dtype in ("bool",) or (dtype in dtypes.BY_NAME and dtypes.BY_NAME[dtype].is_int):
@@ -501,7 +546,7 @@ class SigmoidOp(UnaryOp):
 
 
 @irdl_op_definition
-class NotOp(UnaryOp):
+class NotOp(UnaryOp, HasFolderInterface):
     name = "opgen.not"
     FLOAT_ONLY: ClassVar[bool] = False
 
@@ -510,15 +555,58 @@ class NotOp(UnaryOp):
         if tensor_type(self.x).dtype != "bool":
             raise VerifyException("opgen.not: operand must be bool")
 
+    def fold(self) -> Sequence[SSAValue | Attribute] | None:
+        x = constant_int(self.x)
+        return None if x is None else (IntegerAttr(int(not x), i64),)
 
-class BinaryOp(ElementwiseOp):
-    """``result = lhs (op) rhs`` on equal shapes and equal dtypes (the tracer inserts casts)."""
+
+def constant_int(v: SSAValue) -> int | None:
+    """The value of a scalar integer or bool constant (None for anything else: floats never
+    fold, their rounding is the targets')."""
+    c = ConstantLike.get_constant_value(v)
+    t = v.type
+    if isinstance(c, IntegerAttr) and isinstance(t, TensorType) and t.rank == 0 and t.dtype in dtypes.BY_NAME:
+        return c.value.data
+    return None
+
+
+def fits(x: int, dtype: str) -> bool:
+    """``x`` is a value of the integer or bool ``dtype`` (no wrap-around to fold)."""
+    d = dtypes.by_name(dtype)
+    if d.is_bool:
+        return x in (0, 1)
+    lo, hi = (0, 2**d.bits - 1) if d.kind == "uint" else (-(2 ** (d.bits - 1)), 2 ** (d.bits - 1) - 1)
+    return lo <= x <= hi
+
+
+class BinaryOp(ElementwiseOp, HasFolderInterface):
+    """``result = lhs (op) rhs`` on equal shapes and equal dtypes (the tracer inserts casts).
+
+    Folds integer and bool scalar constants with ``EVAL`` when the result is a value of the
+    result dtype (no wrap-around), and ``x (op) x`` to ``x`` for ``IDEMPOTENT`` ops."""
 
     lhs = operand_def(TensorType)
     rhs = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint"}
+    EVAL: ClassVar[Callable[[int, int], int] | None] = None
+    IDEMPOTENT: ClassVar[bool] = False
+
+    def evaluate(self, a: int, b: int) -> int | None:
+        """The folded value of ``a (op) b`` (None: do not fold)."""
+        return None if self.EVAL is None else self.EVAL(a, b)
+
+    def fold(self) -> Sequence[SSAValue | Attribute] | None:
+        if self.IDEMPOTENT and self.lhs is self.rhs:
+            return (self.lhs,)
+        a, b = constant_int(self.lhs), constant_int(self.rhs)
+        if a is None or b is None:
+            return None
+        r = self.evaluate(a, b)
+        if r is None or not fits(r, tensor_type(self.result).dtype):
+            return None
+        return (IntegerAttr(r, i64),)
 
     def __init__(self, lhs: SSAValue, rhs: SSAValue):
         super().__init__(operands=[lhs, rhs], result_types=[self.result_type_for(lhs, rhs)])
@@ -542,16 +630,19 @@ class BinaryOp(ElementwiseOp):
 @irdl_op_definition
 class AddOp(BinaryOp):
     name = "opgen.add"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a + b)
 
 
 @irdl_op_definition
 class SubOp(BinaryOp):
     name = "opgen.sub"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a - b)
 
 
 @irdl_op_definition
 class MulOp(BinaryOp):
     name = "opgen.mul"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a * b)
 
 
 @irdl_op_definition
@@ -564,11 +655,15 @@ class DivOp(BinaryOp):
 @irdl_op_definition
 class MaxOp(BinaryOp):
     name = "opgen.max"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(max)
+    IDEMPOTENT: ClassVar[bool] = True
 
 
 @irdl_op_definition
 class MinOp(BinaryOp):
     name = "opgen.min"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(min)
+    IDEMPOTENT: ClassVar[bool] = True
 
 
 @irdl_op_definition
@@ -581,15 +676,37 @@ class PowOp(BinaryOp):
 class AndOp(BinaryOp):
     name = "opgen.and"
     OPERAND_KINDS: ClassVar[set[str]] = {"bool"}
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a & b)
+    IDEMPOTENT: ClassVar[bool] = True
 
 
 @irdl_op_definition
 class OrOp(BinaryOp):
     name = "opgen.or"
     OPERAND_KINDS: ClassVar[set[str]] = {"bool"}
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a | b)
+    IDEMPOTENT: ClassVar[bool] = True
 
 
-CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
+class CmpPredicate(StrEnum):
+    """What ``opgen.cmp`` compares."""
+
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+
+
+@irdl_attr_definition
+class CmpPredicateAttr(EnumAttribute[CmpPredicate], SpacedOpaqueSyntaxAttribute):
+    """``#opgen<predicate lt>``."""
+
+    name = "opgen.predicate"
+
+
+CMP_PREDICATES = tuple(x.value for x in CmpPredicate)
 
 
 @irdl_op_definition
@@ -597,26 +714,32 @@ class CmpOp(BinaryOp):
     """Comparison producing bool; ``predicate`` is one of eq, ne, lt, le, gt, ge."""
 
     name = "opgen.cmp"
-    predicate = prop_def(StringAttr)
+    predicate = prop_def(CmpPredicateAttr)
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint", "bool"}
 
     def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
-        IRDLOperation.__init__(self, operands=[lhs, rhs], properties={"predicate": StringAttr(predicate)},
+        if predicate not in CMP_PREDICATES:
+            raise ValueError(f"opgen.cmp: unknown predicate {predicate!r}")
+        IRDLOperation.__init__(self, operands=[lhs, rhs],
+                               properties={"predicate": CmpPredicateAttr(CmpPredicate(predicate))},
                                result_types=[self.result_type_for(lhs, rhs)])
 
     @classmethod
     def result_type_for(cls, lhs: SSAValue, rhs: SSAValue) -> TensorType:
         return TensorType.make(tensor_type(lhs).shape, "bool")
 
+    def evaluate(self, a: int, b: int) -> int:
+        p = self.predicate.data
+        return int({"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[p])
+
     def verify_(self) -> None:
         super().verify_()
-        if self.predicate.data not in CMP_PREDICATES:
-            raise VerifyException(f"opgen.cmp: unknown predicate {self.predicate.data!r}")
 
 
 @irdl_op_definition
-class SelectOp(ElementwiseOp):
-    """``cond ? a : b`` elementwise."""
+class SelectOp(ElementwiseOp, HasFolderInterface):
+    """``cond ? a : b`` elementwise (folds to a branch when ``cond`` is a scalar constant or
+    both branches are the same value)."""
 
     name = "opgen.select"
     cond = operand_def(TensorType)
@@ -627,6 +750,14 @@ class SelectOp(ElementwiseOp):
 
     def __init__(self, cond: SSAValue, a: SSAValue, b: SSAValue):
         super().__init__(operands=[cond, a, b], result_types=[tensor_type(a)])
+
+    def fold(self) -> Sequence[SSAValue | Attribute] | None:
+        if self.a is self.b:
+            return (self.a,)
+        c = constant_int(self.cond)
+        if c is None or self.a.type != self.result.type or self.b.type != self.result.type:
+            return None
+        return (self.a if c else self.b,)
 
     def verify_(self) -> None:
         super().verify_()
@@ -715,7 +846,22 @@ class TransposeOp(IRDLOperation):
             raise VerifyException("opgen.transpose: wrong result type")
 
 
-REDUCE_KINDS = ("sum", "max", "min")
+class ReduceKind(StrEnum):
+    """How ``opgen.reduce`` (and the lowered levels' accumulations) combine values."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+@irdl_attr_definition
+class ReduceKindAttr(EnumAttribute[ReduceKind], SpacedOpaqueSyntaxAttribute):
+    """``#opgen<reduce_kind sum>``."""
+
+    name = "opgen.reduce_kind"
+
+
+REDUCE_KINDS = tuple(x.value for x in ReduceKind)
 
 
 @irdl_op_definition
@@ -725,7 +871,7 @@ class ReduceOp(IRDLOperation):
 
     name = "opgen.reduce"
     x = operand_def(TensorType)
-    kind = prop_def(StringAttr)
+    kind = prop_def(ReduceKindAttr)
     axes = prop_def(DenseArrayBase)
     result = result_def(TensorType)
     traits = traits_def(Pure())
@@ -733,7 +879,9 @@ class ReduceOp(IRDLOperation):
     def __init__(self, x: SSAValue, kind: str, axes: Sequence[int]):
         t = tensor_type(x)
         keep = [d for i, d in enumerate(t.shape) if i not in axes]
-        super().__init__(operands=[x], properties={"kind": StringAttr(kind),
+        if kind not in REDUCE_KINDS:
+            raise ValueError(f"opgen.reduce: unknown kind {kind!r}")
+        super().__init__(operands=[x], properties={"kind": ReduceKindAttr(ReduceKind(kind)),
                                                    "axes": _i64s(sorted(axes))},
                          result_types=[TensorType.make(keep, t.dtype)])
 
@@ -743,8 +891,6 @@ class ReduceOp(IRDLOperation):
 
     def verify_(self) -> None:
         t = tensor_type(self.x)
-        if self.kind.data not in REDUCE_KINDS:
-            raise VerifyException(f"opgen.reduce: unknown kind {self.kind.data!r}")
         ax = self.axis_list
         if not ax or len(set(ax)) != len(ax) or any(not 0 <= a < t.rank for a in ax):
             raise VerifyException(f"opgen.reduce: bad axes {list(ax)} for rank {t.rank}")
@@ -883,13 +1029,23 @@ class UnpackBitsOp(IRDLOperation):
             raise VerifyException(f"opgen.unpack_bits: packed mask must be u8 or bool, got {p.dtype}")
 
 
+class _MaterializeConstant(ConstantMaterializationInterface):
+    """A folded scalar as an ``opgen.constant`` of the folded op's result type."""
+
+    def materialize_constant(self, value: Attribute, type: Attribute) -> Operation | None:  # noqa: A002 (xDSL's name)
+        if not isinstance(value, IntegerAttr | FloatAttr) or not isinstance(type, TensorType) or type.rank:
+            return None
+        return ConstantOp.create(properties={"value": value}, result_types=[type])
+
+
 Opgen = Dialect(
     "opgen",
     [FuncOp, ReturnOp, CheckOp, ConstantOp, DimOp, FullOp, IotaOp,
      NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, NotOp,
      AddOp, SubOp, MulOp, DivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
      BroadcastOp, TransposeOp, ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
-    [TensorType],
+    [TensorType, StatusAttr, CmpPredicateAttr, ReduceKindAttr],
+    [_MaterializeConstant()],
 )
 
 

@@ -33,7 +33,7 @@ def _uses(op: Operation) -> set[SSAValue]:
     return {v for o in op.walk() for v in o.operands}
 
 
-def _pure(op: Operation) -> bool:
+def _scalar_code(op: Operation) -> bool:
     return (bool(op.results) and isinstance(op.results[0].type, TensorType)
             and not isinstance(op, s.LoadOp | s.LoadBitOp) and not op.regions)
 
@@ -44,7 +44,7 @@ def _simple_reduction(loop: Operation) -> bool:
     for o in loop.walk():
         if o is loop:
             continue
-        if isinstance(o, s.ForOp | s.MatmulOp | s.FailOp | s.SegmentsOp | s.AllocOp):
+        if isinstance(o, s.ForOp | s.BufferMatmulOp | s.RequireOp | s.SegmentsOp | s.AllocOp):
             return False
         if isinstance(o, s.StoreOp):
             return False
@@ -67,10 +67,10 @@ def _try_fuse(a: s.ForOp, b: s.ForOp, between: list[Operation]) -> bool:
     below: list[Operation] = []
     moved_below: set[SSAValue] = set()
     for op in between:
-        if isinstance(op, s.AllocOp) or (_pure(op) and not set(op.operands) & moved_below):
+        if isinstance(op, s.AllocOp) or (_scalar_code(op) and not set(op.operands) & moved_below):
             above.append(op)
             continue
-        if op.regions or isinstance(op, s.FailOp | s.MatmulOp | s.SegmentsOp):
+        if op.regions or isinstance(op, s.RequireOp | s.BufferMatmulOp | s.SegmentsOp):
             return False
         r, w = s.effects(op)
         if w & (rb | wb) or r & wb:

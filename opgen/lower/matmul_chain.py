@@ -114,7 +114,7 @@ class MatmulChainLowering(_Lowering):
         t = self.local(b, shape, ir.tensor_type(ch.p.result).dtype if ch.p else gdt)
         if ch.p is not None:
             k = b.dim(ir.tensor_type(ch.p.lhs).shape[1])
-            b.stmt(s.MatmulOp(a_blk, b_blk, t, rows, cols, k, False, True))  # type: ignore[arg-type]
+            b.stmt(s.BufferMatmulOp(a_blk, b_blk, t, rows, cols, k, False, True))  # type: ignore[arg-type]
         g_t = self.local(b, shape, gdt)
 
         def g_at(r: SSAValue, c: SSAValue) -> SSAValue:
@@ -209,7 +209,7 @@ class MatmulChainLowering(_Lowering):
                 blk = self.load_rows(b, mm.rhs, x0, xn, other[1], False)
             h = b.dim(ir.tensor_type(mm.result).shape[1])
             # own rows of the product: G @ blk (by rows) or G^T @ blk (by columns)
-            b.stmt(s.MatmulOp(g_t, blk, acc, on, h, xn, not by_rows, False, True))
+            b.stmt(s.BufferMatmulOp(g_t, blk, acc, on, h, xn, not by_rows, False, True))
         b.close()
         for (name, v, mm), acc in zip(outs, accs, strict=True):
             self.store_rows(b, name, v, mm, acc, o0, on)

@@ -25,7 +25,7 @@ CHUNK = 32  # rows per partial of a column reduction
 
 
 @dataclass
-class Group:
+class RowGroup:
     dim: str
     outputs: list[tuple[str, SSAValue]] = field(default_factory=list)
     colreds: list[tuple[str, ir.ReduceOp]] = field(default_factory=list)
@@ -75,17 +75,17 @@ class RowGroupLowering(_Lowering):
                     todo.append(o)
         return out
 
-    def plan(self) -> list[Group]:
+    def plan(self) -> list[RowGroup]:
         names = [n.data for n in self.ret.names.data]
-        groups: dict[str, Group] = {}
+        groups: dict[str, RowGroup] = {}
         for name, v in zip(names, self.ret.values, strict=True):
             t = ir.tensor_type(v)
             op = v.owner
             if isinstance(op, ir.ReduceOp) and op.axis_list == (0,) and op.kind.data == "sum":
                 x = ir.tensor_type(op.x).shape[0]
-                groups.setdefault(x, Group(x)).colreds.append((name, op))
+                groups.setdefault(x, RowGroup(x)).colreds.append((name, op))
             elif t.rank >= 1 and not isinstance(op, ir.MatmulOp):
-                groups.setdefault(t.shape[0], Group(t.shape[0])).outputs.append((name, v))
+                groups.setdefault(t.shape[0], RowGroup(t.shape[0])).outputs.append((name, v))
             else:
                 raise NotFusable("output outside any row group")
         members_of: dict[SSAValue, str] = {}
@@ -148,7 +148,7 @@ class RowGroupLowering(_Lowering):
         names = [a.data for a in self.func.arg_names.data]
         return self.kblock.args[names.index(name)]
 
-    def lower_group(self, g: Group) -> None:
+    def lower_group(self, g: RowGroup) -> None:
         b = _Builder(self.kblock)
         x_dim = g.dim
         # no row does anything when every member's row is empty

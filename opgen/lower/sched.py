@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import (
     Attribute,
     Block,
@@ -21,6 +22,7 @@ from xdsl.ir import (
     Operation,
     ParametrizedAttribute,
     Region,
+    SpacedOpaqueSyntaxAttribute,
     SSAValue,
     TypeAttribute,
 )
@@ -38,11 +40,24 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
-from xdsl.traits import IsolatedFromAbove, NoTerminator
+from xdsl.traits import (
+    IsolatedFromAbove,
+    MemoryAllocEffect,
+    MemoryReadEffect,
+    MemoryWriteEffect,
+    NoTerminator,
+    Pure,
+    RecursiveMemoryEffect,
+)
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 from opgen import dtypes
 from opgen.ir.dialect import (
+    ReduceKind,
+    ReduceKindAttr,
+    Status,
+    StatusAttr,
     SymbolicShape,
     TensorType,
     converted_params,
@@ -52,6 +67,26 @@ from opgen.ir.dialect import (
 )
 
 INDEX = TensorType.make([], "i64")
+
+
+class LoopKind(StrEnum):
+    """How a ``sched.for``'s iterations relate: independent (``parallel``), in order
+    (``serial``), or combined into accumulators in a fixed order (``reduce``)."""
+
+    PARALLEL = "parallel"
+    SERIAL = "serial"
+    REDUCE = "reduce"
+
+
+@irdl_attr_definition
+class LoopKindAttr(EnumAttribute[LoopKind], SpacedOpaqueSyntaxAttribute):
+    name = "sched.loop_kind"
+
+
+def _scalar(op: IRDLOperation, v: SSAValue, dtype: str, what: str) -> None:
+    t = v.type
+    if not isinstance(t, TensorType) or t.rank != 0 or t.dtype != dtype:
+        raise VerifyException(f"{op.name}: {what} must be a rank-0 {dtype} value, got {t}")
 
 BUF_ROLES = ("in", "out", "temp", "local")
 
@@ -97,6 +132,19 @@ def buf_type(v: SSAValue) -> BufType:
     if not isinstance(t, BufType):
         raise VerifyException(f"expected a !sched.buf, got {t}")
     return t
+
+
+def _check_mask(op: IRDLOperation, buf: SSAValue) -> None:
+    b = buf_type(buf)
+    if b.rank != 1:
+        raise VerifyException(f"{op.name}: the mask must be a 1-D buffer, got {b}")
+
+
+def _check_value(op: StoreOp | AccumOp) -> None:
+    """The stored value is a scalar (held in any compute type; the store rounds it)."""
+    t = op.value.type
+    if not isinstance(t, TensorType) or t.rank != 0:
+        raise VerifyException(f"{op.name}: the value must be a rank-0 scalar, got {t}")
 
 
 def _check_indices(op: IRDLOperation, buf: SSAValue, idx: Sequence[SSAValue]) -> None:
@@ -163,7 +211,7 @@ class AllocOp(IRDLOperation):
     name = "sched.alloc"
     result = result_def(BufType)
     zero = opt_prop_def(IntAttr)
-    traits = traits_def()
+    traits = traits_def(MemoryAllocEffect())
 
     def __init__(self, t: BufType, zero: bool = False):
         super().__init__(result_types=[t], properties={"zero": IntAttr(int(zero))})
@@ -173,9 +221,6 @@ class AllocOp(IRDLOperation):
             raise VerifyException("sched.alloc: only temp/local buffers are allocated")
 
 
-LOOP_KINDS = ("parallel", "serial", "reduce")
-
-
 @irdl_op_definition
 class ForOp(IRDLOperation):
     """``for i in [lo, hi)``: the region's block argument is ``i``."""
@@ -183,14 +228,14 @@ class ForOp(IRDLOperation):
     name = "sched.for"
     lo = operand_def(TensorType)
     hi = operand_def(TensorType)
-    kind = prop_def(StringAttr)
+    kind = prop_def(LoopKindAttr)
     body = region_def("single_block")
-    traits = traits_def(NoTerminator())
+    traits = traits_def(NoTerminator(), RecursiveMemoryEffect())
 
     def __init__(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str = "i"):
         block = Block(arg_types=[INDEX])
         block.args[0].name_hint = hint
-        super().__init__(operands=[lo, hi], properties={"kind": StringAttr(kind)},
+        super().__init__(operands=[lo, hi], properties={"kind": LoopKindAttr(LoopKind(kind))},
                          regions=[Region(block)])
 
     @property
@@ -198,10 +243,10 @@ class ForOp(IRDLOperation):
         return self.body.block.args[0]
 
     def verify_(self) -> None:
-        if self.kind.data not in LOOP_KINDS:
-            raise VerifyException(f"sched.for: kind must be one of {LOOP_KINDS}")
         if tensor_type(self.lo) != INDEX or tensor_type(self.hi) != INDEX:
             raise VerifyException("sched.for: bounds must be i64 scalars")
+        if self.iv.type != INDEX:
+            raise VerifyException("sched.for: the induction variable must be an i64 scalar")
 
 
 @irdl_op_definition
@@ -212,12 +257,14 @@ class LoadOp(IRDLOperation):
     buf = operand_def(BufType)
     idx = var_operand_def(TensorType)
     result = result_def(TensorType)
+    traits = traits_def(MemoryReadEffect())
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue]):
         super().__init__(operands=[buf, idx], result_types=[TensorType.make([], buf_type(buf).dtype)])
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
+        _scalar(self, self.result, buf_type(self.buf).dtype, "the result")
 
 
 @irdl_op_definition
@@ -228,21 +275,32 @@ class LoadBitOp(IRDLOperation):
     buf = operand_def(BufType)
     i = operand_def(TensorType)
     result = result_def(TensorType)
+    traits = traits_def(MemoryReadEffect())
 
     def __init__(self, buf: SSAValue, i: SSAValue):
         super().__init__(operands=[buf, i], result_types=[TensorType.make([], "bool")])
 
+    def verify_(self) -> None:
+        _check_mask(self, self.buf)
+        _scalar(self, self.i, "i64", "the flag number")
+        _scalar(self, self.result, "bool", "the result")
+
 
 @irdl_op_definition
-class FlagsOp(IRDLOperation):
+class FlagsPerElemOp(IRDLOperation):
     """Flags held per element of a mask buffer: 8 for u8 (bit-packed), 1 for bool."""
 
     name = "sched.flags_per_elem"
     buf = operand_def(BufType)
     result = result_def(TensorType)
+    traits = traits_def(Pure())  # (a property of the buffer's dtype, bound per instance)
 
     def __init__(self, buf: SSAValue):
         super().__init__(operands=[buf], result_types=[INDEX])
+
+    def verify_(self) -> None:
+        _check_mask(self, self.buf)
+        _scalar(self, self.result, "i64", "the result")
 
 
 @irdl_op_definition
@@ -253,12 +311,14 @@ class StoreOp(IRDLOperation):
     value = operand_def(TensorType)
     buf = operand_def(BufType)
     idx = var_operand_def(TensorType)
+    traits = traits_def(MemoryWriteEffect())
 
     def __init__(self, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
         super().__init__(operands=[value, buf, idx])
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
+        _check_value(self)
 
 
 @irdl_op_definition
@@ -269,13 +329,15 @@ class AccumOp(IRDLOperation):
     value = operand_def(TensorType)
     buf = operand_def(BufType)
     idx = var_operand_def(TensorType)
-    kind = prop_def(StringAttr)
+    kind = prop_def(ReduceKindAttr)
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, kind: str, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
-        super().__init__(operands=[value, buf, idx], properties={"kind": StringAttr(kind)})
+        super().__init__(operands=[value, buf, idx], properties={"kind": ReduceKindAttr(ReduceKind(kind))})
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
+        _check_value(self)
 
 
 @irdl_op_definition
@@ -292,6 +354,7 @@ class SegmentsOp(IRDLOperation):
     seg = operand_def(BufType)
     order = operand_def(BufType)
     rows = operand_def(TensorType)
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, idx: SSAValue, seg: SSAValue, order: SSAValue, rows: SSAValue):
         super().__init__(operands=[idx, seg, order, rows])
@@ -300,6 +363,11 @@ class SegmentsOp(IRDLOperation):
         shape = buf_type(self.seg).shape
         if len(shape) != 1 or not shape[0].startswith("segs("):
             raise VerifyException("sched.segments: seg must be a 1-D buffer of segs(rows, n) words")
+        for name, v in (("idx", self.idx), ("seg", self.seg), ("order", self.order)):
+            b = buf_type(v)
+            if b.rank != 1 or b.dtype != "i64":
+                raise VerifyException(f"sched.segments: {name} must be a 1-D i64 buffer, got {b}")
+        _scalar(self, self.rows, "i64", "rows")
 
 
 @irdl_op_definition
@@ -314,27 +382,37 @@ class SegmentStartOp(IRDLOperation):
     rows = operand_def(TensorType)
     n = operand_def(TensorType)
     result = result_def(TensorType)
+    traits = traits_def(MemoryReadEffect())
 
     def __init__(self, seg: SSAValue, v: SSAValue, rows: SSAValue, n: SSAValue):
         super().__init__(operands=[seg, v, rows, n], result_types=[INDEX])
 
+    def verify_(self) -> None:
+        for what, x in (("v", self.v), ("rows", self.rows), ("n", self.n), ("the result", self.result)):
+            _scalar(self, x, "i64", what)
+
 
 @irdl_op_definition
-class FailOp(IRDLOperation):
+class RequireOp(IRDLOperation):
     """Return ``status`` from the kernel when ``cond`` is false (before any output is written)."""
 
     name = "sched.require"
     cond = operand_def(TensorType)
-    status = prop_def(StringAttr)
+    status = prop_def(StatusAttr)
     message = prop_def(StringAttr)
+    #: it may end the kernel: nothing moves across it, as across a write
+    traits = traits_def(MemoryWriteEffect())
 
     def __init__(self, cond: SSAValue, status: str, message: str):
-        super().__init__(operands=[cond], properties={"status": StringAttr(status),
+        super().__init__(operands=[cond], properties={"status": StatusAttr(Status(status)),
                                                       "message": StringAttr(message)})
+
+    def verify_(self) -> None:
+        _scalar(self, self.cond, "bool", "the condition")
 
 
 @irdl_op_definition
-class MatmulOp(IRDLOperation):
+class BufferMatmulOp(IRDLOperation):
     """``C[:m, :n] (= | +=) op(A)[:m, :k] @ op(B)[:k, :n]`` on 2-D buffers (``trans`` per operand;
     ``accumulate`` adds to C). Accumulation is in the compute type, in a fixed k order."""
 
@@ -347,6 +425,7 @@ class MatmulOp(IRDLOperation):
     k = operand_def(TensorType)
     trans = prop_def(ArrayAttr[IntAttr])
     accumulate = prop_def(IntAttr)
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
                  trans_a: bool, trans_b: bool, accumulate: bool = False):
@@ -358,6 +437,10 @@ class MatmulOp(IRDLOperation):
         for v in (self.a, self.b, self.c):
             if buf_type(v).rank != 2:
                 raise VerifyException("sched.matmul: operands must be 2-D buffers")
+        for what, x in (("m", self.m), ("n", self.n), ("k", self.k)):
+            _scalar(self, x, "i64", what)
+        if len(self.trans.data) != 2:
+            raise VerifyException("sched.matmul: trans must give one flag per operand (A, B)")
 
 
 def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
@@ -371,7 +454,7 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
             reads.add(o.seg)
         elif isinstance(o, StoreOp | AccumOp):
             writes.add(o.buf)
-        elif isinstance(o, MatmulOp):
+        elif isinstance(o, BufferMatmulOp):
             reads |= {o.a, o.b, o.c}
             writes.add(o.c)
         elif isinstance(o, SegmentsOp):
@@ -380,5 +463,6 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     return reads, writes
 
 
-Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsOp, StoreOp, AccumOp, SegmentsOp,
-                          SegmentStartOp, FailOp, MatmulOp], [BufType])
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp,
+                          SegmentStartOp, RequireOp, BufferMatmulOp],
+                [BufType, LoopKindAttr])

@@ -321,7 +321,7 @@ class _Lowering:
         for r in rows:
             ok = b.scalar(ir.AndOp(b.scalar(ir.CmpOp("ge", val, zero)),
                                    b.scalar(ir.CmpOp("lt", val, b.dim(r)))))
-            b.stmt(s.FailOp(ok, "index", f"index out of range [0, {r})"))
+            b.stmt(s.RequireOp(ok, "index", f"index out of range [0, {r})"))
         b.stmt(s.StoreOp(val, alloc.result, ivs))
         b.close_n(len(ivs))
 
@@ -422,7 +422,7 @@ class _Lowering:
         b = _Builder(self.kblock)
         m, n = ir.tensor_type(op.result).shape
         k = ir.tensor_type(op.lhs).shape[1]
-        self.kblock.add_op(s.MatmulOp(a, bb, dst, b.dim(m), b.dim(n), b.dim(k), ta, tb))
+        self.kblock.add_op(s.BufferMatmulOp(a, bb, dst, b.dim(m), b.dim(n), b.dim(k), ta, tb))
 
     # ------------------------------------------------------------------ driver
     def _reads(self, v: SSAValue) -> tuple[bool, bool]:
@@ -467,7 +467,7 @@ class _Lowering:
         """Fail with the check's status unless every element of its condition holds."""
         b = _Builder(self.kblock)
         ivs = b.loops(ir.tensor_type(op.cond).shape, "serial", "c")
-        b.stmt(s.FailOp(self.emit(b, op.cond, ivs), op.status.data, op.message.data))
+        b.stmt(s.RequireOp(self.emit(b, op.cond, ivs), op.status.data, op.message.data))
         b.close_n(len(ivs))
 
     def prologue(self) -> None:
@@ -480,7 +480,7 @@ class _Lowering:
             if isinstance(op, ir.CheckOp):
                 data, late = self._reads(op.cond)
                 if not data:
-                    b.stmt(s.FailOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
+                    b.stmt(s.RequireOp(self.emit(b, op.cond, []), op.status.data, op.message.data))
                 elif not late:
                     data_checks.append(op)
             if isinstance(op, ir.UnpackBitsOp):
@@ -527,10 +527,10 @@ class _Lowering:
     def _mask_check(self, b: _Builder, op: ir.UnpackBitsOp) -> None:
         p = ir.tensor_type(op.packed)
         n = ir.tensor_type(op.result).shape[0]
-        flags = b.scalar(s.FlagsOp(self.buf[op.packed]))
+        flags = b.scalar(s.FlagsPerElemOp(self.buf[op.packed]))
         have = b.scalar(ir.MulOp(b.dim(p.shape[0]), flags))
         ok = b.scalar(ir.CmpOp("ge", have, b.dim(n)))
-        b.stmt(s.FailOp(ok, "shape", f"mask must hold at least {n} flags"))
+        b.stmt(s.RequireOp(ok, "shape", f"mask must hold at least {n} flags"))
 
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]

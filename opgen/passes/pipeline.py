@@ -40,12 +40,14 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # printer maps the outermost parallel loop to OpenMP
     # and splits reductions into fixed lanes (opgen/emit/cpu.py). Index and mask parameters are
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
-    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions()],
+    "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
+            CanonicalizePass()],
     # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
     # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
     # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
-    "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions()],
+    "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
+             CanonicalizePass()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
@@ -78,9 +80,20 @@ def context() -> Context:
     return ctx
 
 
+def _pass_stages(target: str) -> list[str]:
+    """One stage name per pass: the pass's name, ``-2``, ``-3``... when it runs again."""
+    seen: dict[str, int] = {}
+    names = []
+    for p in PIPELINES[target]:
+        seen[p.name] = seen.get(p.name, 0) + 1
+        names.append(p.name if seen[p.name] == 1 else f"{p.name}-{seen[p.name]}")
+    return names
+
+
 def stages(target: str) -> list[str]:
-    """Stage names of a target's pipeline: ``traced`` then one per pass."""
-    return ["traced", *(p.name for p in PIPELINES[target])]
+    """Stage names of a target's pipeline: ``traced`` then one per pass (a pass that runs again
+    is ``NAME-2``, ``NAME-3``...)."""
+    return ["traced", *_pass_stages(target)]
 
 
 def verify_each_default() -> bool:
@@ -108,22 +121,22 @@ def run(module: ModuleOp, target: str = "l0", until: str | None = None,
     if until == "traced":
         return module
     each = verify_each_default() if verify_each is None else verify_each
-    passes = PIPELINES[target]
-    last = passes[-1].name if until is None else until
-    for p in passes:
+    names = _pass_stages(target)
+    last = names[-1] if until is None else until
+    for p, name in zip(PIPELINES[target], names, strict=True):
         try:
             p.apply(ctx, module)
-            if each or p.name == last or observe:
+            if each or name == last or observe:
                 module.verify()
         except VerifyException as e:
-            if not each and p.name == last:  # (which pass made the IR invalid is not known)
+            if not each and name == last:  # (which pass made the IR invalid is not known)
                 e = VerifyException(f"{e} (the IR is verified after the last pass only; OPGEN_VERIFY_EACH=1 "
                                     "verifies it after every pass)")
-            raise StageFailed(target, p.name, e) from e
+            raise StageFailed(target, name, e) from e
         except Exception as e:
-            raise StageFailed(target, p.name, e) from e
+            raise StageFailed(target, name, e) from e
         if observe:
-            observe(p.name, module)
-        if p.name == until:
+            observe(name, module)
+        if name == until:
             break
     return module

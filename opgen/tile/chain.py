@@ -297,7 +297,7 @@ class ChainTiles(RowValues, TileLowering):
                 raise TileUnsupported(self.name, "a product of tensors of different dtypes")
             kdim = ir.tensor_type(ch.p.lhs).shape[1]
             self.add(t.FenceOp())
-            self.add(t.MatmulOp("mm_p", ga, self.off(g0, not a.trans, ga), a.trans, gb, self.off(h0, b.trans, gb),
+            self.add(t.TileMatmulOp("mm_p", ga, self.off(g0, not a.trans, ga), a.trans, gb, self.off(h0, b.trans, gb),
                                 b.trans, ws_p, self.off(wrow_g, True, ws_p), [gn, hn, self.dim(kdim)],
                                 [str(g_rows), str(g_cols), kdim]))
             self.add(t.FenceOp())
@@ -308,7 +308,7 @@ class ChainTiles(RowValues, TileLowering):
             width = ir.tensor_type(mm.result).shape[1]
             self.add(t.FenceOp())
             for g, pr in zip(ws_g, prod, strict=True):  # (both parts: one Matmul object)
-                self.add(t.MatmulOp(f"mm_{i}", g, self.off(wrow_g, True, g), not by_rows, gc,
+                self.add(t.TileMatmulOp(f"mm_{i}", g, self.off(wrow_g, True, g), not by_rows, gc,
                                     self.off(x0, not c.trans, gc), c.trans, pr, self.off(wrow, True, pr),
                                     [on, self.dim(width), xn], [str(BLOCK), width, str(SPAN)]))
             self.add(t.FenceOp())

@@ -49,7 +49,7 @@ from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from opgen.ir.dialect import ShapedType, TensorType, tensor_type
+from opgen.ir.dialect import ReduceKind, ReduceKindAttr, ShapedType, TensorType, tensor_type
 from opgen.lower.sched import kernel_parts
 
 INDEX = TensorType.make([], "i64")
@@ -359,7 +359,6 @@ class CopyOutOp(IRDLOperation):
 # ------------------------------------------------------------------------------ compute
 
 
-REDUCE_KINDS = ("sum", "max", "min")
 
 
 @irdl_op_definition
@@ -370,7 +369,7 @@ class ReduceOp(IRDLOperation):
     name = "tile.reduce"
     x = operand_def(TensorType)
     count = operand_def(TensorType)
-    kind = prop_def(StringAttr)
+    kind = prop_def(ReduceKindAttr)
     axis = prop_def(IntAttr)
     result = result_def(TensorType)
     traits = traits_def(Pure())
@@ -379,13 +378,12 @@ class ReduceOp(IRDLOperation):
         t = tensor_type(x)
         shape = list(t.shape)
         shape[axis] = "1"
-        super().__init__(operands=[x, count], properties={"kind": StringAttr(kind), "axis": IntAttr(axis)},
+        super().__init__(operands=[x, count],
+                         properties={"kind": ReduceKindAttr(ReduceKind(kind)), "axis": IntAttr(axis)},
                          result_types=[TensorType.make(shape, t.dtype)])
 
     def verify_(self) -> None:
         _index(self, self.count)
-        if self.kind.data not in REDUCE_KINDS:
-            raise VerifyException(f"tile.reduce: kind must be one of {REDUCE_KINDS}")
         if tensor_type(self.x).rank != 2 or self.axis.data not in (0, 1):
             raise VerifyException("tile.reduce: a 2-D tile along axis 0 or 1")
 
@@ -574,7 +572,7 @@ class FlagsOutOp(IRDLOperation):
 
 
 @irdl_op_definition
-class MatmulOp(IRDLOperation):
+class TileMatmulOp(IRDLOperation):
     """``c[c_off + i * ldc + j] = sum_k opA(i, k) * opB(k, j)`` for ``i < m, j < n, k < k``: a
     product on the core's matrix unit (Ascend's cube through its Matmul API), global memory to
     global memory, the sum in f32 in a fixed order. ``opA(i, k)`` is ``a[a_off + i * lda + k]``,
@@ -666,6 +664,6 @@ class ReleaseOp(IRDLOperation):
 
 Tile = Dialect("tile", [KernelOp, TilingOp, PlatformOp, SetParamOp, ParamOp, BlockIdxOp, BlockNumOp, ForOp, YieldOp,
                         SyncAllOp, FenceOp, WorkspaceOp, CopyInOp, CopyOutOp, ReduceOp, SegmentsOp, SegStartOp, SegAtOp,
-                        AddRowOp, LoadOp, LoadBitOp, SetAtOp, FailUnlessOp, FlagsOutOp, MatmulOp,
+                        AddRowOp, LoadOp, LoadBitOp, SetAtOp, FailUnlessOp, FlagsOutOp, TileMatmulOp,
                         BufferOp, MoveOp, ReleaseOp],
                    [MemSpaceAttr, BufferKindAttr, GmType, SegmentsType])

@@ -149,7 +149,7 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffi
             nb = op.depth.data if op.kind.data == t.BufferKind.CALC else min(op.depth.data, params["nbuf"])
             r.buffers[op.sym.data] = nb * params[op.bytes.data]
     r.ub_used = sum(r.buffers.values())
-    ratio = 2 if any(isinstance(op, t.MatmulOp) for op in k.body.block.walk()) else 1
+    ratio = 2 if any(isinstance(op, t.TileMatmulOp) for op in k.body.block.walk()) else 1
     r.cores = params["block_dim"] * ratio  # vector cores
     names = [a.data for a in k.arg_names.data]
     outs = set()
@@ -159,7 +159,7 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffi
     for n, a in zip(names, k.body.block.args, strict=True):
         if isinstance(a.type, t.GmType) and n != "workspace" and a.uses:
             ways = {type(u.operation) for u in a.uses} & {t.CopyInOp, t.CopyOutOp, t.SegmentsOp}
-            ways = {t.CopyInOp if w is t.MatmulOp else w for w in ways}  # (a product reads it)
+            ways = {t.CopyInOp if w is t.TileMatmulOp else w for w in ways}  # (a product reads it)
             r.gm_min += _gm_bytes(a, dims) * max(len(ways - {t.SegmentsOp}) or 1, 1)  # read once / written once
     moved = 0
     plans: _Plans = {}
@@ -186,7 +186,7 @@ def _plan(block: Block, plans: _Plans) -> list[tuple[str, Operation, list[SSAVal
                 steps.append(("segs", op, []))
             elif isinstance(op, t.CopyInOp | t.CopyOutOp):
                 steps.append(("copy", op, []))
-            elif isinstance(op, t.MatmulOp):
+            elif isinstance(op, t.TileMatmulOp):
                 steps.append(("mm", op, []))
         plans[block] = steps
     return plans[block]
@@ -222,7 +222,7 @@ def _walk(block: Block, e: _Eval, plans: _Plans) -> int:
             fills = -(-count // win) * (e.params.get("chunks", 1) if count > win else 1)
             moved += 4 * n * (1 + fills)
         elif kind == "mm":  # the cube reads each operand once and writes the f32 product
-            assert isinstance(op, t.MatmulOp)
+            assert isinstance(op, t.TileMatmulOp)
             m, n, kk = (int(e.val(x)) for x in (op.m, op.n, op.k))
             moved += (m * kk + kk * n) * dtypes.by_name(t.gm_type(op.a).dtype).itemsize + 4 * m * n
         else:

@@ -374,7 +374,7 @@ class SplitCores(ModulePass):
                 cores = b.platform("cores")
                 cols = b.dim(_cols_dim(k))
                 chunks = b.set("col_chunks", b.cdiv(cols, b.params["col_chunk"]))
-                if any(isinstance(x, t.MatmulOp) for x in k.body.block.walk()):
+                if any(isinstance(x, t.TileMatmulOp) for x in k.body.block.walk()):
                     # a kernel of the matrix unit: launched on AI cores of one cube and two vector
                     # cores each; every vector core owns one block of rows of the workspace
                     aic = b.cdiv(cores, b.c(2))
@@ -416,7 +416,7 @@ class PlanWorkspace(ModulePass):
                         count = b.bin(ir.MulOp, count, v)
                     b.set(w.offset.data, off)
                     off = b.bin(ir.AddOp, off, b.round_up(count, 64))
-                if any(isinstance(x, t.MatmulOp) for x in k.body.block.walk()):
+                if any(isinstance(x, t.TileMatmulOp) for x in k.body.block.walk()):
                     # the Matmul API's system workspace comes first; the kernel's own after it
                     sys_ws = b.set("sys_ws", b.platform("sys_ws_bytes"))
                     off = b.bin(ir.AddOp, off, sys_ws)

@@ -36,7 +36,7 @@ class CacheRowsTt(ModulePass):
         for k in list(op.body.block.ops):
             if not isinstance(k, t.KernelOp) or k.attributes.get("schedule") != StringAttr("streamed"):
                 continue
-            if any(isinstance(o, t.SegmentsOp | t.MatmulOp) for o in k.walk()):
+            if any(isinstance(o, t.SegmentsOp | t.TileMatmulOp) for o in k.walk()):
                 continue
             cached = k.clone()
             if not mark_twins(cached):

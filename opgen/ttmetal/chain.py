@@ -254,7 +254,7 @@ class _View:
 PANEL_BYTES = 1 << 20
 
 
-def panel_side(op: t.MatmulOp) -> str:
+def panel_side(op: t.TileMatmulOp) -> str:
     """Which operand a matmul keeps resident in L1 (``a``: at most ``DST_SLOTS`` rows of output
     tiles by its bounds, ``b``: at most that many columns; ``""``: neither): with a panel, every
     tile of the other operand is read once per unit, and each serves a column (row) of outputs."""
@@ -268,7 +268,7 @@ def panel_side(op: t.MatmulOp) -> str:
     return ""
 
 
-def matmul(low: Lowering, op: t.MatmulOp) -> None:
+def matmul(low: Lowering, op: t.TileMatmulOp) -> None:
     """``tile.matmul`` as a unit of the three kernels (see the module docstring): with the panel
     schedule when the panel fits ``PANEL_BYTES`` (a host decision, passed as a 0/1 runtime
     argument that is the trip count of the schedule's loop), else output tiles in groups of

@@ -73,11 +73,11 @@ SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.Sigm
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
            t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, ir.CheckOp, *SFPU_UNARY,
-           *SCALAR_OPS, t.MatmulOp, t.FenceOp, t.LoadOp, t.LoadBitOp, t.SetAtOp)
+           *SCALAR_OPS, t.TileMatmulOp, t.FenceOp, t.LoadOp, t.LoadBitOp, t.SetAtOp)
 #: what the scatter-add lowering (opgen/ttmetal/scatter.py) reads of the tile level
 SCATTER_OPS = (t.SegmentsOp, t.SegStartOp, t.SegAtOp, t.AddRowOp)
 WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
-        t.SegAtOp: "scatter-add segments", t.AddRowOp: "scatter-add rows", t.MatmulOp: "matmul chains",
+        t.SegAtOp: "scatter-add segments", t.AddRowOp: "scatter-add rows", t.TileMatmulOp: "matmul chains",
         t.LoadOp: "scalar loads", t.LoadBitOp: "scalar loads of packed bits", t.SetAtOp: "scalar stores",
         t.FailUnlessOp: "data checks", t.FlagsOutOp: "data checks", t.FenceOp: "fences"}
 
@@ -281,7 +281,7 @@ def _prune(block: Block) -> None:
                 o.detach()
                 o.erase()
                 changed = True
-            elif _pure(o) and all(not r.uses for r in o.results):
+            elif _droppable(o) and all(not r.uses for r in o.results):
                 o.detach()
                 o.erase()
                 changed = True
@@ -300,7 +300,7 @@ def _replace(node: Node, old: Node, new: Node) -> Node:
                 n=node.n, mask=node.mask)
 
 
-def _pure(o: Operation) -> bool:
+def _droppable(o: Operation) -> bool:
     """A scalar op or a ``get_*`` query (its result unused: nothing to keep)."""
     return isinstance(o, SCALAR_OPS) or (isinstance(o, k.CallOp) and bool(o.res) and o.callee.data.startswith("get_"))
 
@@ -361,7 +361,7 @@ class Lowering:
             if dtypes.by_name(d).is_float and d not in TT_DTYPES:
                 raise TtUnsupported(self.name, f"dtype {d} (TT-Metal computes bf16 and f32)")
         scatter = any(isinstance(o, t.SegmentsOp) for o in kernel.walk())
-        self.is_chain = any(isinstance(o, t.MatmulOp) for o in kernel.walk())  # a matmul chain (chain.py)
+        self.is_chain = any(isinstance(o, t.TileMatmulOp) for o in kernel.walk())  # a matmul chain (chain.py)
         for o in kernel.walk():
             if o.parent_op() is not None and isinstance(o.parent_op(), t.TilingOp):
                 continue
@@ -547,7 +547,7 @@ class Lowering:
         for kn in checks:
             for rc in chain.row_checks(self, kn):
                 self.host_op(rc)
-        if any(isinstance(o, t.MatmulOp) for kn in kernels for o in kn.walk()):
+        if any(isinstance(o, t.TileMatmulOp) for kn in kernels for o in kn.walk()):
             for name, a in self.args.items():
                 if isinstance(a.type, t.GmType) and len(a.type.shape) == 2:
                     r, c = (self.host_tiles(d) for d in a.type.shape)
@@ -706,7 +706,7 @@ class Lowering:
             return self.copy_out(op)
         if isinstance(op, t.ReduceOp):
             return self.reduce(op)
-        if isinstance(op, t.MatmulOp):
+        if isinstance(op, t.TileMatmulOp):
             return chain.matmul(self, op)
         if isinstance(op, t.FenceOp):
             return chain.fence(self)
