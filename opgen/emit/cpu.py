@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
-from opgen.emit import cnames
+from opgen.emit import cnames, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.lower import sched as s
 from opgen.lower.to_loops import LowerToLoops
@@ -143,12 +143,9 @@ def op_source(o: OpDef) -> str:
             generic.pre_name = fn + "_pre"
             parts.append(generic.print())
             parts.append(fast.print())
-            parts.append(
-                f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, "
-                f"const opgen_scalar_t *sc, char *ws) {{\n"
-                f"    /* every caller buffer's last dim contiguous: the vectorisable flavour */\n"
-                f"    if ({fast.unit_last_check()}) return {fn}_u(bufs, dims, sc, ws);\n"
-                f"    return {fn}_g(bufs, dims, sc, ws);\n}}\n")
+            parts.append(render.render("cpu/flavour_dispatch.c.j2", fn=fn, check=fast.unit_last_check(),
+                                       why="every caller buffer's last dim contiguous: the vectorisable flavour",
+                                       extra_params="", extra_args=""))
             inst.setdefault(present, []).append(Instance(present, b, fn))
     parts += op_tables(o, inst, {p: k.converted for p, k in ks.items()})
     parts += entry_points(o)
@@ -158,105 +155,74 @@ def op_source(o: OpDef) -> str:
 def op_tables(o: OpDef, inst: dict[tuple[str, ...], list[Instance]],
               converted: dict[tuple[str, ...], dict[str, str]]) -> list[str]:
     """The op's signature table ``OP_<op>`` (parameters, dims, variants, kernels by dtype binding)
-    that the runtime binder reads; ``inst`` gives each variant's kernel entry points (a dtype
-    variable a kernel is not instantiated over matches any dtype), ``converted`` the parameters
-    each variant's kernels read converted to another dtype (``{name: dtype}``)."""
+    that the runtime binder reads (templates/cpu/op_table.c.j2); ``inst`` gives each variant's
+    kernel entry points (a dtype variable a kernel is not instantiated over matches any dtype),
+    ``converted`` the parameters each variant's kernels read converted to another dtype
+    (``{name: dtype}``)."""
     sig = o.signature
     dims = sig.dims()
     dim_ids = {d: i for i, d in enumerate(dims)}
     dvars = list(sig.dtype_vars())
     pidx = {p.name: i for i, p in enumerate(sig.params)}
-    parts: list[str] = []
-    rows = []
+    scalar = {"is_output": 0, "optional": 0, "last_contig": 0, "batch": 0, "var": -1, "mask": "0", "rank": 0,
+              "dims": "0", "lits": "0", "batch_min": 0, "batch_max": 0, "size_dim": -1}
+    params: list[dict[str, object]] = []
     for p in sig.params:
         spec = p.spec
         if isinstance(spec, TensorSpec):
             members = spec.dtype.members if isinstance(spec.dtype, DTypeVar) else (spec.dtype,)
-            mask = sum(1 << dtypes.ALL.index(m) for m in members)
-            var = dvars.index(spec.dtype.name) if isinstance(spec.dtype, DTypeVar) else -1
-            dids = [-1 if isinstance(d, int) else dim_ids[d.name] for d in spec.shape]
-            lits = [d if isinstance(d, int) else 0 for d in spec.shape]
             bt = spec.batch
-            rows.append(
-                f'    {{"{p.name}", OPGEN_P_TENSOR, {int(p.is_output)}, {int(p.optional)}, '
-                f"{int(spec.last_contiguous)}, {int(bt is not None)}, {var}, 0x{mask:x}u, {len(spec.shape)}, "
-                f"{{{', '.join(map(str, dids)) or '0'}}}, {{{', '.join(f'{x}ll' for x in lits) or '0'}}}, "
-                f"{bt.min_rank if bt else 1}, {bt.max_rank if bt else 1}, -1}},")
+            params.append({
+                "name": p.name, "kind": "OPGEN_P_TENSOR", "is_output": int(p.is_output), "optional": int(p.optional),
+                "last_contig": int(spec.last_contiguous), "batch": int(bt is not None),
+                "var": dvars.index(spec.dtype.name) if isinstance(spec.dtype, DTypeVar) else -1,
+                "mask": f"0x{sum(1 << dtypes.ALL.index(m) for m in members):x}u", "rank": len(spec.shape),
+                "dims": ", ".join(str(-1 if isinstance(d, int) else dim_ids[d.name]) for d in spec.shape) or "0",
+                "lits": ", ".join(f"{d if isinstance(d, int) else 0}ll" for d in spec.shape) or "0",
+                "batch_min": bt.min_rank if bt else 1, "batch_max": bt.max_rank if bt else 1, "size_dim": -1})
         elif isinstance(spec, AttrSpec):
             kind = {"f32": "OPGEN_P_F32", "i64": "OPGEN_P_I64", "bool": "OPGEN_P_BOOL"}[spec.dtype.name]
-            rows.append(f'    {{"{p.name}", {kind}, 0, 0, 0, 0, -1, 0, 0, {{0}}, {{0}}, 0, 0, -1}},')
+            params.append({**scalar, "name": p.name, "kind": kind})
         else:
             assert isinstance(spec, SizeSpec)
-            rows.append(f'    {{"{p.name}", OPGEN_P_SIZE, 0, 0, 0, 0, -1, 0, 0, {{0}}, {{0}}, 0, 0, '
-                        f"{dim_ids[spec.dim.name]}}},")
-    parts.append(f"static const opgen_param_t P_{o.name}[] = {{\n" + "\n".join(rows) + "\n};")
-    parts.append(f"static const char *const D_{o.name}[] = {{"
-                 + ", ".join(f'"{d}"' for d in dims) + "};")
+            params.append({**scalar, "name": p.name, "kind": "OPGEN_P_SIZE", "size_dim": dim_ids[spec.dim.name]})
     opts = [p.name for p in sig.optionals]
-    vrows = []
+    variants: list[dict[str, object]] = []
     for present in o.presence_sets():
-        mask = sum(1 << opts.index(x) for x in present)
+        v: dict[str, object] = {"mask": f"0x{sum(1 << opts.index(x) for x in present):x}u"}
         if present in inst:
-            kname = f"K_{o.variant_name(present)}"
-            ents = ",\n".join(
-                "    {{" + (", ".join(cnames.dtype_enum(i.binding[v].name) if v in i.binding else "OPGEN_ANY_DTYPE"
-                                     for v in dvars) or "0") + "}, "
-                f"{i.fn}, {i.fn}_ws, {i.fn}_pre}}" for i in inst[present])
-            parts.append(f"static const opgen_kernel_entry_t {kname}[] = {{\n{ents}\n}};")
             conv = converted.get(present, {})
-            cname = "NULL"
-            if conv:
-                cname = f"C_{o.variant_name(present)}"
-                codes = ", ".join(cnames.dtype_enum(conv[p.name]) if p.name in conv else "-1"
-                                  for p in sig.params)
-                parts.append(f"static const int8_t {cname}[] = {{{codes}}};")
-            vrows.append(f"    {{0x{mask:x}u, OPGEN_SUCCESS, \"\", {len(inst[present])}, {kname}, {cname}}},")
+            v.update(table=f"K_{o.variant_name(present)}", kernels=[
+                {"fn": i.fn, "dtypes": ", ".join(cnames.dtype_enum(i.binding[d].name) if d in i.binding
+                                                 else "OPGEN_ANY_DTYPE" for d in dvars) or "0"}
+                for i in inst[present]],
+                converted=f"C_{o.variant_name(present)}" if conv else "",
+                codes=", ".join(cnames.dtype_enum(conv[p.name]) if p.name in conv else "-1" for p in sig.params))
         else:
             r = o.rejected[present]
-            st = STATUS_C[r.status] if r.status != "null" else "OPGEN_ERR_NULL"
-            msg = r.message.replace('"', "'")
-            vrows.append(f'    {{0x{mask:x}u, {st}, "{msg}", 0, NULL, NULL}},')
-    parts.append(f"static const opgen_variant_t V_{o.name}[] = {{\n" + "\n".join(vrows) + "\n};")
-    alias = [(pidx[a], pidx[b]) for a, b in o.may_alias]
-    if alias:
-        parts.append(f"static const int8_t A_{o.name}[][2] = {{"
-                     + ", ".join(f"{{{a}, {b}}}" for a, b in alias) + "};")
-    parts.append(
-        f'static const opgen_op_t OP_{o.name} = {{"{o.name}", {len(sig.params)}, {len(dims)}, '
-        f"{len(dvars)}, {len(o.presence_sets())}, {len(alias)}, P_{o.name}, D_{o.name}, V_{o.name}, "
-        f"{f'A_{o.name}' if alias else 'NULL'}}};")
-    return parts
+            v.update(kernels=[], status=STATUS_C[r.status] if r.status != "null" else "OPGEN_ERR_NULL",
+                     message=r.message.replace('"', "'"))
+        variants.append(v)
+    alias = [f"{{{pidx[a]}, {pidx[b]}}}" for a, b in o.may_alias]
+    text = render.render("cpu/op_table.c.j2", op=o.name, params=params, dims=dims, variants=variants,
+                         alias=alias, n_vars=len(dvars))
+    return [text.rstrip("\n")]
 
 
 def entry_points(o: OpDef, prefix: str = "opgen_", run: str = "opgen_run", extra_params: str = "",
                  extra_args: str = "", decl: str = "") -> list[str]:
     """The plain entry points ``<prefix><op>(...)`` and ``<prefix><op>_workspace_size(...)``,
-    both calling the runtime's ``run`` function on ``OP_<op>``."""
+    both calling the runtime's ``run`` function on ``OP_<op>`` (templates/cpu/entry_points.c.j2)."""
     sig = o.signature
-    parts: list[str] = []
-    cparams = ", ".join(c_param(p.name, p.spec) for p in sig.params)
-    # locals are named opgen_*: cnames.public never gives a parameter such a name
-    tens = ", ".join(cnames.public(p.name) if isinstance(p.spec, TensorSpec) else "NULL" for p in sig.params)
-    sets = []
-    for i, p in enumerate(sig.params):
-        if isinstance(p.spec, AttrSpec):
-            sets.append(f"    opgen_sc[{i}].{SCALAR_FIELD[p.spec.dtype.name]} = {cnames.public(p.name)};")
-        elif isinstance(p.spec, SizeSpec):
-            sets.append(f"    opgen_sc[{i}].i = {cnames.public(p.name)};")
-    prep = [f"    const opgen_tensor_t *opgen_t[{len(sig.params)}] = {{{tens}}};",
-            f"    opgen_scalar_t opgen_sc[{len(sig.params)}];",
-            "    memset(opgen_sc, 0, sizeof opgen_sc);", *sets]
-    null_extra = ", NULL" if extra_args else ""
-    parts.append(f"{decl}opgen_status_t {prefix}{o.name}({cparams}, void *workspace, size_t workspace_size"
-                 f"{extra_params}) {{\n"
-                 + "\n".join(prep)
-                 + f"\n    return {run}(&OP_{o.name}, opgen_t, opgen_sc, workspace, workspace_size, NULL, 0"
-                 f"{extra_args});\n}}")
-    parts.append(f"{decl}opgen_status_t {prefix}{o.name}_workspace_size({cparams}, size_t *size) {{\n"
-                 + "\n".join(prep)
-                 + "\n    if (!size) return opgen_fail(OPGEN_ERR_NULL, \"size is NULL\");"
-                 + f"\n    return {run}(&OP_{o.name}, opgen_t, opgen_sc, NULL, 0, size, 1{null_extra});\n}}")
-    return parts
+    sets = [{"index": i, "name": cnames.public(p.name),
+             "field": SCALAR_FIELD[p.spec.dtype.name] if isinstance(p.spec, AttrSpec) else "i"}
+            for i, p in enumerate(sig.params) if isinstance(p.spec, AttrSpec | SizeSpec)]
+    text = render.render(
+        "cpu/entry_points.c.j2", op=o.name, prefix=prefix, run=run, decl=decl, extra_params=extra_params,
+        extra_args=extra_args, n=len(sig.params), cparams=", ".join(c_param(p.name, p.spec) for p in sig.params),
+        tensors=[cnames.public(p.name) if isinstance(p.spec, TensorSpec) else "NULL" for p in sig.params],
+        sets=sets)
+    return [text.rstrip("\n")]
 
 
 def header_info(o: OpDef) -> dict[str, object]:

@@ -54,7 +54,7 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
-from opgen.emit import cnames, cpu
+from opgen.emit import cnames, cpu, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
@@ -1258,12 +1258,10 @@ def op_source(o: OpDef, fuse: bool = True) -> str:
                 fast = CudaPrinter(k, b, fn + "_u", kinfo, dim_ids, pidx, no_restrict=aliased)
                 fast.unit_last, fast.base_name, fast.helpers = True, fn, False
                 parts.append(fast.print_instance())
-                parts.append(
-                    f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, "
-                    "const opgen_scalar_t *sc, char *ws, cudaStream_t stream) {\n"
-                    "    /* every caller buffer's last dim contiguous: the unit-stride, vectorised flavour */\n"
-                    f"    if ({fast.unit_last_check()}) return {fn}_u(bufs, dims, sc, ws, stream);\n"
-                    f"    return {fn}_g(bufs, dims, sc, ws, stream);\n}}\n")
+                parts.append(render.render(
+                    "cpu/flavour_dispatch.c.j2", fn=fn, check=fast.unit_last_check(),
+                    why="every caller buffer's last dim contiguous: the unit-stride, vectorised flavour",
+                    extra_params=", cudaStream_t stream", extra_args=", stream"))
             inst.setdefault(present, []).append(cpu.Instance(present, b, fn))
     parts += cpu.op_tables(o, inst, {p: k.converted for p, k in ks.items()})
     parts += cpu.entry_points(o, prefix="opgen_cuda_", run="opgen_cuda_run", extra_params=", void *stream",
