@@ -50,12 +50,6 @@ def load(path: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, TORCH_NAMES[name])
-
-
 def dtype_name(t: Any) -> str:
     """opgen dtype name of a torch tensor."""
     rev = {v: k for k, v in TORCH_NAMES.items()}

@@ -12,7 +12,7 @@ annotations are made of::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from opgen import dtypes
@@ -251,7 +251,3 @@ class Signature:
             elif isinstance(p.spec, SizeSpec):
                 seen[p.spec.dim.name] = None
         return list(seen)
-
-
-def shape_str(shape: Sequence[str]) -> str:
-    return "(" + ", ".join(shape) + ("," if len(shape) == 1 else "") + ")"

@@ -159,10 +159,6 @@ def tensor_type(value: SSAValue | Operation) -> TensorType:
     return t
 
 
-def is_dim_literal(d: str) -> bool:
-    return d.isdigit()
-
-
 # ------------------------------------------------------------------------- dtype helpers
 
 def enclosing_func(op: Operation) -> Operation | None:

@@ -163,7 +163,6 @@ class _Lowering:
         self.segs: dict[tuple[SSAValue, str], tuple[SSAValue, SSAValue]] = {}  # see segments()
         for a, ka in zip(func.body.block.args, self.kblock.args, strict=True):
             (self.buf if isinstance(ka.type, s.BufType) else self.scalars)[a] = ka
-        self.arg_name = dict(zip(func.body.block.args, names, strict=True))
 
     # ------------------------------------------------------------------ analysis
     @staticmethod
