@@ -20,7 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from tests.cpu_cases import FLCE, NP, eb_args, ebw_args, edb_args, flce_args, reversed_rows, rms_args
+from tests.cpu_cases import (
+    FLCE,
+    NP,
+    eb_args,
+    ebw_args,
+    edb_args,
+    flce_args,
+    reversed_rows,
+    rms_args,
+    row_strided,
+)
 
 
 def strided(a: np.ndarray) -> np.ndarray:
@@ -66,6 +76,8 @@ def cases(seed: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
         a = flce_args(rng, T, M, TI, mode, BT=40, H=16, V=160)
         yield FLCE, f"T={T} M={M} TI={TI} {mode}", a
         yield FLCE, f"T={T} M={M} TI={TI} {mode} strided target", {**a, "masked_target": strided(a["masked_target"])}
+        yield FLCE, f"T={T} M={M} TI={TI} {mode} transposed weight, strided input rows", \
+            {**a, "weight": np.ascontiguousarray(a["weight"].T).T, "input": row_strided(a["input"])}
 
 
 def run(lib: Any, call: Callable[..., dict[str, np.ndarray]], op: str,

@@ -127,11 +127,14 @@ def op_source(o: OpDef) -> str:
     inst: dict[tuple[str, ...], list[Instance]] = {}
     for present, k in ks.items():
         kinfo = kernel_buf_info(k, info)
+        gemm = any(isinstance(x, s.BufferMatmulOp) for x in k.walk())
         for b in bindings(k):
             fn = instance_name(o, present, b)
             fast = CpuPrinter(k, b, fn, kinfo, dim_ids, pidx)
-            fast.unit_last = True
-            if fast.unit_last_check() == "1":  # no strides to test: one (vectorisable) flavour
+            fast.unit_last = not gemm
+            if gemm or fast.unit_last_check() == "1":
+                # one flavour: compute-bound (the packed GEMM takes any strides; as on CUDA), or
+                # no strides to test (the vectorisable one)
                 fast.pre_name = fn + "_pre"
                 parts.append(fast.print())
                 inst.setdefault(present, []).append(Instance(present, b, fn))
