@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from xdsl.ir import Operation, SSAValue
 
@@ -40,6 +41,16 @@ def _strip_cast(v: SSAValue, through: Callable[[ir.CastOp], bool] = lambda _: Tr
     while isinstance(v.owner, ir.CastOp) and through(v.owner):
         v = v.owner.x
     return v
+
+
+class _Side(NamedTuple):
+    """One dim of a chain's product G = f(A @ B) as a pass walks it: its size, the block it is
+    walked in, and the operand whose rows run along it (A; or B^T, ``transposed``)."""
+
+    dim: str
+    block: int
+    operand: SSAValue | None
+    transposed: bool
 
 
 class MatmulChainLowering(_Lowering):
@@ -187,26 +198,28 @@ class MatmulChainLowering(_Lowering):
         summing over blocks of the other dim in order."""
         m_dim, n_dim = ir.tensor_type(ch.g).shape
         a_v, b_v = (ch.p.lhs, ch.p.rhs) if ch.p is not None else (None, None)  # b_v: (K, N)
-        own = (m_dim, self.row_block, a_v, False) if by_rows else (n_dim, self.col_block, b_v, True)
-        other = (n_dim, self.col_block, b_v, True) if by_rows else (m_dim, self.row_block, a_v, False)
+        rows = _Side(m_dim, self.row_block, a_v, False)
+        cols = _Side(n_dim, self.col_block, b_v, True)
+        own, other = (rows, cols) if by_rows else (cols, rows)
         b = _Builder(self.kblock)
-        (ob,) = b.loops([f"cdiv({own[0]},{own[1]})"], "parallel", "ob")
-        o0, on = self.block_range(b, ob, own[1], own[0])
-        own_blk = self.load_rows(b, own[2], o0, on, own[1], own[3]) if own[2] is not None else None
-        accs = [self.local(b, [str(own[1]), ir.tensor_type(mm.result).shape[1]], ir.tensor_type(mm.result).dtype,
+        (ob,) = b.loops([f"cdiv({own.dim},{own.block})"], "parallel", "ob")
+        o0, on = self.block_range(b, ob, own.block, own.dim)
+        own_blk = self.load_rows(b, own.operand, o0, on, own.block, own.transposed) if own.operand is not None else None
+        accs = [self.local(b, [str(own.block), ir.tensor_type(mm.result).shape[1]], ir.tensor_type(mm.result).dtype,
                            zero=True) for _, _, mm in outs]
-        (xb,) = b.loops([f"cdiv({other[0]},{other[1]})"], "serial", "xb")
-        x0, xn = self.block_range(b, xb, other[1], other[0])
-        other_blk = self.load_rows(b, other[2], x0, xn, other[1], other[3]) if other[2] is not None else None
+        (xb,) = b.loops([f"cdiv({other.dim},{other.block})"], "serial", "xb")
+        x0, xn = self.block_range(b, xb, other.block, other.dim)
+        other_blk = (self.load_rows(b, other.operand, x0, xn, other.block, other.transposed)
+                     if other.operand is not None else None)
         if by_rows:
             g_t = self.tile(b, ch, o0, on, x0, xn, own_blk, other_blk)
         else:
             g_t = self.tile(b, ch, x0, xn, o0, on, other_blk, own_blk)
         for (_, _, mm), acc in zip(outs, accs, strict=True):
-            if other_blk is not None and self.same_rows(mm.rhs, False, other[2], other[3]):
+            if other_blk is not None and self.same_rows(mm.rhs, False, other.operand, other.transposed):
                 blk = other_blk  # e.g. the W rows of X W^T are those of G W: loaded once
             else:
-                blk = self.load_rows(b, mm.rhs, x0, xn, other[1], False)
+                blk = self.load_rows(b, mm.rhs, x0, xn, other.block, False)
             h = b.dim(ir.tensor_type(mm.result).shape[1])
             # own rows of the product: G @ blk (by rows) or G^T @ blk (by columns)
             b.stmt(s.BufferMatmulOp(g_t, blk, acc, on, h, xn, not by_rows, False, True))
