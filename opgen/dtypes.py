@@ -42,6 +42,15 @@ class DType:
         return max(1, self.bits // 8)
 
     @property
+    def int_range(self) -> tuple[int, int]:
+        """The smallest and largest value of an integer dtype (bool: 0 and 1)."""
+        if self.is_bool:
+            return 0, 1
+        if self.kind == "uint":
+            return 0, 2**self.bits - 1
+        return -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
+
+    @property
     def compute(self) -> DType:
         """The type arithmetic on this dtype is carried out in (f16/bf16 widen to f32)."""
         if self.is_float:

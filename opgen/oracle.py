@@ -121,7 +121,7 @@ def _cast(it: _Interp, op: ir.CastOp) -> Array:
         # truncation toward zero; NaN, +-Inf and values outside the target's range give its
         # minimum (signed) or maximum (unsigned), as the kernels' OPGEN_F2I does: a value that
         # every index check refuses
-        lo, hi = (0, 2**to.bits - 1) if to.kind == "uint" else (-(2 ** (to.bits - 1)), 2 ** (to.bits - 1) - 1)
+        lo, hi = to.int_range
         xd = np.asarray(x, np.float64)
         with np.errstate(all="ignore"):
             ok = (xd == xd) & (xd > float(lo) - 1.0) & (xd < float(hi) + 1.0)

@@ -65,7 +65,7 @@ def c_cast(x: str, src: DType, dst: DType) -> str:
     if b.is_bool:
         return f"({x} != 0)"
     if a.is_float and b.is_int:
-        lo, hi = (0, 2**b.bits - 1) if b.kind == "uint" else (-(2 ** (b.bits - 1)), 2 ** (b.bits - 1) - 1)
+        lo, hi = b.int_range
         bad = c_literal(hi if b.kind == "uint" else lo, b)
         return f"OPGEN_F2I({b.c_type}, {x}, {c_literal(lo, b)}, {c_literal(hi, b)}, {bad})"
     return f"({b.c_type})({x})"

@@ -568,10 +568,7 @@ def constant_int(v: SSAValue) -> int | None:
 
 def fits(x: int, dtype: str) -> bool:
     """``x`` is a value of the integer or bool ``dtype`` (no wrap-around to fold)."""
-    d = dtypes.by_name(dtype)
-    if d.is_bool:
-        return x in (0, 1)
-    lo, hi = (0, 2**d.bits - 1) if d.kind == "uint" else (-(2 ** (d.bits - 1)), 2 ** (d.bits - 1) - 1)
+    lo, hi = dtypes.by_name(dtype).int_range
     return lo <= x <= hi
 
 
