@@ -166,6 +166,17 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     free(pa);
     free(pb);
 }
+/* The element offset of row r of a tensor's leading n axes (shape, strides st), rows counted
+   in row-major order: a row-offset table's entry, or the start of a row to convert. */
+static inline int64_t opgen_row_offset(const int64_t *shape, const int64_t *st, int n, int64_t r) {
+    int64_t o = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        o += (r % shape[i]) * st[i];
+        r /= shape[i];
+    }
+    return o;
+}
+
 
 /* ---- parameters converted at the boundary (opgen/lower/boundary.py) ---- */
 /* n elements of a caller's tensor (dtype `from`; element offsets o, o + st, ...) converted to
@@ -288,14 +299,9 @@ static void opgen_convert(const opgen_tensor_t *t, const int64_t *st, int to, si
     const int64_t inner = nd ? t->shape[nd - 1] : 1, ist = nd ? st[nd - 1] : 0;
     int64_t rows = 1;
     for (int i = 0; i + 1 < nd; i++) rows *= t->shape[i]; /* divides the element count: fits */
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t rem = r, o = 0;
-        for (int i = nd - 2; i >= 0; i--) {
-            o += (rem % t->shape[i]) * st[i];
-            rem /= t->shape[i];
-        }
-        opgen_convert_row(t->data, (int)t->dtype, o, ist, inner, to, (char *)dst + (size_t)(r * inner) * isz);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        opgen_convert_row(t->data, (int)t->dtype, opgen_row_offset(t->shape, st, nd - 1, r), ist, inner, to,
+                          (char *)dst + (size_t)(r * inner) * isz);
 }
 
 #define OPGEN_WS_ALIGN ((size_t)64)
@@ -673,14 +679,7 @@ opgen_status_t opgen_run(const opgen_op_t *op, const opgen_tensor_t *const *tens
             for (int64_t r = 0; r < rows; r++) ro[r] = r * bufs[k].st[0];
             nb = 0;
         }
-        for (int64_t r = 0; nb > 0 && r < rows; r++) {
-            int64_t rem = r, o = 0;
-            for (int i = nb - 1; i >= 0; i--) {
-                o += (rem % t->shape[i]) * strides_buf[k][i];
-                rem /= t->shape[i];
-            }
-            ro[r] = o;
-        }
+        for (int64_t r = 0; nb > 0 && r < rows; r++) ro[r] = opgen_row_offset(t->shape, strides_buf[k], nb, r);
         bufs[k].ro = ro;
     }
     opgen_status_t st = ke->fn(bufs, dims, scalars, w);

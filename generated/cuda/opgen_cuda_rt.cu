@@ -171,30 +171,26 @@ typedef struct {
     int64_t st[OPGEN_MAX_RANK];
 } opgen_rows_desc_t;
 
-static __global__ void opgen_rows_k(int64_t *ro, int64_t rows, int nb, opgen_rows_desc_t d, int64_t st0) {
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
-        if (nb <= 0) {
-            ro[r] = r * st0;
-            continue;
-        }
-        int64_t rem = r, o = 0;
-        for (int i = nb - 1; i >= 0; i--) {
-            o += (rem % d.shape[i]) * d.st[i];
-            rem /= d.shape[i];
-        }
-        ro[r] = o;
+/* The element offset of row r of the leading n axes of d, rows counted in row-major order. */
+static __device__ __forceinline__ int64_t opgen_row_offset(const opgen_rows_desc_t &d, int n, int64_t r) {
+    int64_t o = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        o += (r % d.shape[i]) * d.st[i];
+        r /= d.shape[i];
     }
+    return o;
+}
+
+static __global__ void opgen_rows_k(int64_t *ro, int64_t rows, int nb, opgen_rows_desc_t d, int64_t st0) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x)
+        ro[r] = nb <= 0 ? r * st0 : opgen_row_offset(d, nb, r);
 }
 
 /* ---- parameters converted at the boundary (opgen/lower/boundary.py): the kernels' cast C ---- */
 static __global__ void opgen_convert_k(void *dst, const void *src, int from, int to, int64_t n, int nd,
                                        opgen_rows_desc_t d) {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rem = e, o = 0;
-        for (int i = nd - 1; i >= 0; i--) {
-            o += (rem % d.shape[i]) * d.st[i];
-            rem /= d.shape[i];
-        }
+        const int64_t o = opgen_row_offset(d, nd, e);
         switch (from) {
         case OPGEN_BOOL: {
             const bool *s = (const bool *)src;
