@@ -67,6 +67,16 @@ def instance_name(o: OpDef, present: tuple[str, ...], b: dict[str, dtypes.DType]
     return "k_" + o.variant_name(present) + "".join(f"_{d.name}" for d in b.values())
 
 
+def stride_flavours(k: s.KernelOp, unit_check: str) -> str:
+    """Which stride flavours an instance of ``k`` gets (``unit_check``: its printer's
+    :meth:`~CPrinter.unit_last_check`): ``general`` for a compute-bound kernel (a matmul: the
+    packed GEMM reads any strides), ``unit`` when no read parameter can have a non-unit last
+    stride, else ``both``, chosen per call."""
+    if any(isinstance(x, s.BufferMatmulOp) for x in k.walk()):
+        return "general"
+    return "unit" if unit_check == "1" else "both"
+
+
 def kernel_buf_info(k: s.KernelOp, info: dict[str, BufInfo]) -> dict[str, BufInfo]:
     """``info`` as a kernel sees it: a parameter converted at the boundary is a dense copy."""
     return {n: replace(i, last_contig=True) if n in k.converted else i for n, i in info.items()}
@@ -127,14 +137,12 @@ def op_source(o: OpDef) -> str:
     inst: dict[tuple[str, ...], list[Instance]] = {}
     for present, k in ks.items():
         kinfo = kernel_buf_info(k, info)
-        gemm = any(isinstance(x, s.BufferMatmulOp) for x in k.walk())
         for b in bindings(k):
             fn = instance_name(o, present, b)
             fast = CpuPrinter(k, b, fn, kinfo, dim_ids, pidx)
-            fast.unit_last = not gemm
-            if gemm or fast.unit_last_check() == "1":
-                # one flavour: compute-bound (the packed GEMM takes any strides; as on CUDA), or
-                # no strides to test (the vectorisable one)
+            flavours = stride_flavours(k, fast.unit_last_check())
+            fast.unit_last = flavours != "general"
+            if flavours != "both":
                 fast.pre_name = fn + "_pre"
                 parts.append(fast.print())
                 inst.setdefault(present, []).append(Instance(present, b, fn))

@@ -1242,15 +1242,13 @@ def op_source(o: OpDef, fuse: bool = True) -> str:
     inst: dict[tuple[str, ...], list[cpu.Instance]] = {}
     ks = cpu.kernels(o, "cuda", fuse)
     for present, k in ks.items():
-        gemm = any(isinstance(x, s.BufferMatmulOp) for x in k.walk())
         kinfo = cpu.kernel_buf_info(k, info)
         for b in cpu.bindings(k):
             fn = cpu.instance_name(o, present, b)
             pr = CudaPrinter(k, b, fn, kinfo, dim_ids, pidx, no_restrict=aliased)
-            if gemm:  # compute-bound: one (general-stride) flavour
-                parts.append(pr.print_instance())
-            elif pr.unit_last_check() == "1":  # every last dim contiguous: the unit-stride flavour only
-                pr.unit_last = True
+            flavours = cpu.stride_flavours(k, pr.unit_last_check())
+            if flavours != "both":
+                pr.unit_last = flavours == "unit"
                 parts.append(pr.print_instance())
             else:  # memory-bound: a unit-stride flavour (contiguous, vectorisable) chosen at run time
                 pr.fn_name = fn + "_g"
