@@ -12,28 +12,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import statistics
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import torch
-from cpu import embedding_inputs, flce_inputs, flce_ours_args, rms_inputs  # benchmarks/cpu.py, beside this file
+from cpu import alternate, embedding_inputs, flce_inputs, flce_ours_args, rms_inputs  # benchmarks/cpu.py, beside
 
 from opgen import runtime
-
-
-def alternate(calls: list, reps: int) -> list[float]:
-    """Median seconds of each call, run in turn ``reps`` times after a warm-up."""
-    for c in calls:
-        c()
-    times: list[list[float]] = [[] for _ in calls]
-    for _ in range(reps):
-        for i, c in enumerate(calls):
-            t0 = time.perf_counter()
-            c()
-            times[i].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -59,8 +44,8 @@ def main() -> None:
                  flce_ours_args(flce_inputs(a.quick)), max(3, a.reps // 2)))
     print(f"{'row':<46} {'old ms':>9} {'new ms':>9} {'new/old':>8}")
     for label, op, args, reps in rows:
-        t_old, t_new = alternate([lambda lib=lib, op=op, args=args: runtime.call(op, lib=lib, **args)
-                                  for lib in libs], reps)
+        old, new = (lambda lib=lib, op=op, args=args: runtime.call(op, lib=lib, **args) for lib in libs)
+        t_old, t_new = alternate(old, new, reps)
         print(f"{label:<46} {t_old * 1e3:9.2f} {t_new * 1e3:9.2f} {t_new / t_old:8.3f}", flush=True)
 
 
