@@ -316,10 +316,7 @@ class ChainTiles(RowValues, TileLowering):
             def accumulate(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, prod: list[SSAValue] = prod,
                            acc: SSAValue = acc) -> None:
                 row, arow_r = self.add(ir.AddOp(wrow, r0)), self.add(ir.AddOp(arow, r0))
-                s = self.add(t.CopyInOp(acc, arow_r, nr, c0, nc, [ROWS, CHUNK]))
-                p = [self.add(t.CopyInOp(x, row, nr, c0, nc, [ROWS, CHUNK])) for x in prod]
-                total = p[0] if len(p) == 1 else self.add(ir.AddOp(p[0], p[1]))  # (high + low) first
-                self.add(t.CopyOutOp(self.add(ir.AddOp(s, total)), acc, arow_r, nr, c0, nc))  # block order
+                self.add_tiles(acc, arow_r, [(x, row) for x in prod], nr, c0, nc)  # (high + low) first; block order
 
             self.tiles_of(on, self.dim(width), accumulate)
         self.close(xb, block_scope)
@@ -354,6 +351,19 @@ class ChainTiles(RowValues, TileLowering):
 
             self.tiles_of(on, self.dim(ir.tensor_type(mm.result).shape[1]), store)
 
+    def add_tiles(self, acc: SSAValue, acc_row: SSAValue, sources: list[tuple[SSAValue, SSAValue]],
+                  nr: SSAValue, c0: SSAValue, nc: SSAValue) -> None:
+        """One tile (``nr`` rows from ``acc_row``, columns ``c0..c0+nc``) of workspace ``acc``
+        plus the same tile of each ``(buffer, row)`` source: the sources summed first, in order,
+        then added to ``acc`` and written back."""
+        s = self.add(t.CopyInOp(acc, acc_row, nr, c0, nc, [ROWS, CHUNK]))
+        total = None
+        for buf, row in sources:
+            p = self.add(t.CopyInOp(buf, row, nr, c0, nc, [ROWS, CHUNK]))
+            total = p if total is None else self.add(ir.AddOp(total, p))
+        assert total is not None
+        self.add(t.CopyOutOp(self.add(ir.AddOp(s, total)), acc, acc_row, nr, c0, nc))
+
     def emit_combine_slices(self, outs: list[tuple[str, SSAValue, ir.MatmulOp]], accs: list[SSAValue],
                             own_n: SSAValue) -> None:
         """After every unit (``tile.sync_all``), for blocks of more than one slice: the first
@@ -376,9 +386,7 @@ class ChainTiles(RowValues, TileLowering):
         for (_, _, mm), acc in zip(outs, accs, strict=True):
             def add_slice(r0: SSAValue, nr: SSAValue, c0: SSAValue, nc: SSAValue, acc: SSAValue = acc) -> None:
                 row = self.add(ir.AddOp(first, r0))
-                s = self.add(t.CopyInOp(acc, row, nr, c0, nc, [ROWS, CHUNK]))
-                p = self.add(t.CopyInOp(acc, self.add(ir.AddOp(other, r0)), nr, c0, nc, [ROWS, CHUNK]))
-                self.add(t.CopyOutOp(self.add(ir.AddOp(s, p)), acc, row, nr, c0, nc))
+                self.add_tiles(acc, row, [(acc, self.add(ir.AddOp(other, r0)))], nr, c0, nc)
 
             self.tiles_of(on, self.dim(ir.tensor_type(mm.result).shape[1]), add_slice)
         self.close(sl, cb.body.block)
