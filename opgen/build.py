@@ -73,6 +73,7 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
     from opgen.lower.boundary import TARGETS
 
     idx = ascendc.index_dtypes()
+    btargets = ascendc.boundary_targets()
     conv = c_family.boundary_conversions(TARGETS)
     infos = [cpu.header_info(o) for o in ops]
     cuda_infos = infos if cuda_ops is None else [cpu.header_info(o) for o in cuda_ops]
@@ -88,9 +89,11 @@ def generate_common(ops: list[OpDef], cuda_ops: list[OpDef] | None = None,
         "include/opgen_ascendc.h": render.render("include/opgen_ascendc.h.j2", ops=asc_infos),
         "ascendc/opgen_ascendc_rt.h": render.render("ascendc/opgen_ascendc_rt.h.j2"),
         "ascendc/opgen_ascendc_kernel.h": render.render("ascendc/opgen_ascendc_kernel.h.j2"),
-        "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2", index_dtypes=idx),
+        "ascendc/opgen_ascendc_rt.cpp": render.render("ascendc/opgen_ascendc_rt.cpp.j2", index_dtypes=idx,
+                                                             boundary_targets=btargets),
         "ascendc/opgen_ascendc_index.h": render.render("ascendc/opgen_ascendc_index.h.j2"),
-        "ascendc/opgen_ascendc_index.cpp": render.render("ascendc/opgen_ascendc_index.cpp.j2", index_dtypes=idx),
+        "ascendc/opgen_ascendc_index.cpp": render.render("ascendc/opgen_ascendc_index.cpp.j2", index_dtypes=idx,
+                                                                boundary_targets=btargets),
         **facades.generate(ops),
         **facades.generate(ascendc_ops if ascendc_ops is not None else ops, "ascendc"),
     }
@@ -334,6 +337,10 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
         dst.write_bytes(files[p].encode())
     for p in stale:
         (out_dir / p).unlink()
+        parent = (out_dir / p).parent  # a folder left empty (a dtype instance no longer printed) goes too
+        while parent != out_dir and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
     stamp_file.parent.mkdir(parents=True, exist_ok=True)
     if failures:  # the next build tries again
         stamp_file.unlink(missing_ok=True)

@@ -336,7 +336,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dims", help=f"sizes for --report, e.g. N=8192,D=4096 (default {REPORT_DEFAULT_DIM} each)")
     p.add_argument("--platform", help="device for --report, e.g. cores=48,ub_bytes=196608 (Atlas A2 / 910B)")
     p.add_argument("--variant", help="--report only for the kernels (ascendc) or programs (ttmetal) whose "
-                                     "name contains this, e.g. 'bf16' or 'softmax.bf16.u8.i64'")
+                                     "name contains this, e.g. 'bf16' or 'softmax.bf16.u8'")
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("build", help="regenerate generated/ from ops_dsl/",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -66,6 +67,23 @@ def layer_norm_backward(grad_y: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D
 '''
 
 
+#: a mask of six dtypes read only as ``cast(keep, boolean)``: converted once by the host entry,
+#: on the NPU (opgen/tile/boundary.py), so the kernels are instantiated per T only
+GATE_OP = '''
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16, f16)
+M = dtype_var("M", boolean, u8, i32, f32, bf16, f16)
+
+
+@op
+def gate_rows(x: Tensor[T, Batch(N), D], keep: Tensor[M, Batch(N)], *, y: Output[T, Batch(N), D]):
+    """y = x on rows whose keep flag is non-zero (NaN counts as non-zero), else x * 0."""
+    return {"y": x * cast(cast(keep, boolean), f32)[:, None]}
+'''
+
+
 def _library(generated: Path, out: Path) -> Path:
     """The Ascend library of a generated tree, built against the model."""
     sources = {p.name: p.read_text() for p in (generated / "ascendc").iterdir() if p.is_file()}
@@ -79,6 +97,7 @@ def new_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     ops = root / "opgen_test_ascendc_ops"
     ops.mkdir()
     (ops / "newops.py").write_text(NEW_OPS)
+    (ops / "gate.py").write_text(GATE_OP)
     env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
     r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
                        cwd=REPO, env=env, capture_output=True, text=True)
@@ -222,6 +241,46 @@ def _new_cases() -> list[tuple[str, str, dict[str, Any]]]:
             w = floats(rng, shape[-1], T)
             cases.append((f"layernorm-{T}-{shape}", "layer_norm_backward", {"grad_y": g, "x": x, "w": w}))
     return cases
+
+
+def _gate_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """gate_rows with its mask in each of six dtypes: zeros, ones, other values, -0.0, NaN and
+    infinities, 0.4 (non-zero: a bool cast is ``!= 0``), an empty call and batch dims."""
+    from tests.cpu_cases import floats
+
+    rng = np.random.default_rng(13)
+    special = np.array([0.0, 1.0, -0.0, np.nan, np.inf, -np.inf, 0.4, -3.0, 7.0, 0.0, 2.0, 0.0])
+    cases = []
+    for T in ("f32", "bf16"):
+        for M in ("bool", "u8", "i32", "f32", "bf16", "f16"):
+            for shape in ((12, 33), (2, 6, 17), (0, 5)):
+                n = int(np.prod(shape[:-1]))
+                flags = np.resize(special, n)
+                keep = (flags != 0) if M == "bool" else \
+                    np.abs(np.nan_to_num(flags, nan=3.0, posinf=9.0, neginf=5.0)).astype(NP_INT[M]) \
+                    if M in NP_INT else flags.astype(NP_FLOAT[M])
+                a = {"x": floats(rng, shape, T), "keep": keep.reshape(shape[:-1])}
+                cases.append((f"gate-{T}-{M}-{'x'.join(map(str, shape))}", "gate_rows", a))
+    return cases
+
+
+def test_tensor_read_only_cast_is_converted_on_the_npu(new_ops, tmp_path):
+    """A mask read only as ``cast(keep, boolean)`` is converted at the boundary: one kernel per T
+    (not per mask dtype), the host entry of each mask dtype converting it first with an NPU
+    kernel (``opgen_convert_<dtype>_bool``); against the oracle, bitwise across cores."""
+    from opgen import registry
+    from opgen.emit import ascendc
+
+    lib, env = new_ops
+    src = ascendc.op_sources(registry.load_all(env["OPGEN_OPS_DIR"])["gate_rows"])
+    assert src["ascendc/gate_rows_kernel.cpp"].count("__global__") == 6  # T x (resident, streamed)
+    host = src["ascendc/gate_rows_host.cpp"]
+    assert "opgen_ascendc_convert(&b[1], OPGEN_F16, " in host and "OPGEN_BOOL, " in host
+    _bitwise_across_cores(lib, _gate_cases(), tmp_path, env, cores=(1, 3))
+
+
+NP_INT = {"u8": np.uint8, "i32": np.int32}
+NP_FLOAT = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
 
 def test_new_ops_on_the_model(new_ops, tmp_path):

@@ -228,11 +228,11 @@ def test_ttmetal_report_on_the_command_line(capsys):
     # (V's two spans), its partial sums added by a second launch of one unit
     flce = "fused_linear_cross_entropy_loss_grad"
     rc, out, err = run(capsys, "show", flce, "--target", "ttmetal", "--report", "--dims", "BT=40,H=16,V=3000",
-                       "--variant", "__softmax.bf16.u8.i64")
+                       "--variant", "__softmax.bf16.u8")
     assert rc == 0 and len([line for line in out.splitlines() if "| all |" in line]) == 1, out
-    row0 = next(line for line in out.splitlines() if f"| {flce}__softmax.bf16.u8.i64 | 0 | 2 / 64 (2) |" in line)
+    row0 = next(line for line in out.splitlines() if f"| {flce}__softmax.bf16.u8 | 0 | 2 / 64 (2) |" in line)
     assert ":256 " in row0, row0  # the panel CB: G's 4 x 64 tiles resident for G @ W
-    assert f"| {flce}__softmax.bf16.u8.i64 | 1 | 1 / 64 (1) |" in out, out
-    assert f"report 1/1 {flce}__softmax.bf16.u8.i64" in err, err
+    assert f"| {flce}__softmax.bf16.u8 | 1 | 1 / 64 (1) |" in out, out
+    assert f"report 1/1 {flce}__softmax.bf16.u8" in err, err
     rc, out, err = run(capsys, "show", flce, "--target", "ttmetal", "--report", "--variant", "f64")
     assert rc != 0 and "--variant 'f64' selects none" in err, err

@@ -443,6 +443,13 @@ def test_integer_and_bool_scalar_constants_fold():
     assert v is f.body.block.args[1]  # the false branch, a parameter
     v, f = _folded(lambda e, a: e(ir.AndOp(a[0], a[0])), ("bool",))
     assert v is f.body.block.args[0]  # x && x is x
+    for x, y, q in ((7, 2, 3), (-7, 2, -3), (7, -2, -3), (-7, -2, 3)):  # C's division: toward zero
+        v, _ = _folded(lambda e, a, x=x, y=y: e(ir.DivOp(c(e, x, "i64"), c(e, y, "i64"))))
+        assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == q, (x, y)
+    v, _ = _folded(lambda e, a: e(ir.CastOp(c(e, True, "bool"), "i64")))
+    assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == 1 and ir.tensor_type(v).dtype == "i64"
+    v, _ = _folded(lambda e, a: e(ir.CastOp(c(e, -5, "i64"), "bool")))
+    assert isinstance(v.owner, ir.ConstantOp) and v.owner.number == 1 and ir.tensor_type(v).dtype == "bool"
 
 
 def test_folding_keeps_what_it_cannot_compute_exactly():
@@ -453,5 +460,9 @@ def test_folding_keeps_what_it_cannot_compute_exactly():
     assert isinstance(v.owner, ir.AddOp)
     v, _ = _folded(lambda e, a: e(ir.AddOp(c(e, 0.1, "f32"), c(e, 0.2, "f32"))))  # float rounding: the targets'
     assert isinstance(v.owner, ir.AddOp)
-    v, _ = _folded(lambda e, a: e(ir.DivOp(c(e, 7, "i64"), c(e, 2, "i64"))))  # no folder
+    v, _ = _folded(lambda e, a: e(ir.DivOp(c(e, 7, "i64"), c(e, 0, "i64"))))  # by zero: the targets' guard
     assert isinstance(v.owner, ir.DivOp)
+    v, _ = _folded(lambda e, a: e(ir.CastOp(c(e, 300, "i64"), "u8")))  # wraps: not folded
+    assert isinstance(v.owner, ir.CastOp)
+    v, _ = _folded(lambda e, a: e(ir.CastOp(c(e, 3, "i64"), "f32")))  # to a float: the targets' rounding
+    assert isinstance(v.owner, ir.CastOp)

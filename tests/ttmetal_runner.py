@@ -121,8 +121,12 @@ def main_cpp(man: dict) -> str:
             lines.append('        const uint32_t index_page = 32 * opgen_tt::index_size(index_dtype);')
         for a in v["args"]:
             if a["kind"] == "tensor":
-                page = a["page_size"] if isinstance(a["page_size"], int) else "index_page"
+                page = a["page_size"] if isinstance(a["page_size"], int) else \
+                    "32" if "converted_to" in a else "index_page"  # (PAGE_<name>: the element size)
                 lines.append(f'        auto {a["name"]} = make("{a["name"]}", {page});')
+                if "converted_to" in a:
+                    lines.append(f'        const auto {a["name"]}_dtype = (opgen_tt::IndexType)std::atoi('
+                                 f'std::getenv("OPGEN_TT_TYPE_{a["name"]}"));')
             else:
                 parse = {"f32": "std::strtof(argv[{i}], nullptr)", "bool": "std::atoi(argv[{i}]) != 0"}.get(
                     a["dtype"], "std::strtoll(argv[{i}], nullptr, 10)")
@@ -132,6 +136,7 @@ def main_cpp(man: dict) -> str:
             args.append(a["name"])
         if v["index_dtype_param"]:
             args.append("index_dtype")
+        args += [f'{a["name"]}_dtype' for a in v["args"] if "converted_to" in a]
         call = f'opgen_tt::{v["function"]}(*mesh, dir, grid, {", ".join(args + v["dims"])})'
         body = "\n".join(lines)
         cases.append(f'    if (variant == "{v["variant"]}") {{\n{body}\n        rc = {call};\n    }}')
@@ -241,7 +246,9 @@ def run(exe: Path, op: str, args: dict[str, Any], tmp: Path, grid: tuple[int, in
     for a in v["args"]:
         if a["kind"] == "tensor" and a["dtype"].startswith("index"):
             e["OPGEN_TT_INDEX_TYPE"] = str(INDEX_TYPES[args[a["name"]].dtype.name])
-        elif a["kind"] == "tensor" and a["dtype"].startswith("any"):  # pages of the data's element size
+        if "converted_to" in a:  # any IndexType, converted by the host
+            e[f"OPGEN_TT_TYPE_{a['name']}"] = str(INDEX_TYPES[args[a["name"]].dtype.name])
+        if a["kind"] == "tensor" and a["dtype"].startswith("any"):  # pages of the data's element size
             e[f"PAGE_{a['name']}"] = str((1024 if a["layout"] == "tile" else 32) * args[a["name"]].dtype.itemsize)
     p = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=e)
     outs = {}

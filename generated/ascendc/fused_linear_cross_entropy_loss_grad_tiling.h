@@ -17,8 +17,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -57,8 +57,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -97,8 +97,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -113,8 +113,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -153,8 +153,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -193,8 +193,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -209,8 +209,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -249,8 +249,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -289,8 +289,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -305,8 +305,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -345,8 +345,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -385,8 +385,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -401,392 +401,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -830,8 +446,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -875,8 +491,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -891,8 +507,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -936,8 +552,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -981,8 +597,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -997,8 +613,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1042,8 +658,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1087,8 +703,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1103,8 +719,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1148,8 +764,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1193,8 +809,8 @@ typedef struct {
     int64_t ws_bytes;
     TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1209,8 +825,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1226,25 +842,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1252,10 +864,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1271,25 +882,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1297,10 +904,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1315,8 +921,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1332,25 +938,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1358,10 +960,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1377,25 +978,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1403,10 +1000,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1421,8 +1017,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1438,25 +1034,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1464,10 +1056,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1483,25 +1074,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1509,10 +1096,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1527,8 +1113,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1544,25 +1130,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1570,10 +1152,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1589,25 +1170,21 @@ typedef struct {
     int64_t bytes_out1;
     int64_t bytes_in1;
     int64_t bytes_in2;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
     int64_t bytes_out2;
     int64_t bytes_out3;
+    int64_t bytes_in3;
+    int64_t bytes_in4;
     int64_t bytes_in5;
-    int64_t bytes_in6;
-    int64_t bytes_in7;
     int64_t bytes_out4;
-    int64_t bytes_in8;
+    int64_t bytes_in6;
     int64_t bytes_out5;
     int64_t bytes_calc1;
     int64_t bytes_calc2;
     int64_t bytes_calc3;
-    int64_t bytes_calc4;
     int64_t col_chunks;
     int64_t block_dim;
     int64_t ws_rows;
     int64_t ws_grows;
-    int64_t ws_p;
     int64_t ws_g;
     int64_t ws_gl;
     int64_t ws_c0;
@@ -1615,10 +1192,9 @@ typedef struct {
     int64_t ws_acc0;
     int64_t sys_ws;
     int64_t ws_bytes;
-    TCubeTiling mm_p;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1633,8 +1209,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1673,8 +1249,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1713,8 +1289,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1729,8 +1305,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1769,8 +1345,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1809,8 +1385,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1825,8 +1401,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1865,8 +1441,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1905,8 +1481,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1921,8 +1497,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -1961,8 +1537,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2001,8 +1577,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2017,8 +1593,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2057,8 +1633,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2097,8 +1673,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2113,8 +1689,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2153,8 +1729,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2193,8 +1769,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2209,8 +1785,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2249,8 +1825,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2289,8 +1865,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_part2_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2305,8 +1881,8 @@ typedef struct {
     int64_t flag_words;
     int64_t ws_flags;
     int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_check_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_check_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2345,8 +1921,8 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_part1_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_part1_tiling_t) <= 2048, "tiling data too large");
 
 typedef struct {
     int64_t dims[4];
@@ -2385,1543 +1961,7 @@ typedef struct {
     int64_t sys_ws;
     int64_t ws_bytes;
     TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_f16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_part2_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t col_chunk;
-    int64_t groups;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t flag_words;
-    int64_t ws_flags;
-    int64_t ws_bytes;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_check_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part1_tiling_t) <= 2048, "tiling data too large");
-
-typedef struct {
-    int64_t dims[4];
-    float p_label_smoothing;
-    int64_t pitch;
-    int64_t nbuf;
-    int64_t rows;
-    int64_t blk;
-    int64_t blocks;
-    int64_t xblocks;
-    int64_t groups;
-    int64_t col_chunk;
-    int64_t bytes_out1;
-    int64_t bytes_in1;
-    int64_t bytes_in2;
-    int64_t bytes_out2;
-    int64_t bytes_out3;
-    int64_t bytes_in3;
-    int64_t bytes_in4;
-    int64_t bytes_in5;
-    int64_t bytes_out4;
-    int64_t bytes_in6;
-    int64_t bytes_out5;
-    int64_t bytes_calc1;
-    int64_t bytes_calc2;
-    int64_t bytes_calc3;
-    int64_t col_chunks;
-    int64_t block_dim;
-    int64_t ws_rows;
-    int64_t ws_grows;
-    int64_t ws_g;
-    int64_t ws_gl;
-    int64_t ws_c0;
-    int64_t ws_c0l;
-    int64_t ws_acc0;
-    int64_t sys_ws;
-    int64_t ws_bytes;
-    TCubeTiling mm_0;
-} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t;
-static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_part2_tiling_t) <= 2048, "tiling data too large");
+} k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_part2_tiling_t;
+static_assert(sizeof(k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_part2_tiling_t) <= 2048, "tiling data too large");
 
 #endif /* OPGEN_ASCENDC_FUSED_LINEAR_CROSS_ENTROPY_LOSS_GRAD_TILING_H */

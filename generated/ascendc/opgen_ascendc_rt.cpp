@@ -7,17 +7,41 @@
 #include "opgen_ascendc_index.h"
 #include "tiling/platform/platform_ascendc.h"
 #include "aclrtlaunch_opgen_index_f32.h"
+#include "aclrtlaunch_opgen_convert_f32_i64.h"
+#include "aclrtlaunch_opgen_convert_f32_bool.h"
 #include "aclrtlaunch_opgen_index_f16.h"
+#include "aclrtlaunch_opgen_convert_f16_i64.h"
+#include "aclrtlaunch_opgen_convert_f16_bool.h"
 #include "aclrtlaunch_opgen_index_bf16.h"
+#include "aclrtlaunch_opgen_convert_bf16_i64.h"
+#include "aclrtlaunch_opgen_convert_bf16_bool.h"
 #include "aclrtlaunch_opgen_index_i64.h"
+#include "aclrtlaunch_opgen_convert_i64_i64.h"
+#include "aclrtlaunch_opgen_convert_i64_bool.h"
 #include "aclrtlaunch_opgen_index_i32.h"
+#include "aclrtlaunch_opgen_convert_i32_i64.h"
+#include "aclrtlaunch_opgen_convert_i32_bool.h"
 #include "aclrtlaunch_opgen_index_i16.h"
+#include "aclrtlaunch_opgen_convert_i16_i64.h"
+#include "aclrtlaunch_opgen_convert_i16_bool.h"
 #include "aclrtlaunch_opgen_index_i8.h"
+#include "aclrtlaunch_opgen_convert_i8_i64.h"
+#include "aclrtlaunch_opgen_convert_i8_bool.h"
 #include "aclrtlaunch_opgen_index_u64.h"
+#include "aclrtlaunch_opgen_convert_u64_i64.h"
+#include "aclrtlaunch_opgen_convert_u64_bool.h"
 #include "aclrtlaunch_opgen_index_u32.h"
+#include "aclrtlaunch_opgen_convert_u32_i64.h"
+#include "aclrtlaunch_opgen_convert_u32_bool.h"
 #include "aclrtlaunch_opgen_index_u16.h"
+#include "aclrtlaunch_opgen_convert_u16_i64.h"
+#include "aclrtlaunch_opgen_convert_u16_bool.h"
 #include "aclrtlaunch_opgen_index_u8.h"
+#include "aclrtlaunch_opgen_convert_u8_i64.h"
+#include "aclrtlaunch_opgen_convert_u8_bool.h"
 #include "aclrtlaunch_opgen_index_bool.h"
+#include "aclrtlaunch_opgen_convert_bool_i64.h"
+#include "aclrtlaunch_opgen_convert_bool_bool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -552,4 +576,108 @@ opgen_status_t opgen_ascendc_run(const opgen_op_t *op, const opgen_tensor_t *con
         aclrtFree(own);
     }
     return st;
+}
+
+/* ------------------------------------------------------------------ boundary conversion */
+/* the region's layout: tiling data, the converted elements */
+size_t opgen_ascendc_convert_ws(int64_t n, opgen_dtype_t to) {
+    return opgen_sz_add(OPGEN_INDEX_TILING_BYTES, opgen_sz_round64(opgen_sz_mul(opgen_sz_dim(n), opgen_itemsize[to])));
+}
+
+opgen_status_t opgen_ascendc_convert(opgen_buf_t *b, opgen_dtype_t from, int64_t n, opgen_dtype_t to, const char *op,
+                                     const char *what, char *ws, size_t *used, void *stream) {
+    *used = 0;
+    if (from == to) return OPGEN_SUCCESS; /* (the kernels take dense tensors: read in place) */
+    *used = opgen_ascendc_convert_ws(n, to);
+    char *out = ws + OPGEN_INDEX_TILING_BYTES;
+    if (n > 0) {
+        opgen_index_tiling_t tl;
+        tl.n = n;
+        tl.bound = 0;
+        tl.chunks = (n + OPGEN_INDEX_CHUNK - 1) / OPGEN_INDEX_CHUNK;
+        tl.block_dim = tl.chunks < opgen_ascendc_cores() ? tl.chunks : opgen_ascendc_cores();
+        opgen_status_t st = opgen_ascendc_put_tiling(ws, &tl, sizeof tl, stream, op);
+        if (st != OPGEN_SUCCESS) return st;
+        switch (from * 256 + to) {
+        case OPGEN_F32 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_f32_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_F32 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_f32_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_F16 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_f16_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_F16 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_f16_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_BF16 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_bf16_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_BF16 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_bf16_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I64 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i64_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I64 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i64_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I32 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i32_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I32 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i32_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I16 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i16_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I16 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i16_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I8 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i8_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_I8 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_i8_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U64 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u64_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U64 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u64_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U32 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u32_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U32 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u32_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U16 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u16_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U16 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u16_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U8 * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u8_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_U8 * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_u8_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_BOOL * 256 + OPGEN_I64:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_bool_i64)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        case OPGEN_BOOL * 256 + OPGEN_BOOL:
+            ACLRT_LAUNCH_KERNEL(opgen_convert_bool_bool)((uint32_t)tl.block_dim, (aclrtStream)stream, b->data, out, ws);
+            break;
+        default:
+            return opgen_fail(OPGEN_ERR_DTYPE, "%s: %s: this dtype is not converted on the NPU", op, what);
+        }
+        st = opgen_ascendc_launched("opgen_convert");
+        if (st != OPGEN_SUCCESS) return st;
+    }
+    b->data = out;
+    b->ro = NULL;
+    return OPGEN_SUCCESS;
 }

@@ -116,6 +116,12 @@ size_t opgen_ascendc_index_ws(int64_t n);
 opgen_status_t opgen_ascendc_index_check(int64_t n, int64_t bound, const char *op, const char *what);
 opgen_status_t opgen_ascendc_indices(opgen_buf_t *b, opgen_dtype_t dtype, int64_t n, int64_t bound, const char *op,
                                      const char *what, const char *bound_name, char *ws, size_t *used, void *stream);
+/* Tensors read only cast to i64 or bool (opgen/lower/boundary.py): the workspace one conversion
+ * of n elements to `to` takes; and the conversion itself, on the NPU: b's n elements of `from`
+ * to `to` in `ws` (its first *used bytes; none when `from` is `to`); b then points at them. */
+size_t opgen_ascendc_convert_ws(int64_t n, opgen_dtype_t to);
+opgen_status_t opgen_ascendc_convert(opgen_buf_t *b, opgen_dtype_t from, int64_t n, opgen_dtype_t to, const char *op,
+                                     const char *what, char *ws, size_t *used, void *stream);
 /* OPGEN_SUCCESS, or OPGEN_ERR_INTERNAL with the runtime's error of the last launch. */
 opgen_status_t opgen_ascendc_launched(const char *what);
 

@@ -37,6 +37,7 @@ from opgen.dsl.opdef import OpDef
 from opgen.emit import cnames, cpu
 from opgen.emit.c_family import SCALAR_FIELD, c_literal
 from opgen.ir import dialect as ir
+from opgen.lower.boundary import TARGETS as BOUNDARY_TARGETS
 from opgen.passes import pipeline
 from opgen.tile import dialect as t
 from opgen.tile.buffers import layout
@@ -74,15 +75,22 @@ def _cbool(a: IntAttr) -> str:
 
 
 def index_dtypes() -> list[dict[str, object]]:
-    """The index dtypes the runtime's conversion kernels read (opgen/tile/indices.py): name, C
-    type, the type the range check reads, whether the vector unit widens them first, C enum."""
+    """The dtypes the runtime's conversion kernels read (index tensors: opgen/tile/indices.py;
+    tensors read only cast: opgen/lower/boundary.py): name, C type, the type the range check
+    reads, the type opgen.cast reads, whether the vector unit widens them first, C enum."""
     out: list[dict[str, object]] = []
     for name in INDEX_DTYPES:
         d = dtypes.by_name(name)
         read = "float" if d.is_float else ("uint64_t" if name == "u64" else "int64_t")
-        out.append({"name": name, "ctype": ACL_CTYPE[name], "read": read, "widen": name in ("f16", "bf16"),
-                    "enum": f"OPGEN_{name.upper()}"})
+        out.append({"name": name, "ctype": ACL_CTYPE[name], "read": read, "cast_read": "bool" if d.is_bool else read,
+                    "widen": name in ("f16", "bf16"), "enum": f"OPGEN_{name.upper()}"})
     return out
+
+
+def boundary_targets() -> list[dict[str, str]]:
+    """The dtypes the conversion kernels convert to (opgen/lower/boundary.py's TARGETS)."""
+    return [{"name": n, "ctype": "uint8_t" if n == "bool" else ACL_CTYPE[n], "enum": f"OPGEN_{n.upper()}"}
+            for n in BOUNDARY_TARGETS]
 
 
 def inst_name(kernel: t.KernelOp) -> str:
@@ -823,56 +831,72 @@ def chain_entries(base: str, parts: list[str]) -> str:
 
 @dataclass
 class _Index:
-    """An index parameter a host entry converts: position, name, dtype, C count, bounds."""
+    """A parameter a host entry converts: position, name, dtype, C count, and either the bounds of
+    an index tensor (converted to range-checked int32) or the dtype a tensor read only cast is
+    converted to (``to``)."""
 
     index: int
     name: str
     dtype: str
     count: str
     bounds: list[tuple[str, str]]  # (dim name, C value)
+    to: str | None = None
 
 
 def _served(o: OpDef, k: t.KernelOp, base: str, dims: list[str],
             pidx: dict[str, int]) -> list[tuple[dict[str, dtypes.DType], str, list[_Index]]]:
     """Every full dtype binding the kernels of ``k``'s binding serve (each member of the free
-    dtype variables: index dtypes the runtime converts, dtypes of unread tensors), with the host
-    entry that serves it and the index parameters it converts (opgen/tile/indices.py)."""
+    dtype variables: index dtypes the runtime converts, dtypes of unread tensors, dtypes of
+    tensors read only cast), with the host entry that serves it and the parameters it converts
+    (opgen/tile/indices.py, opgen/lower/boundary.py)."""
     sig_vars = o.signature.dtype_vars()
     binding = {v: dtypes.by_name(d.data) for v, d in k.dtype_vars.data.items()}  # type: ignore[attr-defined]
     indices = {n: [b.data for b in arr.data] for n, arr in k.attributes["indices"].data.items()}  # type: ignore[attr-defined]
+    converted = {n: d.data for n, d in k.attributes["converted"].data.items()} \
+        if "converted" in k.attributes else {}  # type: ignore[attr-defined]
     free = [v.data for v in k.attributes["free"].data]  # type: ignore[attr-defined]
     params = {p.name: p for p in o.signature.params}
-    index_vars = {params[n].spec.dtype.name for n in indices}  # type: ignore[attr-defined]
-    choices = [[m for m in sig_vars[v].members if v not in index_vars or m.name in INDEX_DTYPES] for v in free]
+    spec_var = {n: params[n].spec.dtype.name for n in [*indices, *converted]}  # type: ignore[attr-defined]
+    free += [v for v in dict.fromkeys(spec_var[n] for n in converted) if v in sig_vars and v not in binding
+             and v not in free]
+    choices = [[m for m in sig_vars[v].members if v not in spec_var.values() or m.name in INDEX_DTYPES] for v in free]
     names = [a.data for a in k.arg_names.data]
     out = []
     for combo in itertools.product(*choices):
         full = {**binding, **dict(zip(free, combo, strict=True))}
         idx = []
-        for n, bounds in indices.items():
+        for n in [*indices, *converted]:
             spec_dt = params[n].spec.dtype  # type: ignore[attr-defined]
             dt = full[spec_dt.name] if spec_dt.name in full else spec_dt
             gm = t.gm_type(k.body.block.args[names.index(n)])
             count = " * ".join(f"dims[{dims.index(d)}]" if not d.isdigit() else d for d in gm.shape) or "1"
-            idx.append(_Index(pidx[n], n, dt.name, count, [(b, f"dims[{dims.index(b)}]" if not b.isdigit() else b)
-                                                            for b in bounds]))
+            bounds = [(b, f"dims[{dims.index(b)}]" if not b.isdigit() else b) for b in indices.get(n, [])]
+            idx.append(_Index(pidx[n], n, dt.name, count, bounds, converted.get(n)))
         fn = base + "".join(f"__{i.dtype}" for i in idx)
-        out.append(({v: full[v] for v in sig_vars}, fn, idx))
+        work = [i for i in idx if i.to != i.dtype]
+        out.append(({v: full[v] for v in sig_vars}, fn if work else base, work))
     return out
 
 
 def index_entries(fn: str, base: str, op: str, idx: list[_Index], nparams: int) -> str:
-    """The host entry of one binding of the index dtypes: each index parameter converted to int32
-    (and checked) in its own part of the workspace, then the kernels of ``base``."""
+    """The host entry of one binding of the converted dtypes: each index parameter converted to
+    int32 (and checked), each tensor read only cast converted to its dtype, in its own part of
+    the workspace, then the kernels of ``base``."""
     size = [f"static size_t {fn}_ws(const int64_t *dims) {{", f"    size_t s = {base}_ws(dims);"]
-    size += [f"    s = opgen_sz_add(s, opgen_ascendc_index_ws({i.count}));" for i in idx]
+    size += [f"    s = opgen_sz_add(s, opgen_ascendc_index_ws({i.count}));" if i.to is None else
+             f"    s = opgen_sz_add(s, opgen_ascendc_convert_ws({i.count}, OPGEN_{i.to.upper()}));" for i in idx]
     size += ["    return s;", "}"]
     pre = [f"static opgen_status_t {fn}_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {{",
-           "    opgen_status_t st = OPGEN_SUCCESS;"]
+           *(["    opgen_status_t st = OPGEN_SUCCESS;"] if any(i.to is None for i in idx) else [])]
     run = [f"static opgen_status_t {fn}(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, "
            "char *ws, void *stream) {", f"    opgen_buf_t b[{nparams}];", "    memcpy(b, bufs, sizeof b);",
            "    opgen_status_t st = OPGEN_SUCCESS;", "    size_t used = 0, part = 0;"]
     for i in idx:
+        if i.to is not None:
+            run += [f"    st = opgen_ascendc_convert(&b[{i.index}], OPGEN_{i.dtype.upper()}, {i.count}, "
+                    f'OPGEN_{i.to.upper()}, "{op}", "{i.name}", ws + used, &part, stream);',
+                    "    if (st != OPGEN_SUCCESS) return st;", "    used += part;"]
+            continue
         (name0, v0), rest = i.bounds[0], i.bounds[1:]
         bound = [f"        int64_t bound = {v0};", f'        const char *bound_name = "{name0}";']
         bound += [f'        if ({v} < bound) {{ bound = {v}; bound_name = "{n}"; }}' for n, v in rest]

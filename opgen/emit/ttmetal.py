@@ -198,7 +198,14 @@ class HostPrinter(Scalars):
     def dims(self) -> list[str]:
         return sorted({o.dim.data for o in self.p.walk() if isinstance(o, ir.DimOp)})
 
-    def params(self) -> list[str]:
+    def converted(self) -> dict[str, str]:
+        """The tensors the public function converts before the schedules run (``{name: dtype}``)."""
+        c = self.p.converted
+        return {} if c is None else {n: d.data for n, d in c.data.items()}  # type: ignore[attr-defined]
+
+    def params(self, public: bool = False) -> list[str]:
+        """The parameters of a schedule's function; ``public``: of the op's function, which also
+        takes the IndexType of each tensor it converts."""
         out = []
         for n, kd in zip(self.p.arg_names.data, self.p.arg_kinds.data, strict=True):
             if n.data == "workspace":
@@ -209,6 +216,8 @@ class HostPrinter(Scalars):
                        else f"{ctype} {n.data}")
         if any(isinstance(o, k.ScatterPlanOp) for o in self.p.walk()):
             out.append("IndexType index_dtype")
+        if public:
+            out += [f"IndexType {n}_dtype" for n in self.converted()]
         return out + [f"uint32_t {d}" for d in self.dims()]
 
     def print(self) -> str:
@@ -237,11 +246,15 @@ class HostPrinter(Scalars):
 
     def public(self, fn: str, schedules: list[str]) -> str:
         """The op's function for this dtype instance: the first schedule that can run."""
-        names = [*(a.split(" ")[-1] for a in self.params()), "quiet"]
-        args = ", ".join(["mesh", "kernel_dir", "grid", *names[:-1]])
+        conv = self.converted()
+        names = [f"{n}_conv" if n in conv else n for n in (a.split(" ")[-1] for a in self.params())]
+        args = ", ".join(["mesh", "kernel_dir", "grid", *names])
         lines = [f"/* {self.p.sym_name.data}: schedules tried in order: {', '.join(schedules)}. */",
                  f"int {fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    "
-                 + ",\n    ".join(self.params()) + ") {"]
+                 + ",\n    ".join(self.params(public=True)) + ") {"]
+        for n, d in conv.items():  # read only cast to d: converted once (opgen/lower/boundary.py)
+            lines += [f"    std::shared_ptr<distributed::MeshBuffer> {n}_conv = {n};",
+                      f"    if (int rc = opgen_tt_convert(mesh, {n}_conv, {n}_dtype, {INDEX_TYPE[d]})) return rc;"]
         for i, sch in enumerate(schedules):
             last = i == len(schedules) - 1
             lines.append(f"    {'return' if last else 'if (int rc ='} {sch}({args}, {'false' if last else 'true'})"
@@ -355,11 +368,16 @@ class HostPrinter(Scalars):
         self.line("}")
 
 
+#: opgen_tt::IndexType of the dtypes convert-at-boundary converts to
+INDEX_TYPE = {"i64": "IndexType::Int64", "bool": "IndexType::Bool"}
+
+
 def prog_args(prog: k.ProgramOp) -> list[dict]:
     """The host function's tensor and scalar parameters (name, kind, dtype, shape dims)."""
     out = []
     plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
     read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp | k.HostLoadOp)} | plans
+    conv = {} if prog.converted is None else {n: d.data for n, d in prog.converted.data.items()}  # type: ignore[attr-defined]
     for n, kd, ty, lay in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data,
                               prog.attributes["layouts"].data, strict=True):
         if n.data != "workspace":
@@ -371,6 +389,11 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
                 if n.data in plans:  # indices of any IndexType: pages of 32 of them
                     a["dtype"] = "index (the index_dtype parameter: any integer, float or bool index dtype)"
                     a["page_size"] = "32 x the index size"
+                elif n.data in conv:  # any IndexType, read back and converted by the host
+                    a["dtype"] = (f"any (the {n.data}_dtype parameter: any integer, float or bool IndexType, "
+                                  f"converted to {conv[n.data]} by the host)")
+                    a["converted_to"] = conv[n.data]
+                    a["page_size"] = "32 x the element size"
                 elif n.data not in read:
                     a["dtype"] = "any (not read: it only supplies dims)"
             out.append(a)

@@ -640,9 +640,16 @@ class MulOp(BinaryOp):
 
 @irdl_op_definition
 class DivOp(BinaryOp):
-    """Division; integer operands divide with truncation toward zero."""
+    """Division; integer operands divide with truncation toward zero (folded only by a
+    non-zero constant)."""
 
     name = "opgen.div"
+
+    def evaluate(self, a: int, b: int) -> int | None:
+        if b == 0:
+            return None
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
 
 
 @irdl_op_definition
@@ -761,11 +768,12 @@ class SelectOp(ElementwiseOp, HasFolderInterface):
 
 
 @irdl_op_definition
-class CastOp(ElementwiseOp):
+class CastOp(ElementwiseOp, HasFolderInterface):
     """Convert to the result dtype: floats round to nearest even, float->int truncates toward
     zero (NaN or out of range gives the type's minimum; unsigned: maximum), anything->bool is
     ``!= 0``. Float casts are logical: a value cast to bf16 is still held in f32 and rounds only
-    when it is stored to an output."""
+    when it is stored to an output. Folds an integer or bool constant cast to an integer or bool
+    dtype that holds its value (or to bool)."""
 
     name = "opgen.cast"
     x = operand_def(TensorType)
@@ -774,6 +782,14 @@ class CastOp(ElementwiseOp):
 
     def __init__(self, x: SSAValue, dtype: str):
         super().__init__(operands=[x], result_types=[TensorType.make(tensor_type(x).shape, dtype)])
+
+    def fold(self) -> Sequence[SSAValue | Attribute] | None:
+        x = constant_int(self.x)
+        dt = tensor_type(self.result).dtype
+        if x is None or dtypes.by_name(dt).kind not in ("int", "uint", "bool"):
+            return None
+        r = int(x != 0) if dt == "bool" else x
+        return (IntegerAttr(r, i64),) if fits(r, dt) else None
 
 
 # --------------------------------------------------------------------- shape-changing ops

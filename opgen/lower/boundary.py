@@ -38,7 +38,7 @@ TARGETS = ("i64", "bool")
 INDEXED = (ir.GatherOp, ir.ScatterAddOp, ir.BincountOp)
 
 
-def read_only_as(v: SSAValue) -> str | None:
+def read_only_as(v: SSAValue, targets: tuple[str, ...] = TARGETS) -> str | None:
     """The one dtype of :data:`TARGETS` that every read of ``v`` casts it to (through
     broadcasts), or None when some read uses the value in its own dtype (or ``v`` is unread)."""
     seen: set[str] = set()
@@ -49,7 +49,7 @@ def read_only_as(v: SSAValue) -> str | None:
         elif isinstance(op, INDEXED) and op.idx is v:  # indexes by the i64 value (opgen.gather)
             seen.add("i64")
         elif isinstance(op, ir.BroadcastOp):
-            inner = read_only_as(op.result)
+            inner = read_only_as(op.result, targets)
             if inner is None:
                 return None
             seen.add(inner)
@@ -58,7 +58,7 @@ def read_only_as(v: SSAValue) -> str | None:
     if len(seen) != 1:
         return None
     d = seen.pop()
-    return d if d in TARGETS else None
+    return d if d in targets else None
 
 
 def _retype(v: SSAValue, dtype: str) -> None:
@@ -74,8 +74,23 @@ def _retype(v: SSAValue, dtype: str) -> None:
             _retype(op.results[0], dtype)
 
 
-def convert_params(func: ir.FuncOp) -> dict[str, str]:
-    """Apply the pass to one function; returns ``{parameter: dtype}`` of the converted ones."""
+def indexes(v: SSAValue) -> bool:
+    """Some read of ``v`` (directly or through casts and broadcasts) is the index operand of a
+    gather/scatter-add/bincount."""
+    for use in v.uses:
+        op = use.operation
+        if isinstance(op, INDEXED) and op.idx is v:
+            return True
+        if isinstance(op, ir.CastOp | ir.BroadcastOp) and indexes(op.results[0]):
+            return True
+    return False
+
+
+def convert_params(func: ir.FuncOp, indices: bool = True, targets: tuple[str, ...] = TARGETS) -> dict[str, str]:
+    """Apply the pass to one function; returns ``{parameter: dtype}`` of the converted ones.
+    Without ``indices``, parameters read as indices are left alone (the tile level converts
+    them to range-checked int32 itself: opgen/tile/indices.py); ``targets``: the dtypes it may
+    convert to."""
     dvars = func.dtype_var_map()
     outs = {n.data for n in func.body.block.last_op.names.data}  # type: ignore[union-attr]
     names = [a.data for a in func.arg_names.data]
@@ -84,8 +99,8 @@ def convert_params(func: ir.FuncOp) -> dict[str, str]:
         a = func.body.block.args[i]
         if n in outs or ir.tensor_type(a).dtype not in dvars:
             continue
-        d = read_only_as(a)
-        if d is not None:
+        d = read_only_as(a, targets)
+        if d is not None and (indices or not indexes(a)):
             _retype(a, d)
             done[n] = d
     used: set[str] = set()
@@ -101,7 +116,8 @@ def convert_params(func: ir.FuncOp) -> dict[str, str]:
 
 
 class ConvertAtBoundary(ModulePass):
-    """Index and mask parameters read in one dtype, converted by the binder (module docstring)."""
+    """Index and mask parameters read in one dtype, converted by the binder (module docstring;
+    the NPU targets' variant: opgen/tile/boundary.py)."""
 
     name = "convert-at-boundary"
 

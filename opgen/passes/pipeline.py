@@ -22,7 +22,9 @@ from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
+from opgen.tile.boundary import ConvertAtBoundaryTiles
 from opgen.tile.buffers import PlanBuffers
+from opgen.tile.casts import SplitCasts
 from opgen.tile.dialect import Tile
 from opgen.tile.sizes import PlanWorkspace, SizeTiles, SplitCores
 from opgen.tile.to_tiles import LowerToTiles
@@ -50,14 +52,20 @@ PIPELINES: dict[str, list[ModulePass]] = {
              CanonicalizePass()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
-    "ascendc": [*L0, LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(), PlanBuffers(),
-                SizeTiles(), SplitCores(), PlanWorkspace()],
+    # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
+    # NPU; index tensors to range-checked int32 by the tile level (opgen/tile/indices.py). Vector
+    # casts A2 lacks go through f16 (opgen/tile/casts.py).
+    "ascendc": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(),
+                SplitCasts(), PlanBuffers(), SizeTiles(), SplitCores(), PlanWorkspace(), CanonicalizePass(),
+                CommonSubexpressionElimination()],
     # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
     # core; a matmul chain's spans split over the cores when its blocks are too few), then
     # reader/compute/writer kernels with their CBs and DST sections
-    # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py).
-    "ttmetal": [*L0, LowerToTiles(split_spans=True), CanonicalizePass(), CommonSubexpressionElimination(),
-                CacheRowsTt(), SizeTilesTt(), LowerToTtKernel(), CommonSubexpressionElimination()],
+    # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py). Tensors read only cast are
+    # converted by the host function (any IndexType), indices by the scatter plan.
+    "ttmetal": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(split_spans=True), CanonicalizePass(),
+                CommonSubexpressionElimination(), CacheRowsTt(), SizeTilesTt(), LowerToTtKernel(),
+                CommonSubexpressionElimination()],
 }
 
 

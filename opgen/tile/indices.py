@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 from xdsl.ir import BlockArgument, SSAValue
 
+from opgen import dtypes
 from opgen.ir import dialect as ir
+from opgen.tile import dialect as t
 
 #: index dtypes the conversion kernels read (64-bit floats: no AI-core arithmetic)
 INDEX_DTYPES = ("f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u64", "u32", "u16", "u8", "bool")
@@ -88,9 +90,11 @@ def unused_params(func: ir.FuncOp) -> set[str]:
 
 def free_dtype_vars(func: ir.FuncOp) -> set[str]:
     """Dtype variables typing only index parameters and unread parameters (see the module
-    docstring); the variables of outputs and of read data are never free."""
+    docstring); the variables of outputs and of read data are never free. (A variable
+    convert-at-boundary dropped from ``dtype_vars`` still types an unread parameter.)"""
     names = [a.data for a in func.arg_names.data]
-    dvars = set(func.dtype_var_map())
+    dvars = set(func.dtype_var_map()) | {d for a in func.body.block.args
+                                         if (d := ir.tensor_type(a).dtype) not in dtypes.BY_NAME}
     try:
         special = set(index_params(func)) | unused_params(func)
     except IndexUnsupported:
@@ -98,3 +102,10 @@ def free_dtype_vars(func: ir.FuncOp) -> set[str]:
     used_by_data = {ir.tensor_type(a).dtype for n, a in zip(names, func.body.block.args, strict=True)
                     if n not in special}
     return {v for v in dvars if v not in used_by_data}
+
+
+def mark_converted(k: t.KernelOp, func: ir.FuncOp) -> None:
+    """Record on kernel ``k`` the parameters its host converts before it runs: ``converted``,
+    ``{parameter: dtype}`` (read only cast to that dtype: opgen/lower/boundary.py)."""
+    if func.boundary_casts is not None:
+        k.attributes["converted"] = func.boundary_casts

@@ -32,7 +32,7 @@ from opgen.ir import dialect as ir
 from opgen.lower.row_groups import RowGroupLowering
 from opgen.lower.to_loops import NotFusable, _Lowering
 from opgen.tile import dialect as t
-from opgen.tile.indices import IndexUnsupported, free_dtype_vars, index_params
+from opgen.tile.indices import IndexUnsupported, free_dtype_vars, index_params, mark_converted
 from opgen.tile.scatter import ScatterWalk
 
 #: L0 ops the tile level has no form for yet (name -> what the message calls it)
@@ -198,6 +198,7 @@ class TileLowering(ScatterWalk):
         k.attributes["indices"] = DictionaryAttr({n: ArrayAttr([StringAttr(d) for d in ip.bounds])
                                                   for n, ip in self.index.items()})
         k.attributes["free"] = ArrayAttr([StringAttr(v) for v in sorted(self.free)])
+        mark_converted(k, self.func)
         self.scatters = g.scatters
         self.block = k.body.block
         self.args = dict(zip(self.names, k.body.block.args, strict=False))

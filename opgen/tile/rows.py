@@ -10,7 +10,7 @@ from xdsl.ir import BlockArgument, SSAValue
 from opgen.ir import dialect as ir
 from opgen.lower.matmul_chain import _strip_cast
 from opgen.tile import dialect as t
-from opgen.tile.indices import IndexUnsupported, index_params
+from opgen.tile.indices import IndexUnsupported, index_params, mark_converted
 from opgen.tile.lower import TileUnsupported
 
 
@@ -70,6 +70,7 @@ class RowValues:
         k.attributes["part"] = IntAttr(self.part)  # type: ignore[attr-defined]
         k.attributes["indices"] = DictionaryAttr({})
         k.attributes["free"] = ArrayAttr([])
+        mark_converted(k, self.func)  # type: ignore[attr-defined]
         k.attributes["schedule"] = StringAttr(schedule)
         self.block = self.cur = k.body.block
         self.args = dict(zip(names, k.body.block.args, strict=False))

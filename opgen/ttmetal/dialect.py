@@ -50,7 +50,9 @@ class ProgramOp(IRDLOperation):
     ``arg_types`` name the host function's parameters (``tensor`` buffers of the tile level's
     ``!tile.gm`` types; ``scalar`` floats); the ``layouts`` attribute (set by the lowering) gives
     each tensor's DRAM layout: ``tile`` (32x32 tiles of four 16x16 faces, one per page) or ``row``
-    (a row vector per row, in pages of 32 elements)."""
+    (a row vector per row, in pages of 32 elements). ``converted`` (``{parameter: dtype}``) names
+    the tensors the host converts before the launches: read only cast to that dtype
+    (opgen/lower/boundary.py), the caller's tensor may have any ``IndexType``."""
 
     name = "ttk.program"
     sym_name = prop_def(StringAttr)
@@ -58,6 +60,7 @@ class ProgramOp(IRDLOperation):
     arg_kinds = prop_def(ArrayAttr[StringAttr])
     arg_types = prop_def(ArrayAttr)
     dtype_vars = prop_def(DictionaryAttr)
+    converted = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 

@@ -101,6 +101,49 @@ int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n
     return 0;
 }
 
+/* The boundary conversion of a tensor the op reads only cast to int64 or bool
+ * (opgen/lower/boundary.py), once, before any launch: the caller's buffer (pages of 32 elements
+ * of IndexType `type`) read back, every element converted with opgen.cast's semantics (floats
+ * truncate toward zero, NaN or out of range giving INT64_MIN; anything -> bool is != 0) and
+ * uploaded as a new buffer of pages of 32 elements of `to`, which `buf` then holds. */
+[[maybe_unused]] int opgen_tt_convert(distributed::MeshDevice& mesh, std::shared_ptr<distributed::MeshBuffer>& buf,
+                                      IndexType type, IndexType to) {
+    if (type == to) return 0;
+    std::vector<uint8_t> raw;
+    distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    const size_t size = index_size(type), out_size = index_size(to), n = raw.size() / size;
+    std::vector<uint8_t> out(std::max<size_t>(n, 1) * out_size, 0);
+    for (size_t i = 0; i < n; ++i) {
+        int64_t v = 0;
+        switch (type) {
+            case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, (int64_t)i); break;
+            case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, (int64_t)i); break;
+            case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, (int64_t)i); break;
+            case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, (int64_t)i); break;
+            case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, (int64_t)i); break;
+            case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i); break;
+            case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i) != 0; break;
+            default: {
+                const double d = opgen_tt_index_float(raw.data() + i * size, type);
+                if (to == IndexType::Bool) {
+                    v = d != 0.0;  // (NaN is != 0)
+                } else {
+                    v = d == d && d > -9223372036854775808.0 && d < 9223372036854775808.0 ? (int64_t)d : INT64_MIN;
+                }
+            }
+        }
+        if (to == IndexType::Bool)
+            out[i] = v != 0;
+        else
+            std::memcpy(out.data() + i * 8, &v, 8);
+    }
+    buf = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)out.size()},
+        distributed::DeviceLocalBufferConfig{.page_size = 32 * out_size, .buffer_type = BufferType::DRAM}, &mesh);
+    distributed::EnqueueWriteMeshBuffer(mesh.mesh_command_queue(), buf, out, false);
+    return 0;
+}
+
 /* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) over
  * converted indices */
 template <typename RowFn>

@@ -101,6 +101,49 @@ int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n
     return 0;
 }
 
+/* The boundary conversion of a tensor the op reads only cast to int64 or bool
+ * (opgen/lower/boundary.py), once, before any launch: the caller's buffer (pages of 32 elements
+ * of IndexType `type`) read back, every element converted with opgen.cast's semantics (floats
+ * truncate toward zero, NaN or out of range giving INT64_MIN; anything -> bool is != 0) and
+ * uploaded as a new buffer of pages of 32 elements of `to`, which `buf` then holds. */
+[[maybe_unused]] int opgen_tt_convert(distributed::MeshDevice& mesh, std::shared_ptr<distributed::MeshBuffer>& buf,
+                                      IndexType type, IndexType to) {
+    if (type == to) return 0;
+    std::vector<uint8_t> raw;
+    distributed::EnqueueReadMeshBuffer(mesh.mesh_command_queue(), raw, buf, true);
+    const size_t size = index_size(type), out_size = index_size(to), n = raw.size() / size;
+    std::vector<uint8_t> out(std::max<size_t>(n, 1) * out_size, 0);
+    for (size_t i = 0; i < n; ++i) {
+        int64_t v = 0;
+        switch (type) {
+            case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, (int64_t)i); break;
+            case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, (int64_t)i); break;
+            case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, (int64_t)i); break;
+            case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, (int64_t)i); break;
+            case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, (int64_t)i); break;
+            case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i); break;
+            case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i) != 0; break;
+            default: {
+                const double d = opgen_tt_index_float(raw.data() + i * size, type);
+                if (to == IndexType::Bool) {
+                    v = d != 0.0;  // (NaN is != 0)
+                } else {
+                    v = d == d && d > -9223372036854775808.0 && d < 9223372036854775808.0 ? (int64_t)d : INT64_MIN;
+                }
+            }
+        }
+        if (to == IndexType::Bool)
+            out[i] = v != 0;
+        else
+            std::memcpy(out.data() + i * 8, &v, 8);
+    }
+    buf = distributed::MeshBuffer::create(
+        distributed::ReplicatedBufferConfig{.size = (uint64_t)out.size()},
+        distributed::DeviceLocalBufferConfig{.page_size = 32 * out_size, .buffer_type = BufferType::DRAM}, &mesh);
+    distributed::EnqueueWriteMeshBuffer(mesh.mesh_command_queue(), buf, out, false);
+    return 0;
+}
+
 /* the owner-computes plan of a scatter-add (ttk.scatter_plan in opgen/ttmetal/dialect.py) over
  * converted indices */
 template <typename RowFn>
@@ -160,8 +203,8 @@ int opgen_tt_scatter_plan(distributed::MeshDevice& mesh, const std::shared_ptr<d
 
 }  // namespace
 
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -179,607 +222,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_re
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 8;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -792,7 +243,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -803,19 +254,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -926,7 +377,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -978,7 +429,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -1097,7 +548,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -1149,7 +600,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -1180,14 +631,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -1195,7 +646,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -1217,16 +668,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -1264,14 +715,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -1279,7 +730,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -1301,16 +752,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -1325,8 +776,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_re
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -1336,15 +787,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64(distribut
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -1362,607 +816,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 1;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -1975,7 +837,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -1986,19 +848,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -2109,7 +971,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -2161,7 +1023,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -2280,7 +1142,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -2332,7 +1194,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -2363,14 +1225,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -2378,7 +1240,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -2400,16 +1262,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -2447,14 +1309,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -2462,7 +1324,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -2484,16 +1346,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -2508,8 +1370,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -2519,15 +1381,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64(distrib
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -2546,668 +1411,22 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 8;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: mask must hold at least BT flags");
     const int64_t v9 = (int64_t)H;
     const bool v10 = v9 > 0;
     const bool v11 = v7 == 0;
     const bool v12 = v10 || v11;
     const bool v13 = v9 == 0;
     const bool v14 = v12 || v13;
-    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the product over H = 0 (no elements) is not supported on the matrix unit");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row15 = 0; row15 < v7; ++row15) {
-            const bool v16 = opgen_tt_host_flag(data_target_mask, row15, true);
-            const int64_t v17 = opgen_tt_host_load<int32_t>(data_masked_target, row15);
-            const int64_t v18 = (int64_t)(v17);
-            const bool v19 = v18 >= 0;
-            const bool v20 = v18 < v3;
-            const bool v21 = v19 && v20;
-            const bool v22 = v16 || v21;
-            if (!(v22)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v23 = v7 + 31;
-    const int64_t v24 = v23 / 32;
-    const int64_t v25 = v9 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v24 * v26;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v3 + 31;
-    const int64_t v31 = v30 / 32;
-    const int64_t v32 = v31 * v26;
-    const int64_t v33 = v32 * 1024;
-    const bool v34 = v33 <= 4294967295;
-    if (!(v34)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v34)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v35 = v11 || v13;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v13;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v26;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = (1 > 1 ? 1 : 1);
-    const int64_t v70 = (v26 > 1 ? v26 : 1);
-    const int64_t v71 = 4 * v70;
-    const int64_t v72 = v71 * 2048;
-    const bool v73 = v72 <= 1048576;
-    const int64_t v74 = (v73 ? 1 : 0);
-    const int64_t v75 = (v73 ? v71 : 1);
-    const int64_t v76 = (v75 > 1 ? v75 : 1);
-    const int64_t v77 = (8 > 1 ? 8 : 1);
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 4096;
-    auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)input->address();
-    const int64_t v85 = (int64_t)weight->address();
-    const int64_t v86 = (int64_t)ws_ws_p->address();
-    const int64_t v87 = 128 + 31;
-    const int64_t v88 = v87 / 32;
-    const int64_t v89 = (v88 > 1 ? v88 : 1);
-    const int64_t v90 = (int64_t)logits_max->address();
-    const int64_t v91 = (int64_t)sum_exp_logits->address();
-    const int64_t v92 = (int64_t)masked_target->address();
-    const int64_t v93 = (int64_t)target_mask->address();
-    const int64_t v94 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v95 = (int64_t)grad->address();
-    const int64_t v96 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v98 = (int64_t)ws_ws_gl->address();
-    const int64_t v99 = (64 > 1 ? 64 : 1);
-    const int64_t v100 = 4 * v99;
-    const int64_t v101 = v100 * 2048;
-    const bool v102 = v101 <= 1048576;
-    const int64_t v103 = (v102 ? 1 : 0);
-    const int64_t v104 = (v102 ? v100 : 1);
-    const int64_t v105 = (v76 > v104 ? v76 : v104);
-    const int64_t v106 = v80 * v26;
-    const int64_t v107 = (v106 > 1 ? v106 : 1);
-    const int64_t v108 = v107 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v108},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v109 = (int64_t)ws_ws_c0->address();
-    const int64_t v110 = (v105 > v104 ? v105 : v104);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v108},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v111 = (int64_t)ws_ws_c0l->address();
-    const int64_t v112 = (int64_t)input_grad->address();
-    const int64_t v113 = v66 * 4096;
-    const int64_t v114 = 0 + v113;
-    const int64_t v115 = v69 * 128;
-    const int64_t v116 = v114 + v115;
-    const int64_t v117 = v110 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v66 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v77 * 2048;
-    const int64_t v122 = v120 + v121;
-    const int64_t v123 = v89 * 4096;
-    const int64_t v124 = v122 + v123;
-    const int64_t v125 = 0 + v123;
-    const int64_t v126 = v69 * 4096;
-    const int64_t v127 = v124 + v126;
-    const int64_t v128 = v125 + v126;
-    const int64_t v129 = v127 + v115;
-    const int64_t v130 = v129 + v126;
-    const int64_t v131 = v128 + v126;
-    const int64_t v132 = v130 + v123;
-    const int64_t v133 = v131 + v123;
-    const int64_t v134 = v132 + v126;
-    const int64_t v135 = v133 + v126;
-    const int64_t v136 = v89 * 2048;
-    const int64_t v137 = v134 + v136;
-    const int64_t v138 = v137 + v119;
-    const int64_t v139 = v138 + v123;
-    const int64_t v140 = v135 + v123;
-    const bool v141 = v139 <= 1400000;
-    if (!(v141)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v142 = v139 + v140;
-    const bool v143 = v142 <= 1400000;
-    const int64_t v144 = (v143 ? 2 : 1);
-    const int64_t v145 = v89 * v144;
-    const int64_t v146 = v69 * v144;
-    const int64_t v147 = (int64_t)V;
-    const int64_t v148 = v147 + 2048;
-    const int64_t v149 = v148 - 1;
-    const int64_t v150 = v149 / 2048;
-    const int64_t v151 = (v150 > 1 ? v150 : 1);
-    const int64_t v152 = (int64_t)BT;
-    const bool v153 = v152 == 0;
-    const int64_t v154 = (int64_t)H;
-    const bool v155 = v154 == 0;
-    const bool v156 = v153 || v155;
-    const int64_t v157 = v152 + 128;
-    const int64_t v158 = v157 - 1;
-    const int64_t v159 = v158 / 128;
-    const int64_t v160 = (v156 ? 0 : v159);
-    const int64_t v161 = (v160 > 1 ? v160 : 1);
-    const int64_t v162 = 64 / v161;
-    const int64_t v163 = (v162 > 1 ? v162 : 1);
-    const int64_t v164 = (v163 < v151 ? v163 : v151);
-    const int64_t v165 = v151 + v164;
-    const int64_t v166 = v165 - 1;
-    const int64_t v167 = v166 / v164;
-    const int64_t v168 = v151 + v167;
-    const int64_t v169 = v168 - 1;
-    const int64_t v170 = v169 / v167;
-    const bool v171 = v170 == 1;
-    const int64_t v172 = (v171 ? 0 : v160);
-    const int64_t v173 = std::min<int64_t>((int64_t)(grid.x * grid.y), v172 > 1 ? v172 : 1);
-    const int64_t v174 = (1 > 1 ? 1 : 1);
-    const int64_t v175 = 128 + 31;
-    const int64_t v176 = v175 / 32;
-    const int64_t v177 = (v176 > 1 ? v176 : 1);
-    const int64_t v178 = (int64_t)ws_ws_acc0->address();
-    const int64_t v179 = (2 > 1 ? 2 : 1);
-    const int64_t v180 = (int64_t)input_grad->address();
-    const int64_t v181 = v174 * 128;
-    const int64_t v182 = 0 + v181;
-    const int64_t v183 = v177 * 4096;
-    const int64_t v184 = v182 + v183;
-    const int64_t v185 = 0 + v183;
-    const int64_t v186 = v184 + v183;
-    const int64_t v187 = v185 + v183;
-    const int64_t v188 = v179 * 4096;
-    const int64_t v189 = v186 + v188;
-    const int64_t v190 = v179 * 2048;
-    const int64_t v191 = v189 + v190;
-    const bool v192 = v191 <= 1400000;
-    if (!(v192)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v193 = v191 + v187;
-    const bool v194 = v193 <= 1400000;
-    const int64_t v195 = (v194 ? 2 : 1);
-    const int64_t v196 = v177 * v195;
-    const int64_t v197 = (int64_t)V;
-    const bool v198 = v197 == 0;
-    const int64_t v199 = (int64_t)H;
-    const bool v200 = v199 == 0;
-    const bool v201 = v198 || v200;
-    const int64_t v202 = v197 + 128;
-    const int64_t v203 = v202 - 1;
-    const int64_t v204 = v203 / 128;
-    const int64_t v205 = (v201 ? 0 : v204);
-    const int64_t v206 = (int64_t)BT;
-    const int64_t v207 = v206 + 2048;
-    const int64_t v208 = v207 - 1;
-    const int64_t v209 = v208 / 2048;
-    const int64_t v210 = (v209 > 1 ? v209 : 1);
-    const int64_t v211 = (v205 > 1 ? v205 : 1);
-    const int64_t v212 = 64 / v211;
-    const int64_t v213 = (v212 > 1 ? v212 : 1);
-    const int64_t v214 = (v213 < v210 ? v213 : v210);
-    const int64_t v215 = v210 + v214;
-    const int64_t v216 = v215 - 1;
-    const int64_t v217 = v216 / v214;
-    const int64_t v218 = v210 + v217;
-    const int64_t v219 = v218 - 1;
-    const int64_t v220 = v219 / v217;
-    const int64_t v221 = v205 * v220;
-    const int64_t v222 = std::min<int64_t>((int64_t)(grid.x * grid.y), v221 > 1 ? v221 : 1);
-    const int64_t v223 = (v222 > v221 ? v222 : v221);
-    const int64_t v224 = v223 * 128;
-    const int64_t v225 = v224 + 31;
-    const int64_t v226 = v225 / 32;
-    const int64_t v227 = v199 + 31;
-    const int64_t v228 = v227 / 32;
-    const int64_t v229 = v226 * v228;
-    const int64_t v230 = (v229 > 1 ? v229 : 1);
-    const int64_t v231 = v230 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v231},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v232 = (2 > 1 ? 2 : 1);
-    const int64_t v233 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v234 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v235 = (1 > 1 ? 1 : 1);
-    const int64_t v236 = (v228 > 1 ? v228 : 1);
-    const int64_t v237 = 4 * v236;
-    const int64_t v238 = v237 * 2048;
-    const bool v239 = v238 <= 1048576;
-    const int64_t v240 = (v239 ? 1 : 0);
-    const int64_t v241 = (v239 ? v237 : 1);
-    const int64_t v242 = (v241 > 1 ? v241 : 1);
-    const int64_t v243 = (8 > 1 ? 8 : 1);
-    const int64_t v244 = v222 * 2048;
-    const int64_t v245 = v244 + 31;
-    const int64_t v246 = v245 / 32;
-    const int64_t v247 = v246 * 4;
-    const int64_t v248 = (v247 > 1 ? v247 : 1);
-    const int64_t v249 = v248 * 4096;
-    auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
-    const int64_t v251 = (int64_t)weight->address();
-    const int64_t v252 = (int64_t)ws1_ws_p->address();
-    const int64_t v253 = 128 + 31;
-    const int64_t v254 = v253 / 32;
-    const int64_t v255 = (v254 > 1 ? v254 : 1);
-    const int64_t v256 = (int64_t)logits_max->address();
-    const int64_t v257 = (int64_t)sum_exp_logits->address();
-    const int64_t v258 = (int64_t)masked_target->address();
-    const int64_t v259 = (int64_t)target_mask->address();
-    const int64_t v260 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v261 = (int64_t)grad->address();
-    const int64_t v262 = v248 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v262},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v263 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v262},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v264 = (int64_t)ws1_ws_gl->address();
-    const int64_t v265 = (64 > 1 ? 64 : 1);
-    const int64_t v266 = 4 * v265;
-    const int64_t v267 = v266 * 2048;
-    const bool v268 = v267 <= 1048576;
-    const int64_t v269 = (v268 ? 1 : 0);
-    const int64_t v270 = (v268 ? v266 : 1);
-    const int64_t v271 = (v242 > v270 ? v242 : v270);
-    const int64_t v272 = v222 * 128;
-    const int64_t v273 = v272 + 31;
-    const int64_t v274 = v273 / 32;
-    const int64_t v275 = v274 * v228;
-    const int64_t v276 = (v275 > 1 ? v275 : 1);
-    const int64_t v277 = v276 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v277},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v278 = (int64_t)ws1_ws_c0->address();
-    const int64_t v279 = (v271 > v270 ? v271 : v270);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v277},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v280 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v281 = (int64_t)weight_grad->address();
-    const int64_t v282 = v232 * 4096;
-    const int64_t v283 = 0 + v282;
-    const int64_t v284 = v235 * 128;
-    const int64_t v285 = v283 + v284;
-    const int64_t v286 = v279 * 2048;
-    const int64_t v287 = v285 + v286;
-    const int64_t v288 = v232 * 2048;
-    const int64_t v289 = v287 + v288;
-    const int64_t v290 = v243 * 2048;
-    const int64_t v291 = v289 + v290;
-    const int64_t v292 = v255 * 4096;
-    const int64_t v293 = v291 + v292;
-    const int64_t v294 = 0 + v292;
-    const int64_t v295 = v235 * 4096;
-    const int64_t v296 = v293 + v295;
-    const int64_t v297 = v294 + v295;
-    const int64_t v298 = v296 + v284;
-    const int64_t v299 = v298 + v295;
-    const int64_t v300 = v297 + v295;
-    const int64_t v301 = v299 + v292;
-    const int64_t v302 = v300 + v292;
-    const int64_t v303 = v301 + v295;
-    const int64_t v304 = v302 + v295;
-    const int64_t v305 = v255 * 2048;
-    const int64_t v306 = v303 + v305;
-    const int64_t v307 = v306 + v288;
-    const int64_t v308 = v307 + v292;
-    const int64_t v309 = v304 + v292;
-    const bool v310 = v308 <= 1400000;
-    if (!(v310)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v311 = v308 + v309;
-    const bool v312 = v311 <= 1400000;
-    const int64_t v313 = (v312 ? 2 : 1);
-    const int64_t v314 = v255 * v313;
-    const int64_t v315 = v235 * v313;
-    const int64_t v316 = (int64_t)BT;
-    const int64_t v317 = v316 + 2048;
-    const int64_t v318 = v317 - 1;
-    const int64_t v319 = v318 / 2048;
-    const int64_t v320 = (v319 > 1 ? v319 : 1);
-    const int64_t v321 = (int64_t)V;
-    const bool v322 = v321 == 0;
-    const int64_t v323 = (int64_t)H;
-    const bool v324 = v323 == 0;
-    const bool v325 = v322 || v324;
-    const int64_t v326 = v321 + 128;
-    const int64_t v327 = v326 - 1;
-    const int64_t v328 = v327 / 128;
-    const int64_t v329 = (v325 ? 0 : v328);
-    const int64_t v330 = (v329 > 1 ? v329 : 1);
-    const int64_t v331 = 64 / v330;
-    const int64_t v332 = (v331 > 1 ? v331 : 1);
-    const int64_t v333 = (v332 < v320 ? v332 : v320);
-    const int64_t v334 = v320 + v333;
-    const int64_t v335 = v334 - 1;
-    const int64_t v336 = v335 / v333;
-    const int64_t v337 = v320 + v336;
-    const int64_t v338 = v337 - 1;
-    const int64_t v339 = v338 / v336;
-    const bool v340 = v339 == 1;
-    const int64_t v341 = (v340 ? 0 : v329);
-    const int64_t v342 = std::min<int64_t>((int64_t)(grid.x * grid.y), v341 > 1 ? v341 : 1);
-    const int64_t v343 = (1 > 1 ? 1 : 1);
-    const int64_t v344 = 128 + 31;
-    const int64_t v345 = v344 / 32;
-    const int64_t v346 = (v345 > 1 ? v345 : 1);
-    const int64_t v347 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v348 = (2 > 1 ? 2 : 1);
-    const int64_t v349 = (int64_t)weight_grad->address();
-    const int64_t v350 = v343 * 128;
-    const int64_t v351 = 0 + v350;
-    const int64_t v352 = v346 * 4096;
-    const int64_t v353 = v351 + v352;
-    const int64_t v354 = 0 + v352;
-    const int64_t v355 = v353 + v352;
-    const int64_t v356 = v354 + v352;
-    const int64_t v357 = v348 * 4096;
-    const int64_t v358 = v355 + v357;
-    const int64_t v359 = v348 * 2048;
-    const int64_t v360 = v358 + v359;
-    const bool v361 = v360 <= 1400000;
-    if (!(v361)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v362 = v360 + v356;
-    const bool v363 = v362 <= 1400000;
-    const int64_t v364 = (v363 ? 2 : 1);
-    const int64_t v365 = v346 * v364;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (a matmul's panel); ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 128, {{7, tt::DataFormat::UInt32}}).set_page_size(7, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v89) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[8] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[10] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_p).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v366 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v53, (uint32_t)v45, (uint32_t)v110, (uint32_t)v84, (uint32_t)v85, (uint32_t)v74, (uint32_t)v3, (uint32_t)v86, (uint32_t)128, (uint32_t)v90, (uint32_t)v91, (uint32_t)v92, (uint32_t)v93, (uint32_t)v94, (uint32_t)v95, (uint32_t)v97, (uint32_t)v103, (uint32_t)v98, (uint32_t)v68, (uint32_t)v109, (uint32_t)v111});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v110, (uint32_t)v74, (uint32_t)v3, (uint32_t)128, (uint32_t)v103});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v86, (uint32_t)v74, (uint32_t)v3, (uint32_t)v97, (uint32_t)v98, (uint32_t)v109, (uint32_t)v103, (uint32_t)v111, (uint32_t)v112});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v172 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v173);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v174) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v196) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v196) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v179) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v179) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v173; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v367 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)v178, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)v178, (uint32_t)v180});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v221 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v222);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v235) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v279) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // weight (a matmul's panel); ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v235) * 128, {{7, tt::DataFormat::UInt32}}).set_page_size(7, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v255) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[6] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[8] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[9] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[10] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_p).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v222; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v368 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v217, (uint32_t)v209, (uint32_t)v279, (uint32_t)v250, (uint32_t)v251, (uint32_t)v240, (uint32_t)v206, (uint32_t)v252, (uint32_t)128, (uint32_t)v256, (uint32_t)v257, (uint32_t)v258, (uint32_t)v259, (uint32_t)v260, (uint32_t)v261, (uint32_t)v263, (uint32_t)v269, (uint32_t)v264, (uint32_t)v234, (uint32_t)v278, (uint32_t)v280});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v233, (uint32_t)v217, (uint32_t)v209, (uint32_t)v279, (uint32_t)v240, (uint32_t)v206, (uint32_t)128, (uint32_t)v269});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v234, (uint32_t)v217, (uint32_t)v209, (uint32_t)v252, (uint32_t)v240, (uint32_t)v206, (uint32_t)v263, (uint32_t)v264, (uint32_t)v278, (uint32_t)v269, (uint32_t)v280, (uint32_t)v281});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v341 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v342);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v343) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v365) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v365) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v348) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v348) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v342; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v369 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)v347, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)v347, (uint32_t)v349});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: mask must hold at least BT flags");
-    const int64_t v9 = (int64_t)H;
-    const bool v10 = v9 > 0;
-    const bool v11 = v7 == 0;
-    const bool v12 = v10 || v11;
-    const bool v13 = v9 == 0;
-    const bool v14 = v12 || v13;
-    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the product over H = 0 (no elements) is not supported on the matrix unit");
+    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the product over H = 0 (no elements) is not supported on the matrix unit");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -3220,7 +1439,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
             const bool v19 = v17 < v3;
             const bool v20 = v18 && v19;
             const bool v21 = v16 || v20;
-            if (!(v21)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v21)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v22 = v7 + 31;
@@ -3230,15 +1449,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v26 = v23 * v25;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v3 + 31;
     const int64_t v30 = v29 / 32;
     const int64_t v31 = v30 * v25;
     const int64_t v32 = v31 * 1024;
     const bool v33 = v32 <= 4294967295;
-    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v34 = v11 || v13;
     const bool v35 = v3 == 0;
     const bool v36 = v35 || v13;
@@ -3365,7 +1584,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v138 = v137 + v122;
     const int64_t v139 = v134 + v122;
     const bool v140 = v138 <= 1400000;
-    if (!(v140)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v140)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v141 = v138 + v139;
     const bool v142 = v141 <= 1400000;
     const int64_t v143 = (v142 ? 2 : 1);
@@ -3417,7 +1636,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v189 = v178 * 2048;
     const int64_t v190 = v188 + v189;
     const bool v191 = v190 <= 1400000;
-    if (!(v191)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v191)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v192 = v190 + v186;
     const bool v193 = v192 <= 1400000;
     const int64_t v194 = (v193 ? 2 : 1);
@@ -3554,7 +1773,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v307 = v306 + v291;
     const int64_t v308 = v303 + v291;
     const bool v309 = v307 <= 1400000;
-    if (!(v309)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v309)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v310 = v307 + v308;
     const bool v311 = v310 <= 1400000;
     const int64_t v312 = (v311 ? 2 : 1);
@@ -3606,7 +1825,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v358 = v347 * 2048;
     const int64_t v359 = v357 + v358;
     const bool v360 = v359 <= 1400000;
-    if (!(v360)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v360)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v361 = v359 + v355;
     const bool v362 = v361 <= 1400000;
     const int64_t v363 = (v362 ? 2 : 1);
@@ -3642,7 +1861,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
@@ -3651,7 +1870,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_writer);
@@ -3660,7 +1879,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v365 = (int64_t)core_i;
@@ -3682,16 +1901,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v178) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v172; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v366 = (int64_t)core_i;
@@ -3734,7 +1953,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
@@ -3743,7 +1962,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_2[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_writer);
@@ -3752,7 +1971,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v221; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v367 = (int64_t)core_i;
@@ -3774,16 +1993,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v347) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v341; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v368 = (int64_t)core_i;
@@ -3798,8 +2017,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -3810,15 +2029,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf1
     const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -3837,668 +2059,22 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 1;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: mask must hold at least BT flags");
     const int64_t v9 = (int64_t)H;
     const bool v10 = v9 > 0;
     const bool v11 = v7 == 0;
     const bool v12 = v10 || v11;
     const bool v13 = v9 == 0;
     const bool v14 = v12 || v13;
-    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the product over H = 0 (no elements) is not supported on the matrix unit");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row15 = 0; row15 < v7; ++row15) {
-            const bool v16 = opgen_tt_host_flag(data_target_mask, row15, false);
-            const int64_t v17 = opgen_tt_host_load<int32_t>(data_masked_target, row15);
-            const int64_t v18 = (int64_t)(v17);
-            const bool v19 = v18 >= 0;
-            const bool v20 = v18 < v3;
-            const bool v21 = v19 && v20;
-            const bool v22 = v16 || v21;
-            if (!(v22)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v23 = v7 + 31;
-    const int64_t v24 = v23 / 32;
-    const int64_t v25 = v9 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v24 * v26;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v3 + 31;
-    const int64_t v31 = v30 / 32;
-    const int64_t v32 = v31 * v26;
-    const int64_t v33 = v32 * 1024;
-    const bool v34 = v33 <= 4294967295;
-    if (!(v34)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v34)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v35 = v11 || v13;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v13;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v26;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = (1 > 1 ? 1 : 1);
-    const int64_t v70 = (v26 > 1 ? v26 : 1);
-    const int64_t v71 = 4 * v70;
-    const int64_t v72 = v71 * 2048;
-    const bool v73 = v72 <= 1048576;
-    const int64_t v74 = (v73 ? 1 : 0);
-    const int64_t v75 = (v73 ? v71 : 1);
-    const int64_t v76 = (v75 > 1 ? v75 : 1);
-    const int64_t v77 = (8 > 1 ? 8 : 1);
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 4096;
-    auto ws_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)input->address();
-    const int64_t v85 = (int64_t)weight->address();
-    const int64_t v86 = (int64_t)ws_ws_p->address();
-    const int64_t v87 = 128 + 31;
-    const int64_t v88 = v87 / 32;
-    const int64_t v89 = (v88 > 1 ? v88 : 1);
-    const int64_t v90 = (int64_t)logits_max->address();
-    const int64_t v91 = (int64_t)sum_exp_logits->address();
-    const int64_t v92 = (int64_t)masked_target->address();
-    const int64_t v93 = (int64_t)target_mask->address();
-    const int64_t v94 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v95 = (int64_t)grad->address();
-    const int64_t v96 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v98 = (int64_t)ws_ws_gl->address();
-    const int64_t v99 = (64 > 1 ? 64 : 1);
-    const int64_t v100 = 4 * v99;
-    const int64_t v101 = v100 * 2048;
-    const bool v102 = v101 <= 1048576;
-    const int64_t v103 = (v102 ? 1 : 0);
-    const int64_t v104 = (v102 ? v100 : 1);
-    const int64_t v105 = (v76 > v104 ? v76 : v104);
-    const int64_t v106 = v80 * v26;
-    const int64_t v107 = (v106 > 1 ? v106 : 1);
-    const int64_t v108 = v107 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v108},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v109 = (int64_t)ws_ws_c0->address();
-    const int64_t v110 = (v105 > v104 ? v105 : v104);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v108},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v111 = (int64_t)ws_ws_c0l->address();
-    const int64_t v112 = (int64_t)input_grad->address();
-    const int64_t v113 = v66 * 4096;
-    const int64_t v114 = 0 + v113;
-    const int64_t v115 = v69 * 128;
-    const int64_t v116 = v114 + v115;
-    const int64_t v117 = v110 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v66 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v77 * 2048;
-    const int64_t v122 = v120 + v121;
-    const int64_t v123 = v89 * 4096;
-    const int64_t v124 = v122 + v123;
-    const int64_t v125 = 0 + v123;
-    const int64_t v126 = v69 * 4096;
-    const int64_t v127 = v124 + v126;
-    const int64_t v128 = v125 + v126;
-    const int64_t v129 = v127 + v115;
-    const int64_t v130 = v129 + v126;
-    const int64_t v131 = v128 + v126;
-    const int64_t v132 = v130 + v123;
-    const int64_t v133 = v131 + v123;
-    const int64_t v134 = v132 + v126;
-    const int64_t v135 = v133 + v126;
-    const int64_t v136 = v89 * 2048;
-    const int64_t v137 = v134 + v136;
-    const int64_t v138 = v137 + v119;
-    const int64_t v139 = v138 + v123;
-    const int64_t v140 = v135 + v123;
-    const bool v141 = v139 <= 1400000;
-    if (!(v141)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v142 = v139 + v140;
-    const bool v143 = v142 <= 1400000;
-    const int64_t v144 = (v143 ? 2 : 1);
-    const int64_t v145 = v89 * v144;
-    const int64_t v146 = v69 * v144;
-    const int64_t v147 = (int64_t)V;
-    const int64_t v148 = v147 + 2048;
-    const int64_t v149 = v148 - 1;
-    const int64_t v150 = v149 / 2048;
-    const int64_t v151 = (v150 > 1 ? v150 : 1);
-    const int64_t v152 = (int64_t)BT;
-    const bool v153 = v152 == 0;
-    const int64_t v154 = (int64_t)H;
-    const bool v155 = v154 == 0;
-    const bool v156 = v153 || v155;
-    const int64_t v157 = v152 + 128;
-    const int64_t v158 = v157 - 1;
-    const int64_t v159 = v158 / 128;
-    const int64_t v160 = (v156 ? 0 : v159);
-    const int64_t v161 = (v160 > 1 ? v160 : 1);
-    const int64_t v162 = 64 / v161;
-    const int64_t v163 = (v162 > 1 ? v162 : 1);
-    const int64_t v164 = (v163 < v151 ? v163 : v151);
-    const int64_t v165 = v151 + v164;
-    const int64_t v166 = v165 - 1;
-    const int64_t v167 = v166 / v164;
-    const int64_t v168 = v151 + v167;
-    const int64_t v169 = v168 - 1;
-    const int64_t v170 = v169 / v167;
-    const bool v171 = v170 == 1;
-    const int64_t v172 = (v171 ? 0 : v160);
-    const int64_t v173 = std::min<int64_t>((int64_t)(grid.x * grid.y), v172 > 1 ? v172 : 1);
-    const int64_t v174 = (1 > 1 ? 1 : 1);
-    const int64_t v175 = 128 + 31;
-    const int64_t v176 = v175 / 32;
-    const int64_t v177 = (v176 > 1 ? v176 : 1);
-    const int64_t v178 = (int64_t)ws_ws_acc0->address();
-    const int64_t v179 = (2 > 1 ? 2 : 1);
-    const int64_t v180 = (int64_t)input_grad->address();
-    const int64_t v181 = v174 * 128;
-    const int64_t v182 = 0 + v181;
-    const int64_t v183 = v177 * 4096;
-    const int64_t v184 = v182 + v183;
-    const int64_t v185 = 0 + v183;
-    const int64_t v186 = v184 + v183;
-    const int64_t v187 = v185 + v183;
-    const int64_t v188 = v179 * 4096;
-    const int64_t v189 = v186 + v188;
-    const int64_t v190 = v179 * 2048;
-    const int64_t v191 = v189 + v190;
-    const bool v192 = v191 <= 1400000;
-    if (!(v192)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v193 = v191 + v187;
-    const bool v194 = v193 <= 1400000;
-    const int64_t v195 = (v194 ? 2 : 1);
-    const int64_t v196 = v177 * v195;
-    const int64_t v197 = (int64_t)V;
-    const bool v198 = v197 == 0;
-    const int64_t v199 = (int64_t)H;
-    const bool v200 = v199 == 0;
-    const bool v201 = v198 || v200;
-    const int64_t v202 = v197 + 128;
-    const int64_t v203 = v202 - 1;
-    const int64_t v204 = v203 / 128;
-    const int64_t v205 = (v201 ? 0 : v204);
-    const int64_t v206 = (int64_t)BT;
-    const int64_t v207 = v206 + 2048;
-    const int64_t v208 = v207 - 1;
-    const int64_t v209 = v208 / 2048;
-    const int64_t v210 = (v209 > 1 ? v209 : 1);
-    const int64_t v211 = (v205 > 1 ? v205 : 1);
-    const int64_t v212 = 64 / v211;
-    const int64_t v213 = (v212 > 1 ? v212 : 1);
-    const int64_t v214 = (v213 < v210 ? v213 : v210);
-    const int64_t v215 = v210 + v214;
-    const int64_t v216 = v215 - 1;
-    const int64_t v217 = v216 / v214;
-    const int64_t v218 = v210 + v217;
-    const int64_t v219 = v218 - 1;
-    const int64_t v220 = v219 / v217;
-    const int64_t v221 = v205 * v220;
-    const int64_t v222 = std::min<int64_t>((int64_t)(grid.x * grid.y), v221 > 1 ? v221 : 1);
-    const int64_t v223 = (v222 > v221 ? v222 : v221);
-    const int64_t v224 = v223 * 128;
-    const int64_t v225 = v224 + 31;
-    const int64_t v226 = v225 / 32;
-    const int64_t v227 = v199 + 31;
-    const int64_t v228 = v227 / 32;
-    const int64_t v229 = v226 * v228;
-    const int64_t v230 = (v229 > 1 ? v229 : 1);
-    const int64_t v231 = v230 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v231},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v232 = (2 > 1 ? 2 : 1);
-    const int64_t v233 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v234 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v235 = (1 > 1 ? 1 : 1);
-    const int64_t v236 = (v228 > 1 ? v228 : 1);
-    const int64_t v237 = 4 * v236;
-    const int64_t v238 = v237 * 2048;
-    const bool v239 = v238 <= 1048576;
-    const int64_t v240 = (v239 ? 1 : 0);
-    const int64_t v241 = (v239 ? v237 : 1);
-    const int64_t v242 = (v241 > 1 ? v241 : 1);
-    const int64_t v243 = (8 > 1 ? 8 : 1);
-    const int64_t v244 = v222 * 2048;
-    const int64_t v245 = v244 + 31;
-    const int64_t v246 = v245 / 32;
-    const int64_t v247 = v246 * 4;
-    const int64_t v248 = (v247 > 1 ? v247 : 1);
-    const int64_t v249 = v248 * 4096;
-    auto ws1_ws_p = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v249},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v250 = (int64_t)input->address();
-    const int64_t v251 = (int64_t)weight->address();
-    const int64_t v252 = (int64_t)ws1_ws_p->address();
-    const int64_t v253 = 128 + 31;
-    const int64_t v254 = v253 / 32;
-    const int64_t v255 = (v254 > 1 ? v254 : 1);
-    const int64_t v256 = (int64_t)logits_max->address();
-    const int64_t v257 = (int64_t)sum_exp_logits->address();
-    const int64_t v258 = (int64_t)masked_target->address();
-    const int64_t v259 = (int64_t)target_mask->address();
-    const int64_t v260 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v261 = (int64_t)grad->address();
-    const int64_t v262 = v248 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v262},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v263 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v262},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v264 = (int64_t)ws1_ws_gl->address();
-    const int64_t v265 = (64 > 1 ? 64 : 1);
-    const int64_t v266 = 4 * v265;
-    const int64_t v267 = v266 * 2048;
-    const bool v268 = v267 <= 1048576;
-    const int64_t v269 = (v268 ? 1 : 0);
-    const int64_t v270 = (v268 ? v266 : 1);
-    const int64_t v271 = (v242 > v270 ? v242 : v270);
-    const int64_t v272 = v222 * 128;
-    const int64_t v273 = v272 + 31;
-    const int64_t v274 = v273 / 32;
-    const int64_t v275 = v274 * v228;
-    const int64_t v276 = (v275 > 1 ? v275 : 1);
-    const int64_t v277 = v276 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v277},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v278 = (int64_t)ws1_ws_c0->address();
-    const int64_t v279 = (v271 > v270 ? v271 : v270);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v277},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v280 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v281 = (int64_t)weight_grad->address();
-    const int64_t v282 = v232 * 4096;
-    const int64_t v283 = 0 + v282;
-    const int64_t v284 = v235 * 128;
-    const int64_t v285 = v283 + v284;
-    const int64_t v286 = v279 * 2048;
-    const int64_t v287 = v285 + v286;
-    const int64_t v288 = v232 * 2048;
-    const int64_t v289 = v287 + v288;
-    const int64_t v290 = v243 * 2048;
-    const int64_t v291 = v289 + v290;
-    const int64_t v292 = v255 * 4096;
-    const int64_t v293 = v291 + v292;
-    const int64_t v294 = 0 + v292;
-    const int64_t v295 = v235 * 4096;
-    const int64_t v296 = v293 + v295;
-    const int64_t v297 = v294 + v295;
-    const int64_t v298 = v296 + v284;
-    const int64_t v299 = v298 + v295;
-    const int64_t v300 = v297 + v295;
-    const int64_t v301 = v299 + v292;
-    const int64_t v302 = v300 + v292;
-    const int64_t v303 = v301 + v295;
-    const int64_t v304 = v302 + v295;
-    const int64_t v305 = v255 * 2048;
-    const int64_t v306 = v303 + v305;
-    const int64_t v307 = v306 + v288;
-    const int64_t v308 = v307 + v292;
-    const int64_t v309 = v304 + v292;
-    const bool v310 = v308 <= 1400000;
-    if (!(v310)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v311 = v308 + v309;
-    const bool v312 = v311 <= 1400000;
-    const int64_t v313 = (v312 ? 2 : 1);
-    const int64_t v314 = v255 * v313;
-    const int64_t v315 = v235 * v313;
-    const int64_t v316 = (int64_t)BT;
-    const int64_t v317 = v316 + 2048;
-    const int64_t v318 = v317 - 1;
-    const int64_t v319 = v318 / 2048;
-    const int64_t v320 = (v319 > 1 ? v319 : 1);
-    const int64_t v321 = (int64_t)V;
-    const bool v322 = v321 == 0;
-    const int64_t v323 = (int64_t)H;
-    const bool v324 = v323 == 0;
-    const bool v325 = v322 || v324;
-    const int64_t v326 = v321 + 128;
-    const int64_t v327 = v326 - 1;
-    const int64_t v328 = v327 / 128;
-    const int64_t v329 = (v325 ? 0 : v328);
-    const int64_t v330 = (v329 > 1 ? v329 : 1);
-    const int64_t v331 = 64 / v330;
-    const int64_t v332 = (v331 > 1 ? v331 : 1);
-    const int64_t v333 = (v332 < v320 ? v332 : v320);
-    const int64_t v334 = v320 + v333;
-    const int64_t v335 = v334 - 1;
-    const int64_t v336 = v335 / v333;
-    const int64_t v337 = v320 + v336;
-    const int64_t v338 = v337 - 1;
-    const int64_t v339 = v338 / v336;
-    const bool v340 = v339 == 1;
-    const int64_t v341 = (v340 ? 0 : v329);
-    const int64_t v342 = std::min<int64_t>((int64_t)(grid.x * grid.y), v341 > 1 ? v341 : 1);
-    const int64_t v343 = (1 > 1 ? 1 : 1);
-    const int64_t v344 = 128 + 31;
-    const int64_t v345 = v344 / 32;
-    const int64_t v346 = (v345 > 1 ? v345 : 1);
-    const int64_t v347 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v348 = (2 > 1 ? 2 : 1);
-    const int64_t v349 = (int64_t)weight_grad->address();
-    const int64_t v350 = v343 * 128;
-    const int64_t v351 = 0 + v350;
-    const int64_t v352 = v346 * 4096;
-    const int64_t v353 = v351 + v352;
-    const int64_t v354 = 0 + v352;
-    const int64_t v355 = v353 + v352;
-    const int64_t v356 = v354 + v352;
-    const int64_t v357 = v348 * 4096;
-    const int64_t v358 = v355 + v357;
-    const int64_t v359 = v348 * 2048;
-    const int64_t v360 = v358 + v359;
-    const bool v361 = v360 <= 1400000;
-    if (!(v361)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v362 = v360 + v356;
-    const bool v363 = v362 <= 1400000;
-    const int64_t v364 = (v363 ? 2 : 1);
-    const int64_t v365 = v346 * v364;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_p (matmul C tiles); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v110) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // input (a matmul's panel); ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // input (matmul A tiles); ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v77) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // ws_ws_p (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v69) * 128, {{7, tt::DataFormat::UInt32}}).set_page_size(7, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v146) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v89) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v145) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[6] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[8] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[10] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_p).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v366 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v53, (uint32_t)v45, (uint32_t)v110, (uint32_t)v84, (uint32_t)v85, (uint32_t)v74, (uint32_t)v3, (uint32_t)v86, (uint32_t)128, (uint32_t)v90, (uint32_t)v91, (uint32_t)v92, (uint32_t)v93, (uint32_t)v94, (uint32_t)v95, (uint32_t)v97, (uint32_t)v103, (uint32_t)v98, (uint32_t)v68, (uint32_t)v109, (uint32_t)v111});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v110, (uint32_t)v74, (uint32_t)v3, (uint32_t)128, (uint32_t)v103});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v366, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v9, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v86, (uint32_t)v74, (uint32_t)v3, (uint32_t)v97, (uint32_t)v98, (uint32_t)v109, (uint32_t)v103, (uint32_t)v111, (uint32_t)v112});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v172 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v173);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v174) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v196) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v196) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v179) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v179) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v173; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v367 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)v178, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v367, (uint32_t)v172, (uint32_t)v173, (uint32_t)v170, (uint32_t)v152, (uint32_t)128, (uint32_t)32, (uint32_t)v154, (uint32_t)v178, (uint32_t)v180});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v221 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v222);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_p (matmul C tiles); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v235) * 128, {{1, tt::DataFormat::UInt32}}).set_page_size(1, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v279) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // weight (a matmul's panel); ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 2048, {{3, tt::DataFormat::Float16_b}}).set_page_size(3, 2048));  // input (matmul A tiles); ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v243) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight (matmul B tiles, a group's); input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // ws1_ws_p (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{6, tt::DataFormat::Float32}}).set_page_size(6, 4096));  // logits_max (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v235) * 128, {{7, tt::DataFormat::UInt32}}).set_page_size(7, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{8, tt::DataFormat::Float32}}).set_page_size(8, 4096));  // sum_exp_logits (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{9, tt::DataFormat::Float32}}).set_page_size(9, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v315) * 4096, {{10, tt::DataFormat::Float32}}).set_page_size(10, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v255) * 2048, {{11, tt::DataFormat::Float16_b}}).set_page_size(11, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v232) * 2048, {{12, tt::DataFormat::Float16_b}}).set_page_size(12, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v314) * 4096, {{13, tt::DataFormat::Float32}}).set_page_size(13, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_p).append_to(ct_reader);
-        TensorAccessorArgs(*logits_max).append_to(ct_reader);
-        TensorAccessorArgs(*sum_exp_logits).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[6] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[8] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[9] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[10] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_p).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v222; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v368 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v217, (uint32_t)v209, (uint32_t)v279, (uint32_t)v250, (uint32_t)v251, (uint32_t)v240, (uint32_t)v206, (uint32_t)v252, (uint32_t)128, (uint32_t)v256, (uint32_t)v257, (uint32_t)v258, (uint32_t)v259, (uint32_t)v260, (uint32_t)v261, (uint32_t)v263, (uint32_t)v269, (uint32_t)v264, (uint32_t)v234, (uint32_t)v278, (uint32_t)v280});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v233, (uint32_t)v217, (uint32_t)v209, (uint32_t)v279, (uint32_t)v240, (uint32_t)v206, (uint32_t)128, (uint32_t)v269});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v368, (uint32_t)v221, (uint32_t)v222, (uint32_t)v197, (uint32_t)v220, (uint32_t)128, (uint32_t)32, (uint32_t)v199, (uint32_t)v234, (uint32_t)v217, (uint32_t)v209, (uint32_t)v252, (uint32_t)v240, (uint32_t)v206, (uint32_t)v263, (uint32_t)v264, (uint32_t)v278, (uint32_t)v269, (uint32_t)v280, (uint32_t)v281});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v341 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v342);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v343) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v365) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v365) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v348) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v348) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v342; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v369 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)v347, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v369, (uint32_t)v341, (uint32_t)v342, (uint32_t)v339, (uint32_t)v321, (uint32_t)128, (uint32_t)32, (uint32_t)v323, (uint32_t)v347, (uint32_t)v349});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: mask must hold at least BT flags");
-    const int64_t v9 = (int64_t)H;
-    const bool v10 = v9 > 0;
-    const bool v11 = v7 == 0;
-    const bool v12 = v10 || v11;
-    const bool v13 = v9 == 0;
-    const bool v14 = v12 || v13;
-    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the product over H = 0 (no elements) is not supported on the matrix unit");
+    if (!(v14)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the product over H = 0 (no elements) is not supported on the matrix unit");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -4511,7 +2087,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
             const bool v19 = v17 < v3;
             const bool v20 = v18 && v19;
             const bool v21 = v16 || v20;
-            if (!(v21)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v21)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v22 = v7 + 31;
@@ -4521,15 +2097,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v26 = v23 * v25;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v3 + 31;
     const int64_t v30 = v29 / 32;
     const int64_t v31 = v30 * v25;
     const int64_t v32 = v31 * 1024;
     const bool v33 = v32 <= 4294967295;
-    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v33)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v34 = v11 || v13;
     const bool v35 = v3 == 0;
     const bool v36 = v35 || v13;
@@ -4656,7 +2232,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v138 = v137 + v122;
     const int64_t v139 = v134 + v122;
     const bool v140 = v138 <= 1400000;
-    if (!(v140)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v140)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v141 = v138 + v139;
     const bool v142 = v141 <= 1400000;
     const int64_t v143 = (v142 ? 2 : 1);
@@ -4708,7 +2284,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v189 = v178 * 2048;
     const int64_t v190 = v188 + v189;
     const bool v191 = v190 <= 1400000;
-    if (!(v191)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v191)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v192 = v190 + v186;
     const bool v193 = v192 <= 1400000;
     const int64_t v194 = (v193 ? 2 : 1);
@@ -4845,7 +2421,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v307 = v306 + v291;
     const int64_t v308 = v303 + v291;
     const bool v309 = v307 <= 1400000;
-    if (!(v309)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v309)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v310 = v307 + v308;
     const bool v311 = v310 <= 1400000;
     const int64_t v312 = (v311 ? 2 : 1);
@@ -4897,7 +2473,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v358 = v347 * 2048;
     const int64_t v359 = v357 + v358;
     const bool v360 = v359 <= 1400000;
-    if (!(v360)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v360)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v361 = v359 + v355;
     const bool v362 = v361 <= 1400000;
     const int64_t v363 = (v362 ? 2 : 1);
@@ -4933,7 +2509,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
@@ -4942,7 +2518,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_writer);
@@ -4951,7 +2527,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v365 = (int64_t)core_i;
@@ -4973,16 +2549,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v178) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v172; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v366 = (int64_t)core_i;
@@ -5025,7 +2601,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
@@ -5034,7 +2610,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_2[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_writer);
@@ -5043,7 +2619,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v221; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v367 = (int64_t)core_i;
@@ -5065,16 +2641,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v347) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v341; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v368 = (int64_t)core_i;
@@ -5089,8 +2665,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -5101,15 +2677,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf1
     const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -5128,609 +2707,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 8;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -5743,7 +2728,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -5754,19 +2739,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -5877,7 +2862,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -5929,7 +2914,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -6048,7 +3033,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -6100,7 +3085,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -6131,14 +3116,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -6146,7 +3131,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -6168,16 +3153,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -6215,14 +3200,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -6230,7 +3215,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -6252,16 +3237,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -6276,8 +3261,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -6288,15 +3273,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i6
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -6315,609 +3303,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 1;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -6930,7 +3324,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -6941,19 +3335,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -7064,7 +3458,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -7116,7 +3510,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -7235,7 +3629,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -7287,7 +3681,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -7318,14 +3712,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -7333,7 +3727,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -7355,16 +3749,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -7402,14 +3796,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -7417,7 +3811,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -7439,16 +3833,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -7463,8 +3857,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -7475,15 +3869,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -7502,609 +3899,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 8;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -8117,7 +3920,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -8128,19 +3931,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -8251,7 +4054,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -8303,7 +4106,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -8422,7 +4225,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -8474,7 +4277,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -8505,14 +4308,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -8520,7 +4323,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -8542,16 +4345,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -8589,14 +4392,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -8604,7 +4407,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -8626,16 +4429,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -8650,8 +4453,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -8662,15 +4465,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -8689,609 +4495,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 1;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -9304,7 +4516,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -9315,19 +4527,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -9438,7 +4650,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -9490,7 +4702,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -9609,7 +4821,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -9661,7 +4873,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -9692,14 +4904,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -9707,7 +4919,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -9729,16 +4941,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -9776,14 +4988,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -9791,7 +5003,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -9813,16 +5025,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -9837,8 +5049,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -9849,15 +5061,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_b
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -9877,611 +5092,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 8;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, true);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 8;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -10494,7 +5113,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -10505,19 +5124,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -10628,7 +5247,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -10680,7 +5299,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -10799,7 +5418,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -10851,7 +5470,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -10882,14 +5501,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -10897,7 +5516,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -10919,16 +5538,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -10966,14 +5585,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -10981,7 +5600,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -11003,16 +5622,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -11027,8 +5646,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -11040,15 +5659,18 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_sof
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_u8_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
+static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -11068,611 +5690,15 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     auto& cq = mesh.mesh_command_queue();
     const float v1 = label_smoothing;
     const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: labelSmoothing must be 0");
+    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: labelSmoothing must be 0");
     const int64_t v3 = (int64_t)V;
     const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: weight must have at least 128 rows (V >= 128)");
+    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: weight must have at least 128 rows (V >= 128)");
     const int64_t v5 = (int64_t)L;
     const int64_t v6 = v5 * 1;
     const int64_t v7 = (int64_t)BT;
     const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: mask must hold at least BT flags");
-    {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
-        std::vector<uint8_t> data_target_mask;
-        { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
-        std::vector<uint8_t> data_masked_target;
-        { auto buf = masked_target; distributed::EnqueueReadMeshBuffer(cq, data_masked_target, buf, true); }
-        for (int64_t row9 = 0; row9 < v7; ++row9) {
-            const bool v10 = opgen_tt_host_flag(data_target_mask, row9, false);
-            const int64_t v11 = opgen_tt_host_load<int32_t>(data_masked_target, row9);
-            const int64_t v12 = (int64_t)(v11);
-            const bool v13 = v12 >= 0;
-            const bool v14 = v12 < v3;
-            const bool v15 = v13 && v14;
-            const bool v16 = v10 || v15;
-            if (!(v16)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: maskedTarget out of [0, V) on a row whose target is in this shard");
-        }
-    }
-    const int64_t v17 = v7 + 31;
-    const int64_t v18 = v17 / 32;
-    const int64_t v19 = (int64_t)H;
-    const int64_t v20 = v19 + 31;
-    const int64_t v21 = v20 / 32;
-    const int64_t v22 = v18 * v21;
-    const int64_t v23 = v22 * 1024;
-    const bool v24 = v23 <= 4294967295;
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v25 = v3 + 31;
-    const int64_t v26 = v25 / 32;
-    const int64_t v27 = v26 * v21;
-    const int64_t v28 = v27 * 1024;
-    const bool v29 = v28 <= 4294967295;
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const int64_t v30 = v18 * v26;
-    const int64_t v31 = v30 * 1024;
-    const bool v32 = v31 <= 4294967295;
-    if (!(v32)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v24)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v29)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    const bool v33 = v7 == 0;
-    const bool v34 = v19 == 0;
-    const bool v35 = v33 || v34;
-    const bool v36 = v3 == 0;
-    const bool v37 = v36 || v34;
-    const bool v38 = v35 && v37;
-    if (v38) return 0;  // every output is empty
-    const int64_t v39 = v7 + 128;
-    const int64_t v40 = v39 - 1;
-    const int64_t v41 = v40 / 128;
-    const int64_t v42 = (v35 ? 0 : v41);
-    const int64_t v43 = v3 + 2048;
-    const int64_t v44 = v43 - 1;
-    const int64_t v45 = v44 / 2048;
-    const int64_t v46 = (v45 > 1 ? v45 : 1);
-    const int64_t v47 = (v42 > 1 ? v42 : 1);
-    const int64_t v48 = 64 / v47;
-    const int64_t v49 = (v48 > 1 ? v48 : 1);
-    const int64_t v50 = (v49 < v46 ? v49 : v46);
-    const int64_t v51 = v46 + v50;
-    const int64_t v52 = v51 - 1;
-    const int64_t v53 = v52 / v50;
-    const int64_t v54 = v46 + v53;
-    const int64_t v55 = v54 - 1;
-    const int64_t v56 = v55 / v53;
-    const int64_t v57 = v42 * v56;
-    const int64_t v58 = std::min<int64_t>((int64_t)(grid.x * grid.y), v57 > 1 ? v57 : 1);
-    const int64_t v59 = (v58 > v57 ? v58 : v57);
-    const int64_t v60 = v59 * 128;
-    const int64_t v61 = v60 + 31;
-    const int64_t v62 = v61 / 32;
-    const int64_t v63 = v62 * v21;
-    const int64_t v64 = (v63 > 1 ? v63 : 1);
-    const int64_t v65 = v64 * 4096;
-    auto ws_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v65},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v66 = (2 > 1 ? 2 : 1);
-    const int64_t v67 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v68 = (int64_t)ws_ws_acc0->address();
-    const int64_t v69 = 128 + 31;
-    const int64_t v70 = v69 / 32;
-    const int64_t v71 = (v70 > 1 ? v70 : 1);
-    const int64_t v72 = (int64_t)softmax->address();
-    const int64_t v73 = (1 > 1 ? 1 : 1);
-    const int64_t v74 = (int64_t)masked_target->address();
-    const int64_t v75 = (int64_t)target_mask->address();
-    const int64_t v76 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v77 = (int64_t)grad->address();
-    const int64_t v78 = v58 * 128;
-    const int64_t v79 = v78 + 31;
-    const int64_t v80 = v79 / 32;
-    const int64_t v81 = v80 * 64;
-    const int64_t v82 = (v81 > 1 ? v81 : 1);
-    const int64_t v83 = v82 * 2048;
-    auto ws_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v84 = (int64_t)ws_ws_g->address();
-    auto ws_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v83},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v85 = (int64_t)ws_ws_gl->address();
-    const int64_t v86 = (64 > 1 ? 64 : 1);
-    const int64_t v87 = 4 * v86;
-    const int64_t v88 = v87 * 2048;
-    const bool v89 = v88 <= 1048576;
-    const int64_t v90 = (v89 ? 1 : 0);
-    const int64_t v91 = (v89 ? v87 : 1);
-    const int64_t v92 = (v91 > 1 ? v91 : 1);
-    const int64_t v93 = (8 > 1 ? 8 : 1);
-    const int64_t v94 = v80 * v21;
-    const int64_t v95 = (v94 > 1 ? v94 : 1);
-    const int64_t v96 = v95 * 4096;
-    auto ws_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v97 = (int64_t)weight->address();
-    const int64_t v98 = (int64_t)ws_ws_c0->address();
-    const int64_t v99 = (v92 > v91 ? v92 : v91);
-    auto ws_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v96},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v100 = (int64_t)ws_ws_c0l->address();
-    const int64_t v101 = (int64_t)input_grad->address();
-    const int64_t v102 = v66 * 4096;
-    const int64_t v103 = 0 + v102;
-    const int64_t v104 = v71 * 4096;
-    const int64_t v105 = v103 + v104;
-    const int64_t v106 = 0 + v104;
-    const int64_t v107 = v73 * 128;
-    const int64_t v108 = v105 + v107;
-    const int64_t v109 = v108 + v104;
-    const int64_t v110 = v106 + v104;
-    const int64_t v111 = v109 + v107;
-    const int64_t v112 = v73 * 4096;
-    const int64_t v113 = v111 + v112;
-    const int64_t v114 = v110 + v112;
-    const int64_t v115 = v71 * 2048;
-    const int64_t v116 = v113 + v115;
-    const int64_t v117 = v66 * 2048;
-    const int64_t v118 = v116 + v117;
-    const int64_t v119 = v99 * 2048;
-    const int64_t v120 = v118 + v119;
-    const int64_t v121 = v120 + v117;
-    const int64_t v122 = v93 * 2048;
-    const int64_t v123 = v121 + v122;
-    const int64_t v124 = v123 + v104;
-    const int64_t v125 = v114 + v104;
-    const bool v126 = v124 <= 1400000;
-    if (!(v126)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v127 = v124 + v125;
-    const bool v128 = v127 <= 1400000;
-    const int64_t v129 = (v128 ? 2 : 1);
-    const int64_t v130 = v71 * v129;
-    const int64_t v131 = v73 * v129;
-    const int64_t v132 = (int64_t)V;
-    const int64_t v133 = v132 + 2048;
-    const int64_t v134 = v133 - 1;
-    const int64_t v135 = v134 / 2048;
-    const int64_t v136 = (v135 > 1 ? v135 : 1);
-    const int64_t v137 = (int64_t)BT;
-    const bool v138 = v137 == 0;
-    const int64_t v139 = (int64_t)H;
-    const bool v140 = v139 == 0;
-    const bool v141 = v138 || v140;
-    const int64_t v142 = v137 + 128;
-    const int64_t v143 = v142 - 1;
-    const int64_t v144 = v143 / 128;
-    const int64_t v145 = (v141 ? 0 : v144);
-    const int64_t v146 = (v145 > 1 ? v145 : 1);
-    const int64_t v147 = 64 / v146;
-    const int64_t v148 = (v147 > 1 ? v147 : 1);
-    const int64_t v149 = (v148 < v136 ? v148 : v136);
-    const int64_t v150 = v136 + v149;
-    const int64_t v151 = v150 - 1;
-    const int64_t v152 = v151 / v149;
-    const int64_t v153 = v136 + v152;
-    const int64_t v154 = v153 - 1;
-    const int64_t v155 = v154 / v152;
-    const bool v156 = v155 == 1;
-    const int64_t v157 = (v156 ? 0 : v145);
-    const int64_t v158 = std::min<int64_t>((int64_t)(grid.x * grid.y), v157 > 1 ? v157 : 1);
-    const int64_t v159 = (1 > 1 ? 1 : 1);
-    const int64_t v160 = 128 + 31;
-    const int64_t v161 = v160 / 32;
-    const int64_t v162 = (v161 > 1 ? v161 : 1);
-    const int64_t v163 = (int64_t)ws_ws_acc0->address();
-    const int64_t v164 = (2 > 1 ? 2 : 1);
-    const int64_t v165 = (int64_t)input_grad->address();
-    const int64_t v166 = v159 * 128;
-    const int64_t v167 = 0 + v166;
-    const int64_t v168 = v162 * 4096;
-    const int64_t v169 = v167 + v168;
-    const int64_t v170 = 0 + v168;
-    const int64_t v171 = v169 + v168;
-    const int64_t v172 = v170 + v168;
-    const int64_t v173 = v164 * 4096;
-    const int64_t v174 = v171 + v173;
-    const int64_t v175 = v164 * 2048;
-    const int64_t v176 = v174 + v175;
-    const bool v177 = v176 <= 1400000;
-    if (!(v177)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v178 = v176 + v172;
-    const bool v179 = v178 <= 1400000;
-    const int64_t v180 = (v179 ? 2 : 1);
-    const int64_t v181 = v162 * v180;
-    const int64_t v182 = (int64_t)V;
-    const bool v183 = v182 == 0;
-    const int64_t v184 = (int64_t)H;
-    const bool v185 = v184 == 0;
-    const bool v186 = v183 || v185;
-    const int64_t v187 = v182 + 128;
-    const int64_t v188 = v187 - 1;
-    const int64_t v189 = v188 / 128;
-    const int64_t v190 = (v186 ? 0 : v189);
-    const int64_t v191 = (int64_t)BT;
-    const int64_t v192 = v191 + 2048;
-    const int64_t v193 = v192 - 1;
-    const int64_t v194 = v193 / 2048;
-    const int64_t v195 = (v194 > 1 ? v194 : 1);
-    const int64_t v196 = (v190 > 1 ? v190 : 1);
-    const int64_t v197 = 64 / v196;
-    const int64_t v198 = (v197 > 1 ? v197 : 1);
-    const int64_t v199 = (v198 < v195 ? v198 : v195);
-    const int64_t v200 = v195 + v199;
-    const int64_t v201 = v200 - 1;
-    const int64_t v202 = v201 / v199;
-    const int64_t v203 = v195 + v202;
-    const int64_t v204 = v203 - 1;
-    const int64_t v205 = v204 / v202;
-    const int64_t v206 = v190 * v205;
-    const int64_t v207 = std::min<int64_t>((int64_t)(grid.x * grid.y), v206 > 1 ? v206 : 1);
-    const int64_t v208 = (v207 > v206 ? v207 : v206);
-    const int64_t v209 = v208 * 128;
-    const int64_t v210 = v209 + 31;
-    const int64_t v211 = v210 / 32;
-    const int64_t v212 = v184 + 31;
-    const int64_t v213 = v212 / 32;
-    const int64_t v214 = v211 * v213;
-    const int64_t v215 = (v214 > 1 ? v214 : 1);
-    const int64_t v216 = v215 * 4096;
-    auto ws1_ws_acc0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v216},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v217 = (2 > 1 ? 2 : 1);
-    const int64_t v218 = (int64_t)opgen_tt_bits(0.0f);
-    const int64_t v219 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v220 = 128 + 31;
-    const int64_t v221 = v220 / 32;
-    const int64_t v222 = (v221 > 1 ? v221 : 1);
-    const int64_t v223 = (int64_t)softmax->address();
-    const int64_t v224 = (1 > 1 ? 1 : 1);
-    const int64_t v225 = (int64_t)masked_target->address();
-    const int64_t v226 = (int64_t)target_mask->address();
-    const int64_t v227 = (int64_t)opgen_tt_bits(1.0f);
-    const int64_t v228 = (int64_t)grad->address();
-    const int64_t v229 = v207 * 2048;
-    const int64_t v230 = v229 + 31;
-    const int64_t v231 = v230 / 32;
-    const int64_t v232 = v231 * 4;
-    const int64_t v233 = (v232 > 1 ? v232 : 1);
-    const int64_t v234 = v233 * 2048;
-    auto ws1_ws_g = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v235 = (int64_t)ws1_ws_g->address();
-    auto ws1_ws_gl = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v234},
-        distributed::DeviceLocalBufferConfig{.page_size = 2048, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v236 = (int64_t)ws1_ws_gl->address();
-    const int64_t v237 = (64 > 1 ? 64 : 1);
-    const int64_t v238 = 4 * v237;
-    const int64_t v239 = v238 * 2048;
-    const bool v240 = v239 <= 1048576;
-    const int64_t v241 = (v240 ? 1 : 0);
-    const int64_t v242 = (v240 ? v238 : 1);
-    const int64_t v243 = (v242 > 1 ? v242 : 1);
-    const int64_t v244 = (8 > 1 ? 8 : 1);
-    const int64_t v245 = v207 * 128;
-    const int64_t v246 = v245 + 31;
-    const int64_t v247 = v246 / 32;
-    const int64_t v248 = v247 * v213;
-    const int64_t v249 = (v248 > 1 ? v248 : 1);
-    const int64_t v250 = v249 * 4096;
-    auto ws1_ws_c0 = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v251 = (int64_t)input->address();
-    const int64_t v252 = (int64_t)ws1_ws_c0->address();
-    const int64_t v253 = (v243 > v242 ? v243 : v242);
-    auto ws1_ws_c0l = distributed::MeshBuffer::create(
-        distributed::ReplicatedBufferConfig{.size = (uint64_t)v250},
-        distributed::DeviceLocalBufferConfig{.page_size = 4096, .buffer_type = BufferType::DRAM}, &mesh);
-    const int64_t v254 = (int64_t)ws1_ws_c0l->address();
-    const int64_t v255 = (int64_t)weight_grad->address();
-    const int64_t v256 = v217 * 4096;
-    const int64_t v257 = 0 + v256;
-    const int64_t v258 = v222 * 4096;
-    const int64_t v259 = v257 + v258;
-    const int64_t v260 = 0 + v258;
-    const int64_t v261 = v224 * 128;
-    const int64_t v262 = v259 + v261;
-    const int64_t v263 = v262 + v258;
-    const int64_t v264 = v260 + v258;
-    const int64_t v265 = v263 + v261;
-    const int64_t v266 = v224 * 4096;
-    const int64_t v267 = v265 + v266;
-    const int64_t v268 = v264 + v266;
-    const int64_t v269 = v222 * 2048;
-    const int64_t v270 = v267 + v269;
-    const int64_t v271 = v217 * 2048;
-    const int64_t v272 = v270 + v271;
-    const int64_t v273 = v253 * 2048;
-    const int64_t v274 = v272 + v273;
-    const int64_t v275 = v274 + v271;
-    const int64_t v276 = v244 * 2048;
-    const int64_t v277 = v275 + v276;
-    const int64_t v278 = v277 + v258;
-    const int64_t v279 = v268 + v258;
-    const bool v280 = v278 <= 1400000;
-    if (!(v280)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v281 = v278 + v279;
-    const bool v282 = v281 <= 1400000;
-    const int64_t v283 = (v282 ? 2 : 1);
-    const int64_t v284 = v222 * v283;
-    const int64_t v285 = v224 * v283;
-    const int64_t v286 = (int64_t)BT;
-    const int64_t v287 = v286 + 2048;
-    const int64_t v288 = v287 - 1;
-    const int64_t v289 = v288 / 2048;
-    const int64_t v290 = (v289 > 1 ? v289 : 1);
-    const int64_t v291 = (int64_t)V;
-    const bool v292 = v291 == 0;
-    const int64_t v293 = (int64_t)H;
-    const bool v294 = v293 == 0;
-    const bool v295 = v292 || v294;
-    const int64_t v296 = v291 + 128;
-    const int64_t v297 = v296 - 1;
-    const int64_t v298 = v297 / 128;
-    const int64_t v299 = (v295 ? 0 : v298);
-    const int64_t v300 = (v299 > 1 ? v299 : 1);
-    const int64_t v301 = 64 / v300;
-    const int64_t v302 = (v301 > 1 ? v301 : 1);
-    const int64_t v303 = (v302 < v290 ? v302 : v290);
-    const int64_t v304 = v290 + v303;
-    const int64_t v305 = v304 - 1;
-    const int64_t v306 = v305 / v303;
-    const int64_t v307 = v290 + v306;
-    const int64_t v308 = v307 - 1;
-    const int64_t v309 = v308 / v306;
-    const bool v310 = v309 == 1;
-    const int64_t v311 = (v310 ? 0 : v299);
-    const int64_t v312 = std::min<int64_t>((int64_t)(grid.x * grid.y), v311 > 1 ? v311 : 1);
-    const int64_t v313 = (1 > 1 ? 1 : 1);
-    const int64_t v314 = 128 + 31;
-    const int64_t v315 = v314 / 32;
-    const int64_t v316 = (v315 > 1 ? v315 : 1);
-    const int64_t v317 = (int64_t)ws1_ws_acc0->address();
-    const int64_t v318 = (2 > 1 ? 2 : 1);
-    const int64_t v319 = (int64_t)weight_grad->address();
-    const int64_t v320 = v313 * 128;
-    const int64_t v321 = 0 + v320;
-    const int64_t v322 = v316 * 4096;
-    const int64_t v323 = v321 + v322;
-    const int64_t v324 = 0 + v322;
-    const int64_t v325 = v323 + v322;
-    const int64_t v326 = v324 + v322;
-    const int64_t v327 = v318 * 4096;
-    const int64_t v328 = v325 + v327;
-    const int64_t v329 = v318 * 2048;
-    const int64_t v330 = v328 + v329;
-    const bool v331 = v330 <= 1400000;
-    if (!(v331)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
-    const int64_t v332 = v330 + v326;
-    const bool v333 = v332 <= 1400000;
-    const int64_t v334 = (v333 ? 2 : 1);
-    const int64_t v335 = v316 * v334;
-    if (v57 > 0) {  // launch 0 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v58);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws_ws_acc0 (out); ws_ws_c0 (matmul C tiles); ws_ws_c0l (matmul C tiles); ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v73) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v131) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v71) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws_ws_g (out); ws_ws_gl (out); input_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v99) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws_ws_g (a matmul's panel); ws_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v66) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws_ws_g (matmul A tiles); ws_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v93) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // weight (matmul B tiles, a group's); weight (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v130) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*weight).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v58; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v336 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v72, (uint32_t)128, (uint32_t)v74, (uint32_t)v75, (uint32_t)v76, (uint32_t)v77, (uint32_t)v99, (uint32_t)v84, (uint32_t)v97, (uint32_t)v90, (uint32_t)v85, (uint32_t)v68, (uint32_t)v98, (uint32_t)v100});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v67, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)128, (uint32_t)v99, (uint32_t)v90});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v336, (uint32_t)v57, (uint32_t)v58, (uint32_t)v7, (uint32_t)v56, (uint32_t)128, (uint32_t)32, (uint32_t)v19, (uint32_t)v68, (uint32_t)v53, (uint32_t)v45, (uint32_t)v3, (uint32_t)v84, (uint32_t)v85, (uint32_t)v98, (uint32_t)v90, (uint32_t)v100, (uint32_t)v101});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v157 > 0) {  // launch 1 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v158);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v159) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws_ws_acc0 (full); ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v181) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v164) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v158; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v337 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v337, (uint32_t)v157, (uint32_t)v158, (uint32_t)v155, (uint32_t)v137, (uint32_t)128, (uint32_t)32, (uint32_t)v139, (uint32_t)v163, (uint32_t)v165});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v206 > 0) {  // launch 2 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v207);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 4096, {{0, tt::DataFormat::Float32}}).set_page_size(0, 4096));  // ws1_ws_acc0 (out); ws1_ws_c0 (matmul C tiles); ws1_ws_c0l (matmul C tiles); ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // softmax (full); ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{2, tt::DataFormat::UInt32}}).set_page_size(2, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // one-hot tile (built by the reader); ws1_ws_c0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v224) * 128, {{4, tt::DataFormat::UInt32}}).set_page_size(4, 128));  // the reader's scratch (scalar loads)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v285) * 4096, {{5, tt::DataFormat::Float32}}).set_page_size(5, 4096));  // grad (col: the block's rows); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v222) * 2048, {{6, tt::DataFormat::Float16_b}}).set_page_size(6, 2048));  // rounded to bf16 (read by later math)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{7, tt::DataFormat::Float16_b}}).set_page_size(7, 2048));  // ws1_ws_g (out); ws1_ws_gl (out); weight_grad (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v253) * 2048, {{8, tt::DataFormat::Float16_b}}).set_page_size(8, 2048));  // ws1_ws_g (a matmul's panel); ws1_ws_gl (a matmul's panel)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v217) * 2048, {{9, tt::DataFormat::Float16_b}}).set_page_size(9, 2048));  // ws1_ws_g (matmul A tiles); ws1_ws_gl (matmul A tiles)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v244) * 2048, {{10, tt::DataFormat::Float16_b}}).set_page_size(10, 2048));  // input (matmul B tiles, a group's); input (matmul B tiles, a group's)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v284) * 4096, {{11, tt::DataFormat::Float32}}).set_page_size(11, 4096));  // ws1_ws_c0l (full); double-buffered when L1 allows
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*softmax).append_to(ct_reader);
-        TensorAccessorArgs(*masked_target).append_to(ct_reader);
-        TensorAccessorArgs(*target_mask).append_to(ct_reader);
-        TensorAccessorArgs(*grad).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_reader);
-        TensorAccessorArgs(*input).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
-        utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_gl).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
-        TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v207; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v338 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v223, (uint32_t)128, (uint32_t)v225, (uint32_t)v226, (uint32_t)v227, (uint32_t)v228, (uint32_t)v253, (uint32_t)v235, (uint32_t)v251, (uint32_t)v241, (uint32_t)v236, (uint32_t)v219, (uint32_t)v252, (uint32_t)v254});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v218, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)128, (uint32_t)v253, (uint32_t)v241});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v338, (uint32_t)v206, (uint32_t)v207, (uint32_t)v182, (uint32_t)v205, (uint32_t)128, (uint32_t)32, (uint32_t)v184, (uint32_t)v219, (uint32_t)v202, (uint32_t)v194, (uint32_t)v191, (uint32_t)v235, (uint32_t)v236, (uint32_t)v252, (uint32_t)v241, (uint32_t)v254, (uint32_t)v255});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    if (v311 > 0) {  // launch 3 (none when it has no units)
-        Program program = CreateProgram();
-        const CoreRangeSet cores = opgen_tt_cores(grid, (uint32_t)v312);
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v313) * 128, {{0, tt::DataFormat::UInt32}}).set_page_size(0, 128));  // fence token (writer -> reader: the core's writes are done)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{1, tt::DataFormat::Float32}}).set_page_size(1, 4096));  // ws1_ws_acc0 (full); ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v335) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // ws1_ws_acc0 (full); double-buffered when L1 allows
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 4096, {{3, tt::DataFormat::Float32}}).set_page_size(3, 4096));  // ws1_ws_acc0 (out)
-        CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v318) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
-        std::vector<uint32_t> ct_reader;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
-        std::vector<uint32_t> ct_compute;
-        std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
-        utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
-        utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
-        std::vector<uint32_t> ct_writer;
-        TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
-        TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
-        for (uint32_t core_i = 0; core_i < (uint32_t)v312; ++core_i) {
-            const CoreCoord core{core_i % grid.x, core_i / grid.x};
-            const int64_t v339 = (int64_t)core_i;
-            SetRuntimeArgs(program, k_reader, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)128});
-            SetRuntimeArgs(program, k_compute, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)128});
-            SetRuntimeArgs(program, k_writer, core, {(uint32_t)v339, (uint32_t)v311, (uint32_t)v312, (uint32_t)v309, (uint32_t)v291, (uint32_t)128, (uint32_t)32, (uint32_t)v293, (uint32_t)v317, (uint32_t)v319});
-        }
-        distributed::MeshWorkload workload;
-        workload.add_program(distributed::MeshCoordinateRange(mesh.shape()), std::move(program));
-        distributed::EnqueueMeshWorkload(cq, workload, false);
-    }
-    return 0;
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i32: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i32_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
-}
-
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: 4 launch(es) on the mesh command queue; 2 (quiet) or 1 (a message) when it cannot run. */
-static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_resident(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
-    const std::shared_ptr<distributed::MeshBuffer>& grad,
-    const std::shared_ptr<distributed::MeshBuffer>& input,
-    const std::shared_ptr<distributed::MeshBuffer>& weight,
-    const std::shared_ptr<distributed::MeshBuffer>& target_mask,
-    const std::shared_ptr<distributed::MeshBuffer>& masked_target,
-    float label_smoothing,
-    const std::shared_ptr<distributed::MeshBuffer>& logits_max,
-    const std::shared_ptr<distributed::MeshBuffer>& sum_exp_logits,
-    const std::shared_ptr<distributed::MeshBuffer>& softmax,
-    const std::shared_ptr<distributed::MeshBuffer>& input_grad,
-    const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
-    uint32_t BT,
-    uint32_t H,
-    uint32_t L,
-    uint32_t V,
-    bool quiet) {
-    auto& cq = mesh.mesh_command_queue();
-    const float v1 = label_smoothing;
-    const bool v2 = v1 == 0.0f;
-    if (!(v2)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: labelSmoothing must be 0");
-    const int64_t v3 = (int64_t)V;
-    const bool v4 = v3 >= 128;
-    if (!(v4)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: weight must have at least 128 rows (V >= 128)");
-    const int64_t v5 = (int64_t)L;
-    const int64_t v6 = v5 * 1;
-    const int64_t v7 = (int64_t)BT;
-    const bool v8 = v6 >= v7;
-    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: mask must hold at least BT flags");
+    if (!(v8)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: mask must hold at least BT flags");
     {  // checks on tensor data: maskedTarget out of [0, V) on a row whose target is in this shard
         std::vector<uint8_t> data_target_mask;
         { auto buf = target_mask; distributed::EnqueueReadMeshBuffer(cq, data_target_mask, buf, true); }
@@ -11685,7 +5711,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
             const bool v13 = v11 < v3;
             const bool v14 = v12 && v13;
             const bool v15 = v10 || v14;
-            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: maskedTarget out of [0, V) on a row whose target is in this shard");
+            if (!(v15)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: maskedTarget out of [0, V) on a row whose target is in this shard");
         }
     }
     const int64_t v16 = v7 + 31;
@@ -11696,19 +5722,19 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v21 = v17 * v20;
     const int64_t v22 = v21 * 1024;
     const bool v23 = v22 <= 4294967295;
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: input has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v24 = v3 + 31;
     const int64_t v25 = v24 / 32;
     const int64_t v26 = v25 * v20;
     const int64_t v27 = v26 * 1024;
     const bool v28 = v27 <= 4294967295;
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: weight has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const int64_t v29 = v17 * v25;
     const int64_t v30 = v29 * 1024;
     const bool v31 = v30 <= 4294967295;
-    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
-    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v31)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: softmax has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v23)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: input_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
+    if (!(v28)) return opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: weight_grad has more than 2^32 - 1 elements (kernels index elements in 32 bits)");
     const bool v32 = v7 == 0;
     const bool v33 = v18 == 0;
     const bool v34 = v32 || v33;
@@ -11819,7 +5845,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v123 = v122 + v103;
     const int64_t v124 = v113 + v103;
     const bool v125 = v123 <= 1400000;
-    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v125)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: the CBs of launch 0 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v126 = v123 + v124;
     const bool v127 = v126 <= 1400000;
     const int64_t v128 = (v127 ? 2 : 1);
@@ -11871,7 +5897,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v174 = v163 * 2048;
     const int64_t v175 = v173 + v174;
     const bool v176 = v175 <= 1400000;
-    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v176)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: the CBs of launch 1 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v177 = v175 + v171;
     const bool v178 = v177 <= 1400000;
     const int64_t v179 = (v178 ? 2 : 1);
@@ -11990,7 +6016,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v277 = v276 + v257;
     const int64_t v278 = v267 + v257;
     const bool v279 = v277 <= 1400000;
-    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v279)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: the CBs of launch 2 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v280 = v277 + v278;
     const bool v281 = v280 <= 1400000;
     const int64_t v282 = (v281 ? 2 : 1);
@@ -12042,7 +6068,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     const int64_t v328 = v317 * 2048;
     const int64_t v329 = v327 + v328;
     const bool v330 = v329 <= 1400000;
-    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
+    if (!(v330)) return quiet ? 2 : opgen_tt_error("fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: the CBs of launch 3 need more than 1400000 B of L1 per core (rows too long for this schedule: the next one takes over)");
     const int64_t v331 = v329 + v325;
     const bool v332 = v331 <= 1400000;
     const int64_t v333 = (v332 ? 2 : 1);
@@ -12073,14 +6099,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_0.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -12088,7 +6114,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -12110,16 +6136,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -12157,14 +6183,14 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_reader);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_2.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_2(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_2[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -12172,7 +6198,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -12194,16 +6220,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -12218,8 +6244,8 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
     return 0;
 }
 
-/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool.i64: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_resident. */
-int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
+/* fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool: schedules tried in order: opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident. */
+int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,
     const std::shared_ptr<distributed::MeshBuffer>& grad,
     const std::shared_ptr<distributed::MeshBuffer>& input,
     const std::shared_ptr<distributed::MeshBuffer>& weight,
@@ -12231,11 +6257,14 @@ int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_sof
     const std::shared_ptr<distributed::MeshBuffer>& softmax,
     const std::shared_ptr<distributed::MeshBuffer>& input_grad,
     const std::shared_ptr<distributed::MeshBuffer>& weight_grad,
+    IndexType masked_target_dtype,
     uint32_t BT,
     uint32_t H,
     uint32_t L,
     uint32_t V) {
-    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_i64_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
+    std::shared_ptr<distributed::MeshBuffer> masked_target_conv = masked_target;
+    if (int rc = opgen_tt_convert(mesh, masked_target_conv, masked_target_dtype, IndexType::Int64)) return rc;
+    return opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax_bf16_bool_resident(mesh, kernel_dir, grid, grad, input, weight, target_mask, masked_target_conv, label_smoothing, logits_max, sum_exp_logits, softmax, input_grad, weight_grad, BT, H, L, V, false);
 }
 
 }  // namespace opgen_tt

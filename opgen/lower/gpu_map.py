@@ -1,0 +1,273 @@
+"""``map-gpu``: kernel outlining and grid mapping of the CUDA target, decided on the loop level.
+
+Each top-level statement of a ``sched.kernel`` gets a ``gpu_mapping`` (``#sched<gpu_mapping ...>``):
+
+* ``host``: work of the host launcher — a ``sched.require`` whose condition only needs dims and
+  scalars, outside a run of device statements (the leading ones are checked before anything is
+  launched, so the status returns synchronously and nothing is written), a workspace temporary (``sched.alloc``
+  of role ``temp``: a workspace region, zero-filled with ``cudaMemsetAsync`` when it asks for
+  zeros) and ``sched.segments`` (a stable radix sort on the device, in the runtime);
+* a device kernel, ``gpu_kernel = k`` on each of its statements: a top-level ``sched.matmul``
+  alone (``matmul``: a grid-stride kernel, one output element per thread), else a maximal run
+  of statements — one per top-level loop, statements sharing a scalar local kept together —
+  mapped as ``block`` (one ``parallel`` loop with work for a whole block: iterations over
+  ``blockIdx.x``), ``flat`` (one ``parallel`` loop with scalar work, or a ``serial`` loop with
+  provably independent iterations: one iteration per thread over the grid) or ``single`` (one
+  block runs it uniformly: always correct).
+
+Scalar statements (rank-0 values) get no mapping: each kernel and the launcher compute the ones
+they need. ``opgen show OP --target cuda --stage map-gpu`` shows the decisions; the printer
+(opgen/emit/cuda.py) follows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import IntAttr, ModuleOp
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import BlockArgument, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.irdl import irdl_attr_definition
+from xdsl.passes import ModulePass
+
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+
+#: C types whose integer accumulation may use atomicAdd (exact in any order)
+ATOMIC_CTYPES = ("int32_t", "uint32_t", "int64_t", "uint64_t")
+
+
+class GpuMapping(StrEnum):
+    """Where a top-level statement of a CUDA kernel instance runs (module docstring)."""
+
+    HOST = "host"
+    SINGLE = "single"
+    BLOCK = "block"
+    FLAT = "flat"
+    MATMUL = "matmul"
+
+
+@irdl_attr_definition
+class GpuMappingAttr(EnumAttribute[GpuMapping], SpacedOpaqueSyntaxAttribute):
+    """``#sched<gpu_mapping block>``."""
+
+    name = "sched.gpu_mapping"
+
+
+MAPPING = "gpu_mapping"
+KERNEL = "gpu_kernel"
+
+
+def mapping(op: Operation) -> str | None:
+    """The op's ``gpu_mapping`` (None: a scalar statement, or the pass did not run)."""
+    a = op.attributes.get(MAPPING)
+    return a.data.value if isinstance(a, GpuMappingAttr) else None
+
+
+def kernel_id(op: Operation) -> int | None:
+    a = op.attributes.get(KERNEL)
+    return a.data if isinstance(a, IntAttr) else None
+
+
+# ---------------------------------------------------------------------- analysis helpers
+def scalar_value(op: Operation) -> bool:
+    """A scalar computation (no side effect): its result is a rank-0 value."""
+    return bool(op.results) and isinstance(op.results[0].type, ir.TensorType)
+
+
+def nested(op: Operation) -> Iterator[Operation]:
+    """Every operation inside ``op``'s regions (not ``op`` itself)."""
+    for r in op.regions:
+        for b in r.blocks:
+            for o in b.ops:
+                yield o
+                yield from nested(o)
+
+
+def inside(op: Operation | None, anc: Operation) -> bool:
+    while op is not None:
+        if op is anc:
+            return True
+        op = op.parent_op()
+    return False
+
+
+def register(buf: SSAValue) -> bool:
+    """A rank-0 local buffer: a register of the thread (or of every thread, in uniform code)."""
+    t = s.buf_type(buf)
+    return t.rank == 0 and t.role.data == "local"
+
+
+def operands_of(ops: Iterable[Operation]) -> list[SSAValue]:
+    out: list[SSAValue] = []
+    for op in ops:
+        for o in op.walk():
+            out.extend(o.operands)
+    return out
+
+
+@dataclass
+class KernelFacts:
+    """Questions about one ``sched.kernel`` shared by the pass and the printer."""
+
+    k: s.KernelOp
+
+    def __post_init__(self) -> None:
+        self.top = list(self.k.body.block.ops)
+        self.order = {op: i for i, op in enumerate(self.top)}
+
+    def top_level(self, v: SSAValue) -> Operation | None:
+        """The top-level pure op defining ``v`` (None for block arguments and nested values)."""
+        op = v.owner
+        if isinstance(op, Operation) and op.parent_op() is self.k and scalar_value(op):
+            return op
+        return None
+
+    def host_ok(self, v: SSAValue, scalars: bool = True) -> bool:
+        """``v`` can be computed on the host (from dims, constants and, if allowed, scalar args)."""
+        if isinstance(v, BlockArgument):
+            return scalars and v.owner is self.k.body.block and isinstance(v.type, ir.TensorType)
+        op = self.top_level(v)
+        if op is None or isinstance(op, s.LoadOp | s.LoadBitOp):
+            return False
+        if isinstance(op, ir.ConstantOp | ir.DimOp | s.FlagsPerElemOp):
+            return True
+        return all(self.host_ok(o, scalars) for o in op.operands)
+
+    def needed(self, roots: Iterable[SSAValue]) -> list[Operation]:
+        """Top-level pure ops ``roots`` depend on, in program order."""
+        seen: set[Operation] = set()
+        todo = list(roots)
+        while todo:
+            v = todo.pop()
+            op = self.top_level(v)
+            if op is None or op in seen:
+                continue
+            seen.add(op)
+            if not isinstance(op, s.FlagsPerElemOp):
+                todo.extend(op.operands)
+        return sorted(seen, key=lambda o: self.order[o])
+
+    def atomic_ok(self, op: s.AccumOp) -> bool:
+        """An integer sum every binding of the kernel stores in an atomically addable type."""
+        b = s.buf_type(op.buf)
+        members = self.k.dtype_var_map().get(b.dtype)
+        ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
+        return op.kind.data == "sum" and all(
+            (d if b.role.data in ("in", "out") else d.compute).c_type in ATOMIC_CTYPES for d in ds)
+
+    def needs_block(self, loop: s.ForOp) -> bool:
+        """The loop's body has work for a whole block (a nested loop, a matmul, scratch)."""
+        for o in nested(loop):
+            if isinstance(o, s.ForOp) and o.kind.data in ("parallel", "reduce"):
+                return True
+            if isinstance(o, s.BufferMatmulOp):
+                return True
+            if isinstance(o, s.AllocOp) and not register(o.result):
+                return True
+        return False
+
+    def independent(self, loop: s.ForOp) -> bool:
+        """Iterations of a ``serial`` loop touch disjoint memory (or only count atomically)."""
+        iv = loop.iv
+        owned: set[SSAValue] = set()
+        atomic: set[SSAValue] = set()
+        for o in nested(loop):
+            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
+                return False
+            if isinstance(o, s.AllocOp) and not register(o.result):
+                return False
+            if isinstance(o, s.StoreOp | s.AccumOp):
+                if register(o.buf):
+                    if not inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                        return False
+                elif iv in o.idx:
+                    owned.add(o.buf)
+                elif isinstance(o, s.AccumOp) and self.atomic_ok(o):
+                    atomic.add(o.buf)
+                else:
+                    return False
+        for o in nested(loop):
+            if isinstance(o, s.LoadOp | s.LoadBitOp):
+                idx = list(o.idx) if isinstance(o, s.LoadOp) else [o.i]
+                if o.buf in atomic or (o.buf in owned and iv not in idx):
+                    return False
+        return not (owned & atomic)
+
+
+def _mark(op: Operation, m: GpuMapping, kid: int | None = None) -> None:
+    op.attributes[MAPPING] = GpuMappingAttr(m)
+    if kid is not None:
+        op.attributes[KERNEL] = IntAttr(kid)
+
+
+def map_kernel(k: s.KernelOp) -> None:
+    """Mark every top-level statement of ``k`` (module docstring)."""
+    f = KernelFacts(k)
+    groups: list[list[Operation]] = []
+    cur: list[Operation] = []
+    cur_regs: set[SSAValue] = set()
+
+    def flush() -> None:
+        if cur:
+            groups.append(list(cur))
+            cur.clear()
+
+    for op in f.top:
+        if scalar_value(op):
+            continue
+        if isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp":
+            _mark(op, GpuMapping.HOST)
+            if op.zero is not None and op.zero.data:
+                flush()  # (the zero fill is a step between kernels)
+            continue
+        if isinstance(op, s.RequireOp) and not cur and f.host_ok(op.cond):
+            _mark(op, GpuMapping.HOST)
+            continue
+        if isinstance(op, s.SegmentsOp | s.BufferMatmulOp):
+            flush()
+            if isinstance(op, s.BufferMatmulOp):
+                groups.append([op])
+            else:
+                _mark(op, GpuMapping.HOST)
+            continue
+        # one kernel per top-level loop; statements sharing a scalar local stay together
+        # (also through the top-level scalars they need, e.g. a load of a full reduction)
+        deps = operands_of([op])
+        deps += [v for p in f.needed(deps) for v in p.operands]
+        used = {v for v in deps
+                if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local" and v.owner is not op}
+        if not (cur and used & cur_regs):
+            flush()
+            cur_regs.clear()
+        cur.append(op)
+        if isinstance(op, s.AllocOp):
+            cur_regs.add(op.result)
+    flush()
+    for kid, g in enumerate(groups):
+        m = GpuMapping.SINGLE
+        if len(g) == 1 and isinstance(g[0], s.BufferMatmulOp):
+            m = GpuMapping.MATMUL
+        elif len(g) == 1 and isinstance(g[0], s.ForOp):
+            lp = g[0]
+            if f.host_ok(lp.lo) and f.host_ok(lp.hi):
+                if lp.kind.data == "parallel" and f.needs_block(lp):
+                    m = GpuMapping.BLOCK
+                elif lp.kind.data == "parallel" or (lp.kind.data == "serial" and f.independent(lp)):
+                    m = GpuMapping.FLAT
+        for op in g:
+            _mark(op, m, kid)
+
+
+class MapGpu(ModulePass):
+    """Outline each CUDA kernel instance's device kernels and map them onto the grid."""
+
+    name = "map-gpu"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in op.body.block.ops:
+            if isinstance(k, s.KernelOp):
+                map_kernel(k)
