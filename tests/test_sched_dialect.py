@@ -113,3 +113,97 @@ def test_verifiers():
     rejects(s.StoreOp(v, buf(["N"], "f32", "out"), [i]), r"sched.store: the value must be a rank-0 scalar")
     rejects(s.ForOp(f, n, "parallel"), r"sched.for: bounds must be i64 scalars")
     assert c.type == ir.TensorType.make([], "bool")
+
+
+# ---------------------------------------------------------------------- mapping passes
+@pytest.mark.parametrize("name", SEED_OPS)
+def test_map_gpu_outlines_every_statement(ops, name):
+    """map-gpu gives every top-level statement of a CUDA kernel instance a place: host work
+    (leading checks, workspace temporaries, segment sorts) or one device kernel; kernels are
+    numbered in program order, and a block/flat kernel is one loop over host-known bounds."""
+    from opgen.lower import gpu_map
+
+    m = ops[name].module()
+    pipeline.run(m, "cuda")
+    mappings = set()
+    for k in m.body.block.ops:
+        facts = gpu_map.KernelFacts(k)
+        kids: list[int] = []
+        for op in k.body.block.ops:
+            where = gpu_map.mapping(op)
+            if gpu_map.scalar_value(op):
+                assert where is None, op
+                continue
+            assert where is not None, f"{op.name} not mapped"
+            mappings.add(where)
+            if where == s.GpuMapping.HOST:
+                assert gpu_map.kernel_id(op) is None
+                assert isinstance(op, s.RequireOp | s.SegmentsOp) or (
+                    isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp"), op
+                continue
+            kids.append(gpu_map.kernel_id(op))  # type: ignore[arg-type]
+            if where in (s.GpuMapping.BLOCK, s.GpuMapping.FLAT):
+                assert isinstance(op, s.ForOp) and facts.host_ok(op.lo) and facts.host_ok(op.hi)
+                assert kids.count(kids[-1]) == 1  # the kernel is this loop alone
+            if where == s.GpuMapping.BLOCK:
+                assert op.kind.data == "parallel" and facts.needs_block(op)
+            if where == s.GpuMapping.MATMUL:
+                assert isinstance(op, s.BufferMatmulOp)
+        assert kids == sorted(kids) and sorted(set(kids)) == list(range(len(set(kids))))
+    assert mappings & {s.GpuMapping.BLOCK, s.GpuMapping.FLAT, s.GpuMapping.SINGLE}
+
+
+def test_the_cuda_printer_follows_map_gpu(ops):
+    """The printer decides no mapping: a kernel map-gpu maps onto blocks is launched over the
+    grid; the same kernel marked ``single`` (always correct) is launched as one block."""
+    from opgen.emit import cpu, cuda
+    from opgen.lower import gpu_map
+
+    o = ops["rms_norm_backward"]
+    _, dim_ids, _, pidx, info = cpu.op_layout(o)
+    (k,) = cpu.kernels(o, "cuda").values()
+    k = k.clone()
+    b = next(iter(cpu.bindings(k)))
+
+    def source() -> str:
+        return cuda.CudaPrinter(k, b, "k_test", cpu.kernel_buf_info(k, info), dim_ids, pidx).print_instance()
+
+    blocks = [op for op in k.body.block.ops if gpu_map.mapping(op) == s.GpuMapping.BLOCK]
+    assert blocks
+    kid = gpu_map.kernel_id(blocks[0])
+    assert f"k_test_k{kid}<<<(unsigned)" in source()
+    blocks[0].attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.SINGLE)
+    assert f"k_test_k{kid}<<<1, OPGEN_CUDA_THREADS" in source()
+    del blocks[0].attributes[gpu_map.MAPPING]
+    with pytest.raises(cuda.CudaUnsupported, match="map-gpu did not run"):
+        source()
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
+    """map-cpu: OpenMP on the outermost parallel loop of each nest only (never nested), lanes on
+    reduce loops over scalar accumulators; the printer puts its pragmas exactly there."""
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+
+    m = ops[name].module()
+    pipeline.run(m, "cpu")
+    marked = 0
+    for op in m.walk():
+        where = cpu_map.cpu_mapping(op)
+        enclosing = []
+        p = op.parent_op()
+        while p is not None:
+            if isinstance(p, s.ForOp) and p.kind.data == "parallel":
+                enclosing.append(p)
+            p = p.parent_op()
+        if isinstance(op, s.ForOp) and op.kind.data == "parallel":
+            assert (where == s.CpuMapping.OMP_FOR) == (not enclosing), op
+        elif isinstance(op, s.ForOp) and op.kind.data == "reduce" and cpu_map.lane_split(op):
+            assert where == s.CpuMapping.LANES
+        elif not isinstance(op, s.BufferMatmulOp):
+            assert where is None, op
+        marked += where is not None
+    assert marked
+    pragmas = cpu.op_source(ops[name]).count("#pragma omp parallel for")
+    assert pragmas > 0

@@ -20,6 +20,8 @@ from opgen.dtypes import DType
 from opgen.emit import cnames
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import cpu_mapping, lane_split
+from opgen.lower.sched import CpuMapping
 
 LANES = 16
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -115,6 +117,7 @@ class CPrinter:
         self.arg_of: dict[SSAValue, str] = dict(zip(kernel.body.block.args, (a.data for a in kernel.arg_names.data),
                                                     strict=True))
         self.lines: list[str] = []
+        self.mentioned: set[str] = set()  # identifiers the body being printed uses (see mention)
         self.depth = 1
         self.counter = 0
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
@@ -140,12 +143,14 @@ class CPrinter:
             return d + "ll"
         if d.startswith("cdiv("):  # ceil(d / k) without overflow near INT64_MAX
             name, k = d[5:-1].split(",")
-            return f"(d_{name} / {k} + (d_{name} % {k} != 0))"
+            n = self.mention(f"d_{name}")
+            return f"({n} / {k} + ({n} % {k} != 0))"
         if d.startswith("segs("):  # a segment table's words: the runtime's layout (sched.segments)
             rows, n = d[5:-1].split(",")
             return f"opgen_seg_words({self.dim(rows)}, {self.dim(n)})"
         base, _, plus = d.partition("+")
-        return f"(d_{base} + {plus})" if plus else f"d_{base}"
+        n = self.mention(f"d_{base}")
+        return f"({n} + {plus})" if plus else n
 
     def size_count(self, shape: tuple[str, ...] | list[str]) -> str:
         """Host expression: the element count of ``shape`` as a saturating ``size_t`` (SIZE_MAX
@@ -154,7 +159,7 @@ class CPrinter:
         for d in shape:
             base, _, plus = d.partition("+")
             if plus and not d.startswith(("cdiv(", "segs(")):
-                terms.append(f"opgen_sz_add(opgen_sz_dim(d_{base}), {plus})")
+                terms.append(f"opgen_sz_add(opgen_sz_dim({self.mention(f'd_{base}')}), {plus})")
             else:
                 terms.append(f"opgen_sz_dim({self.dim(d)})")
         if not terms:
@@ -183,7 +188,12 @@ class CPrinter:
         return f"{prefix}{self.counter}"
 
     def name(self, v: SSAValue) -> str:
-        return self.names[v]
+        return self.mention(self.names[v])
+
+    def mention(self, ident: str) -> str:
+        """``ident``, recorded as used by the body being printed (which declarations it needs)."""
+        self.mentioned.add(ident)
+        return ident
 
     def define(self, v: SSAValue, expr: str) -> None:
         n = self.fresh()
@@ -201,11 +211,11 @@ class CPrinter:
             if b.role.data in ("in", "out"):
                 assert info is not None
                 if i == 0 and info.batch:
-                    terms.append(f"{self.rows_name(pn)}[{iv}]")
+                    terms.append(f"{self.mention(self.rows_name(pn))}[{iv}]")
                 elif i == b.rank - 1 and (info.last_contig or self.unit_last):
                     terms.append(iv)
                 else:
-                    terms.append(f"{iv} * {self.stride_name(pn, i)}")
+                    terms.append(f"{iv} * {self.mention(self.stride_name(pn, i))}")
             else:
                 stride = " * ".join(self.dim(d) for d in b.shape[i + 1:])
                 terms.append(f"{iv} * {stride}" if stride else iv)
@@ -253,16 +263,16 @@ class CPrinter:
         if isinstance(op, ir.DimOp):
             return self.dim(op.dim.data)
         rt = ir.tensor_type(op.results[0]).dtype
-        args = [self.name(o) for o in op.operands]
         if isinstance(op, s.LoadOp):
             return self.load_expr(op.buf, list(op.idx))
         if isinstance(op, s.LoadBitOp):
             b = s.buf_type(op.buf)
-            i = self.name(op.i)
             if self.dtype(b.dtype) == dtypes.BOOL:
                 return f"{self.name(op.buf)}[{self.offset(op.buf, [op.i])}]"
+            i = self.name(op.i)
             byte = f"{self.name(op.buf)}[{self._raw_offset(op.buf, (f'({i} >> 3)',))}]"
             return f"(bool)(({byte} >> ({i} & 7)) & 1)"
+        args = [self.name(o) for o in op.operands]
         if isinstance(op, s.SegmentStartOp):
             return f"opgen_seg_start({', '.join(args)})"
         if isinstance(op, s.FlagsPerElemOp):
@@ -375,9 +385,8 @@ class CPrinter:
         self.names[op.iv] = iv
         lo, hi = self.name(op.lo), self.name(op.hi)
         body = list(op.body.block.ops)
-        accs = [o for o in body if isinstance(o, s.AccumOp) and s.buf_type(o.buf).rank == 0]
-        if op.kind.data == "reduce" and accs and not any(isinstance(o, s.ForOp) for o in body):
-            self.lane_loop(op, iv, lo, hi, accs)
+        if cpu_mapping(op) == CpuMapping.LANES:  # (decided by map-cpu)
+            self.lane_loop(op, iv, lo, hi, lane_split(op))
             return
         self.loop_header_hook(op, iv, lo, hi)
         self.depth += 1
@@ -453,7 +462,7 @@ class CPrinter:
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
         ct = self.ctype(bufs[2].dtype)
-        self.parallel_pragma_hook()
+        self.matmul_pragma_hook(op)
         self.line(f"for (int64_t {i} = 0; {i} < {m}; {i}++) {{")
         self.line(f"    for (int64_t {j} = 0; {j} < {n}; {j}++) {{")
         init = self.load_expr_named(c, (i, j)) if acc_flag else "0"
@@ -488,8 +497,8 @@ class CPrinter:
             for v in tmp:
                 del self.names[v]  # type: ignore[arg-type]
 
-    def parallel_pragma_hook(self) -> None:
-        """Emitted before an outermost parallel loop (OpenMP on the CPU)."""
+    def matmul_pragma_hook(self, op: s.BufferMatmulOp) -> None:
+        """Emitted before a matmul's loop over rows (OpenMP on the CPU, where map-cpu says)."""
 
     # ------------------------------------------------------------------ function
     def unit_last_check(self) -> str:

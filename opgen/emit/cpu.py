@@ -14,6 +14,9 @@ from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
 from opgen.emit import cnames, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import MapCpu, cpu_mapping
+from opgen.lower.gpu_map import MapGpu
+from opgen.lower.sched import CpuMapping
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
 
@@ -22,29 +25,18 @@ STATUS_C = {"null": "OPGEN_ERR_NULL", "param": "OPGEN_ERR_PARAM", "shape": "OPGE
 
 
 class CpuPrinter(CPrinter):
-    """OpenMP on the outermost parallel loop of each loop nest; everything else is plain C."""
+    """OpenMP where map-cpu put it (opgen/lower/cpu_map.py); everything else is plain C."""
 
-    def __init__(self, *a: object, **kw: object):
-        super().__init__(*a, **kw)  # type: ignore[arg-type]
-        self.in_parallel = 0
-        self._outer: s.ForOp | None = None
+    OMP_FOR = "#pragma omp parallel for schedule(static) num_threads(opgen_team())"
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
-        if op.kind.data == "parallel" and self.in_parallel == 1 and self._outer is op:
-            self.line("#pragma omp parallel for schedule(static) num_threads(opgen_team())")
+        if cpu_mapping(op) == CpuMapping.OMP_FOR:
+            self.line(self.OMP_FOR)
         super().loop_header_hook(op, iv, lo, hi)
 
-    def loop(self, op: s.ForOp) -> None:
-        outer = op.kind.data == "parallel" and not self.in_parallel
-        if outer:
-            self._outer = op
-        self.in_parallel += outer
-        super().loop(op)
-        self.in_parallel -= outer
-
-    def parallel_pragma_hook(self) -> None:
-        if not self.in_parallel:
-            self.line("#pragma omp parallel for schedule(static) num_threads(opgen_team())")
+    def matmul_pragma_hook(self, op: s.BufferMatmulOp) -> None:
+        if cpu_mapping(op) == CpuMapping.OMP_FOR:
+            self.line(self.OMP_FOR)
 
 
 @dataclass
@@ -90,7 +82,8 @@ def kernels(o: OpDef, target: str = "cpu", fuse: bool = True) -> dict[tuple[str,
         pipeline.run(m, target)
     else:
         ctx = pipeline.context()
-        for p in [*pipeline.L0, LowerToLoops(fuse=False)]:
+        mapping = MapGpu() if target == "cuda" else MapCpu()  # (the printers follow its marks)
+        for p in [*pipeline.L0, LowerToLoops(fuse=False), mapping]:
             p.apply(ctx, m)
             m.verify()
     out = {}

@@ -46,11 +46,10 @@ Mapping (one kernel instance = one variant x dtype binding):
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
@@ -58,6 +57,11 @@ from opgen.emit import cnames, cpu, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.gpu_map import KernelFacts, kernel_id, mapping, operands_of, register
+from opgen.lower.gpu_map import inside as _inside
+from opgen.lower.gpu_map import nested as _nested
+from opgen.lower.gpu_map import scalar_value as _scalar_value
+from opgen.lower.sched import GpuMapping
 
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
 MAX_WS = 32  # OPGEN_CUDA_MAX_WS
@@ -72,41 +76,6 @@ class CudaUnsupported(NotImplementedError):
     """The CUDA printer met a loop structure it cannot map safely (never silently wrong)."""
 
 
-def _scalar_value(op: Operation) -> bool:
-    """A scalar computation (no side effect): its result is a rank-0 value."""
-    return bool(op.results) and isinstance(op.results[0].type, ir.TensorType)
-
-
-def _nested(op: Operation) -> Iterator[Operation]:
-    """Every operation inside ``op``'s regions (not ``op`` itself)."""
-    for r in op.regions:
-        for b in r.blocks:
-            for o in b.ops:
-                yield o
-                yield from _nested(o)
-
-
-def _inside(op: Operation | None, anc: Operation) -> bool:
-    while op is not None:
-        if op is anc:
-            return True
-        op = op.parent_op()
-    return False
-
-
-def _used(decls: list[tuple[str, str]], body: list[str]) -> list[str]:
-    """The declarations whose name ``body`` mentions."""
-    code = re.sub(r"/\*.*?\*/", " ", "\n".join(body), flags=re.S)
-    code = re.sub(r'"(?:[^"\\]|\\.)*"', " ", code)
-    words = set(re.findall(r"(?<![.\w])[A-Za-z_]\w*", code))
-    return [d for n, d in decls if n in words]
-
-
-def _register(buf: SSAValue) -> bool:
-    t = s.buf_type(buf)
-    return t.rank == 0 and t.role.data == "local"
-
-
 @dataclass
 class WorkspaceRegion:
     """A workspace region: ``kind`` temp (count elements), scratch (count elements per block of
@@ -118,6 +87,7 @@ class WorkspaceRegion:
     kid: int = -1
     rows: SSAValue | None = None
     size: str = ""  # the count as a saturating size_t (host code sizing the workspace)
+    uses: frozenset[str] = frozenset()  # the identifiers count and size refer to (dims)
 
     def bytes(self, sat: bool) -> str:
         """Bytes of one copy (aligned); ``sat``: saturating, for the host's workspace sizing."""
@@ -130,8 +100,8 @@ class WorkspaceRegion:
 class KernelGroup:
     ops: list[Operation]
     kid: int
-    mode: str = "single"  # single | block | flat
-    loop: s.ForOp | None = None
+    mode: str = "single"  # its gpu_mapping: single | block | flat | matmul (map-gpu)
+    loop: s.ForOp | None = None  # block / flat: the loop mapped onto the grid
 
 
 class CudaPrinter(CPrinter):
@@ -155,18 +125,54 @@ class CudaPrinter(CPrinter):
         self.owned_scratch: set[SSAValue] = set()  # see thread_owned
         self.owned_width: dict[SSAValue, int] = {}  # chunk width of the loops touching an owned buffer
         self.vec_subst: dict[tuple[SSAValue, tuple[SSAValue, ...]], str] = {}  # element -> vector lane
-        self.top = list(kernel.body.block.ops)
-        self.order = {op: i for i, op in enumerate(self.top)}
+        self.facts = KernelFacts(kernel)
+        self.top, self.order = self.facts.top, self.facts.order
         #: kernel arguments -> their identifiers in the printed code (DSL names: self.arg_of)
         self.arg_names: dict[SSAValue, str] = {a: cnames.local(n) for a, n in self.arg_of.items()}
         self.names = dict(self.arg_names)
 
     # ------------------------------------------------------------------ helpers
-    def sync(self) -> None:
-        assert self.ctx == "uniform"
-        if self.lines and self.lines[-1].strip() == "__syncthreads();":
-            return
+    def begin_body(self) -> None:
+        """Start printing a new function body (a kernel, the layout, the checks, the launcher)."""
+        self.lines, self.depth, self.mentioned, self.synced = [], 1, set(), False
+
+    def line(self, text: str) -> None:
+        super().line(text)
+        self.synced = False
+
+    def barrier(self) -> None:
+        """``__syncthreads()``."""
         self.line("__syncthreads();")
+        self.synced = True
+
+    def sync(self) -> None:
+        """A barrier, unless the last statement printed was one."""
+        assert self.ctx == "uniform"
+        if not self.synced:
+            self.barrier()
+
+    def new_region(self, make: Callable[[], WorkspaceRegion]) -> int:
+        """Add the region ``make`` builds, recording the identifiers its sizes refer to (a body
+        printing them declares those: ``use_region``)."""
+        outer, self.mentioned = self.mentioned, set()
+        r = make()
+        r.uses, self.mentioned = frozenset(self.mentioned), outer | self.mentioned
+        return self.add_region(r)
+
+    def segment_regions(self, op: s.SegmentsOp) -> tuple[int, int, int]:
+        """The regions of a ``sched.segments``: sort keys, sort values, the sort's scratch."""
+        n0 = s.buf_type(op.idx).shape[0]
+
+        def words() -> WorkspaceRegion:
+            return WorkspaceRegion("int64_t", f"(size_t){self.dim(n0)}", "temp", size=f"opgen_sz_dim({self.dim(n0)})")
+
+        rk, rv = self.new_region(words), self.new_region(words)
+        return rk, rv, self.new_region(lambda: WorkspaceRegion("char", self.dim(n0), "cub", rows=op.rows))
+
+    def use_region(self, r: WorkspaceRegion) -> WorkspaceRegion:
+        """``r``, its sizes about to be printed in the current body."""
+        self.mentioned |= r.uses
+        return r
 
     def add_region(self, r: WorkspaceRegion) -> int:
         self.regions.append(r)
@@ -177,98 +183,28 @@ class CudaPrinter(CPrinter):
     def count_expr(self, b: s.BufType) -> str:
         return " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "1"
 
-    def top_level(self, v: SSAValue) -> Operation | None:
-        """The top-level pure op defining ``v`` (None for block arguments and nested values)."""
-        op = v.owner
-        if isinstance(op, Operation) and op.parent_op() is self.k and _scalar_value(op):
-            return op
-        return None
-
     def host_ok(self, v: SSAValue, scalars: bool = True) -> bool:
-        """``v`` can be computed on the host (from dims, constants and, if allowed, scalar args)."""
-        if isinstance(v, BlockArgument):
-            return scalars and v.owner is self.k.body.block and isinstance(v.type, ir.TensorType)
-        op = self.top_level(v)
-        if op is None or isinstance(op, s.LoadOp | s.LoadBitOp):
-            return False
-        if isinstance(op, ir.ConstantOp | ir.DimOp | s.FlagsPerElemOp):
-            return True
-        return all(self.host_ok(o, scalars) for o in op.operands)
+        return self.facts.host_ok(v, scalars)
 
     def needed(self, roots: Iterable[SSAValue]) -> list[Operation]:
-        """Top-level pure ops ``roots`` depend on, in program order."""
-        seen: set[Operation] = set()
-        todo = list(roots)
-        while todo:
-            v = todo.pop()
-            op = self.top_level(v)
-            if op is None or op in seen:
-                continue
-            seen.add(op)
-            if not isinstance(op, s.FlagsPerElemOp):
-                todo.extend(op.operands)
-        return sorted(seen, key=lambda o: self.order[o])
-
-    def operands_of(self, ops: Iterable[Operation]) -> list[SSAValue]:
-        out: list[SSAValue] = []
-        for op in ops:
-            for o in op.walk():
-                out.extend(o.operands)
-        return out
+        return self.facts.needed(roots)
 
     def define_ops(self, ops: Iterable[Operation]) -> None:
         for op in ops:
             self.define(op.results[0], self.scalar_expr(op))
 
     # ------------------------------------------------------------------ analysis
-    def needs_block(self, loop: s.ForOp) -> bool:
-        for o in _nested(loop):
-            if isinstance(o, s.ForOp) and o.kind.data in ("parallel", "reduce"):
-                return True
-            if isinstance(o, s.BufferMatmulOp):
-                return True
-            if isinstance(o, s.AllocOp) and not _register(o.result):
-                return True
-        return False
-
     def atomic_ok(self, op: s.AccumOp) -> bool:
         return op.kind.data == "sum" and self.storage_ctype(s.buf_type(op.buf)) in ATOMIC_TYPES
-
-    def independent(self, loop: s.ForOp) -> bool:
-        """Iterations of a ``serial`` loop touch disjoint memory (or only count atomically)."""
-        iv = loop.iv
-        owned: set[SSAValue] = set()
-        atomic: set[SSAValue] = set()
-        for o in _nested(loop):
-            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
-                return False
-            if isinstance(o, s.AllocOp) and not _register(o.result):
-                return False
-            if isinstance(o, s.StoreOp | s.AccumOp):
-                if _register(o.buf):
-                    if not _inside(o.buf.owner, loop):  # type: ignore[arg-type]
-                        return False
-                elif iv in o.idx:
-                    owned.add(o.buf)
-                elif isinstance(o, s.AccumOp) and self.atomic_ok(o):
-                    atomic.add(o.buf)
-                else:
-                    return False
-        for o in _nested(loop):
-            if isinstance(o, s.LoadOp | s.LoadBitOp):
-                idx = list(o.idx) if isinstance(o, s.LoadOp) else [o.i]
-                if o.buf in atomic or (o.buf in owned and iv not in idx):
-                    return False
-        return not (owned & atomic)
 
     def thread_mappable(self, loop: s.ForOp) -> bool:
         """The loop's iterations can be spread over the block's threads as they are."""
         for o in _nested(loop):
             if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
                 return False
-            if isinstance(o, s.AllocOp) and not _register(o.result):
+            if isinstance(o, s.AllocOp) and not register(o.result):
                 return False
-            if isinstance(o, s.StoreOp | s.AccumOp) and _register(o.buf) \
+            if isinstance(o, s.StoreOp | s.AccumOp) and register(o.buf) \
                     and not _inside(o.buf.owner, loop):  # type: ignore[arg-type]
                 return False
         return True
@@ -281,7 +217,7 @@ class CudaPrinter(CPrinter):
             if isinstance(o, s.ForOp | s.BufferMatmulOp | s.SegmentsOp | s.AllocOp | s.RequireOp | s.StoreOp):
                 return None
             if isinstance(o, s.AccumOp):
-                if not _register(o.buf) or _inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                if not register(o.buf) or _inside(o.buf.owner, loop):  # type: ignore[arg-type]
                     return None
                 if self.storage_ctype(s.buf_type(o.buf)) not in SHUFFLE_TYPES:
                     return None
@@ -316,7 +252,7 @@ class CudaPrinter(CPrinter):
     def accessed(self, loop: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
         """Buffers read and written (non-register) inside ``loop``."""
         reads, writes = s.effects(loop)
-        return {b for b in reads if not _register(b)}, {b for b in writes if not _register(b)}
+        return {b for b in reads if not register(b)}, {b for b in writes if not register(b)}
 
     # ------------------------------------------------------------------ vectorisation
     def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
@@ -340,14 +276,14 @@ class CudaPrinter(CPrinter):
             if o.regions or isinstance(o, s.RequireOp | s.BufferMatmulOp | s.SegmentsOp):
                 return 1
             if isinstance(o, s.AllocOp):
-                if not _register(o.result):
+                if not register(o.result):
                     return 1
                 continue
             if isinstance(o, s.LoadBitOp):
                 if self._varies(o.i, lp):
                     return 1
                 continue
-            if not isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) or _register(o.buf):
+            if not isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) or register(o.buf):
                 continue
             idx = list(o.idx)
             if any(self._varies(v, lp) for v in idx[:-1]):
@@ -384,7 +320,7 @@ class CudaPrinter(CPrinter):
         body = list(lp.body.block.ops)
         keys: dict[tuple[SSAValue, tuple[SSAValue, ...]], tuple[str, bool, bool]] = {}
         for o in body:
-            if isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) and not _register(o.buf) \
+            if isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) and not register(o.buf) \
                     and list(o.idx) and o.idx[-1] is lp.iv:
                 key = (o.buf, tuple(o.idx))
                 name, load, store = keys.get(key, (self.fresh("vec"), False, False))
@@ -428,7 +364,7 @@ class CudaPrinter(CPrinter):
         self.lines = []
         self.walk(iter(body))
         inner, self.lines, self.vec_subst = self.lines, outer_lines, saved_subst
-        if re.search(rf"\b{iv}\b", "\n".join(inner)):  # (nvcc warns about unused variables)
+        if iv in self.mentioned:  # (nvcc warns about unused variables)
             self.line(f"const int64_t {iv} = {vb} + {j};")
         self.lines += inner
         self.depth -= 1
@@ -464,7 +400,7 @@ class CudaPrinter(CPrinter):
             return set()
         out: set[SSAValue] = set()
         for a in _nested(g.loop):
-            if not isinstance(a, s.AllocOp) or _register(a.result) or s.buf_type(a.result).rank != 1:
+            if not isinstance(a, s.AllocOp) or register(a.result) or s.buf_type(a.result).rank != 1:
                 continue
             ok = True
             widths = set()
@@ -564,7 +500,7 @@ class CudaPrinter(CPrinter):
         else:
             cmp = ">" if op.kind.data == "max" else "<"
             text = f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};"
-        if _register(op.buf):
+        if register(op.buf):
             if self.ctx != "uniform" and op.buf not in self.private and op.buf not in self.lanes:
                 raise CudaUnsupported(f"{self.fn_name}: a thread updates a scalar shared by the block")
             self.line(text)
@@ -598,7 +534,9 @@ class CudaPrinter(CPrinter):
         self.names[op.result] = n
         count = self.count_expr(b)
         before = self.scratch_bytes(self.group.kid)
-        r = self.add_region(WorkspaceRegion(ct, count, "scratch", self.group.kid, size=self.size_count(b.shape)))
+        kid = self.group.kid
+        r = self.new_region(lambda: WorkspaceRegion(ct, self.count_expr(b), "scratch", kid,
+                                                    size=self.size_count(b.shape)))
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
                   f"(size_t)blockIdx.x * ({count});")
@@ -773,7 +711,7 @@ class CudaPrinter(CPrinter):
             self.line(f"{fn}({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
                       f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.dim(bufs[2].shape[1])}, "
                       f"{op.accumulate.data});")
-            self.line("__syncthreads();")
+            self.barrier()
             return
         self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
 
@@ -825,9 +763,9 @@ class CudaPrinter(CPrinter):
             self.sync()
 
     # ------------------------------------------------------------------ instance
-    def prologue(self, body: list[str]) -> list[str]:
-        """Kernel-side bindings of the arguments, dims and temporaries ``body`` uses (nvcc
-        rejects unused ones under -Werror, even cast to void)."""
+    def prologue(self) -> list[str]:
+        """Kernel-side bindings of the arguments, dims and temporaries the body just printed
+        uses (``mention``: nvcc rejects unused ones under -Werror, even cast to void)."""
         decls: list[tuple[str, str]] = []
         for a, n in self.arg_of.items():
             t = a.type
@@ -859,9 +797,10 @@ class CudaPrinter(CPrinter):
             if reg.kind == "temp":
                 n = self.names_temp[v]
                 decls.append((n, f"{reg.ctype} *{self.restrict} {n} = ({reg.ctype} *)a.wsp[{r}];"))
-        return _used(decls, body)
+        return [d for n, d in decls if n in self.mentioned]
 
-    def host_prologue(self, scalars: bool, body: list[str]) -> list[str]:
+    def host_prologue(self, scalars: bool) -> list[str]:
+        """Host-side bindings of the scalars (``scalars``) and dims the body just printed uses."""
         decls: list[tuple[str, str]] = []
         if scalars:
             for a, n in self.arg_of.items():
@@ -872,7 +811,7 @@ class CudaPrinter(CPrinter):
                                       f"sc[{self.param_index[n]}].{field};"))
         for d, i in self.dim_ids.items():
             decls.append((f"d_{d}", f"const int64_t d_{d} = dims[{i}];"))
-        return _used(decls, body)
+        return [d for n, d in decls if n in self.mentioned]
 
     def print_group(self, g: KernelGroup) -> str:
         """The ``__global__`` kernel of one device group."""
@@ -880,11 +819,10 @@ class CudaPrinter(CPrinter):
         self.names = dict(self.arg_names)
         for v, n in self.names_temp.items():
             self.names[v] = n
-        self.lines = []
-        self.depth = 1
+        self.begin_body()
         self.ctx, self.owned, self.private = "uniform", (), set()
         self.owned_scratch = self.thread_owned(g)
-        need = self.needed(self.operands_of(g.ops))
+        need = self.needed(operands_of(g.ops))
         first = min(self.order[o] for o in g.ops)
         last = max(self.order[o] for o in g.ops)
         before = [o for o in need if self.order[o] < first]
@@ -924,7 +862,7 @@ class CudaPrinter(CPrinter):
         head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
                 "(const opgen_cuda_args_t a) {",
                 "    if (*a.err) return; /* an earlier step of this call failed: write nothing */"]
-        head += ["    " + x for x in self.prologue(body)]
+        head += ["    " + x for x in self.prologue()]
         return "\n".join(head + body + ["}"]) + "\n"
 
     def smem_fits(self, kid: int) -> str:
@@ -933,7 +871,7 @@ class CudaPrinter(CPrinter):
 
     def scratch_bytes(self, kid: int, sat: bool = False) -> str:
         """Per-block scratch bytes of kernel ``kid`` (``sat``: saturating, for host sizing)."""
-        terms = [r.bytes(sat) for r in self.regions if r.kind == "scratch" and r.kid == kid]
+        terms = [self.use_region(r).bytes(sat) for r in self.regions if r.kind == "scratch" and r.kid == kid]
         if not sat:
             return " + ".join(terms) or "0"
         out = terms[0] if terms else "0"
@@ -943,66 +881,35 @@ class CudaPrinter(CPrinter):
 
     def print_instance(self) -> str:
         """Kernels, workspace layout, size function and launcher of this instance."""
+        # the steps and kernels map-gpu decided (opgen/lower/gpu_map.py), in program order
         steps: list[tuple[str, object]] = []
         groups: list[KernelGroup] = []
         self.names_temp: dict[SSAValue, str] = {}
-        cur: list[Operation] = []
-        cur_regs: set[SSAValue] = set()
-
-        def flush() -> None:
-            if cur:
-                g = KernelGroup(list(cur), len(groups))
-                groups.append(g)
-                steps.append(("group", g))
-                cur.clear()
-
         for op in self.top:
-            if _scalar_value(op):
+            m = mapping(op)
+            if m is None:
+                if not _scalar_value(op):
+                    raise CudaUnsupported(f"{self.fn_name}: {op.name} not mapped (map-gpu did not run)")
                 continue
-            if isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp":
-                b = s.buf_type(op.result)
-                n = self.fresh("t")
-                self.names_temp[op.result] = n
-                self.region_of[op.result] = self.add_region(
-                    WorkspaceRegion(self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)))
-                if op.zero is not None and op.zero.data:
-                    flush()
-                    steps.append(("memset", op))
-                continue
-            if isinstance(op, s.RequireOp) and not cur and self.host_ok(op.cond):
-                steps.append(("check", op))
-                continue
-            if isinstance(op, s.SegmentsOp | s.BufferMatmulOp):
-                flush()
-                if isinstance(op, s.BufferMatmulOp):
-                    g = KernelGroup([op], len(groups), "matmul")
-                    groups.append(g)
-                    steps.append(("group", g))
+            if m == GpuMapping.HOST:
+                if isinstance(op, s.AllocOp):
+                    b = s.buf_type(op.result)
+                    n = self.fresh("t")
+                    self.names_temp[op.result] = n
+                    self.region_of[op.result] = self.new_region(lambda b=b: WorkspaceRegion(  # type: ignore[misc]
+                        self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)))
+                    if op.zero is not None and op.zero.data:
+                        steps.append(("memset", op))
                 else:
-                    steps.append(("segments", op))
+                    steps.append(("check" if isinstance(op, s.RequireOp) else "segments", op))
                 continue
-            # one kernel per top-level loop; statements sharing a scalar local stay together
-            # (also through the top-level scalars they need, e.g. a load of a full reduction)
-            deps = self.operands_of([op])
-            deps += [v for p in self.needed(deps) for v in p.operands]
-            used = {v for v in deps
-                    if isinstance(v.type, s.BufType) and s.buf_type(v).role.data == "local" and v.owner is not op}
-            if not (cur and used & cur_regs):
-                flush()
-                cur_regs.clear()
-            cur.append(op)
-            if isinstance(op, s.AllocOp):
-                cur_regs.add(op.result)
-        flush()
-        # mapping of each group
-        for g in groups:
-            if len(g.ops) == 1 and isinstance(g.ops[0], s.ForOp):
-                lp = g.ops[0]
-                if self.host_ok(lp.lo) and self.host_ok(lp.hi):
-                    if lp.kind.data == "parallel" and self.needs_block(lp):
-                        g.mode, g.loop = "block", lp
-                    elif lp.kind.data == "parallel" or (lp.kind.data == "serial" and self.independent(lp)):
-                        g.mode, g.loop = "flat", lp
+            kid = kernel_id(op)
+            assert kid is not None
+            if kid == len(groups):
+                loop = op if m in (GpuMapping.BLOCK, GpuMapping.FLAT) else None
+                groups.append(KernelGroup([], kid, m, loop))  # type: ignore[arg-type]
+                steps.append(("group", groups[-1]))
+            groups[kid].ops.append(op)
         # segments scratch regions
         seg_regions: dict[Operation, tuple[int, int, int]] = {}
         for kind, x in steps:
@@ -1014,11 +921,7 @@ class CudaPrinter(CPrinter):
                         raise CudaUnsupported(f"{self.fn_name}: segments on a non-temporary buffer")
                 if not self.host_ok(op.rows, scalars=False):
                     raise CudaUnsupported(f"{self.fn_name}: segment rows must follow from dims")
-                n = self.dim(s.buf_type(op.idx).shape[0])
-                rk = self.add_region(WorkspaceRegion("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
-                rv = self.add_region(WorkspaceRegion("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})"))
-                rt = self.add_region(WorkspaceRegion("char", n, "cub", rows=op.rows))
-                seg_regions[op] = (rk, rv, rt)
+                seg_regions[op] = self.segment_regions(op)
         # kernels (their scratch regions are registered while printing)
         kernels = []
         for g in groups:
@@ -1028,7 +931,7 @@ class CudaPrinter(CPrinter):
                 kernels.append(self.print_group(g))
         # layout: status word, then every region in order
         self.names = dict(self.arg_names)
-        self.lines, self.depth = [], 1
+        self.begin_body()
         roots: list[SSAValue] = []
         for g in groups:
             if g.mode == "block" and any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
@@ -1056,10 +959,10 @@ class CudaPrinter(CPrinter):
             if r.kind == "scratch":
                 continue
             if r.kind == "temp":
-                size = r.bytes(sat=True)
+                size = self.use_region(r).bytes(sat=True)
             else:
                 assert r.rows is not None
-                size = f"opgen_align(opgen_cuda_segments_tmp({r.count}, {self.name(r.rows)}))"
+                size = f"opgen_align(opgen_cuda_segments_tmp({self.use_region(r).count}, {self.name(r.rows)}))"
             self.line(f"if (wsp) wsp[{i}] = ws + off;")
             self.line(f"off = opgen_sz_add(off, {size});")
         # per-block scratch: kernels of a call run one after another on its stream, so each
@@ -1074,13 +977,13 @@ class CudaPrinter(CPrinter):
                 if r.kind == "scratch" and r.kid == kid:
                     self.line(f"if (wsp) wsp[{i}] = ws + off;")
                     self.line(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof({r.ctype}), "
-                              f"{r.size or r.count}), (size_t){grid_of[r.kid]})));")
+                              f"{self.use_region(r).size or r.count}), (size_t){grid_of[r.kid]})));")
             self.line("if (off > end) end = off;")
         if kids:
             self.line("off = end;")
         self.line("*total = off;")
         layout = [f"static void {self.base_name}_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {{"]
-        layout += ["    " + x for x in self.host_prologue(False, self.lines)] + self.lines + ["}"]
+        layout += ["    " + x for x in self.host_prologue(False)] + self.lines + ["}"]
         wsfn = [f"static size_t {self.base_name}_ws(const int64_t *dims) {{",
                 "    size_t total = 0;",
                 f"    {self.base_name}_layout(dims, NULL, NULL, &total);",
@@ -1093,12 +996,12 @@ class CudaPrinter(CPrinter):
         pre_lines = self.host_checks([x for _, x in steps[:lead]])  # type: ignore[misc]
         pre = [f"static opgen_status_t {self.base_name}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
                "const opgen_scalar_t *sc) {"]
-        pre += ["    " + x for x in self.host_prologue(True, pre_lines)] + pre_lines
+        pre += ["    " + x for x in self.host_prologue(True)] + pre_lines
         pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
         steps = steps[lead:]
         # launcher
         self.names = dict(self.arg_names)
-        self.lines, self.depth = [], 1
+        self.begin_body()
         host_roots: list[SSAValue] = []
         for kind, x in steps:
             if kind == "check":
@@ -1129,7 +1032,8 @@ class CudaPrinter(CPrinter):
                 op = x
                 assert isinstance(op, s.AllocOp)
                 r = self.region_of[op.result]
-                self.line(f"cudaMemsetAsync(a.wsp[{r}], 0, sizeof({self.regions[r].ctype}) * {self.regions[r].count}, "
+                self.line(f"cudaMemsetAsync(a.wsp[{r}], 0, sizeof({self.regions[r].ctype}) * "
+                          f"{self.use_region(self.regions[r]).count}, "
                           "stream);")
             elif kind == "segments":
                 op = x
@@ -1193,7 +1097,7 @@ class CudaPrinter(CPrinter):
             "    a.err = (unsigned int *)ws;",
             "    a.sticky = opgen_cuda_sticky();",
         ]
-        launcher += ["    " + x for x in self.host_prologue(True, self.lines)]
+        launcher += ["    " + x for x in self.host_prologue(True)]
         launcher += self.lines
         launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
         if not self.helpers:
@@ -1204,7 +1108,7 @@ class CudaPrinter(CPrinter):
     def host_checks(self, checks: list[s.RequireOp]) -> list[str]:
         """Host code returning the status of the first failing check."""
         self.names = dict(self.arg_names)
-        self.lines, self.depth = [], 1
+        self.begin_body()
         self.define_ops(self.needed([op.cond for op in checks]))
         for op in checks:
             msg = op.message.data.replace('"', "'")
@@ -1217,7 +1121,7 @@ class CudaPrinter(CPrinter):
         self.names = dict(self.arg_names)
         for v, n in self.names_temp.items():
             self.names[v] = n
-        self.lines, self.depth = [], 1
+        self.begin_body()
         self.ctx, self.owned, self.private = "flat", (), set()
         op = g.ops[0]
         assert isinstance(op, s.BufferMatmulOp)
@@ -1227,7 +1131,7 @@ class CudaPrinter(CPrinter):
         head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
                 "(const opgen_cuda_args_t a) {",
                 "    if (*a.err) return;"]
-        head += ["    " + x for x in self.prologue(self.lines)]
+        head += ["    " + x for x in self.prologue()]
         return "\n".join(head + self.lines + ["}"]) + "\n"
 
 

@@ -244,14 +244,18 @@ class HostPrinter(Scalars):
                           "or 1 (a message) when it cannot run. */",
                           sig + " {", "    auto& cq = mesh.mesh_command_queue();", *self.lines, "}", ""])
 
+    def signature(self, fn: str) -> str:
+        """The C++ signature of the op's function ``fn`` for this dtype instance."""
+        return (f"int {fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    "
+                + ",\n    ".join(self.params(public=True)) + ")")
+
     def public(self, fn: str, schedules: list[str]) -> str:
         """The op's function for this dtype instance: the first schedule that can run."""
         conv = self.converted()
         names = [f"{n}_conv" if n in conv else n for n in (a.split(" ")[-1] for a in self.params())]
         args = ", ".join(["mesh", "kernel_dir", "grid", *names])
         lines = [f"/* {self.p.sym_name.data}: schedules tried in order: {', '.join(schedules)}. */",
-                 f"int {fn}(distributed::MeshDevice& mesh, const std::string& kernel_dir, CoreCoord grid,\n    "
-                 + ",\n    ".join(self.params(public=True)) + ") {"]
+                 self.signature(fn) + " {"]
         for n, d in conv.items():  # read only cast to d: converted once (opgen/lower/boundary.py)
             lines += [f"    std::shared_ptr<distributed::MeshBuffer> {n}_conv = {n};",
                       f"    if (int rc = opgen_tt_convert(mesh, {n}_conv, {n}_dtype, {INDEX_TYPE[d]})) return rc;"]
@@ -448,9 +452,9 @@ def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) ->
             manifest["variants"].append(entry)
             fns.append(hp.print())
             impls.append(impl)
-        pub = HostPrinter(progs[0], function_name(progs[0])).public(function_name(progs[0]), impls)
-        fns.append(pub)
-        decls.append(pub.split(" {")[0].split("*/\n")[-1] + ";")
+        hp = HostPrinter(progs[0], function_name(progs[0]))
+        fns.append(hp.public(function_name(progs[0]), impls))
+        decls.append(hp.signature(function_name(progs[0])) + ";")
     files["opgen_tt_dataflow.h"] = render("ttmetal/opgen_tt_dataflow.h.j2", plan_slots=PLAN_SLOTS)
     files["host.hpp"] = render("ttmetal/host.hpp.j2", op=op_name, decls=decls)
     files["host.cpp"] = render("ttmetal/host.cpp.j2", op=op_name, functions=fns)

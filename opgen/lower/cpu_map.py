@@ -15,31 +15,13 @@ decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Operation, SpacedOpaqueSyntaxAttribute
-from xdsl.irdl import irdl_attr_definition
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from opgen.lower import sched as s
-
-
-class CpuMapping(StrEnum):
-    """How the CPU printer runs a loop (module docstring)."""
-
-    OMP_FOR = "omp_for"
-    LANES = "lanes"
-
-
-@irdl_attr_definition
-class CpuMappingAttr(EnumAttribute[CpuMapping], SpacedOpaqueSyntaxAttribute):
-    """``#sched<cpu_mapping omp_for>``."""
-
-    name = "sched.cpu_mapping"
-
+from opgen.lower.sched import CpuMapping, CpuMappingAttr
 
 MAPPING = "cpu_mapping"
 

@@ -24,37 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntAttr, ModuleOp
-from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import BlockArgument, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
-from xdsl.irdl import irdl_attr_definition
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.sched import GpuMapping, GpuMappingAttr
 
 #: C types whose integer accumulation may use atomicAdd (exact in any order)
 ATOMIC_CTYPES = ("int32_t", "uint32_t", "int64_t", "uint64_t")
-
-
-class GpuMapping(StrEnum):
-    """Where a top-level statement of a CUDA kernel instance runs (module docstring)."""
-
-    HOST = "host"
-    SINGLE = "single"
-    BLOCK = "block"
-    FLAT = "flat"
-    MATMUL = "matmul"
-
-
-@irdl_attr_definition
-class GpuMappingAttr(EnumAttribute[GpuMapping], SpacedOpaqueSyntaxAttribute):
-    """``#sched<gpu_mapping block>``."""
-
-    name = "sched.gpu_mapping"
 
 
 MAPPING = "gpu_mapping"

@@ -83,6 +83,38 @@ class LoopKindAttr(EnumAttribute[LoopKind], SpacedOpaqueSyntaxAttribute):
     name = "sched.loop_kind"
 
 
+class CpuMapping(StrEnum):
+    """How the CPU target runs a loop or a matmul (set by map-cpu: opgen/lower/cpu_map.py)."""
+
+    OMP_FOR = "omp_for"
+    LANES = "lanes"
+
+
+@irdl_attr_definition
+class CpuMappingAttr(EnumAttribute[CpuMapping], SpacedOpaqueSyntaxAttribute):
+    """``#sched<cpu_mapping omp_for>``."""
+
+    name = "sched.cpu_mapping"
+
+
+class GpuMapping(StrEnum):
+    """Where a top-level statement of a CUDA kernel instance runs (set by map-gpu:
+    opgen/lower/gpu_map.py)."""
+
+    HOST = "host"
+    SINGLE = "single"
+    BLOCK = "block"
+    FLAT = "flat"
+    MATMUL = "matmul"
+
+
+@irdl_attr_definition
+class GpuMappingAttr(EnumAttribute[GpuMapping], SpacedOpaqueSyntaxAttribute):
+    """``#sched<gpu_mapping block>``."""
+
+    name = "sched.gpu_mapping"
+
+
 def _scalar(op: IRDLOperation, v: SSAValue, dtype: str, what: str) -> None:
     t = v.type
     if not isinstance(t, TensorType) or t.rank != 0 or t.dtype != dtype:
@@ -465,4 +497,4 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp,
                           SegmentStartOp, RequireOp, BufferMatmulOp],
-                [BufType, LoopKindAttr])
+                [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

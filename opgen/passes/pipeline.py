@@ -19,7 +19,9 @@ from xdsl.utils.exceptions import VerifyException
 
 from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
+from opgen.lower.cpu_map import MapCpu
 from opgen.lower.fuse_reductions import FuseReductions
+from opgen.lower.gpu_map import MapGpu
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
 from opgen.tile.boundary import ConvertAtBoundaryTiles
@@ -38,18 +40,18 @@ L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), De
 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
-    # C11 + OpenMP: loops over buffers (independent reductions over one range fused); the
-    # printer maps the outermost parallel loop to OpenMP
-    # and splits reductions into fixed lanes (opgen/emit/cpu.py). Index and mask parameters are
+    # C11 + OpenMP: loops over buffers (independent reductions over one range fused); map-cpu
+    # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
+    # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py). Index and mask parameters are
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
-            CanonicalizePass()],
+            CanonicalizePass(), MapCpu()],
     # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
     # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
     # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
     "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
-             CanonicalizePass()],
+             CanonicalizePass(), MapGpu()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
