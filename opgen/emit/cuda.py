@@ -859,11 +859,8 @@ class CudaPrinter(CPrinter):
             needed_inside = {o for o in need if self.order[o] > first}
             self.walk(o for o in self.top[first:last + 1] if o in members or o in needed_inside)
         body = self.lines
-        head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
-                "(const opgen_cuda_args_t a) {",
-                "    if (*a.err) return; /* an earlier step of this call failed: write nothing */"]
-        head += ["    " + x for x in self.prologue()]
-        return "\n".join(head + body + ["}"]) + "\n"
+        return render.render("cuda/kernel.cu.j2", kernel=f"{self.fn_name}_k{g.kid}", note=True,
+                             prologue=self.prologue(), body=body)
 
     def smem_fits(self, kid: int) -> str:
         """Host condition: kernel ``kid``'s per-block scratch goes to dynamic shared memory."""
@@ -982,22 +979,14 @@ class CudaPrinter(CPrinter):
         if kids:
             self.line("off = end;")
         self.line("*total = off;")
-        layout = [f"static void {self.base_name}_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {{"]
-        layout += ["    " + x for x in self.host_prologue(False)] + self.lines + ["}"]
-        wsfn = [f"static size_t {self.base_name}_ws(const int64_t *dims) {{",
-                "    size_t total = 0;",
-                f"    {self.base_name}_layout(dims, NULL, NULL, &total);",
-                "    return total;", "}"]
+        layout, layout_prologue = self.lines, self.host_prologue(False)
         # the leading checks form the entry's `pre` function (run by the binder before anything
         # else, also when only the workspace size is asked); the launcher does not repeat them
         lead = 0
         while lead < len(steps) and steps[lead][0] == "check":
             lead += 1
         pre_lines = self.host_checks([x for _, x in steps[:lead]])  # type: ignore[misc]
-        pre = [f"static opgen_status_t {self.base_name}_pre(const opgen_buf_t *bufs, const int64_t *dims, "
-               "const opgen_scalar_t *sc) {"]
-        pre += ["    " + x for x in self.host_prologue(True)] + pre_lines
-        pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
+        pre_prologue = self.host_prologue(True)
         steps = steps[lead:]
         # launcher
         self.names = dict(self.arg_names)
@@ -1083,27 +1072,11 @@ class CudaPrinter(CPrinter):
                     self.line(f"const int64_t {gv} = opgen_cuda_grid(({n_expr} + OPGEN_CUDA_THREADS - 1) / "
                               "OPGEN_CUDA_THREADS, 0);")
                 self.line(f"if ({gv} > 0) {k}<<<(unsigned){gv}, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
-        nparams = len(self.param_index)
-        launcher = [
-            f"static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, const int64_t *dims, "
-            "const opgen_scalar_t *sc, char *ws, cudaStream_t stream) {",
-            "    opgen_cuda_args_t a;",
-            "    memset(&a, 0, sizeof a);",
-            f"    memcpy(a.bufs, bufs, sizeof(opgen_buf_t) * {nparams});",
-            f"    memcpy(a.sc, sc, sizeof(opgen_scalar_t) * {nparams});",
-            f"    for (int d = 0; d < {len(self.dim_ids)}; d++) a.dims[d] = dims[d];",
-            "    size_t total = 0;",
-            f"    {self.base_name}_layout(dims, ws, a.wsp, &total);",
-            "    a.err = (unsigned int *)ws;",
-            "    a.sticky = opgen_cuda_sticky();",
-        ]
-        launcher += ["    " + x for x in self.host_prologue(True)]
-        launcher += self.lines
-        launcher += [f'    return opgen_cuda_launched("{self.fn_name}");', "}"]
-        if not self.helpers:
-            return "\n".join([*kernels, "\n".join(launcher)]) + "\n"
-        return "\n".join([*kernels, "\n".join(layout), "\n".join(wsfn), "\n".join(pre),
-                          "\n".join(launcher)]) + "\n"
+        host = render.render("cuda/instance_host.cu.j2", helpers=self.helpers, base=self.base_name, fn=self.fn_name,
+                             layout_prologue=layout_prologue, layout=layout, pre_prologue=pre_prologue,
+                             pre=pre_lines, nparams=len(self.param_index), ndims=len(self.dim_ids),
+                             launcher_prologue=self.host_prologue(True), launcher=self.lines)
+        return "\n".join([*kernels, host.removesuffix("\n")]) + "\n"
 
     def host_checks(self, checks: list[s.RequireOp]) -> list[str]:
         """Host code returning the status of the first failing check."""
@@ -1128,11 +1101,8 @@ class CudaPrinter(CPrinter):
         self.define_ops(self.needed(op.operands))
         self.matmul_elements(op, "grid")
         self.ctx = "uniform"
-        head = [f"static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) {self.fn_name}_k{g.kid}"
-                "(const opgen_cuda_args_t a) {",
-                "    if (*a.err) return;"]
-        head += ["    " + x for x in self.prologue()]
-        return "\n".join(head + self.lines + ["}"]) + "\n"
+        return render.render("cuda/kernel.cu.j2", kernel=f"{self.fn_name}_k{g.kid}", note=False,
+                             prologue=self.prologue(), body=self.lines)
 
 
 # ---------------------------------------------------------------------- translation unit
