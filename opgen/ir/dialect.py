@@ -38,7 +38,10 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
+    AnyAttr,
     IRDLOperation,
+    ParamAttrConstraint,
+    VarConstraint,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -195,6 +198,12 @@ def _same_shape(op: Operation, values: Sequence[SSAValue]) -> None:
         raise VerifyException(
             f"{op.name}: operand/result shapes differ: {sorted(shapes)} (broadcast explicitly)"
         )
+
+
+def same_dtype(var: VarConstraint) -> ParamAttrConstraint:
+    """An ``!opgen.tensor`` of any shape whose dtype is ``var``'s (IRDL's type rule: every
+    operand/result constrained by one variable has one dtype)."""
+    return ParamAttrConstraint(TensorType, [AnyAttr(), var])
 
 
 class _Patterns(HasCanonicalizationPatternsTrait):
@@ -469,8 +478,9 @@ class ElementwiseOp(IRDLOperation):
 class UnaryOp(ElementwiseOp):
     """``result = f(x)``; float ops require a floating operand, same dtype out."""
 
-    x = operand_def(TensorType)
-    result = result_def(TensorType)
+    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
+    x = operand_def(same_dtype(DTYPE))
+    result = result_def(same_dtype(DTYPE))
     traits = traits_def(Pure())
     FLOAT_ONLY: ClassVar[bool] = True
 
@@ -479,8 +489,6 @@ class UnaryOp(ElementwiseOp):
 
     def verify_(self) -> None:
         super().verify_()
-        if tensor_type(self.x).dtype != tensor_type(self.result).dtype:
-            raise VerifyException(f"{self.name}: result dtype must equal operand dtype")
         if self.FLOAT_ONLY:
             _require_float(self, tensor_type(self.x).dtype, "operand")
 
@@ -578,9 +586,10 @@ class BinaryOp(ElementwiseOp, HasFolderInterface):
     Folds integer and bool scalar constants with ``EVAL`` when the result is a value of the
     result dtype (no wrap-around), and ``x (op) x`` to ``x`` for ``IDEMPOTENT`` ops."""
 
-    lhs = operand_def(TensorType)
-    rhs = operand_def(TensorType)
-    result = result_def(TensorType)
+    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
+    lhs = operand_def(same_dtype(DTYPE))
+    rhs = operand_def(same_dtype(DTYPE))
+    result = result_def(same_dtype(DTYPE))
     traits = traits_def(Pure())
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint"}
     EVAL: ClassVar[Callable[[int, int], int] | None] = None
@@ -610,9 +619,7 @@ class BinaryOp(ElementwiseOp, HasFolderInterface):
 
     def verify_(self) -> None:
         super().verify_()
-        a, b = tensor_type(self.lhs).dtype, tensor_type(self.rhs).dtype
-        if a != b:
-            raise VerifyException(f"{self.name}: operand dtypes differ ({a} vs {b})")
+        a = tensor_type(self.lhs).dtype  # (the rhs has it too: the DTYPE constraint)
         bad = _kinds(self, a) - self.OPERAND_KINDS
         if bad:
             raise VerifyException(f"{self.name}: operands of type {a} not allowed")
@@ -715,6 +722,7 @@ class CmpOp(BinaryOp):
 
     name = "opgen.cmp"
     predicate = prop_def(CmpPredicateAttr)
+    result = result_def(TensorType)  # bool (result_type_for)
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint", "bool"}
 
     def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
@@ -742,10 +750,11 @@ class SelectOp(ElementwiseOp, HasFolderInterface):
     both branches are the same value)."""
 
     name = "opgen.select"
+    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
     cond = operand_def(TensorType)
-    a = operand_def(TensorType)
-    b = operand_def(TensorType)
-    result = result_def(TensorType)
+    a = operand_def(same_dtype(DTYPE))
+    b = operand_def(same_dtype(DTYPE))
+    result = result_def(same_dtype(DTYPE))
     traits = traits_def(Pure())
 
     def __init__(self, cond: SSAValue, a: SSAValue, b: SSAValue):
@@ -763,8 +772,6 @@ class SelectOp(ElementwiseOp, HasFolderInterface):
         super().verify_()
         if tensor_type(self.cond).dtype != "bool":
             raise VerifyException("opgen.select: condition must be bool")
-        if not tensor_type(self.a).dtype == tensor_type(self.b).dtype == tensor_type(self.result).dtype:
-            raise VerifyException("opgen.select: both branches and the result need one dtype")
 
 
 @irdl_op_definition
