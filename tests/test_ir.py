@@ -101,7 +101,8 @@ def test_invalid_ir_names_the_pass_that_made_it(ops, monkeypatch):
     monkeypatch.setitem(pipeline.PIPELINES, "broken-first", [BreakIr(), *l0])
     monkeypatch.setitem(pipeline.PIPELINES, "broken-last", [*l0, BreakIr()])
     for target, each in (("broken-first", True), ("broken-last", False)):
-        with pytest.raises(pipeline.StageFailed, match=r"(?s)stage 'break-ir'.*expected from variable 'dtype'") as e:
+        with pytest.raises(pipeline.StageFailed,
+                           match=r"(?s)stage 'break-ir'.*f32> expected from variable 'T', but got .*i64>") as e:
             pipeline.run(ops["rms_norm_backward"].module(), target, verify_each=each)
         assert ("OPGEN_VERIFY_EACH=1" in str(e.value)) is not each, e.value
 
@@ -194,12 +195,16 @@ def rejects(op, pattern: str) -> None:
 
 def test_add_shape_mismatch():
     a, b = values((("N", "D"), "f32"), (("V", "D"), "f32"))
-    rejects(ir.AddOp(a, b), r"shapes differ.*broadcast explicitly")
+    rejects(ir.AddOp(a, b), r"(?s)operand 'rhs'.*\[N, D\], f32> expected from variable 'T', but got .*\[V, D\], f32>")
+    c = values((("V", "D"), "f32"))[0]  # a result of another shape: the elementwise shape rule
+    lt = {"predicate": ir.CmpPredicateAttr(ir.CmpPredicate.LT)}
+    rejects(ir.CmpOp.create(operands=[c, c], result_types=[ir.TensorType.make(["N", "D"], "bool")], properties=lt),
+            r"shapes differ.*broadcast explicitly")
 
 
 def test_add_dtype_mismatch():
     a, b = values((("N",), "f32"), (("N",), "f16"))
-    rejects(ir.AddOp(a, b), r"(?s)operand 'rhs'.*\"f32\" expected from variable 'dtype', but got \"f16\"")
+    rejects(ir.AddOp(a, b), r"(?s)operand 'rhs'.*\[N\], f32> expected from variable 'T', but got .*\[N\], f16>")
 
 
 def test_logical_op_on_floats():
@@ -466,3 +471,27 @@ def test_folding_keeps_what_it_cannot_compute_exactly():
     assert isinstance(v.owner, ir.CastOp)
     v, _ = _folded(lambda e, a: e(ir.CastOp(c(e, 3, "i64"), "f32")))  # to a float: the targets' rounding
     assert isinstance(v.owner, ir.CastOp)
+
+
+def test_repeated_and_true_checks_are_dropped():
+    """A check repeating an earlier one (same condition, status, message) or of a true constant
+    can never fail first: canonicalize drops it; a different message or status is kept."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    f = ir.FuncOp("f", ["c", "x", "out"], [ir.TensorType.make([], "bool"), *[ir.TensorType.make([], "f32")] * 2], {})
+    c, x, _ = f.body.block.args
+    yes, no = ir.ConstantOp(True, "bool"), ir.ConstantOp(False, "bool")
+    f.body.block.add_ops([
+        yes, no,
+        ir.CheckOp(c, "first", "shape"),
+        ir.CheckOp(c, "first", "shape"),  # repeated: dropped
+        ir.CheckOp(c, "first", "param"),  # another status: kept
+        ir.CheckOp(c, "second", "shape"),  # another message: kept
+        ir.CheckOp(yes.results[0], "always", "shape"),  # true: dropped
+        ir.CheckOp(no.results[0], "never", "shape"),  # false: kept
+        ir.ReturnOp([x], ["out"])])
+    m = ModuleOp([f])
+    m.verify()
+    pipeline.run(m, "l0")
+    checks = [(op.message.data, op.status.data) for op in f.body.block.ops if isinstance(op, ir.CheckOp)]
+    assert checks == [("first", "shape"), ("first", "param"), ("second", "shape"), ("never", "shape")]

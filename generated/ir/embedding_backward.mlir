@@ -5,14 +5,14 @@ builtin.module {
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], T>
     %1 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N1, D], T>
     %2 = "opgen.broadcast"(%dtable1_acc) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N1, D], bool>
-    %3 = "opgen.select"(%2, %dtable1, %1) : (!opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
-    %4 = "opgen.cast"(%alpha1) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %3 = opgen.select %2, %dtable1, %1 : !opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>
+    %4 = opgen.cast %alpha1 : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %5 = "opgen.broadcast"(%4) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, D], T>
-    %6 = "opgen.mul"(%dy, %5) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %6 = opgen.mul %dy, %5 : !opgen.tensor<[N, D], T>
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
-    %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
+    %8 = opgen.add %3, %7 : !opgen.tensor<[N1, D], T>
     %9 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %10 = opgen.cmp eq %alpha2, %9 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     "opgen.return"(%8) <{names = ["dtable1"]}> : (!opgen.tensor<[N1, D], T>) -> ()
   }) : () -> ()
@@ -21,12 +21,12 @@ builtin.module {
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], T>
     %1 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N1, D], T>
     %2 = "opgen.broadcast"(%dtable1_acc) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N1, D], bool>
-    %3 = "opgen.select"(%2, %dtable1, %1) : (!opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
-    %4 = "opgen.cast"(%alpha1) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %3 = opgen.select %2, %dtable1, %1 : !opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>
+    %4 = opgen.cast %alpha1 : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %5 = "opgen.broadcast"(%4) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, D], T>
-    %6 = "opgen.mul"(%dy, %5) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %6 = opgen.mul %dy, %5 : !opgen.tensor<[N, D], T>
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
-    %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
+    %8 = opgen.add %3, %7 : !opgen.tensor<[N1, D], T>
     "opgen.return"(%8) <{names = ["dtable1"]}> : (!opgen.tensor<[N1, D], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "embedding_backward__dtable2", arg_names = ["dy", "i1", "alpha1", "alpha2", "dtable1_acc", "dtable2_acc", "dtable1", "dtable2"], dtype_vars = {T = ["f16", "bf16", "f32", "f64"], I = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]}}> ({
@@ -34,14 +34,14 @@ builtin.module {
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], T>
     %1 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N1, D], T>
     %2 = "opgen.broadcast"(%dtable1_acc) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N1, D], bool>
-    %3 = "opgen.select"(%2, %dtable1, %1) : (!opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
-    %4 = "opgen.cast"(%alpha1) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %3 = opgen.select %2, %dtable1, %1 : !opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>
+    %4 = opgen.cast %alpha1 : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %5 = "opgen.broadcast"(%4) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, D], T>
-    %6 = "opgen.mul"(%dy, %5) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %6 = opgen.mul %dy, %5 : !opgen.tensor<[N, D], T>
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
-    %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
+    %8 = opgen.add %3, %7 : !opgen.tensor<[N1, D], T>
     %9 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %10 = "opgen.cmp"(%alpha2, %9) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %10 = opgen.cmp eq %alpha2, %9 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%10) <{message = "alpha2 must be 0 when i2 is absent", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     "opgen.return"(%8) <{names = ["dtable1"]}> : (!opgen.tensor<[N1, D], T>) -> ()
   }) : () -> ()
@@ -50,20 +50,20 @@ builtin.module {
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], T>
     %1 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N1, D], T>
     %2 = "opgen.broadcast"(%dtable1_acc) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N1, D], bool>
-    %3 = "opgen.select"(%2, %dtable1, %1) : (!opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
-    %4 = "opgen.cast"(%alpha1) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %3 = opgen.select %2, %dtable1, %1 : !opgen.tensor<[N1, D], bool>, !opgen.tensor<[N1, D], T>
+    %4 = opgen.cast %alpha1 : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %5 = "opgen.broadcast"(%4) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, D], T>
-    %6 = "opgen.mul"(%dy, %5) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %6 = opgen.mul %dy, %5 : !opgen.tensor<[N, D], T>
     %7 = "opgen.scatter_add"(%6, %i1) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N1, D], T>
-    %8 = "opgen.add"(%3, %7) : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N1, D], T>) -> !opgen.tensor<[N1, D], T>
+    %8 = opgen.add %3, %7 : !opgen.tensor<[N1, D], T>
     %9 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N2, D], T>
     %10 = "opgen.broadcast"(%dtable2_acc) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N2, D], bool>
-    %11 = "opgen.select"(%10, %dtable2, %9) : (!opgen.tensor<[N2, D], bool>, !opgen.tensor<[N2, D], T>, !opgen.tensor<[N2, D], T>) -> !opgen.tensor<[N2, D], T>
-    %12 = "opgen.cast"(%alpha2) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %11 = opgen.select %10, %dtable2, %9 : !opgen.tensor<[N2, D], bool>, !opgen.tensor<[N2, D], T>
+    %12 = opgen.cast %alpha2 : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %13 = "opgen.broadcast"(%12) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, D], T>
-    %14 = "opgen.mul"(%dy, %13) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %14 = opgen.mul %dy, %13 : !opgen.tensor<[N, D], T>
     %15 = "opgen.scatter_add"(%14, %i2) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N], I>) -> !opgen.tensor<[N2, D], T>
-    %16 = "opgen.add"(%11, %15) : (!opgen.tensor<[N2, D], T>, !opgen.tensor<[N2, D], T>) -> !opgen.tensor<[N2, D], T>
+    %16 = opgen.add %11, %15 : !opgen.tensor<[N2, D], T>
     "opgen.return"(%8, %16) <{names = ["dtable1", "dtable2"]}> : (!opgen.tensor<[N1, D], T>, !opgen.tensor<[N2, D], T>) -> ()
   }) : () -> ()
 }

@@ -2,26 +2,26 @@
 builtin.module {
   "opgen.func"() <{sym_name = "embedding_dense_backward", arg_names = ["grad", "indices", "num_weights", "padding_idx", "scale_grad_by_freq", "out"], dtype_vars = {T = ["f32", "f16", "bf16"], IDX = ["f32", "f16", "f64", "i32", "i64", "i16", "i8", "u8", "bool"]}}> ({
   ^bb0(%grad: !opgen.tensor<[N, D], T>, %indices: !opgen.tensor<[N], IDX>, %num_weights: !opgen.tensor<[], i64>, %padding_idx: !opgen.tensor<[], i64>, %scale_grad_by_freq: !opgen.tensor<[], bool>, %out: !opgen.tensor<[V, D], T>):
-    %0 = "opgen.cast"(%indices) : (!opgen.tensor<[N], IDX>) -> !opgen.tensor<[N], i64>
+    %0 = opgen.cast %indices : !opgen.tensor<[N], IDX> -> !opgen.tensor<[N], i64>
     %1 = "opgen.bincount"(%0) : (!opgen.tensor<[N], i64>) -> !opgen.tensor<[V], i32>
     %2 = "opgen.gather"(%1, %0) : (!opgen.tensor<[V], i32>, !opgen.tensor<[N], i64>) -> !opgen.tensor<[N], i32>
     %3 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %4 = "opgen.broadcast"(%3) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[N], f32>
-    %5 = "opgen.cast"(%2) : (!opgen.tensor<[N], i32>) -> !opgen.tensor<[N], f32>
-    %6 = "opgen.div"(%4, %5) : (!opgen.tensor<[N], f32>, !opgen.tensor<[N], f32>) -> !opgen.tensor<[N], f32>
+    %5 = opgen.cast %2 : !opgen.tensor<[N], i32> -> !opgen.tensor<[N], f32>
+    %6 = opgen.div %4, %5 : !opgen.tensor<[N], f32>
     %7 = "opgen.broadcast"(%scale_grad_by_freq) <{dims = array<i64>}> : (!opgen.tensor<[], bool>) -> !opgen.tensor<[N], bool>
-    %8 = "opgen.select"(%7, %6, %4) : (!opgen.tensor<[N], bool>, !opgen.tensor<[N], f32>, !opgen.tensor<[N], f32>) -> !opgen.tensor<[N], f32>
+    %8 = opgen.select %7, %6, %4 : !opgen.tensor<[N], bool>, !opgen.tensor<[N], f32>
     %9 = "opgen.broadcast"(%padding_idx) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[N], i64>
-    %10 = "opgen.cmp"(%0, %9) <{predicate = #opgen<predicate ne>}> : (!opgen.tensor<[N], i64>, !opgen.tensor<[N], i64>) -> !opgen.tensor<[N], bool>
-    %11 = "opgen.cast"(%grad) : (!opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], f32>
+    %10 = opgen.cmp ne %0, %9 : !opgen.tensor<[N], i64> -> !opgen.tensor<[N], bool>
+    %11 = opgen.cast %grad : !opgen.tensor<[N, D], T> -> !opgen.tensor<[N, D], f32>
     %12 = "opgen.broadcast"(%8) <{dims = array<i64: 0>}> : (!opgen.tensor<[N], f32>) -> !opgen.tensor<[N, D], f32>
-    %13 = "opgen.mul"(%11, %12) : (!opgen.tensor<[N, D], f32>, !opgen.tensor<[N, D], f32>) -> !opgen.tensor<[N, D], f32>
+    %13 = opgen.mul %11, %12 : !opgen.tensor<[N, D], f32>
     %14 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %15 = "opgen.broadcast"(%14) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[N, D], f32>
     %16 = "opgen.broadcast"(%10) <{dims = array<i64: 0>}> : (!opgen.tensor<[N], bool>) -> !opgen.tensor<[N, D], bool>
-    %17 = "opgen.select"(%16, %13, %15) : (!opgen.tensor<[N, D], bool>, !opgen.tensor<[N, D], f32>, !opgen.tensor<[N, D], f32>) -> !opgen.tensor<[N, D], f32>
+    %17 = opgen.select %16, %13, %15 : !opgen.tensor<[N, D], bool>, !opgen.tensor<[N, D], f32>
     %18 = "opgen.scatter_add"(%17, %0) : (!opgen.tensor<[N, D], f32>, !opgen.tensor<[N], i64>) -> !opgen.tensor<[V, D], f32>
-    %19 = "opgen.cast"(%18) : (!opgen.tensor<[V, D], f32>) -> !opgen.tensor<[V, D], T>
+    %19 = opgen.cast %18 : !opgen.tensor<[V, D], f32> -> !opgen.tensor<[V, D], T>
     "opgen.return"(%19) <{names = ["out"]}> : (!opgen.tensor<[V, D], T>) -> ()
   }) : () -> ()
 }

@@ -3,229 +3,229 @@ builtin.module {
   "opgen.func"() <{sym_name = "fused_linear_cross_entropy_loss_grad__softmax", arg_names = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "softmax", "input_grad", "weight_grad"], dtype_vars = {T = ["f16", "bf16"], M = ["u8", "bool"], TI = ["i32", "i64"]}}> ({
   ^bb0(%grad: !opgen.tensor<[BT], f32>, %input: !opgen.tensor<[BT, H], T>, %weight: !opgen.tensor<[V, H], T>, %target_mask: !opgen.tensor<[L], M>, %masked_target: !opgen.tensor<[BT], TI>, %label_smoothing: !opgen.tensor<[], f32>, %softmax: !opgen.tensor<[BT, V], f32>, %input_grad: !opgen.tensor<[BT, H], T>, %weight_grad: !opgen.tensor<[V, H], T>):
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %1 = "opgen.cmp"(%label_smoothing, %0) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %1 = opgen.cmp eq %label_smoothing, %0 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%1) <{message = "labelSmoothing must be 0", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %2 = "opgen.dim"() <{dim = "V"}> : () -> !opgen.tensor<[], i64>
+    %2 = opgen.dim "V" : !opgen.tensor<[], i64>
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cmp"(%2, %3) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[], i64>, !opgen.tensor<[], i64>) -> !opgen.tensor<[], bool>
+    %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     %5 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
-    %6 = "opgen.cast"(%masked_target) : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT], i64>
+    %6 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %7 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %8 = "opgen.broadcast"(%7) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %9 = "opgen.cmp"(%6, %8) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
+    %9 = opgen.cmp ge %6, %8 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %10 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %11 = "opgen.cmp"(%6, %10) <{predicate = #opgen<predicate lt>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
-    %12 = "opgen.and"(%9, %11) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
-    %13 = "opgen.or"(%5, %12) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
+    %11 = opgen.cmp lt %6, %10 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
+    %12 = opgen.and %9, %11 : !opgen.tensor<[BT], bool>
+    %13 = opgen.or %5, %12 : !opgen.tensor<[BT], bool>
     "opgen.check"(%13) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %14 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %15 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
-    %16 = "opgen.cast"(%15) : (!opgen.tensor<[BT, 1], TI>) -> !opgen.tensor<[BT, 1], i64>
+    %16 = opgen.cast %15 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %17 = "opgen.broadcast"(%16) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
-    %18 = "opgen.cmp"(%14, %17) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[BT, V], i64>, !opgen.tensor<[BT, V], i64>) -> !opgen.tensor<[BT, V], bool>
+    %18 = opgen.cmp eq %14, %17 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
     %19 = "opgen.broadcast"(%5) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
-    %20 = "opgen.not"(%19) : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %20 = opgen.not %19 : !opgen.tensor<[BT, 1], bool>
     %21 = "opgen.broadcast"(%20) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
-    %22 = "opgen.and"(%18, %21) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], bool>) -> !opgen.tensor<[BT, V], bool>
+    %22 = opgen.and %18, %21 : !opgen.tensor<[BT, V], bool>
     %23 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %24 = "opgen.broadcast"(%23) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %25 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
-    %26 = "opgen.select"(%22, %24, %25) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %27 = "opgen.sub"(%softmax, %26) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %26 = opgen.select %22, %24, %25 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
+    %27 = opgen.sub %softmax, %26 : !opgen.tensor<[BT, V], f32>
     %28 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %29 = "opgen.mul"(%27, %28) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %30 = "opgen.cast"(%weight) : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[V, H], f32>
+    %29 = opgen.mul %27, %28 : !opgen.tensor<[BT, V], f32>
+    %30 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>
     %31 = "opgen.matmul"(%29, %30) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[V, H], f32>) -> !opgen.tensor<[BT, H], f32>
     %32 = "opgen.transpose"(%29) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[V, BT], f32>
-    %33 = "opgen.cast"(%input) : (!opgen.tensor<[BT, H], T>) -> !opgen.tensor<[BT, H], f32>
+    %33 = opgen.cast %input : !opgen.tensor<[BT, H], T> -> !opgen.tensor<[BT, H], f32>
     %34 = "opgen.matmul"(%32, %33) : (!opgen.tensor<[V, BT], f32>, !opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[V, H], f32>
-    %35 = "opgen.cast"(%31) : (!opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[BT, H], T>
-    %36 = "opgen.cast"(%34) : (!opgen.tensor<[V, H], f32>) -> !opgen.tensor<[V, H], T>
+    %35 = opgen.cast %31 : !opgen.tensor<[BT, H], f32> -> !opgen.tensor<[BT, H], T>
+    %36 = opgen.cast %34 : !opgen.tensor<[V, H], f32> -> !opgen.tensor<[V, H], T>
     "opgen.return"(%35, %36) <{names = ["input_grad", "weight_grad"]}> : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[V, H], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits", arg_names = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], dtype_vars = {T = ["f16", "bf16"], M = ["u8", "bool"], TI = ["i32", "i64"]}}> ({
   ^bb0(%grad: !opgen.tensor<[BT], f32>, %input: !opgen.tensor<[BT, H], T>, %weight: !opgen.tensor<[V, H], T>, %target_mask: !opgen.tensor<[L], M>, %masked_target: !opgen.tensor<[BT], TI>, %label_smoothing: !opgen.tensor<[], f32>, %logits_max: !opgen.tensor<[BT], f32>, %sum_exp_logits: !opgen.tensor<[BT], f32>, %input_grad: !opgen.tensor<[BT, H], T>, %weight_grad: !opgen.tensor<[V, H], T>):
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %1 = "opgen.cmp"(%label_smoothing, %0) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %1 = opgen.cmp eq %label_smoothing, %0 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%1) <{message = "labelSmoothing must be 0", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %2 = "opgen.dim"() <{dim = "V"}> : () -> !opgen.tensor<[], i64>
+    %2 = opgen.dim "V" : !opgen.tensor<[], i64>
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cmp"(%2, %3) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[], i64>, !opgen.tensor<[], i64>) -> !opgen.tensor<[], bool>
+    %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     %5 = "opgen.transpose"(%weight) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[H, V], T>
     %6 = "opgen.matmul"(%input, %5) : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[H, V], T>) -> !opgen.tensor<[BT, V], T>
-    %7 = "opgen.cast"(%6) : (!opgen.tensor<[BT, V], T>) -> !opgen.tensor<[BT, V], f32>
+    %7 = opgen.cast %6 : !opgen.tensor<[BT, V], T> -> !opgen.tensor<[BT, V], f32>
     %8 = "opgen.broadcast"(%logits_max) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %9 = "opgen.sub"(%7, %8) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %10 = "opgen.exp"(%9) : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %9 = opgen.sub %7, %8 : !opgen.tensor<[BT, V], f32>
+    %10 = opgen.exp %9 : !opgen.tensor<[BT, V], f32>
     %11 = "opgen.broadcast"(%sum_exp_logits) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %12 = "opgen.div"(%10, %11) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %12 = opgen.div %10, %11 : !opgen.tensor<[BT, V], f32>
     %13 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
-    %14 = "opgen.cast"(%masked_target) : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT], i64>
+    %14 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %15 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %16 = "opgen.broadcast"(%15) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %17 = "opgen.cmp"(%14, %16) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
+    %17 = opgen.cmp ge %14, %16 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %18 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %19 = "opgen.cmp"(%14, %18) <{predicate = #opgen<predicate lt>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
-    %20 = "opgen.and"(%17, %19) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
-    %21 = "opgen.or"(%13, %20) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
+    %19 = opgen.cmp lt %14, %18 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
+    %20 = opgen.and %17, %19 : !opgen.tensor<[BT], bool>
+    %21 = opgen.or %13, %20 : !opgen.tensor<[BT], bool>
     "opgen.check"(%21) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %22 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %23 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
-    %24 = "opgen.cast"(%23) : (!opgen.tensor<[BT, 1], TI>) -> !opgen.tensor<[BT, 1], i64>
+    %24 = opgen.cast %23 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %25 = "opgen.broadcast"(%24) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
-    %26 = "opgen.cmp"(%22, %25) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[BT, V], i64>, !opgen.tensor<[BT, V], i64>) -> !opgen.tensor<[BT, V], bool>
+    %26 = opgen.cmp eq %22, %25 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
     %27 = "opgen.broadcast"(%13) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
-    %28 = "opgen.not"(%27) : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %28 = opgen.not %27 : !opgen.tensor<[BT, 1], bool>
     %29 = "opgen.broadcast"(%28) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
-    %30 = "opgen.and"(%26, %29) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], bool>) -> !opgen.tensor<[BT, V], bool>
+    %30 = opgen.and %26, %29 : !opgen.tensor<[BT, V], bool>
     %31 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %32 = "opgen.broadcast"(%31) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %33 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
-    %34 = "opgen.select"(%30, %32, %33) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %35 = "opgen.sub"(%12, %34) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %34 = opgen.select %30, %32, %33 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
+    %35 = opgen.sub %12, %34 : !opgen.tensor<[BT, V], f32>
     %36 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %37 = "opgen.mul"(%35, %36) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %38 = "opgen.cast"(%weight) : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[V, H], f32>
+    %37 = opgen.mul %35, %36 : !opgen.tensor<[BT, V], f32>
+    %38 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>
     %39 = "opgen.matmul"(%37, %38) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[V, H], f32>) -> !opgen.tensor<[BT, H], f32>
     %40 = "opgen.transpose"(%37) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[V, BT], f32>
-    %41 = "opgen.cast"(%input) : (!opgen.tensor<[BT, H], T>) -> !opgen.tensor<[BT, H], f32>
+    %41 = opgen.cast %input : !opgen.tensor<[BT, H], T> -> !opgen.tensor<[BT, H], f32>
     %42 = "opgen.matmul"(%40, %41) : (!opgen.tensor<[V, BT], f32>, !opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[V, H], f32>
-    %43 = "opgen.cast"(%39) : (!opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[BT, H], T>
-    %44 = "opgen.cast"(%42) : (!opgen.tensor<[V, H], f32>) -> !opgen.tensor<[V, H], T>
+    %43 = opgen.cast %39 : !opgen.tensor<[BT, H], f32> -> !opgen.tensor<[BT, H], T>
+    %44 = opgen.cast %42 : !opgen.tensor<[V, H], f32> -> !opgen.tensor<[V, H], T>
     "opgen.return"(%43, %44) <{names = ["input_grad", "weight_grad"]}> : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[V, H], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "fused_linear_cross_entropy_loss_grad__logits_max_softmax", arg_names = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "softmax", "input_grad", "weight_grad"], dtype_vars = {T = ["f16", "bf16"], M = ["u8", "bool"], TI = ["i32", "i64"]}}> ({
   ^bb0(%grad: !opgen.tensor<[BT], f32>, %input: !opgen.tensor<[BT, H], T>, %weight: !opgen.tensor<[V, H], T>, %target_mask: !opgen.tensor<[L], M>, %masked_target: !opgen.tensor<[BT], TI>, %label_smoothing: !opgen.tensor<[], f32>, %logits_max: !opgen.tensor<[BT], f32>, %softmax: !opgen.tensor<[BT, V], f32>, %input_grad: !opgen.tensor<[BT, H], T>, %weight_grad: !opgen.tensor<[V, H], T>):
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %1 = "opgen.cmp"(%label_smoothing, %0) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %1 = opgen.cmp eq %label_smoothing, %0 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%1) <{message = "labelSmoothing must be 0", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %2 = "opgen.dim"() <{dim = "V"}> : () -> !opgen.tensor<[], i64>
+    %2 = opgen.dim "V" : !opgen.tensor<[], i64>
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cmp"(%2, %3) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[], i64>, !opgen.tensor<[], i64>) -> !opgen.tensor<[], bool>
+    %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     %5 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
-    %6 = "opgen.cast"(%masked_target) : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT], i64>
+    %6 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %7 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %8 = "opgen.broadcast"(%7) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %9 = "opgen.cmp"(%6, %8) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
+    %9 = opgen.cmp ge %6, %8 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %10 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %11 = "opgen.cmp"(%6, %10) <{predicate = #opgen<predicate lt>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
-    %12 = "opgen.and"(%9, %11) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
-    %13 = "opgen.or"(%5, %12) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
+    %11 = opgen.cmp lt %6, %10 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
+    %12 = opgen.and %9, %11 : !opgen.tensor<[BT], bool>
+    %13 = opgen.or %5, %12 : !opgen.tensor<[BT], bool>
     "opgen.check"(%13) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %14 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %15 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
-    %16 = "opgen.cast"(%15) : (!opgen.tensor<[BT, 1], TI>) -> !opgen.tensor<[BT, 1], i64>
+    %16 = opgen.cast %15 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %17 = "opgen.broadcast"(%16) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
-    %18 = "opgen.cmp"(%14, %17) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[BT, V], i64>, !opgen.tensor<[BT, V], i64>) -> !opgen.tensor<[BT, V], bool>
+    %18 = opgen.cmp eq %14, %17 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
     %19 = "opgen.broadcast"(%5) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
-    %20 = "opgen.not"(%19) : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %20 = opgen.not %19 : !opgen.tensor<[BT, 1], bool>
     %21 = "opgen.broadcast"(%20) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
-    %22 = "opgen.and"(%18, %21) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], bool>) -> !opgen.tensor<[BT, V], bool>
+    %22 = opgen.and %18, %21 : !opgen.tensor<[BT, V], bool>
     %23 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %24 = "opgen.broadcast"(%23) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %25 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
-    %26 = "opgen.select"(%22, %24, %25) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %27 = "opgen.sub"(%softmax, %26) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %26 = opgen.select %22, %24, %25 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
+    %27 = opgen.sub %softmax, %26 : !opgen.tensor<[BT, V], f32>
     %28 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %29 = "opgen.mul"(%27, %28) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %30 = "opgen.cast"(%weight) : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[V, H], f32>
+    %29 = opgen.mul %27, %28 : !opgen.tensor<[BT, V], f32>
+    %30 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>
     %31 = "opgen.matmul"(%29, %30) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[V, H], f32>) -> !opgen.tensor<[BT, H], f32>
     %32 = "opgen.transpose"(%29) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[V, BT], f32>
-    %33 = "opgen.cast"(%input) : (!opgen.tensor<[BT, H], T>) -> !opgen.tensor<[BT, H], f32>
+    %33 = opgen.cast %input : !opgen.tensor<[BT, H], T> -> !opgen.tensor<[BT, H], f32>
     %34 = "opgen.matmul"(%32, %33) : (!opgen.tensor<[V, BT], f32>, !opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[V, H], f32>
-    %35 = "opgen.cast"(%31) : (!opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[BT, H], T>
-    %36 = "opgen.cast"(%34) : (!opgen.tensor<[V, H], f32>) -> !opgen.tensor<[V, H], T>
+    %35 = opgen.cast %31 : !opgen.tensor<[BT, H], f32> -> !opgen.tensor<[BT, H], T>
+    %36 = opgen.cast %34 : !opgen.tensor<[V, H], f32> -> !opgen.tensor<[V, H], T>
     "opgen.return"(%35, %36) <{names = ["input_grad", "weight_grad"]}> : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[V, H], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax", arg_names = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "sum_exp_logits", "softmax", "input_grad", "weight_grad"], dtype_vars = {T = ["f16", "bf16"], M = ["u8", "bool"], TI = ["i32", "i64"]}}> ({
   ^bb0(%grad: !opgen.tensor<[BT], f32>, %input: !opgen.tensor<[BT, H], T>, %weight: !opgen.tensor<[V, H], T>, %target_mask: !opgen.tensor<[L], M>, %masked_target: !opgen.tensor<[BT], TI>, %label_smoothing: !opgen.tensor<[], f32>, %sum_exp_logits: !opgen.tensor<[BT], f32>, %softmax: !opgen.tensor<[BT, V], f32>, %input_grad: !opgen.tensor<[BT, H], T>, %weight_grad: !opgen.tensor<[V, H], T>):
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %1 = "opgen.cmp"(%label_smoothing, %0) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %1 = opgen.cmp eq %label_smoothing, %0 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%1) <{message = "labelSmoothing must be 0", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %2 = "opgen.dim"() <{dim = "V"}> : () -> !opgen.tensor<[], i64>
+    %2 = opgen.dim "V" : !opgen.tensor<[], i64>
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cmp"(%2, %3) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[], i64>, !opgen.tensor<[], i64>) -> !opgen.tensor<[], bool>
+    %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     %5 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
-    %6 = "opgen.cast"(%masked_target) : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT], i64>
+    %6 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %7 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %8 = "opgen.broadcast"(%7) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %9 = "opgen.cmp"(%6, %8) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
+    %9 = opgen.cmp ge %6, %8 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %10 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %11 = "opgen.cmp"(%6, %10) <{predicate = #opgen<predicate lt>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
-    %12 = "opgen.and"(%9, %11) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
-    %13 = "opgen.or"(%5, %12) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
+    %11 = opgen.cmp lt %6, %10 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
+    %12 = opgen.and %9, %11 : !opgen.tensor<[BT], bool>
+    %13 = opgen.or %5, %12 : !opgen.tensor<[BT], bool>
     "opgen.check"(%13) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %14 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %15 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
-    %16 = "opgen.cast"(%15) : (!opgen.tensor<[BT, 1], TI>) -> !opgen.tensor<[BT, 1], i64>
+    %16 = opgen.cast %15 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %17 = "opgen.broadcast"(%16) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
-    %18 = "opgen.cmp"(%14, %17) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[BT, V], i64>, !opgen.tensor<[BT, V], i64>) -> !opgen.tensor<[BT, V], bool>
+    %18 = opgen.cmp eq %14, %17 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
     %19 = "opgen.broadcast"(%5) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
-    %20 = "opgen.not"(%19) : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %20 = opgen.not %19 : !opgen.tensor<[BT, 1], bool>
     %21 = "opgen.broadcast"(%20) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
-    %22 = "opgen.and"(%18, %21) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], bool>) -> !opgen.tensor<[BT, V], bool>
+    %22 = opgen.and %18, %21 : !opgen.tensor<[BT, V], bool>
     %23 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %24 = "opgen.broadcast"(%23) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %25 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
-    %26 = "opgen.select"(%22, %24, %25) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %27 = "opgen.sub"(%softmax, %26) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %26 = opgen.select %22, %24, %25 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
+    %27 = opgen.sub %softmax, %26 : !opgen.tensor<[BT, V], f32>
     %28 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %29 = "opgen.mul"(%27, %28) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %30 = "opgen.cast"(%weight) : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[V, H], f32>
+    %29 = opgen.mul %27, %28 : !opgen.tensor<[BT, V], f32>
+    %30 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>
     %31 = "opgen.matmul"(%29, %30) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[V, H], f32>) -> !opgen.tensor<[BT, H], f32>
     %32 = "opgen.transpose"(%29) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[V, BT], f32>
-    %33 = "opgen.cast"(%input) : (!opgen.tensor<[BT, H], T>) -> !opgen.tensor<[BT, H], f32>
+    %33 = opgen.cast %input : !opgen.tensor<[BT, H], T> -> !opgen.tensor<[BT, H], f32>
     %34 = "opgen.matmul"(%32, %33) : (!opgen.tensor<[V, BT], f32>, !opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[V, H], f32>
-    %35 = "opgen.cast"(%31) : (!opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[BT, H], T>
-    %36 = "opgen.cast"(%34) : (!opgen.tensor<[V, H], f32>) -> !opgen.tensor<[V, H], T>
+    %35 = opgen.cast %31 : !opgen.tensor<[BT, H], f32> -> !opgen.tensor<[BT, H], T>
+    %36 = opgen.cast %34 : !opgen.tensor<[V, H], f32> -> !opgen.tensor<[V, H], T>
     "opgen.return"(%35, %36) <{names = ["input_grad", "weight_grad"]}> : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[V, H], T>) -> ()
   }) : () -> ()
   "opgen.func"() <{sym_name = "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax", arg_names = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "sum_exp_logits", "softmax", "input_grad", "weight_grad"], dtype_vars = {T = ["f16", "bf16"], M = ["u8", "bool"], TI = ["i32", "i64"]}}> ({
   ^bb0(%grad: !opgen.tensor<[BT], f32>, %input: !opgen.tensor<[BT, H], T>, %weight: !opgen.tensor<[V, H], T>, %target_mask: !opgen.tensor<[L], M>, %masked_target: !opgen.tensor<[BT], TI>, %label_smoothing: !opgen.tensor<[], f32>, %logits_max: !opgen.tensor<[BT], f32>, %sum_exp_logits: !opgen.tensor<[BT], f32>, %softmax: !opgen.tensor<[BT, V], f32>, %input_grad: !opgen.tensor<[BT, H], T>, %weight_grad: !opgen.tensor<[V, H], T>):
     %0 = "opgen.constant"() <{value = 0.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
-    %1 = "opgen.cmp"(%label_smoothing, %0) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[], f32>, !opgen.tensor<[], f32>) -> !opgen.tensor<[], bool>
+    %1 = opgen.cmp eq %label_smoothing, %0 : !opgen.tensor<[], f32> -> !opgen.tensor<[], bool>
     "opgen.check"(%1) <{message = "labelSmoothing must be 0", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %2 = "opgen.dim"() <{dim = "V"}> : () -> !opgen.tensor<[], i64>
+    %2 = opgen.dim "V" : !opgen.tensor<[], i64>
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cmp"(%2, %3) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[], i64>, !opgen.tensor<[], i64>) -> !opgen.tensor<[], bool>
+    %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
     %5 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
-    %6 = "opgen.cast"(%masked_target) : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT], i64>
+    %6 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %7 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %8 = "opgen.broadcast"(%7) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %9 = "opgen.cmp"(%6, %8) <{predicate = #opgen<predicate ge>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
+    %9 = opgen.cmp ge %6, %8 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %10 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
-    %11 = "opgen.cmp"(%6, %10) <{predicate = #opgen<predicate lt>}> : (!opgen.tensor<[BT], i64>, !opgen.tensor<[BT], i64>) -> !opgen.tensor<[BT], bool>
-    %12 = "opgen.and"(%9, %11) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
-    %13 = "opgen.or"(%5, %12) : (!opgen.tensor<[BT], bool>, !opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT], bool>
+    %11 = opgen.cmp lt %6, %10 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
+    %12 = opgen.and %9, %11 : !opgen.tensor<[BT], bool>
+    %13 = opgen.or %5, %12 : !opgen.tensor<[BT], bool>
     "opgen.check"(%13) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %14 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %15 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
-    %16 = "opgen.cast"(%15) : (!opgen.tensor<[BT, 1], TI>) -> !opgen.tensor<[BT, 1], i64>
+    %16 = opgen.cast %15 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %17 = "opgen.broadcast"(%16) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
-    %18 = "opgen.cmp"(%14, %17) <{predicate = #opgen<predicate eq>}> : (!opgen.tensor<[BT, V], i64>, !opgen.tensor<[BT, V], i64>) -> !opgen.tensor<[BT, V], bool>
+    %18 = opgen.cmp eq %14, %17 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
     %19 = "opgen.broadcast"(%5) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
-    %20 = "opgen.not"(%19) : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %20 = opgen.not %19 : !opgen.tensor<[BT, 1], bool>
     %21 = "opgen.broadcast"(%20) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
-    %22 = "opgen.and"(%18, %21) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], bool>) -> !opgen.tensor<[BT, V], bool>
+    %22 = opgen.and %18, %21 : !opgen.tensor<[BT, V], bool>
     %23 = "opgen.constant"() <{value = 1.000000e+00 : f64}> : () -> !opgen.tensor<[], f32>
     %24 = "opgen.broadcast"(%23) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %25 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
-    %26 = "opgen.select"(%22, %24, %25) : (!opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %27 = "opgen.sub"(%softmax, %26) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
+    %26 = opgen.select %22, %24, %25 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
+    %27 = opgen.sub %softmax, %26 : !opgen.tensor<[BT, V], f32>
     %28 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %29 = "opgen.mul"(%27, %28) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[BT, V], f32>
-    %30 = "opgen.cast"(%weight) : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[V, H], f32>
+    %29 = opgen.mul %27, %28 : !opgen.tensor<[BT, V], f32>
+    %30 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>
     %31 = "opgen.matmul"(%29, %30) : (!opgen.tensor<[BT, V], f32>, !opgen.tensor<[V, H], f32>) -> !opgen.tensor<[BT, H], f32>
     %32 = "opgen.transpose"(%29) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[BT, V], f32>) -> !opgen.tensor<[V, BT], f32>
-    %33 = "opgen.cast"(%input) : (!opgen.tensor<[BT, H], T>) -> !opgen.tensor<[BT, H], f32>
+    %33 = opgen.cast %input : !opgen.tensor<[BT, H], T> -> !opgen.tensor<[BT, H], f32>
     %34 = "opgen.matmul"(%32, %33) : (!opgen.tensor<[V, BT], f32>, !opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[V, H], f32>
-    %35 = "opgen.cast"(%31) : (!opgen.tensor<[BT, H], f32>) -> !opgen.tensor<[BT, H], T>
-    %36 = "opgen.cast"(%34) : (!opgen.tensor<[V, H], f32>) -> !opgen.tensor<[V, H], T>
+    %35 = opgen.cast %31 : !opgen.tensor<[BT, H], f32> -> !opgen.tensor<[BT, H], T>
+    %36 = opgen.cast %34 : !opgen.tensor<[V, H], f32> -> !opgen.tensor<[V, H], T>
     "opgen.return"(%35, %36) <{names = ["input_grad", "weight_grad"]}> : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[V, H], T>) -> ()
   }) : () -> ()
 }

@@ -2,33 +2,33 @@
 builtin.module {
   "opgen.func"() <{sym_name = "rms_norm_backward", arg_names = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], dtype_vars = {T = ["f16", "f32", "bf16"]}, may_alias = ["grad_x"]}> ({
   ^bb0(%grad_y: !opgen.tensor<[N, D], T>, %x: !opgen.tensor<[N, D], T>, %w: !opgen.tensor<[D], T>, %eps: !opgen.tensor<[], f32>, %grad_x: !opgen.tensor<[N, D], T>, %grad_w: !opgen.tensor<[D], T>):
-    %0 = "opgen.mul"(%x, %x) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %0 = opgen.mul %x, %x : !opgen.tensor<[N, D], T>
     %1 = "opgen.reduce"(%0) <{kind = #opgen<reduce_kind sum>, axes = array<i64: 1>}> : (!opgen.tensor<[N, D], T>) -> !opgen.tensor<[N], T>
     %2 = "opgen.broadcast"(%1) <{dims = array<i64: 0>}> : (!opgen.tensor<[N], T>) -> !opgen.tensor<[N, 1], T>
-    %3 = "opgen.dim"() <{dim = "D"}> : () -> !opgen.tensor<[], i64>
-    %4 = "opgen.cast"(%3) : (!opgen.tensor<[], i64>) -> !opgen.tensor<[], T>
+    %3 = opgen.dim "D" : !opgen.tensor<[], i64>
+    %4 = opgen.cast %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], T>
     %5 = "opgen.broadcast"(%4) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, 1], T>
-    %6 = "opgen.div"(%2, %5) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
-    %7 = "opgen.cast"(%eps) : (!opgen.tensor<[], f32>) -> !opgen.tensor<[], T>
+    %6 = opgen.div %2, %5 : !opgen.tensor<[N, 1], T>
+    %7 = opgen.cast %eps : !opgen.tensor<[], f32> -> !opgen.tensor<[], T>
     %8 = "opgen.broadcast"(%7) <{dims = array<i64>}> : (!opgen.tensor<[], T>) -> !opgen.tensor<[N, 1], T>
-    %9 = "opgen.add"(%6, %8) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
-    %10 = "opgen.rsqrt"(%9) : (!opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
+    %9 = opgen.add %6, %8 : !opgen.tensor<[N, 1], T>
+    %10 = opgen.rsqrt %9 : !opgen.tensor<[N, 1], T>
     %11 = "opgen.broadcast"(%w) <{dims = array<i64: 1>}> : (!opgen.tensor<[D], T>) -> !opgen.tensor<[N, D], T>
-    %12 = "opgen.mul"(%grad_y, %11) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %12 = opgen.mul %grad_y, %11 : !opgen.tensor<[N, D], T>
     %13 = "opgen.broadcast"(%10) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, D], T>
-    %14 = "opgen.mul"(%12, %13) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
-    %15 = "opgen.mul"(%12, %x) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %14 = opgen.mul %12, %13 : !opgen.tensor<[N, D], T>
+    %15 = opgen.mul %12, %x : !opgen.tensor<[N, D], T>
     %16 = "opgen.reduce"(%15) <{kind = #opgen<reduce_kind sum>, axes = array<i64: 1>}> : (!opgen.tensor<[N, D], T>) -> !opgen.tensor<[N], T>
     %17 = "opgen.broadcast"(%16) <{dims = array<i64: 0>}> : (!opgen.tensor<[N], T>) -> !opgen.tensor<[N, 1], T>
-    %18 = "opgen.div"(%17, %5) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
-    %19 = "opgen.mul"(%18, %10) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
-    %20 = "opgen.mul"(%19, %10) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
-    %21 = "opgen.mul"(%20, %10) : (!opgen.tensor<[N, 1], T>, !opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, 1], T>
+    %18 = opgen.div %17, %5 : !opgen.tensor<[N, 1], T>
+    %19 = opgen.mul %18, %10 : !opgen.tensor<[N, 1], T>
+    %20 = opgen.mul %19, %10 : !opgen.tensor<[N, 1], T>
+    %21 = opgen.mul %20, %10 : !opgen.tensor<[N, 1], T>
     %22 = "opgen.broadcast"(%21) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[N, 1], T>) -> !opgen.tensor<[N, D], T>
-    %23 = "opgen.mul"(%x, %22) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
-    %24 = "opgen.sub"(%14, %23) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
-    %25 = "opgen.mul"(%grad_y, %x) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
-    %26 = "opgen.mul"(%25, %13) : (!opgen.tensor<[N, D], T>, !opgen.tensor<[N, D], T>) -> !opgen.tensor<[N, D], T>
+    %23 = opgen.mul %x, %22 : !opgen.tensor<[N, D], T>
+    %24 = opgen.sub %14, %23 : !opgen.tensor<[N, D], T>
+    %25 = opgen.mul %grad_y, %x : !opgen.tensor<[N, D], T>
+    %26 = opgen.mul %25, %13 : !opgen.tensor<[N, D], T>
     %27 = "opgen.reduce"(%26) <{kind = #opgen<reduce_kind sum>, axes = array<i64: 0>}> : (!opgen.tensor<[N, D], T>) -> !opgen.tensor<[D], T>
     "opgen.return"(%24, %27) <{names = ["grad_x", "grad_w"]}> : (!opgen.tensor<[N, D], T>, !opgen.tensor<[D], T>) -> ()
   }) : () -> ()

@@ -56,3 +56,21 @@ class ComposeTransposes(RewritePattern):
             rewriter.replace(op, [], [inner.x])
         else:
             rewriter.replace(op, ir.TransposeOp(inner.x, perm))
+
+
+class RedundantCheck(RewritePattern):
+    """A check whose condition is the constant true, or that repeats an earlier check of the
+    same block (same condition value, status and message), can never be the first to fail."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ir.CheckOp, rewriter: PatternRewriter) -> None:
+        if ir.constant_int(op.cond) == 1:
+            rewriter.erase(op)
+            return
+        prev = op.prev_op
+        while prev is not None:
+            if isinstance(prev, ir.CheckOp) and prev.cond is op.cond and prev.status == op.status \
+                    and prev.message == op.message:
+                rewriter.erase(op)
+                return
+            prev = prev.prev_op

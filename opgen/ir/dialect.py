@@ -38,10 +38,9 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
-    AnyAttr,
     IRDLOperation,
-    ParamAttrConstraint,
     VarConstraint,
+    base,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -200,12 +199,6 @@ def _same_shape(op: Operation, values: Sequence[SSAValue]) -> None:
         )
 
 
-def same_dtype(var: VarConstraint) -> ParamAttrConstraint:
-    """An ``!opgen.tensor`` of any shape whose dtype is ``var``'s (IRDL's type rule: every
-    operand/result constrained by one variable has one dtype)."""
-    return ParamAttrConstraint(TensorType, [AnyAttr(), var])
-
-
 class _Patterns(HasCanonicalizationPatternsTrait):
     """Canonicalization patterns of an op, looked up by op class in opgen.ir.canonicalize."""
 
@@ -220,6 +213,7 @@ class _Patterns(HasCanonicalizationPatternsTrait):
             BroadcastOp: (c.IdentityBroadcast(), c.ComposeBroadcasts()),
             CastOp: (c.IdentityCast(),),
             TransposeOp: (c.ComposeTransposes(),),
+            CheckOp: (c.RedundantCheck(),),
         }
         return table.get(op, ())
 
@@ -369,6 +363,7 @@ class CheckOp(IRDLOperation):
     cond = operand_def(TensorType)
     message = prop_def(StringAttr)
     status = prop_def(StatusAttr)
+    traits = traits_def(_Patterns())
 
     def __init__(self, cond: SSAValue, message: str, status: str = "param"):
         if status not in CHECK_STATUSES:
@@ -421,6 +416,7 @@ class DimOp(IRDLOperation):
     dim = prop_def(StringAttr)
     result = result_def(TensorType)
     traits = traits_def(Pure())
+    assembly_format = "$dim attr-dict `:` type($result)"
 
     def __init__(self, dim: str):
         super().__init__(properties={"dim": StringAttr(dim)}, result_types=[TensorType.make([], "i64")])
@@ -478,11 +474,12 @@ class ElementwiseOp(IRDLOperation):
 class UnaryOp(ElementwiseOp):
     """``result = f(x)``; float ops require a floating operand, same dtype out."""
 
-    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
-    x = operand_def(same_dtype(DTYPE))
-    result = result_def(same_dtype(DTYPE))
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    x = operand_def(T)
+    result = result_def(T)
     traits = traits_def(Pure())
     FLOAT_ONLY: ClassVar[bool] = True
+    assembly_format = "$x attr-dict `:` type($result)"
 
     def __init__(self, x: SSAValue):
         super().__init__(operands=[x], result_types=[tensor_type(x)])
@@ -586,12 +583,13 @@ class BinaryOp(ElementwiseOp, HasFolderInterface):
     Folds integer and bool scalar constants with ``EVAL`` when the result is a value of the
     result dtype (no wrap-around), and ``x (op) x`` to ``x`` for ``IDEMPOTENT`` ops."""
 
-    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
-    lhs = operand_def(same_dtype(DTYPE))
-    rhs = operand_def(same_dtype(DTYPE))
-    result = result_def(same_dtype(DTYPE))
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(T)
     traits = traits_def(Pure())
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint"}
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($result)"
     EVAL: ClassVar[Callable[[int, int], int] | None] = None
     IDEMPOTENT: ClassVar[bool] = False
 
@@ -619,7 +617,7 @@ class BinaryOp(ElementwiseOp, HasFolderInterface):
 
     def verify_(self) -> None:
         super().verify_()
-        a = tensor_type(self.lhs).dtype  # (the rhs has it too: the DTYPE constraint)
+        a = tensor_type(self.lhs).dtype  # (the rhs has its type: the T constraint)
         bad = _kinds(self, a) - self.OPERAND_KINDS
         if bad:
             raise VerifyException(f"{self.name}: operands of type {a} not allowed")
@@ -723,6 +721,7 @@ class CmpOp(BinaryOp):
     name = "opgen.cmp"
     predicate = prop_def(CmpPredicateAttr)
     result = result_def(TensorType)  # bool (result_type_for)
+    assembly_format = "$predicate $lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)"
     OPERAND_KINDS: ClassVar[set[str]] = {"float", "int", "uint", "bool"}
 
     def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
@@ -750,11 +749,12 @@ class SelectOp(ElementwiseOp, HasFolderInterface):
     both branches are the same value)."""
 
     name = "opgen.select"
-    DTYPE: ClassVar = VarConstraint("dtype", AnyAttr())
+    T: ClassVar = VarConstraint("T", base(TensorType))
     cond = operand_def(TensorType)
-    a = operand_def(same_dtype(DTYPE))
-    b = operand_def(same_dtype(DTYPE))
-    result = result_def(same_dtype(DTYPE))
+    a = operand_def(T)
+    b = operand_def(T)
+    result = result_def(T)
+    assembly_format = "$cond `,` $a `,` $b attr-dict `:` type($cond) `,` type($result)"
     traits = traits_def(Pure())
 
     def __init__(self, cond: SSAValue, a: SSAValue, b: SSAValue):
@@ -786,6 +786,7 @@ class CastOp(ElementwiseOp, HasFolderInterface):
     x = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure(), _Patterns())
+    assembly_format = "$x attr-dict `:` type($x) `->` type($result)"
 
     def __init__(self, x: SSAValue, dtype: str):
         super().__init__(operands=[x], result_types=[TensorType.make(tensor_type(x).shape, dtype)])

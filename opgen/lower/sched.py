@@ -27,6 +27,7 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
+    EqAttrConstraint,
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
@@ -258,11 +259,12 @@ class ForOp(IRDLOperation):
     """``for i in [lo, hi)``: the region's block argument is ``i``."""
 
     name = "sched.for"
-    lo = operand_def(TensorType)
-    hi = operand_def(TensorType)
+    lo = operand_def(EqAttrConstraint(INDEX))
+    hi = operand_def(EqAttrConstraint(INDEX))
     kind = prop_def(LoopKindAttr)
     body = region_def("single_block")
     traits = traits_def(NoTerminator(), RecursiveMemoryEffect())
+    assembly_format = "$kind $lo `to` $hi attr-dict-with-keyword $body"
 
     def __init__(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str = "i"):
         block = Block(arg_types=[INDEX])
@@ -275,8 +277,6 @@ class ForOp(IRDLOperation):
         return self.body.block.args[0]
 
     def verify_(self) -> None:
-        if tensor_type(self.lo) != INDEX or tensor_type(self.hi) != INDEX:
-            raise VerifyException("sched.for: bounds must be i64 scalars")
         if self.iv.type != INDEX:
             raise VerifyException("sched.for: the induction variable must be an i64 scalar")
 
@@ -287,9 +287,10 @@ class LoadOp(IRDLOperation):
 
     name = "sched.load"
     buf = operand_def(BufType)
-    idx = var_operand_def(TensorType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
     result = result_def(TensorType)
     traits = traits_def(MemoryReadEffect())
+    assembly_format = "$buf `[` $idx `]` attr-dict `:` type($buf) `->` type($result)"
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue]):
         super().__init__(operands=[buf, idx], result_types=[TensorType.make([], buf_type(buf).dtype)])
@@ -342,8 +343,9 @@ class StoreOp(IRDLOperation):
     name = "sched.store"
     value = operand_def(TensorType)
     buf = operand_def(BufType)
-    idx = var_operand_def(TensorType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
     traits = traits_def(MemoryWriteEffect())
+    assembly_format = "$value `,` $buf `[` $idx `]` attr-dict `:` type($value) `,` type($buf)"
 
     def __init__(self, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
         super().__init__(operands=[value, buf, idx])
@@ -360,9 +362,10 @@ class AccumOp(IRDLOperation):
     name = "sched.accum"
     value = operand_def(TensorType)
     buf = operand_def(BufType)
-    idx = var_operand_def(TensorType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
     kind = prop_def(ReduceKindAttr)
     traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    assembly_format = "$kind $value `,` $buf `[` $idx `]` attr-dict `:` type($value) `,` type($buf)"
 
     def __init__(self, kind: str, value: SSAValue, buf: SSAValue, idx: Sequence[SSAValue]):
         super().__init__(operands=[value, buf, idx], properties={"kind": ReduceKindAttr(ReduceKind(kind))})

@@ -59,7 +59,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # casts A2 lacks go through f16 (opgen/tile/casts.py).
     "ascendc": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(),
                 SplitCasts(), PlanBuffers(), SizeTiles(), SplitCores(), PlanWorkspace(), CanonicalizePass(),
-                CommonSubexpressionElimination()],
+                CommonSubexpressionElimination(), CanonicalizePass()],
     # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
     # core; a matmul chain's spans split over the cores when its blocks are too few), then
     # reader/compute/writer kernels with their CBs and DST sections
