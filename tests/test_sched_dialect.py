@@ -150,6 +150,15 @@ def test_map_gpu_outlines_every_statement(ops, name):
             if where == s.GpuMapping.MATMUL:
                 assert isinstance(op, s.BufferMatmulOp)
         assert kids == sorted(kids) and sorted(set(kids)) == list(range(len(set(kids))))
+        # plan-gpu-workspace: temporaries, then 3 regions per segments op, then per-block scratch
+        regions = [(gpu_map.region_id(o), o) for o in k.walk() if gpu_map.region_id(o) is not None]
+        firsts = sorted(r for r, _ in regions)
+        ordered = [o for _, o in sorted(regions, key=lambda x: x[0])]
+        kinds = [("temp" if isinstance(o, s.AllocOp) and s.buf_type(o.result).role.data == "temp" else
+                  "segments" if isinstance(o, s.SegmentsOp) else "scratch") for o in ordered]
+        assert kinds == sorted(kinds, key=["temp", "segments", "scratch"].index)
+        sizes = [3 if kd == "segments" else 1 for kd in kinds]
+        assert firsts == [sum(sizes[:i]) for i in range(len(sizes))]  # consecutive, no gaps
     assert mappings & {s.GpuMapping.BLOCK, s.GpuMapping.FLAT, s.GpuMapping.SINGLE}
 
 
@@ -176,6 +185,12 @@ def test_the_cuda_printer_follows_map_gpu(ops):
     assert f"k_test_k{kid}<<<1, OPGEN_CUDA_THREADS" in source()
     del blocks[0].attributes[gpu_map.MAPPING]
     with pytest.raises(cuda.CudaUnsupported, match="map-gpu did not run"):
+        source()
+    blocks[0].attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.BLOCK)
+    planned = [o for o in k.walk() if gpu_map.region_id(o) is not None]
+    assert planned
+    del planned[-1].attributes[gpu_map.REGION]
+    with pytest.raises(cuda.CudaUnsupported, match="plan-gpu-workspace"):
         source()
 
 

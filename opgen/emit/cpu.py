@@ -15,7 +15,7 @@ from opgen.emit import cnames, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import MapCpu, cpu_mapping
-from opgen.lower.gpu_map import MapGpu
+from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.sched import CpuMapping
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
@@ -82,8 +82,8 @@ def kernels(o: OpDef, target: str = "cpu", fuse: bool = True) -> dict[tuple[str,
         pipeline.run(m, target)
     else:
         ctx = pipeline.context()
-        mapping = MapGpu() if target == "cuda" else MapCpu()  # (the printers follow its marks)
-        for p in [*pipeline.L0, LowerToLoops(fuse=False), mapping]:
+        mapping = [MapGpu(), PlanGpuWorkspace()] if target == "cuda" else [MapCpu()]  # (the printers follow)
+        for p in [*pipeline.L0, LowerToLoops(fuse=False), *mapping]:
             p.apply(ctx, m)
             m.verify()
     out = {}

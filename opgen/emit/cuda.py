@@ -57,7 +57,7 @@ from opgen.emit import cnames, cpu, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.gpu_map import KernelFacts, kernel_id, mapping, operands_of, register
+from opgen.lower.gpu_map import KernelFacts, kernel_id, mapping, operands_of, region_id, register
 from opgen.lower.gpu_map import inside as _inside
 from opgen.lower.gpu_map import nested as _nested
 from opgen.lower.gpu_map import scalar_value as _scalar_value
@@ -151,9 +151,12 @@ class CudaPrinter(CPrinter):
         if not self.synced:
             self.barrier()
 
-    def new_region(self, make: Callable[[], WorkspaceRegion]) -> int:
-        """Add the region ``make`` builds, recording the identifiers its sizes refer to (a body
-        printing them declares those: ``use_region``)."""
+    def new_region(self, make: Callable[[], WorkspaceRegion], index: int | None) -> int:
+        """Add region ``index`` of plan-gpu-workspace's layout, built by ``make``, recording the
+        identifiers its sizes refer to (a body printing them declares those: ``use_region``)."""
+        if index != len(self.regions):
+            raise CudaUnsupported(f"{self.fn_name}: workspace region {index} met as region {len(self.regions)} "
+                                  "(plan-gpu-workspace did not run, or the printer left its order)")
         outer, self.mentioned = self.mentioned, set()
         r = make()
         r.uses, self.mentioned = frozenset(self.mentioned), outer | self.mentioned
@@ -166,8 +169,11 @@ class CudaPrinter(CPrinter):
         def words() -> WorkspaceRegion:
             return WorkspaceRegion("int64_t", f"(size_t){self.dim(n0)}", "temp", size=f"opgen_sz_dim({self.dim(n0)})")
 
-        rk, rv = self.new_region(words), self.new_region(words)
-        return rk, rv, self.new_region(lambda: WorkspaceRegion("char", self.dim(n0), "cub", rows=op.rows))
+        first = region_id(op)
+        if first is None:
+            raise CudaUnsupported(f"{self.fn_name}: sched.segments has no workspace region (plan-gpu-workspace)")
+        rk, rv = self.new_region(words, first), self.new_region(words, first + 1)
+        return rk, rv, self.new_region(lambda: WorkspaceRegion("char", self.dim(n0), "cub", rows=op.rows), first + 2)
 
     def use_region(self, r: WorkspaceRegion) -> WorkspaceRegion:
         """``r``, its sizes about to be printed in the current body."""
@@ -536,7 +542,7 @@ class CudaPrinter(CPrinter):
         before = self.scratch_bytes(self.group.kid)
         kid = self.group.kid
         r = self.new_region(lambda: WorkspaceRegion(ct, self.count_expr(b), "scratch", kid,
-                                                    size=self.size_count(b.shape)))
+                                                    size=self.size_count(b.shape)), region_id(op))
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
                   f"(size_t)blockIdx.x * ({count});")
@@ -894,7 +900,8 @@ class CudaPrinter(CPrinter):
                     n = self.fresh("t")
                     self.names_temp[op.result] = n
                     self.region_of[op.result] = self.new_region(lambda b=b: WorkspaceRegion(  # type: ignore[misc]
-                        self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)))
+                        self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)),
+                        region_id(op))
                     if op.zero is not None and op.zero.data:
                         steps.append(("memset", op))
                 else:

@@ -40,6 +40,7 @@ ATOMIC_CTYPES = ("int32_t", "uint32_t", "int64_t", "uint64_t")
 
 MAPPING = "gpu_mapping"
 KERNEL = "gpu_kernel"
+REGION = "gpu_region"
 
 
 def mapping(op: Operation) -> str | None:
@@ -50,6 +51,12 @@ def mapping(op: Operation) -> str | None:
 
 def kernel_id(op: Operation) -> int | None:
     a = op.attributes.get(KERNEL)
+    return a.data if isinstance(a, IntAttr) else None
+
+
+def region_id(op: Operation) -> int | None:
+    """The workspace region ``plan-gpu-workspace`` gave ``op`` (the first of a segments op's)."""
+    a = op.attributes.get(REGION)
     return a.data if isinstance(a, IntAttr) else None
 
 
@@ -252,3 +259,44 @@ class MapGpu(ModulePass):
         for k in op.body.block.ops:
             if isinstance(k, s.KernelOp):
                 map_kernel(k)
+
+
+def plan_workspace(k: s.KernelOp) -> None:
+    """Number the workspace regions of a mapped kernel instance (``gpu_region``), in the order
+    the layout places them: every top-level ``temp`` buffer (all call long), three per
+    ``sched.segments`` (sort keys, sort values, the sort's scratch), then each device kernel's
+    per-block scratch (non-scalar ``local`` buffers, in program order; a kernel's scratch
+    starts where the previous kernel's did: they run one after the other)."""
+    n = 0
+    top = list(k.body.block.ops)
+    for op in top:
+        if isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp":
+            op.attributes[REGION] = IntAttr(n)
+            n += 1
+    for op in top:
+        if isinstance(op, s.SegmentsOp):
+            op.attributes[REGION] = IntAttr(n)
+            n += 3
+    kernels: dict[int, list[Operation]] = {}
+    for op in top:
+        kid = kernel_id(op)
+        if kid is not None:
+            kernels.setdefault(kid, []).append(op)
+    for _, ops in sorted(kernels.items()):
+        for op in ops:
+            for o in op.walk():
+                if isinstance(o, s.AllocOp) and not register(o.result) and s.buf_type(o.result).role.data == "local" \
+                        and o.result.uses:
+                    o.attributes[REGION] = IntAttr(n)
+                    n += 1
+
+
+class PlanGpuWorkspace(ModulePass):
+    """Lay out each CUDA kernel instance's workspace regions (:func:`plan_workspace`)."""
+
+    name = "plan-gpu-workspace"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in op.body.block.ops:
+            if isinstance(k, s.KernelOp):
+                plan_workspace(k)

@@ -21,7 +21,7 @@ from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.fuse_reductions import FuseReductions
-from opgen.lower.gpu_map import MapGpu
+from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
 from opgen.tile.boundary import ConvertAtBoundaryTiles
@@ -46,12 +46,13 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
             CanonicalizePass(), MapCpu()],
-    # CUDA: the same loops; the printer maps parallel loops to blocks/threads, reduce loops to
-    # fixed-tree block reductions and per-iteration scratch to per-block workspace slices
+    # CUDA: the same loops; map-gpu outlines the device kernels and maps them onto the grid,
+    # plan-gpu-workspace numbers the workspace regions (opgen/lower/gpu_map.py); inside a kernel
+    # the printer maps parallel loops to threads and reduce loops to fixed-tree block reductions
     # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
     "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
-             CanonicalizePass(), MapGpu()],
+             CanonicalizePass(), MapGpu(), PlanGpuWorkspace()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
