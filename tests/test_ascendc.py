@@ -84,6 +84,48 @@ def gate_rows(x: Tensor[T, Batch(N), D], keep: Tensor[M, Batch(N)], *, y: Output
 '''
 
 
+#: a matmul chain reading its targets only as ``cast(t, i64)``: converted once by the host (NPU
+#: kernels per dtype on Ascend, a read-back on TT-Metal), kernels per T only
+TARGET_OP = '''
+from opgen.dsl import *
+
+BT, H, V = dims("BT H V")
+T = dtype_var("T", bf16)
+TI = dtype_var("TI", i32, f32, bf16, u8)
+
+
+@op
+def target_logit_grad(x: Tensor[T, BT, H], w: Tensor[T, V, H], lmax: Tensor[f32, BT], sexp: Tensor[f32, BT],
+                      t: Tensor[TI, BT], *, gx: Output[T, BT, H]):
+    """gx = (exp(x w^T - lmax) / sexp - onehot(t)) w, t truncated toward zero (any other
+    value, NaN included, marks no column)."""
+    probs = exp(x @ w.T - lmax[:, None]) / sexp[:, None]
+    is_t = iota((BT, V), axis=1) == cast(t, i64)[:, None]
+    return {"gx": (probs - where(is_t, 1.0, 0.0)) @ w}
+'''
+
+
+def target_cases(rng: np.random.Generator, BT: int = 40, H: int = 24, V: int = 70) -> list[tuple[str, dict]]:
+    """target_logit_grad's arguments with targets of four dtypes: fractions, negatives, NaN and
+    values past V (the softmax statistics computed in f32 from the inputs)."""
+    from tests.cpu_cases import floats
+
+    base = np.array([0, 3, V - 1, V, -1, 5.7, -0.5, np.nan, 12.9, 1e9])
+    out = []
+    for dt in ("i32", "f32", "bf16", "u8"):
+        t = np.resize(base, BT)
+        if dt in ("i32", "u8"):
+            t = np.nan_to_num(np.trunc(t), nan=7.0)
+            t = np.clip(t, 0, 200) if dt == "u8" else np.clip(t, -5, 10**6)
+        x, w = floats(rng, (BT, H), "bf16"), floats(rng, (V, H), "bf16")
+        logits = x.astype(np.float32) @ w.astype(np.float32).T
+        out.append((dt, {"x": x, "w": w, "lmax": logits.max(axis=1).astype(np.float32),
+                         "sexp": np.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1).astype(np.float32),
+                         "t": t.astype({"i32": np.int32, "f32": np.float32, "bf16": ml_dtypes.bfloat16,
+                                        "u8": np.uint8}[dt]), "gx": np.zeros((BT, H), ml_dtypes.bfloat16)}))
+    return out
+
+
 def _library(generated: Path, out: Path) -> Path:
     """The Ascend library of a generated tree, built against the model."""
     sources = {p.name: p.read_text() for p in (generated / "ascendc").iterdir() if p.is_file()}
@@ -98,6 +140,7 @@ def new_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     ops.mkdir()
     (ops / "newops.py").write_text(NEW_OPS)
     (ops / "gate.py").write_text(GATE_OP)
+    (ops / "target.py").write_text(TARGET_OP)
     env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
     r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
                        cwd=REPO, env=env, capture_output=True, text=True)
@@ -265,9 +308,10 @@ def _gate_cases() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def test_tensor_read_only_cast_is_converted_on_the_npu(new_ops, tmp_path):
-    """A mask read only as ``cast(keep, boolean)`` is converted at the boundary: one kernel per T
-    (not per mask dtype), the host entry of each mask dtype converting it first with an NPU
-    kernel (``opgen_convert_<dtype>_bool``); against the oracle, bitwise across cores."""
+    """A mask read only as ``cast(keep, boolean)``, and a matmul chain's targets read only as
+    ``cast(t, i64)``, are converted at the boundary: one kernel per T (not per mask or target
+    dtype), the host entry of each dtype converting first with an NPU kernel
+    (``opgen_convert_<dtype>_bool`` / ``_i64``); against the oracle, bitwise across cores."""
     from opgen import registry
     from opgen.emit import ascendc
 
@@ -277,6 +321,11 @@ def test_tensor_read_only_cast_is_converted_on_the_npu(new_ops, tmp_path):
     host = src["ascendc/gate_rows_host.cpp"]
     assert "opgen_ascendc_convert(&b[1], OPGEN_F16, " in host and "OPGEN_BOOL, " in host
     _bitwise_across_cores(lib, _gate_cases(), tmp_path, env, cores=(1, 3))
+    src = ascendc.op_sources(registry.load_all(env["OPGEN_OPS_DIR"])["target_logit_grad"])
+    assert src["ascendc/target_logit_grad_kernel.cpp"].count("__global__") == 1  # (a chain: one T)
+    assert "opgen_ascendc_convert(&b[4], OPGEN_F32, dims[0], OPGEN_I64, " in src["ascendc/target_logit_grad_host.cpp"]
+    cases = [(f"target-{dt}", "target_logit_grad", a) for dt, a in target_cases(np.random.default_rng(3))]
+    _bitwise_across_cores(lib, cases, tmp_path, env, cores=(1, 3))
 
 
 NP_INT = {"u8": np.uint8, "i32": np.int32}

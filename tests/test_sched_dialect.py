@@ -149,6 +149,21 @@ def test_map_gpu_outlines_every_statement(ops, name):
                 assert op.kind.data == "parallel" and facts.needs_block(op)
             if where == s.GpuMapping.MATMUL:
                 assert isinstance(op, s.BufferMatmulOp)
+            for inner in op.walk():  # loops inside a kernel: threads/block_reduce in uniform code only
+                w = gpu_map.mapping(inner) if inner is not op else None
+                if w is None:
+                    continue
+                assert where in (s.GpuMapping.BLOCK, s.GpuMapping.SINGLE), (where, w)
+                assert w in (s.GpuMapping.THREADS, s.GpuMapping.BLOCK_REDUCE)
+                if w == s.GpuMapping.THREADS:
+                    chain = gpu_map.thread_chain(inner)
+                    assert all(lp.kind.data == "parallel" for lp in chain) and facts.thread_mappable(chain[0])
+                else:
+                    assert inner.kind.data == "reduce" and facts.block_reducible(inner)
+                p = inner.parent_op()
+                while p is not op:  # no marked loop inside another one's threads
+                    assert gpu_map.mapping(p) is None, p
+                    p = p.parent_op()
         assert kids == sorted(kids) and sorted(set(kids)) == list(range(len(set(kids))))
         # plan-gpu-workspace: temporaries, then 3 regions per segments op, then per-block scratch
         regions = [(gpu_map.region_id(o), o) for o in k.walk() if gpu_map.region_id(o) is not None]
@@ -187,6 +202,12 @@ def test_the_cuda_printer_follows_map_gpu(ops):
     with pytest.raises(cuda.CudaUnsupported, match="map-gpu did not run"):
         source()
     blocks[0].attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.BLOCK)
+    reductions = [o for o in k.walk() if gpu_map.mapping(o) == s.GpuMapping.BLOCK_REDUCE]
+    before = source().count("opgen_block_reduce")
+    assert reductions and before
+    del reductions[0].attributes[gpu_map.MAPPING]  # now a uniform loop every thread walks
+    assert source().count("opgen_block_reduce") < before
+    reductions[0].attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.BLOCK_REDUCE)
     planned = [o for o in k.walk() if gpu_map.region_id(o) is not None]
     assert planned
     del planned[-1].attributes[gpu_map.REGION]

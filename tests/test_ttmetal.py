@@ -296,6 +296,37 @@ def test_new_dsl_ops_pass_the_real_header_check(new_ops):
     _check_kernels([k for op in NEW for k in _kernels(op)])
 
 
+# --------------------------------------------------------------------------- boundary conversion
+
+
+def test_tensor_read_only_cast_is_converted_by_the_host(tmp_path_factory, tmp_path):
+    """A matmul chain reading ``t`` only as ``cast(t, i64)``: one program per T (not per t
+    dtype); the host function takes ``t_dtype`` and converts the buffer once (opgen.cast:
+    floats truncate toward zero, NaN gives INT64_MIN). Targets of four dtypes with fractions,
+    negatives, NaN and values past V, against the oracle."""
+    from tests.test_ascendc import TARGET_OP, target_cases
+
+    d = tmp_path_factory.mktemp("tt-target") / "opgen_test_tt_target"
+    d.mkdir()
+    (d / "target.py").write_text(TARGET_OP)
+    o = registry.load_all(str(d))["target_logit_grad"]
+    runner.register(o)
+    man = runner.manifest(o.name)
+    assert [v["variant"] for v in man["variants"]] == ["target_logit_grad.bf16"]
+    assert any(a.get("converted_to") == "i64" for a in man["variants"][0]["args"])
+    exe = runner.build(o.name, OUT / o.name)
+    failures = []
+    for dt, a in target_cases(np.random.default_rng(3)):
+        ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()})
+        proc, outs = runner.run(exe, o.name, a, tmp_path / dt, grid=(4, 4))
+        assert proc.returncode == 0, f"{dt}: {proc.stderr[-3000:]}"
+        try:
+            assert_c_close(outs["gx"], ref["gx"], f"t {dt}")
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
 # --------------------------------------------------------------------------- scatter-adds
 @pytest.fixture(scope="module")
 def ebw_exe() -> Path:

@@ -57,7 +57,16 @@ from opgen.emit import cnames, cpu, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.gpu_map import KernelFacts, kernel_id, mapping, operands_of, region_id, register
+from opgen.lower.gpu_map import (
+    KernelFacts,
+    accessed,
+    kernel_id,
+    mapping,
+    operands_of,
+    region_id,
+    register,
+    thread_chain,
+)
 from opgen.lower.gpu_map import inside as _inside
 from opgen.lower.gpu_map import nested as _nested
 from opgen.lower.gpu_map import scalar_value as _scalar_value
@@ -67,7 +76,6 @@ THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.c
 MAX_WS = 32  # OPGEN_CUDA_MAX_WS
 STATUS = {"index": "OPGEN_ERR_INDEX", "param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE"}
 REDUCE_KIND = {"sum": 0, "max": 1, "min": 2}
-SHUFFLE_TYPES = ("float", "double", "int32_t", "uint32_t", "int64_t", "uint64_t")
 ATOMIC_TYPES = {"int32_t": "int", "uint32_t": "unsigned int", "int64_t": "unsigned long long",
                 "uint64_t": "unsigned long long"}
 
@@ -203,62 +211,8 @@ class CudaPrinter(CPrinter):
     def atomic_ok(self, op: s.AccumOp) -> bool:
         return op.kind.data == "sum" and self.storage_ctype(s.buf_type(op.buf)) in ATOMIC_TYPES
 
-    def thread_mappable(self, loop: s.ForOp) -> bool:
-        """The loop's iterations can be spread over the block's threads as they are."""
-        for o in _nested(loop):
-            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
-                return False
-            if isinstance(o, s.AllocOp) and not register(o.result):
-                return False
-            if isinstance(o, s.StoreOp | s.AccumOp) and register(o.buf) \
-                    and not _inside(o.buf.owner, loop):  # type: ignore[arg-type]
-                return False
-        return True
-
-    def block_reducible(self, loop: s.ForOp) -> list[s.AccumOp] | None:
-        """The scalar accumulations of a reduce loop that can become block reductions."""
-        accs: list[s.AccumOp] = []
-        kinds: dict[SSAValue, str] = {}
-        for o in loop.body.block.ops:
-            if isinstance(o, s.ForOp | s.BufferMatmulOp | s.SegmentsOp | s.AllocOp | s.RequireOp | s.StoreOp):
-                return None
-            if isinstance(o, s.AccumOp):
-                if not register(o.buf) or _inside(o.buf.owner, loop):  # type: ignore[arg-type]
-                    return None
-                if self.storage_ctype(s.buf_type(o.buf)) not in SHUFFLE_TYPES:
-                    return None
-                if kinds.setdefault(o.buf, o.kind.data) != o.kind.data:
-                    return None
-                accs.append(o)
-        return accs or None
-
-    def collapse(self, loop: s.ForOp) -> list[s.ForOp]:
-        """A perfect nest of parallel loops (scalar code between them allowed) whose inner bounds
-        are defined outside the nest: spread over the threads as one flat iteration space."""
-        chain = [loop]
-        while True:
-            ops = list(chain[-1].body.block.ops)
-            if not ops or not isinstance(ops[-1], s.ForOp) or ops[-1].kind.data != "parallel":
-                break
-            inner = ops[-1]
-            if not all(_scalar_value(o) for o in ops[:-1]):
-                break
-            if any(_inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
-                   for v in (inner.lo, inner.hi)):
-                break
-            chain.append(inner)
-        if len(chain) > 1:  # the scalar code between the loops now runs once per element: it must
-            _, writes = self.accessed(chain[-1])  # not read what the inner iterations write
-            for lp in chain[:-1]:
-                for o in list(lp.body.block.ops)[:-1]:
-                    if isinstance(o, s.LoadOp | s.LoadBitOp) and o.buf in writes:
-                        return [loop]
-        return chain
-
     def accessed(self, loop: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
-        """Buffers read and written (non-register) inside ``loop``."""
-        reads, writes = s.effects(loop)
-        return {b for b in reads if not register(b)}, {b for b in writes if not register(b)}
+        return accessed(loop)
 
     # ------------------------------------------------------------------ vectorisation
     def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
@@ -429,10 +383,8 @@ class CudaPrinter(CPrinter):
 
     def _strided(self, lp: s.ForOp) -> bool:
         """``lp`` is printed as a loop strided over the block's threads from uniform code."""
-        if lp.kind.data == "parallel":
-            if self.collapse(lp) != [lp] or not self.thread_mappable(lp):
-                return False
-        elif lp.kind.data != "reduce" or not self.block_reducible(lp):
+        m = mapping(lp)
+        if not (m == GpuMapping.BLOCK_REDUCE or (m == GpuMapping.THREADS and thread_chain(lp) == [lp])):
             return False
         assert self.group is not None and self.group.loop is not None
         p = lp.parent_op()
@@ -578,16 +530,15 @@ class CudaPrinter(CPrinter):
         if self.ctx != "uniform":
             self.plain_loop(op, iv, lo, hi)  # a thread runs its loops in order
             return
-        if op.kind.data == "reduce":
-            accs = self.block_reducible(op)
-            if accs:
-                self.block_reduce(op, iv, lo, hi, accs)
-                return
-        if op.kind.data == "parallel":
-            chain = self.collapse(op)
-            if self.thread_mappable(chain[0]):
-                self.thread_loop(chain)
-                return
+        m = mapping(op)  # (decided by map-gpu)
+        if m == GpuMapping.BLOCK_REDUCE:
+            accs = self.facts.block_reducible(op)
+            assert accs, "map-gpu marked a reduce loop that is not block-reducible"
+            self.block_reduce(op, iv, lo, hi, accs)
+            return
+        if m == GpuMapping.THREADS:
+            self.thread_loop(thread_chain(op))
+            return
         self.plain_loop(op, iv, lo, hi)  # uniform: every thread walks it, cooperating inside
 
     def enter_thread(self, owned: tuple[SSAValue, ...]) -> tuple[str, tuple[SSAValue, ...], set[SSAValue]]:

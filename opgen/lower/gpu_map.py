@@ -15,6 +15,13 @@ Each top-level statement of a ``sched.kernel`` gets a ``gpu_mapping`` (``#sched<
   provably independent iterations: one iteration per thread over the grid) or ``single`` (one
   block runs it uniformly: always correct).
 
+Inside a ``block`` or ``single`` kernel, whose code every thread of a block runs with the same
+values, loops get ``threads`` (a parallel loop, and the perfect nest under it counted by
+``gpu_collapse``, strided over the block's threads) or ``block_reduce`` (a reduce loop into
+scalars: thread t takes iterations t, t + 256, ..., the partials meet in a fixed tree); other
+loops stay uniform. The chunk width of a thread's iterations and the barriers depend on the
+dtype binding and are the printer's.
+
 Scalar statements (rank-0 values) get no mapping: each kernel and the launcher compute the ones
 they need. ``opgen show OP --target cuda --stage map-gpu`` shows the decisions; the printer
 (opgen/emit/cuda.py) follows them.
@@ -41,6 +48,9 @@ ATOMIC_CTYPES = ("int32_t", "uint32_t", "int64_t", "uint64_t")
 MAPPING = "gpu_mapping"
 KERNEL = "gpu_kernel"
 REGION = "gpu_region"
+COLLAPSE = "gpu_collapse"
+#: C types a block reduction shuffles (opgen_block_reduce)
+SHUFFLE_CTYPES = ("float", "double", "int32_t", "uint32_t", "int64_t", "uint64_t")
 
 
 def mapping(op: Operation) -> str | None:
@@ -52,6 +62,18 @@ def mapping(op: Operation) -> str | None:
 def kernel_id(op: Operation) -> int | None:
     a = op.attributes.get(KERNEL)
     return a.data if isinstance(a, IntAttr) else None
+
+
+def thread_chain(op: s.ForOp) -> list[s.ForOp]:
+    """The loops a ``threads`` loop spreads over the block's threads as one iteration space: it
+    and the ``gpu_collapse - 1`` loops nested last in it."""
+    a = op.attributes.get(COLLAPSE)
+    chain = [op]
+    for _ in range((a.data if isinstance(a, IntAttr) else 1) - 1):
+        inner = chain[-1].body.block.last_op
+        assert isinstance(inner, s.ForOp)
+        chain.append(inner)
+    return chain
 
 
 def region_id(op: Operation) -> int | None:
@@ -87,6 +109,12 @@ def register(buf: SSAValue) -> bool:
     """A rank-0 local buffer: a register of the thread (or of every thread, in uniform code)."""
     t = s.buf_type(buf)
     return t.rank == 0 and t.role.data == "local"
+
+
+def accessed(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
+    """Buffers read and written (non-register) inside ``op``."""
+    reads, writes = s.effects(op)
+    return {b for b in reads if not register(b)}, {b for b in writes if not register(b)}
 
 
 def operands_of(ops: Iterable[Operation]) -> list[SSAValue]:
@@ -146,6 +174,65 @@ class KernelFacts:
         ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
         return op.kind.data == "sum" and all(
             (d if b.role.data in ("in", "out") else d.compute).c_type in ATOMIC_CTYPES for d in ds)
+
+    def compute_ctypes(self, b: s.BufType) -> list[str]:
+        """The C types a register buffer holds under every binding of the kernel."""
+        members = self.k.dtype_var_map().get(b.dtype)
+        ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
+        return [(d if b.role.data in ("in", "out") else d.compute).c_type for d in ds]
+
+    def thread_mappable(self, loop: s.ForOp) -> bool:
+        """The loop's iterations can be spread over the block's threads as they are."""
+        for o in nested(loop):
+            if isinstance(o, s.BufferMatmulOp | s.SegmentsOp):
+                return False
+            if isinstance(o, s.AllocOp) and not register(o.result):
+                return False
+            if isinstance(o, s.StoreOp | s.AccumOp) and register(o.buf) \
+                    and not inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                return False
+        return True
+
+    def block_reducible(self, loop: s.ForOp) -> list[s.AccumOp] | None:
+        """The scalar accumulations of a reduce loop that can become block reductions (in a type
+        the block reduction shuffles, under every binding)."""
+        accs: list[s.AccumOp] = []
+        kinds: dict[SSAValue, str] = {}
+        for o in loop.body.block.ops:
+            if isinstance(o, s.ForOp | s.BufferMatmulOp | s.SegmentsOp | s.AllocOp | s.RequireOp | s.StoreOp):
+                return None
+            if isinstance(o, s.AccumOp):
+                if not register(o.buf) or inside(o.buf.owner, loop):  # type: ignore[arg-type]
+                    return None
+                if not all(c in SHUFFLE_CTYPES for c in self.compute_ctypes(s.buf_type(o.buf))):
+                    return None
+                if kinds.setdefault(o.buf, o.kind.data) != o.kind.data:
+                    return None
+                accs.append(o)
+        return accs or None
+
+    def collapse(self, loop: s.ForOp) -> list[s.ForOp]:
+        """A perfect nest of parallel loops (scalar code between them allowed) whose inner bounds
+        are defined outside the nest: spread over the threads as one flat iteration space."""
+        chain = [loop]
+        while True:
+            ops = list(chain[-1].body.block.ops)
+            if not ops or not isinstance(ops[-1], s.ForOp) or ops[-1].kind.data != "parallel":
+                break
+            inner = ops[-1]
+            if not all(scalar_value(o) for o in ops[:-1]):
+                break
+            if any(inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
+                   for v in (inner.lo, inner.hi)):
+                break
+            chain.append(inner)
+        if len(chain) > 1:  # the scalar code between the loops now runs once per element: it must
+            _, writes = accessed(chain[-1])  # not read what the inner iterations write
+            for lp in chain[:-1]:
+                for o in list(lp.body.block.ops)[:-1]:
+                    if isinstance(o, s.LoadOp | s.LoadBitOp) and o.buf in writes:
+                        return [loop]
+        return chain
 
     def needs_block(self, loop: s.ForOp) -> bool:
         """The loop's body has work for a whole block (a nested loop, a matmul, scratch)."""
@@ -248,6 +335,31 @@ def map_kernel(k: s.KernelOp) -> None:
                     m = GpuMapping.FLAT
         for op in g:
             _mark(op, m, kid)
+        if m == GpuMapping.BLOCK:  # the loop's body runs uniformly in each block
+            _map_uniform(f, list(g[0].regions[0].block.ops))
+        elif m == GpuMapping.SINGLE:
+            _map_uniform(f, g)
+
+
+def _map_uniform(f: KernelFacts, ops: list[Operation]) -> None:
+    """Mark the loops of code every thread of a block runs with the same values: a reduce loop
+    into scalars is a ``block_reduce``; a parallel loop (with the perfect nest under it,
+    ``gpu_collapse``) whose body needs no cooperation is ``threads``; other loops stay uniform
+    (every thread walks them) and their bodies are uniform code too."""
+    for o in ops:
+        if not isinstance(o, s.ForOp):
+            continue
+        if o.kind.data == "reduce" and f.block_reducible(o):
+            o.attributes[MAPPING] = GpuMappingAttr(GpuMapping.BLOCK_REDUCE)
+            continue
+        if o.kind.data == "parallel":
+            chain = f.collapse(o)
+            if f.thread_mappable(chain[0]):
+                o.attributes[MAPPING] = GpuMappingAttr(GpuMapping.THREADS)
+                if len(chain) > 1:
+                    o.attributes[COLLAPSE] = IntAttr(len(chain))
+                continue
+        _map_uniform(f, list(o.body.block.ops))
 
 
 class MapGpu(ModulePass):

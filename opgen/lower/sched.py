@@ -99,14 +99,15 @@ class CpuMappingAttr(EnumAttribute[CpuMapping], SpacedOpaqueSyntaxAttribute):
 
 
 class GpuMapping(StrEnum):
-    """Where a top-level statement of a CUDA kernel instance runs (set by map-gpu:
-    opgen/lower/gpu_map.py)."""
+    """Where a statement of a CUDA kernel instance runs (set by map-gpu: opgen/lower/gpu_map.py)."""
 
     HOST = "host"
     SINGLE = "single"
     BLOCK = "block"
     FLAT = "flat"
     MATMUL = "matmul"
+    THREADS = "threads"  # (a loop inside a kernel's uniform code) strided over the block's threads
+    BLOCK_REDUCE = "block_reduce"  # (a reduce loop inside uniform code) a fixed-tree block reduction
 
 
 @irdl_attr_definition

@@ -159,7 +159,9 @@ inline void opgen_tt_zero_l1(uint32_t l1, uint32_t bytes) {
 }
 
 /* element `pos` of a row-layout tensor (pages of 32 elements of `elem` bytes): its aligned 32 bytes
- * are read into `scratch`; the low 32 bits of the element (zero-extended) */
+ * are read into `scratch`; the element zero-extended to 32 bits. A 64-bit element outside
+ * [0, 2^32) (negative, or too large) reads as 0xFFFFFFFF, which no column or row number reaches:
+ * its low word alone could alias one (INT64_MIN, from a NaN cast, would read as 0). */
 template <typename Accessor>
 inline uint32_t opgen_tt_load_elem(const Accessor& src, uint32_t elem, uint32_t pos, uint32_t scratch) {
     const uint32_t byte = (pos % 32) * elem, chunk = byte & ~31u;
@@ -168,6 +170,7 @@ inline uint32_t opgen_tt_load_elem(const Accessor& src, uint32_t elem, uint32_t 
     const uint32_t at = scratch + (byte - chunk);
     if (elem == 1) return *reinterpret_cast<volatile tt_l1_ptr uint8_t*>(at);
     if (elem == 2) return *reinterpret_cast<volatile tt_l1_ptr uint16_t*>(at);
+    if (elem == 8 && *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(at + 4) != 0) return 0xFFFFFFFFu;
     return *reinterpret_cast<volatile tt_l1_ptr uint32_t*>(at);
 }
 

@@ -176,6 +176,26 @@ inline std::string jit(const std::string &path, int role, const std::vector<uint
     if (!in) ttmodel::fail(0, "model", "CreateKernel: cannot read kernel source %s", path.c_str());
     std::stringstream text;
     text << in.rdbuf();
+    /* the key covers the op's own headers the kernel includes by relative path (its dataflow
+       helpers), so a kernel is rebuilt when they change, not only when its own text does */
+    std::string deps;
+    {
+        std::istringstream lines(text.str());
+        std::string line;
+        const std::string dir = path.substr(0, path.rfind('/') + 1);
+        while (std::getline(lines, line)) {
+            const std::string inc = "#include \"";
+            if (line.compare(0, inc.size(), inc) != 0) continue;
+            const std::size_t end = line.find('"', inc.size());
+            if (end == std::string::npos) continue;
+            std::ifstream dep(dir + line.substr(inc.size(), end - inc.size()));
+            if (dep) {
+                std::stringstream d;
+                d << dep.rdbuf();
+                deps += d.str();
+            }
+        }
+    }
     std::string flags = "-std=c++20 -O1 -fPIC -shared -pthread -fvisibility=hidden -Wl,-Bsymbolic -ffp-contract=off "
                         "-fno-strict-aliasing -Wall -Wno-unused-variable -Wno-unused-but-set-variable -DOPGEN_TT_KERNEL";
     std::string args = " -I" + quote(OPGEN_TT_MODEL_DIR) + " -I" + quote(path.substr(0, path.rfind('/') + 1) + ".");
@@ -188,7 +208,8 @@ inline std::string jit(const std::string &path, int role, const std::vector<uint
     const char *cache_env = getenv("OPGEN_TT_KERNEL_CACHE");
     std::string cache = cache_env && *cache_env ? cache_env : OPGEN_TT_KERNEL_CACHE;
     char key[32];
-    snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv(text.str() + "\n" + flags + args + OPGEN_TT_MODEL_HASH));
+    snprintf(key, sizeof key, "%016llx",
+             (unsigned long long)fnv(text.str() + "\n" + deps + "\n" + flags + args + OPGEN_TT_MODEL_HASH));
     std::string base = path.substr(path.rfind('/') + 1);
     std::string so = cache + "/" + base + "." + key + ".so";
     if (std::ifstream(so).good()) return so;
