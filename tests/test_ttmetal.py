@@ -663,3 +663,30 @@ def test_static_report_predicts_the_model_traffic(rms_exe, edb_exe, ebw_exe, eb_
         if got != (read, written):
             failures.append(f"{r.program} at {dims}: report {got}, model {(read, written)}")
     assert not failures, "\n".join(failures)
+
+
+def test_identical_kernels_share_one_file():
+    """share-kernels: a kernel identical to an earlier dtype instance's is printed once and
+    used from that file (host function and manifest); its own text would be that file's."""
+    from opgen.emit.ttmetal import KernelPrinter, kernel_path
+    from opgen.passes import pipeline
+    from opgen.ttmetal import dialect as k
+
+    o = registry.get("fused_linear_cross_entropy_loss_grad")
+    m = o.module()
+    pipeline.run(m, "ttmetal")
+    files = ttmetal.op_sources(o)
+    host = files[f"ttmetal/{o.name}/host.cpp"]
+    shared = 0
+    for prog in ttmetal.programs(m):
+        for ln in (x for x in prog.body.block.ops if isinstance(x, k.LaunchOp)):
+            for kern in (x for x in ln.body.block.ops if isinstance(x, k.KernelOp)):
+                path = kernel_path(prog, kern)
+                own = KernelPrinter(kern, prog.sym_name.data.split(".")[0], ln.index.data).print()
+                assert files[f"ttmetal/{o.name}/{path}"] == own, path
+                assert f'kernel_dir + "/{path}"' in host
+                shared += kern.shared is not None
+    assert shared > 0
+    manifest_files = {kk["file"] for v in runner.manifest(o.name)["variants"] for ln in v["launches"]
+                      for kk in ln["kernels"]}
+    assert all(f"ttmetal/{o.name}/{f}" in files for f in manifest_files)

@@ -342,7 +342,7 @@ class HostPrinter(Scalars):
             self.line(f"std::vector<uint32_t> {ct};")
             for a in kern.accessors.data:
                 self.line(f"TensorAccessorArgs(*{a.data}).append_to({ct});")
-            path = f'kernel_dir + "/{self.p.sym_name.data}/{kern.file.data}"'
+            path = f'kernel_dir + "/{kernel_path(self.p, kern)}"'
             if role == "compute":
                 self.line(f"std::vector<UnpackToDestMode> utd_{i}(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);")
                 for c in utd:
@@ -374,6 +374,12 @@ class HostPrinter(Scalars):
 
 #: opgen_tt::IndexType of the dtypes convert-at-boundary converts to
 INDEX_TYPE = {"i64": "IndexType::Int64", "bool": "IndexType::Bool"}
+
+
+def kernel_path(prog: k.ProgramOp, kern: k.KernelOp) -> str:
+    """``<program>/<file>`` of a kernel's source (another program's when share-kernels found an
+    identical one there)."""
+    return kern.shared.data if kern.shared is not None else f"{prog.sym_name.data}/{kern.file.data}"
 
 
 def prog_args(prog: k.ProgramOp) -> list[dict]:
@@ -448,7 +454,7 @@ def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) ->
                      "dtypes": {n: a.data for n, a in prog.dtype_vars.data.items()},
                      "function": function_name(prog), "args": prog_args(prog), "dims": hp.dims(), "launches": []}
             for ln in (o for o in prog.body.block.ops if isinstance(o, k.LaunchOp)):
-                entry["launches"].append(launch_entry(ln, var, files))
+                entry["launches"].append(launch_entry(prog, ln, var, files))
             manifest["variants"].append(entry)
             fns.append(hp.print())
             impls.append(impl)
@@ -462,7 +468,7 @@ def emit(module: ModuleOp, op_name: str, sizes: dict[str, str] | None = None) ->
     return files
 
 
-def launch_entry(ln: k.LaunchOp, var: str, files: dict[str, str]) -> dict:
+def launch_entry(prog: k.ProgramOp, ln: k.LaunchOp, var: str, files: dict[str, str]) -> dict:
     """A launch's kernels (printed into ``files``) and CBs, for manifest.json."""
     le: dict = {"kernels": [], "cbs": []}
     for o in ln.body.block.ops:
@@ -470,11 +476,13 @@ def launch_entry(ln: k.LaunchOp, var: str, files: dict[str, str]) -> dict:
             le["cbs"].append({"index": o.index.data, "format": o.format.data, "page_size": o.page.data,
                               "holds": o.what.data})
         if isinstance(o, k.KernelOp):
-            # (named without its dtypes: the same kernel of two instances is the same text, one JIT build)
-            files[f"{var}/{o.file.data}"] = KernelPrinter(o, var.split(".")[0], ln.index.data).print()
+            # (named without its dtypes: the same kernel of two instances is the same text, one JIT
+            # build; share-kernels pointed a kernel identical to an earlier one at its file)
+            if o.shared is None:
+                files[f"{var}/{o.file.data}"] = KernelPrinter(o, var.split(".")[0], ln.index.data).print()
             pages = {a.sym.data: a.page.data for a in o.body.block.ops if isinstance(a, k.AccessorOp)}
             le["kernels"].append({
-                "file": f"{var}/{o.file.data}", "role": o.role.data,
+                "file": kernel_path(prog, o), "role": o.role.data,
                 # interleaved DRAM TensorAccessorArgs: {IsDram, aligned page size} each
                 "ct_args": [x for a in o.accessors.data for x in (2, pages[a.data])],
                 "ct_args_from": [f"TensorAccessorArgs(*{a.data})" for a in o.accessors.data],

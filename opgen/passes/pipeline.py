@@ -33,6 +33,7 @@ from opgen.tile.to_tiles import LowerToTiles
 from opgen.ttmetal.cache import CacheRowsTt
 from opgen.ttmetal.dialect import Ttk
 from opgen.ttmetal.lower import LowerToTtKernel
+from opgen.ttmetal.share import ShareKernels
 from opgen.ttmetal.sizes import SizeTilesTt
 
 #: Tensor-level (L0) clean-up shared by every target.
@@ -68,7 +69,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # converted by the host function (any IndexType), indices by the scatter plan.
     "ttmetal": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(split_spans=True), CanonicalizePass(),
                 CommonSubexpressionElimination(), CacheRowsTt(), SizeTilesTt(), LowerToTtKernel(),
-                CommonSubexpressionElimination()],
+                CommonSubexpressionElimination(), ShareKernels()],
 }
 
 

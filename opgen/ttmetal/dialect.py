@@ -334,11 +334,13 @@ class KernelOp(IRDLOperation):
     """One of the launch's three kernels (``role``), printed to ``file``. Operands: its runtime
     arguments (host values; ``arg_names`` names them); ``accessors`` the tensor arguments whose
     ``TensorAccessorArgs`` are its compile-time arguments, in order; ``fp32_dest_acc`` the compute
-    config. The body is the kernel's ``kernel_main``."""
+    config. The body is the kernel's ``kernel_main``. ``shared``: the ``<program>/<file>`` of an
+    identical kernel of another dtype instance, whose file this one uses (share-kernels)."""
 
     name = "ttk.kernel"
     role = prop_def(StringAttr)
     file = prop_def(StringAttr)
+    shared = opt_prop_def(StringAttr)
     arg_names = prop_def(ArrayAttr[StringAttr])
     accessors = prop_def(ArrayAttr[StringAttr])
     fp32_dest_acc = prop_def(IntAttr)

@@ -405,7 +405,7 @@ static int opgen_tt_embedding_backward_f32_resident(distributed::MeshDevice& mes
         utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -638,7 +638,7 @@ static int opgen_tt_embedding_backward__i2_f32_resident(distributed::MeshDevice&
         utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -878,7 +878,7 @@ static int opgen_tt_embedding_backward__dtable2_f32_resident(distributed::MeshDe
         utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -1246,7 +1246,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         utd_0[2] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[4] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable1).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -1280,7 +1280,7 @@ static int opgen_tt_embedding_backward__i2_dtable2_f32_resident(distributed::Mes
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[4] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.bf16/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*dtable2).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_backward__i2_dtable2.f32/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));

@@ -425,7 +425,7 @@ static int opgen_tt_embedding_dense_backward_bf16_resident(distributed::MeshDevi
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_0(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_dense_backward.bf16/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/embedding_dense_backward.f32/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*out).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/embedding_dense_backward.bf16/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));

@@ -1232,7 +1232,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -1240,7 +1240,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -1262,16 +1262,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -1316,7 +1316,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -1324,7 +1324,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -1346,16 +1346,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_resi
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -2518,7 +2518,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_0[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_p).append_to(ct_writer);
@@ -2527,7 +2527,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v365 = (int64_t)core_i;
@@ -2549,16 +2549,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v178) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v172; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v366 = (int64_t)core_i;
@@ -2610,7 +2610,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_2[9] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[10] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[13] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_p).append_to(ct_writer);
@@ -2619,7 +2619,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v221; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v367 = (int64_t)core_i;
@@ -2641,16 +2641,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v347) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v341; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v368 = (int64_t)core_i;
@@ -3719,7 +3719,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -3727,7 +3727,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -3749,16 +3749,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -3803,7 +3803,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -3811,7 +3811,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -3833,16 +3833,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_softmax_bf1
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -4911,7 +4911,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -4919,7 +4919,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -4941,16 +4941,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -4995,7 +4995,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -5003,7 +5003,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -5025,16 +5025,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;
@@ -6106,7 +6106,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_0[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_0[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_0.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_0, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_g).append_to(ct_writer);
@@ -6114,7 +6114,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v57; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v335 = (int64_t)core_i;
@@ -6136,16 +6136,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v163) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // input_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*input_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v157; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v336 = (int64_t)core_i;
@@ -6190,7 +6190,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         utd_2[3] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[5] = UnpackToDestMode::UnpackToDestFp32;
         utd_2[11] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_2.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_2, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_g).append_to(ct_writer);
@@ -6198,7 +6198,7 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         TensorAccessorArgs(*ws1_ws_c0).append_to(ct_writer);
         TensorAccessorArgs(*ws1_ws_c0l).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_2.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v206; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v337 = (int64_t)core_i;
@@ -6220,16 +6220,16 @@ static int opgen_tt_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_log
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v317) * 2048, {{4, tt::DataFormat::Float16_b}}).set_page_size(4, 2048));  // weight_grad (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/reader_3.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_3(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_3[1] = UnpackToDestMode::UnpackToDestFp32;
         utd_3[2] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/compute_3.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_3, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws1_ws_acc0).append_to(ct_writer);
         TensorAccessorArgs(*weight_grad).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.bool/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax.bf16.u8/writer_3.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v311; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v338 = (int64_t)core_i;

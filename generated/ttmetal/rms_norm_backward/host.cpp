@@ -734,7 +734,7 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
         TensorAccessorArgs(*grad_x).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v96 = (int64_t)core_i;
@@ -754,15 +754,15 @@ static int opgen_tt_rms_norm_backward_f32_streamed(distributed::MeshDevice& mesh
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v84) * 4096, {{2, tt::DataFormat::Float32}}).set_page_size(2, 4096));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v74; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v97 = (int64_t)core_i;
@@ -963,12 +963,12 @@ static int opgen_tt_rms_norm_backward_bf16_resident(distributed::MeshDevice& mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v88) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -1153,12 +1153,12 @@ static int opgen_tt_rms_norm_backward_bf16_cached(distributed::MeshDevice& mesh,
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v86) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
         const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
@@ -1322,7 +1322,7 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*ws_partials0).append_to(ct_writer);
         TensorAccessorArgs(*grad_x).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_0.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v10; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v97 = (int64_t)core_i;
@@ -1342,15 +1342,15 @@ static int opgen_tt_rms_norm_backward_bf16_streamed(distributed::MeshDevice& mes
         CreateCircularBuffer(program, cores, CircularBufferConfig((uint32_t)(v85) * 2048, {{2, tt::DataFormat::Float16_b}}).set_page_size(2, 2048));  // grad_w (out)
         std::vector<uint32_t> ct_reader;
         TensorAccessorArgs(*ws_partials0).append_to(ct_reader);
-        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
+        const KernelHandle k_reader = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/reader_1.cpp", cores, ReaderDataMovementConfig(ct_reader));
         std::vector<uint32_t> ct_compute;
         std::vector<UnpackToDestMode> utd_1(NUM_CIRCULAR_BUFFERS, UnpackToDestMode::Default);
         utd_1[0] = UnpackToDestMode::UnpackToDestFp32;
         utd_1[1] = UnpackToDestMode::UnpackToDestFp32;
-        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
+        const KernelHandle k_compute = CreateKernel(program, kernel_dir + "/rms_norm_backward.f32.cached/compute_1.cpp", cores, ComputeConfig{.math_fidelity = MathFidelity::HiFi4, .fp32_dest_acc_en = true, .unpack_to_dest_mode = utd_1, .compile_args = ct_compute});
         std::vector<uint32_t> ct_writer;
         TensorAccessorArgs(*grad_w).append_to(ct_writer);
-        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.streamed/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
+        const KernelHandle k_writer = CreateKernel(program, kernel_dir + "/rms_norm_backward.bf16.cached/writer_1.cpp", cores, WriterDataMovementConfig(ct_writer));
         for (uint32_t core_i = 0; core_i < (uint32_t)v75; ++core_i) {
             const CoreCoord core{core_i % grid.x, core_i / grid.x};
             const int64_t v98 = (int64_t)core_i;
