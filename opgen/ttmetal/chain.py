@@ -297,15 +297,13 @@ def matmul(low: Lowering, op: t.TileMatmulOp) -> None:
         # one panel CB per launch, as large as its largest panel; every panel is pushed, waited
         # for and popped as the CB's whole capacity (runtime argument ``panel_pages``), so that
         # each starts at the CB's first page
+        # (the kernels' ``panel_pages`` is bound to the CB's final pages by bind_panel_pages)
         if low.panel_cb < 0:
             low.panel_cb = low.cb(fmt, "panel", what, "in", host_pages=need)
         else:
             pcb = low.cbs[low.panel_cb]
             pcb.operands[0] = low.host_op(ir.MaxOp(pcb.pages, need))
             pcb.what = StringAttr(f"{pcb.what.data}; {what}")
-            for b in (low.r, low.c):
-                if "panel_pages" in b.rt:
-                    b.rt["panel_pages"] = (b.rt["panel_pages"][0], pcb.pages)
         cp = low.panel_cb
         cap = {b: b.rt_arg("panel_pages", low.cbs[cp].pages) for b in (low.r, low.c)}
     ca = low.cb(fa, 2, f"{low.gm_name(op.a)} (matmul A tiles)", "in")
@@ -481,3 +479,14 @@ def matmul(low: Lowering, op: t.TileMatmulOp) -> None:
     w.call("noc_async_write_barrier")
     for cb in (ca, cbb, co):
         low.release(cb)
+
+
+def bind_panel_pages(low: Lowering) -> None:
+    """The runtime argument ``panel_pages`` of the launch's reader and compute: the panel CB's
+    pages once every panel of the launch has grown it (its largest panel), before L1 planning."""
+    if low.panel_cb < 0:
+        return
+    pages = low.cbs[low.panel_cb].pages
+    for b in (low.r, low.c):
+        if "panel_pages" in b.rt:
+            b.rt["panel_pages"] = (b.rt["panel_pages"][0], pages)

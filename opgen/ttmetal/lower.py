@@ -659,6 +659,7 @@ class Lowering:
         """Host: the CBs' L1 must fit the budget (else the launch cannot run); the CBs the reader
         fills from DRAM get twice their pages (double buffering: the reader fetches the next
         block while compute works on this one) when that still fits."""
+        chain.bind_panel_pages(self)  # (runtime arguments naming a CB's final size)
         zero = self.hconst(0)
         need, extra = zero, zero
         for cb in self.cbs:
