@@ -299,18 +299,28 @@ def test_new_dsl_ops_pass_the_real_header_check(new_ops):
 # --------------------------------------------------------------------------- boundary conversion
 
 
-def test_tensor_read_only_cast_is_converted_by_the_host(tmp_path_factory, tmp_path):
-    """A matmul chain reading ``t`` only as ``cast(t, i64)``: one program per T (not per t
-    dtype); the host function takes ``t_dtype`` and converts the buffer once (opgen.cast:
-    floats truncate toward zero, NaN gives INT64_MIN). Targets of four dtypes with fractions,
-    negatives, NaN and values past V, against the oracle."""
-    from tests.test_ascendc import TARGET_OP, target_cases
+@pytest.fixture(scope="module")
+def target_op(tmp_path_factory) -> Any:
+    """tests/test_ascendc.py's TARGET_OP (a matmul chain reading its targets only cast), loaded
+    from its own ops directory and registered with the runner."""
+    from tests.test_ascendc import TARGET_OP
 
     d = tmp_path_factory.mktemp("tt-target") / "opgen_test_tt_target"
     d.mkdir()
     (d / "target.py").write_text(TARGET_OP)
     o = registry.load_all(str(d))["target_logit_grad"]
     runner.register(o)
+    return o
+
+
+def test_tensor_read_only_cast_is_converted_by_the_host(target_op, tmp_path):
+    """A matmul chain reading ``t`` only as ``cast(t, i64)``: one program per T (not per t
+    dtype); the host function takes ``t_dtype`` and converts the buffer once (opgen.cast:
+    floats truncate toward zero, NaN gives INT64_MIN). Targets of four dtypes with fractions,
+    negatives, NaN and values past V, against the oracle."""
+    from tests.test_ascendc import target_cases
+
+    o = target_op
     man = runner.manifest(o.name)
     assert [v["variant"] for v in man["variants"]] == ["target_logit_grad.bf16"]
     assert any(a.get("converted_to") == "i64" for a in man["variants"][0]["args"])
@@ -325,6 +335,11 @@ def test_tensor_read_only_cast_is_converted_by_the_host(tmp_path_factory, tmp_pa
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
+def test_target_op_passes_the_real_header_check(target_op):
+    _check_kernels(_kernels(target_op.name))
 
 
 # --------------------------------------------------------------------------- scatter-adds
