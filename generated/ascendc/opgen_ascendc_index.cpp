@@ -32,93 +32,16 @@ __aicore__ inline bool opgen_index_ok(uint64_t v, int64_t bound, int32_t &out) {
     return true;
 }
 
-/* S: the stored type; R: the type the checks read (16-bit floats are widened to float first, on
- * the vector unit). Cores take chunks block-cyclically; each core's flag (8 int32, one 32-byte
- * block) says whether any of its values was out of range. */
-template <typename S, typename R, bool WIDEN>
-__aicore__ inline void opgen_index_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR flags, GM_ADDR tiling) {
-    opgen_index_tiling_t tl;
-    opgen_load_tiling(&tl, tiling, sizeof tl);
-    GlobalTensor<S> gs;
-    gs.SetGlobalBuffer((__gm__ S *)src, (uint64_t)tl.n);
-    GlobalTensor<int32_t> gd;
-    gd.SetGlobalBuffer((__gm__ int32_t *)dst, (uint64_t)tl.n);
-    GlobalTensor<int32_t> gf;
-    gf.SetGlobalBuffer((__gm__ int32_t *)flags, (uint64_t)tl.block_dim * 8);
-    TPipe pipe;
-    TQue<TPosition::VECIN, 1> qin;
-    TQue<TPosition::VECOUT, 1> qout;
-    TBuf<TPosition::VECCALC> wide, flag;
-    pipe.InitBuffer(qin, 1, (uint32_t)(OPGEN_INDEX_CHUNK * sizeof(S)));
-    pipe.InitBuffer(qout, 1, (uint32_t)(OPGEN_INDEX_CHUNK * sizeof(int32_t)));
-    pipe.InitBuffer(wide, (uint32_t)(WIDEN ? OPGEN_INDEX_CHUNK * sizeof(float) : 32));
-    pipe.InitBuffer(flag, 32);
-    int32_t bad = 0;
-    for (int64_t c = GetBlockIdx(); c < tl.chunks; c += GetBlockNum()) {
-        const int64_t i0 = c * OPGEN_INDEX_CHUNK;
-        const int64_t cnt = tl.n - i0 < OPGEN_INDEX_CHUNK ? tl.n - i0 : OPGEN_INDEX_CHUNK;
-        LocalTensor<S> in = qin.AllocTensor<S>();
-        DataCopyPad(in, gs[i0], DataCopyExtParams{1, (uint32_t)(cnt * sizeof(S)), 0, 0, 0},
-                    DataCopyPadExtParams<S>{false, 0, 0, (S)0});
-        qin.EnQue(in);
-        in = qin.DeQue<S>();
-        LocalTensor<float> w = wide.Get<float>();
-        if constexpr (WIDEN) Cast(w, in, RoundMode::CAST_NONE, (int32_t)cnt);
-        PipeBarrier<PIPE_ALL>(); /* scalar reads of the copied / widened values */
-        LocalTensor<int32_t> out = qout.AllocTensor<int32_t>();
-        for (int64_t i = 0; i < cnt; i++) {
-            int32_t o = 0;
-            R v;
-            if constexpr (WIDEN)
-                v = w.GetValue((uint32_t)i);
-            else
-                v = (R)in.GetValue((uint32_t)i);
-            if (!opgen_index_ok(v, tl.bound, o)) bad = 1;
-            out.SetValue((uint32_t)i, o);
-        }
-        PipeBarrier<PIPE_ALL>(); /* scalar writes before the copy out */
-        qin.FreeTensor(in);
-        qout.EnQue(out);
-        out = qout.DeQue<int32_t>();
-        DataCopyPad(gd[i0], out, DataCopyExtParams{1, (uint32_t)(cnt * sizeof(int32_t)), 0, 0, 0});
-        qout.FreeTensor(out);
-    }
-    LocalTensor<int32_t> f = flag.Get<int32_t>();
-    for (uint32_t k = 0; k < 8; k++) f.SetValue(k, bad);
-    PipeBarrier<PIPE_ALL>();
-    DataCopy(gf[GetBlockIdx() * 8], f, 8);
-}
-/* opgen.cast to i64 / bool of a value read as float (16-bit floats widened exactly), a signed or
- * unsigned 64-bit integer, or bool: floats truncate toward zero, NaN or out of range gives
- * INT64_MIN; anything -> bool is != 0 */
-__aicore__ inline int64_t opgen_cast_i64(float v) {
-    return v == v && v > -9223372036854775808.0f && v < 9223372036854775808.0f ? (int64_t)v : INT64_MIN;
-}
-__aicore__ inline int64_t opgen_cast_i64(int64_t v) { return v; }
-__aicore__ inline int64_t opgen_cast_i64(uint64_t v) { return (int64_t)v; }
-__aicore__ inline int64_t opgen_cast_i64(bool v) { return v ? 1 : 0; }
-template <typename R>
-__aicore__ inline uint8_t opgen_cast_bool(R v) { return v != (R)0 ? 1 : 0; }
-
-template <typename D, typename R>
-__aicore__ inline D opgen_cast_to(R v) {
-    if constexpr (sizeof(D) == 1)
-        return opgen_cast_bool(v);
-    else
-        return opgen_cast_i64(v);
-}
-
-/* S: the stored type; R: the type opgen.cast reads (16-bit floats widened to float first, on the
- * vector unit); D: int64_t or uint8_t (bool). Cores take chunks block-cyclically. */
-template <typename S, typename R, bool WIDEN, typename D>
-__aicore__ inline void opgen_boundary_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR tiling) {
-    opgen_index_tiling_t tl;
-    opgen_load_tiling(&tl, tiling, sizeof tl);
+/* The chunk loop both conversions share. S: the stored type; R: the type the element is read as
+ * (16-bit floats are widened to float first, on the vector unit); D: the converted type; `f`
+ * converts one R to one D. Cores take chunks of OPGEN_INDEX_CHUNK block-cyclically. */
+template <typename S, typename R, bool WIDEN, typename D, typename F>
+__aicore__ inline void opgen_convert_chunks(TPipe &pipe, const opgen_index_tiling_t &tl, GM_ADDR src, GM_ADDR dst,
+                                            F &f) {
     GlobalTensor<S> gs;
     gs.SetGlobalBuffer((__gm__ S *)src, (uint64_t)tl.n);
     GlobalTensor<D> gd;
     gd.SetGlobalBuffer((__gm__ D *)dst, (uint64_t)tl.n);
-    TPipe pipe;
     TQue<TPosition::VECIN, 1> qin;
     TQue<TPosition::VECOUT, 1> qout;
     TBuf<TPosition::VECCALC> wide;
@@ -143,7 +66,7 @@ __aicore__ inline void opgen_boundary_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR 
                 v = w.GetValue((uint32_t)i);
             else
                 v = (R)in.GetValue((uint32_t)i);
-            out.SetValue((uint32_t)i, opgen_cast_to<D, R>(v));
+            out.SetValue((uint32_t)i, f(v));
         }
         PipeBarrier<PIPE_ALL>(); /* scalar writes before the copy out */
         qin.FreeTensor(in);
@@ -152,6 +75,69 @@ __aicore__ inline void opgen_boundary_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR 
         DataCopyPad(gd[i0], out, DataCopyExtParams{1, (uint32_t)(cnt * sizeof(D)), 0, 0, 0});
         qout.FreeTensor(out);
     }
+}
+
+/* an index to int32, checked to lie in [0, bound): `bad` records a value that does not */
+struct opgen_to_index {
+    int64_t bound;
+    int32_t bad;
+    template <typename R>
+    __aicore__ inline int32_t operator()(R v) {
+        int32_t o = 0;
+        if (!opgen_index_ok(v, bound, o)) bad = 1;
+        return o;
+    }
+};
+
+/* Each core's flag (8 int32, one 32-byte block) says whether any of its values was out of range. */
+template <typename S, typename R, bool WIDEN>
+__aicore__ inline void opgen_index_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR flags, GM_ADDR tiling) {
+    opgen_index_tiling_t tl;
+    opgen_load_tiling(&tl, tiling, sizeof tl);
+    GlobalTensor<int32_t> gf;
+    gf.SetGlobalBuffer((__gm__ int32_t *)flags, (uint64_t)tl.block_dim * 8);
+    TPipe pipe;
+    opgen_to_index f{tl.bound, 0};
+    opgen_convert_chunks<S, R, WIDEN, int32_t>(pipe, tl, src, dst, f);
+    TBuf<TPosition::VECCALC> flag;
+    pipe.InitBuffer(flag, 32);
+    LocalTensor<int32_t> fl = flag.Get<int32_t>();
+    for (uint32_t k = 0; k < 8; k++) fl.SetValue(k, f.bad);
+    PipeBarrier<PIPE_ALL>();
+    DataCopy(gf[GetBlockIdx() * 8], fl, 8);
+}
+
+/* opgen.cast to i64 / bool of a value read as float (16-bit floats widened exactly), a signed or
+ * unsigned 64-bit integer, or bool: floats truncate toward zero, NaN or out of range gives
+ * INT64_MIN; anything -> bool is != 0 */
+__aicore__ inline int64_t opgen_cast_i64(float v) {
+    return v == v && v > -9223372036854775808.0f && v < 9223372036854775808.0f ? (int64_t)v : INT64_MIN;
+}
+__aicore__ inline int64_t opgen_cast_i64(int64_t v) { return v; }
+__aicore__ inline int64_t opgen_cast_i64(uint64_t v) { return (int64_t)v; }
+__aicore__ inline int64_t opgen_cast_i64(bool v) { return v ? 1 : 0; }
+template <typename R>
+__aicore__ inline uint8_t opgen_cast_bool(R v) { return v != (R)0 ? 1 : 0; }
+
+/* opgen.cast of one value to D: int64_t or uint8_t (bool) */
+template <typename D>
+struct opgen_to_cast {
+    template <typename R>
+    __aicore__ inline D operator()(R v) {
+        if constexpr (sizeof(D) == 1)
+            return opgen_cast_bool(v);
+        else
+            return opgen_cast_i64(v);
+    }
+};
+
+template <typename S, typename R, bool WIDEN, typename D>
+__aicore__ inline void opgen_boundary_convert(GM_ADDR src, GM_ADDR dst, GM_ADDR tiling) {
+    opgen_index_tiling_t tl;
+    opgen_load_tiling(&tl, tiling, sizeof tl);
+    TPipe pipe;
+    opgen_to_cast<D> f;
+    opgen_convert_chunks<S, R, WIDEN, D>(pipe, tl, src, dst, f);
 }
 
 extern "C" __global__ __aicore__ void opgen_index_f32(GM_ADDR src, GM_ADDR dst, GM_ADDR flags, GM_ADDR tiling)

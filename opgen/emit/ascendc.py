@@ -36,6 +36,7 @@ from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.emit import cnames, cpu
 from opgen.emit.c_family import SCALAR_FIELD, c_literal
+from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower.boundary import TARGETS as BOUNDARY_TARGETS
 from opgen.passes import pipeline
@@ -53,8 +54,6 @@ ACL_CTYPE = {"f32": "float", "f16": "half", "bf16": "bfloat16_t", "i32": "int32_
 SCALAR_CTYPE = {"f32": "float", "i64": "int64_t", "bool": "bool", "i32": "int32_t", "i16": "int16_t", "i8": "int8_t",
                 "u8": "uint8_t"}
 #: the plain ABI's status of a check's status name
-CHECK_STATUS = {"param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE", "index": "OPGEN_ERR_INDEX",
-                "null": "OPGEN_ERR_NULL"}
 
 BINARY_VEC = {ir.AddOp: "Add", ir.SubOp: "Sub", ir.MulOp: "Mul", ir.DivOp: "Div", ir.MaxOp: "Max",
               ir.MinOp: "Min"}
@@ -738,7 +737,7 @@ class AscendPrinter:
             todo.extend(x.owner.operands)
         for o in sorted(needed, key=lambda o: self._order(o)):
             self.define(o.results[0], self.scalar_expr(o, host=True))
-        st = CHECK_STATUS[status or op.status.data]
+        st = STATUS_C[status or op.status.data]
         msg = op.message.data.replace('"', "'")
         op_name = self.k.sym_name.data.split(".")[0]
         self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{op_name}: {msg}");')
@@ -781,7 +780,7 @@ class AscendPrinter:
         for bit, c in enumerate(self.k.attributes["checks"].data):  # type: ignore[attr-defined]
             status, msg = (x.data for x in c.data)
             msg = msg.replace('"', "'")
-            lines.append(f'    if (bad & (1 << {bit})) return opgen_fail({CHECK_STATUS[status]}, "{op_name}: {msg}");')
+            lines.append(f'    if (bad & (1 << {bit})) return opgen_fail({STATUS_C[status]}, "{op_name}: {msg}");')
         return lines
 
 
@@ -852,8 +851,7 @@ def _served(o: OpDef, k: t.KernelOp, base: str, dims: list[str],
     sig_vars = o.signature.dtype_vars()
     binding = {v: dtypes.by_name(d.data) for v, d in k.dtype_vars.data.items()}  # type: ignore[attr-defined]
     indices = {n: [b.data for b in arr.data] for n, arr in k.attributes["indices"].data.items()}  # type: ignore[attr-defined]
-    converted = {n: d.data for n, d in k.attributes["converted"].data.items()} \
-        if "converted" in k.attributes else {}  # type: ignore[attr-defined]
+    converted = k.converted
     free = [v.data for v in k.attributes["free"].data]  # type: ignore[attr-defined]
     params = {p.name: p for p in o.signature.params}
     spec_var = {n: params[n].spec.dtype.name for n in [*indices, *converted]}  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from opgen import dtypes
 from opgen.dtypes import DType
 from opgen.emit import cnames
+from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import cpu_mapping, lane_split
@@ -348,7 +349,7 @@ class CPrinter:
                 cmp = ">" if kind == "max" else "<"
                 self.line(f"if ({v} {cmp} {target} || {v} != {v}) {target} = {v};")
         elif isinstance(op, s.RequireOp):
-            st = "OPGEN_ERR_" + {"index": "INDEX", "param": "PARAM", "shape": "SHAPE"}[op.status.data]
+            st = STATUS_C[op.status.data]
             msg = op.message.data.replace('"', "'")
             self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{self.k.sym_name.data}: {msg}");')
         elif isinstance(op, s.SegmentsOp):

@@ -13,15 +13,13 @@ from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
 from opgen.emit import cnames, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
+from opgen.emit.render import STATUS_C
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import MapCpu, cpu_mapping
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.sched import CpuMapping
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
-
-STATUS_C = {"null": "OPGEN_ERR_NULL", "param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE",
-            "dtype": "OPGEN_ERR_DTYPE", "strides": "OPGEN_ERR_STRIDES", "index": "OPGEN_ERR_INDEX"}
 
 
 class CpuPrinter(CPrinter):
@@ -204,7 +202,7 @@ def op_tables(o: OpDef, inst: dict[tuple[str, ...], list[Instance]],
                 codes=", ".join(cnames.dtype_enum(conv[p.name]) if p.name in conv else "-1" for p in sig.params))
         else:
             r = o.rejected[present]
-            v.update(kernels=[], status=STATUS_C[r.status] if r.status != "null" else "OPGEN_ERR_NULL",
+            v.update(kernels=[], status=STATUS_C[r.status],
                      message=r.message.replace('"', "'"))
         variants.append(v)
     alias = [f"{{{pidx[a]}, {pidx[b]}}}" for a, b in o.may_alias]

@@ -1,8 +1,11 @@
 """The CUDA target: ``__global__`` kernels plus host launchers behind the plain C ABI.
 
 A small subclass of the C-family printer (scalar expressions, loads/stores with bf16/f16
-conversions, addressing are inherited) that maps ``sched`` loops onto the GPU. First increment:
-simple, correct by construction, deterministic; performance comes later.
+conversions, addressing are inherited) that prints ``sched`` loops as the passes mapped them:
+map-gpu outlines the steps and kernels and marks grid, thread and block-reduction loops,
+plan-gpu-workspace numbers the workspace regions (opgen/lower/gpu_map.py). The printer still
+chooses what depends on the dtype binding: the chunk width of thread loops and the barriers.
+First increment: simple, correct by construction, deterministic; performance comes later.
 
 Mapping (one kernel instance = one variant x dtype binding):
 
@@ -55,9 +58,11 @@ from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.emit import cnames, cpu, render
 from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
+from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.gpu_map import (
+    ATOMIC_TYPES,
     KernelFacts,
     accessed,
     kernel_id,
@@ -74,10 +79,7 @@ from opgen.lower.sched import GpuMapping
 
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
 MAX_WS = 32  # OPGEN_CUDA_MAX_WS
-STATUS = {"index": "OPGEN_ERR_INDEX", "param": "OPGEN_ERR_PARAM", "shape": "OPGEN_ERR_SHAPE"}
 REDUCE_KIND = {"sum": 0, "max": 1, "min": 2}
-ATOMIC_TYPES = {"int32_t": "int", "uint32_t": "unsigned int", "int64_t": "unsigned long long",
-                "uint64_t": "unsigned long long"}
 
 
 class CudaUnsupported(NotImplementedError):
@@ -197,12 +199,6 @@ class CudaPrinter(CPrinter):
     def count_expr(self, b: s.BufType) -> str:
         return " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "1"
 
-    def host_ok(self, v: SSAValue, scalars: bool = True) -> bool:
-        return self.facts.host_ok(v, scalars)
-
-    def needed(self, roots: Iterable[SSAValue]) -> list[Operation]:
-        return self.facts.needed(roots)
-
     def define_ops(self, ops: Iterable[Operation]) -> None:
         for op in ops:
             self.define(op.results[0], self.scalar_expr(op))
@@ -210,9 +206,6 @@ class CudaPrinter(CPrinter):
     # ------------------------------------------------------------------ analysis
     def atomic_ok(self, op: s.AccumOp) -> bool:
         return op.kind.data == "sum" and self.storage_ctype(s.buf_type(op.buf)) in ATOMIC_TYPES
-
-    def accessed(self, loop: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
-        return accessed(loop)
 
     # ------------------------------------------------------------------ vectorisation
     def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
@@ -396,7 +389,7 @@ class CudaPrinter(CPrinter):
 
     def needs_barrier(self, loop: Operation) -> bool:
         """A cooperative step shares memory with other steps of the block."""
-        reads, writes = self.accessed(loop)
+        reads, writes = accessed(loop)
         reads, writes = reads - self.owned_scratch, writes - self.owned_scratch
         if any(s.buf_type(b).role.data in ("local", "temp") for b in reads | writes):
             return True
@@ -423,7 +416,7 @@ class CudaPrinter(CPrinter):
             self.line("}")
 
     def fail(self, op: s.RequireOp) -> None:
-        code = f"(unsigned int){STATUS[op.status.data]}"
+        code = f"(unsigned int){STATUS_C[op.status.data]}"
         who = "if (threadIdx.x == 0) " if self.ctx == "uniform" else ""
         self.line(f"/* {op.message.data.replace('*/', '* /')}: record, skip the rest */")
         self.line(f"if (!({self.name(op.cond)})) {{ {who}opgen_dev_fail(a.err, a.sticky, {code}); }} else {{")
@@ -490,11 +483,11 @@ class CudaPrinter(CPrinter):
         assert self.group is not None
         n = self.fresh("l")
         self.names[op.result] = n
-        count = self.count_expr(b)
         before = self.scratch_bytes(self.group.kid)
         kid = self.group.kid
         r = self.new_region(lambda: WorkspaceRegion(ct, self.count_expr(b), "scratch", kid,
                                                     size=self.size_count(b.shape)), region_id(op))
+        count = self.regions[r].count
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
                   f"(size_t)blockIdx.x * ({count});")
@@ -779,7 +772,7 @@ class CudaPrinter(CPrinter):
         self.begin_body()
         self.ctx, self.owned, self.private = "uniform", (), set()
         self.owned_scratch = self.thread_owned(g)
-        need = self.needed(operands_of(g.ops))
+        need = self.facts.needed(operands_of(g.ops))
         first = min(self.order[o] for o in g.ops)
         last = max(self.order[o] for o in g.ops)
         before = [o for o in need if self.order[o] < first]
@@ -874,7 +867,7 @@ class CudaPrinter(CPrinter):
                 for b in (op.idx, op.seg, op.order):
                     if b not in self.region_of:
                         raise CudaUnsupported(f"{self.fn_name}: segments on a non-temporary buffer")
-                if not self.host_ok(op.rows, scalars=False):
+                if not self.facts.host_ok(op.rows, scalars=False):
                     raise CudaUnsupported(f"{self.fn_name}: segment rows must follow from dims")
                 seg_regions[op] = self.segment_regions(op)
         # kernels (their scratch regions are registered while printing)
@@ -891,10 +884,10 @@ class CudaPrinter(CPrinter):
         for g in groups:
             if g.mode == "block" and any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
                 assert g.loop is not None
-                if self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False):
+                if self.facts.host_ok(g.loop.lo, False) and self.facts.host_ok(g.loop.hi, False):
                     roots += [g.loop.lo, g.loop.hi]
         roots += [r.rows for r in self.regions if r.rows is not None]
-        self.define_ops(self.needed(roots))
+        self.define_ops(self.facts.needed(roots))
         grid_of: dict[int, str] = {}
         for g in groups:
             if not any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
@@ -902,7 +895,7 @@ class CudaPrinter(CPrinter):
             gv = f"g{g.kid}"
             if g.mode == "block":
                 assert g.loop is not None
-                known = self.host_ok(g.loop.lo, False) and self.host_ok(g.loop.hi, False)
+                known = self.facts.host_ok(g.loop.lo, False) and self.facts.host_ok(g.loop.hi, False)
                 n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
                 self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : "
                           f"opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid, sat=True)}); /* 0: shared memory */")
@@ -965,15 +958,15 @@ class CudaPrinter(CPrinter):
                     assert isinstance(mm, s.BufferMatmulOp)
                     host_roots += [mm.m, mm.n]
         for v in host_roots:
-            if not self.host_ok(v):
+            if not self.facts.host_ok(v):
                 raise CudaUnsupported(f"{self.fn_name}: a launch parameter is not known on the host")
-        self.define_ops(self.needed(host_roots))
+        self.define_ops(self.facts.needed(host_roots))
         for kind, x in steps:
             if kind == "check":
                 op = x
                 assert isinstance(op, s.RequireOp)
                 msg = op.message.data.replace('"', "'")
-                self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS[op.status.data]}, '
+                self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS_C[op.status.data]}, '
                           f'"{self.k.sym_name.data}: {msg}");')
             elif kind == "memset":
                 op = x
@@ -1040,10 +1033,10 @@ class CudaPrinter(CPrinter):
         """Host code returning the status of the first failing check."""
         self.names = dict(self.arg_names)
         self.begin_body()
-        self.define_ops(self.needed([op.cond for op in checks]))
+        self.define_ops(self.facts.needed([op.cond for op in checks]))
         for op in checks:
             msg = op.message.data.replace('"', "'")
-            self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS[op.status.data]}, '
+            self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS_C[op.status.data]}, '
                       f'"{self.k.sym_name.data}: {msg}");')
         return self.lines
 
@@ -1056,7 +1049,7 @@ class CudaPrinter(CPrinter):
         self.ctx, self.owned, self.private = "flat", (), set()
         op = g.ops[0]
         assert isinstance(op, s.BufferMatmulOp)
-        self.define_ops(self.needed(op.operands))
+        self.define_ops(self.facts.needed(op.operands))
         self.matmul_elements(op, "grid")
         self.ctx = "uniform"
         return render.render("cuda/kernel.cu.j2", kernel=f"{self.fn_name}_k{g.kid}", note=False,

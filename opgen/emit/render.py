@@ -22,6 +22,8 @@ STATUSES = [
     {"c": "OPGEN_ERR_ALLOC", "value": 8, "doc": "out of memory"},
     {"c": "OPGEN_ERR_INTERNAL", "value": 9, "doc": "internal error"},
 ]
+#: an abstract status (``opgen.check``, a rejected variant) -> its C name
+STATUS_C = {s["abstract"]: s["c"] for s in STATUSES if "abstract" in s}
 
 
 @cache

@@ -198,11 +198,6 @@ class HostPrinter(Scalars):
     def dims(self) -> list[str]:
         return sorted({o.dim.data for o in self.p.walk() if isinstance(o, ir.DimOp)})
 
-    def converted(self) -> dict[str, str]:
-        """The tensors the public function converts before the schedules run (``{name: dtype}``)."""
-        c = self.p.converted
-        return {} if c is None else {n: d.data for n, d in c.data.items()}  # type: ignore[attr-defined]
-
     def params(self, public: bool = False) -> list[str]:
         """The parameters of a schedule's function; ``public``: of the op's function, which also
         takes the IndexType of each tensor it converts."""
@@ -217,7 +212,7 @@ class HostPrinter(Scalars):
         if any(isinstance(o, k.ScatterPlanOp) for o in self.p.walk()):
             out.append("IndexType index_dtype")
         if public:
-            out += [f"IndexType {n}_dtype" for n in self.converted()]
+            out += [f"IndexType {n}_dtype" for n in self.p.converted]
         return out + [f"uint32_t {d}" for d in self.dims()]
 
     def print(self) -> str:
@@ -251,7 +246,7 @@ class HostPrinter(Scalars):
 
     def public(self, fn: str, schedules: list[str]) -> str:
         """The op's function for this dtype instance: the first schedule that can run."""
-        conv = self.converted()
+        conv = self.p.converted
         names = [f"{n}_conv" if n in conv else n for n in (a.split(" ")[-1] for a in self.params())]
         args = ", ".join(["mesh", "kernel_dir", "grid", *names])
         lines = [f"/* {self.p.sym_name.data}: schedules tried in order: {', '.join(schedules)}. */",
@@ -387,7 +382,7 @@ def prog_args(prog: k.ProgramOp) -> list[dict]:
     out = []
     plans = {o.indices.data for o in prog.walk() if isinstance(o, k.ScatterPlanOp)}
     read = {o.arg.data for o in prog.walk() if isinstance(o, k.BufferAddrOp | k.HostLoadOp)} | plans
-    conv = {} if prog.converted is None else {n: d.data for n, d in prog.converted.data.items()}  # type: ignore[attr-defined]
+    conv = prog.converted
     for n, kd, ty, lay in zip(prog.arg_names.data, prog.arg_kinds.data, prog.arg_types.data,
                               prog.attributes["layouts"].data, strict=True):
         if n.data != "workspace":

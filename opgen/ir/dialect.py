@@ -227,13 +227,16 @@ def converted_params(op: Operation) -> dict[str, str]:
     return {k: v.data for k, v in bc.data.items()} if isinstance(bc, DictionaryAttr) else {}  # type: ignore[union-attr]
 
 
-def verify_converted(op: Operation) -> None:
-    """``boundary_casts`` names parameters of the op's block whose type has that dtype."""
+def verify_converted(op: Operation, types: Sequence[Attribute] | None = None) -> None:
+    """``boundary_casts`` names parameters of the op (``arg_names``) whose type has that dtype:
+    ``types`` (default: the types of the op's block arguments)."""
     names = [a.data for a in op.arg_names.data]  # type: ignore[attr-defined]
+    if types is None:
+        types = [a.type for a in op.regions[0].block.args]
     for n, d in converted_params(op).items():
         if n not in names:
             raise VerifyException(f"{op.name}: boundary_casts names '{n}', not a parameter")
-        t = op.regions[0].block.args[names.index(n)].type
+        t = types[names.index(n)]
         if getattr(t, "dtype", None) != d:
             raise VerifyException(f"{op.name}: boundary_casts gives '{n}' dtype {d}, its type is {t}")
 

@@ -41,14 +41,13 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.sched import GpuMapping, GpuMappingAttr
 
-#: C types whose integer accumulation may use atomicAdd (exact in any order)
-ATOMIC_CTYPES = ("int32_t", "uint32_t", "int64_t", "uint64_t")
-
-
 MAPPING = "gpu_mapping"
 KERNEL = "gpu_kernel"
 REGION = "gpu_region"
 COLLAPSE = "gpu_collapse"
+#: C types whose integer sums may use atomicAdd (exact in any order), with the type atomicAdd takes
+ATOMIC_TYPES = {"int32_t": "int", "uint32_t": "unsigned int", "int64_t": "unsigned long long",
+                "uint64_t": "unsigned long long"}
 #: C types a block reduction shuffles (opgen_block_reduce)
 SHUFFLE_CTYPES = ("float", "double", "int32_t", "uint32_t", "int64_t", "uint64_t")
 
@@ -169,14 +168,11 @@ class KernelFacts:
 
     def atomic_ok(self, op: s.AccumOp) -> bool:
         """An integer sum every binding of the kernel stores in an atomically addable type."""
-        b = s.buf_type(op.buf)
-        members = self.k.dtype_var_map().get(b.dtype)
-        ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
-        return op.kind.data == "sum" and all(
-            (d if b.role.data in ("in", "out") else d.compute).c_type in ATOMIC_CTYPES for d in ds)
+        return op.kind.data == "sum" and all(c in ATOMIC_TYPES for c in self.storage_ctypes(s.buf_type(op.buf)))
 
-    def compute_ctypes(self, b: s.BufType) -> list[str]:
-        """The C types a register buffer holds under every binding of the kernel."""
+    def storage_ctypes(self, b: s.BufType) -> list[str]:
+        """The C types buffer ``b`` stores its elements in under every binding of the kernel
+        (the caller's dtype for ``in``/``out``, its compute type otherwise)."""
         members = self.k.dtype_var_map().get(b.dtype)
         ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
         return [(d if b.role.data in ("in", "out") else d.compute).c_type for d in ds]
@@ -204,7 +200,7 @@ class KernelFacts:
             if isinstance(o, s.AccumOp):
                 if not register(o.buf) or inside(o.buf.owner, loop):  # type: ignore[arg-type]
                     return None
-                if not all(c in SHUFFLE_CTYPES for c in self.compute_ctypes(s.buf_type(o.buf))):
+                if not all(c in SHUFFLE_CTYPES for c in self.storage_ctypes(s.buf_type(o.buf))):
                     return None
                 if kinds.setdefault(o.buf, o.kind.data) != o.kind.data:
                     return None

@@ -38,6 +38,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -49,7 +50,15 @@ from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from opgen.ir.dialect import ReduceKind, ReduceKindAttr, ShapedType, TensorType, tensor_type
+from opgen.ir.dialect import (
+    ReduceKind,
+    ReduceKindAttr,
+    ShapedType,
+    TensorType,
+    converted_params,
+    tensor_type,
+    verify_converted,
+)
 from opgen.lower.sched import kernel_parts
 
 INDEX = TensorType.make([], "i64")
@@ -130,6 +139,8 @@ class KernelOp(IRDLOperation):
     sym_name = prop_def(StringAttr)
     arg_names = prop_def(ArrayAttr[StringAttr])
     dtype_vars = prop_def(DictionaryAttr)
+    #: parameters the host converts to another dtype first (``opgen.func``'s, kept)
+    boundary_casts = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 
@@ -137,9 +148,15 @@ class KernelOp(IRDLOperation):
                  dtype_vars: DictionaryAttr):
         super().__init__(**kernel_parts(sym_name, arg_names, arg_types, dtype_vars))
 
+    @property
+    def converted(self) -> dict[str, str]:
+        """``boundary_casts`` as ``{parameter: dtype}``."""
+        return converted_params(self)
+
     def verify_(self) -> None:
         if len(self.arg_names.data) != len(self.body.block.args):
             raise VerifyException("tile.kernel: arg_names and block arguments differ in number")
+        verify_converted(self)
 
 
 @irdl_op_definition
@@ -357,8 +374,6 @@ class CopyOutOp(IRDLOperation):
 
 
 # ------------------------------------------------------------------------------ compute
-
-
 
 
 @irdl_op_definition

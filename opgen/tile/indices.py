@@ -105,7 +105,6 @@ def free_dtype_vars(func: ir.FuncOp) -> set[str]:
 
 
 def mark_converted(k: t.KernelOp, func: ir.FuncOp) -> None:
-    """Record on kernel ``k`` the parameters its host converts before it runs: ``converted``,
-    ``{parameter: dtype}`` (read only cast to that dtype: opgen/lower/boundary.py)."""
-    if func.boundary_casts is not None:
-        k.attributes["converted"] = func.boundary_casts
+    """Keep on kernel ``k`` the function's ``boundary_casts``: the parameters its host converts
+    before it runs (read only cast to that dtype: opgen/lower/boundary.py)."""
+    k.boundary_casts = func.boundary_casts

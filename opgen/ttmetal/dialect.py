@@ -35,7 +35,7 @@ from xdsl.irdl import (
 from xdsl.traits import IsolatedFromAbove, IsTerminator, NoTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from opgen.ir.dialect import TensorType
+from opgen.ir.dialect import TensorType, converted_params, verify_converted
 
 INDEX = TensorType.make([], "i64")
 F32 = TensorType.make([], "f32")
@@ -50,9 +50,9 @@ class ProgramOp(IRDLOperation):
     ``arg_types`` name the host function's parameters (``tensor`` buffers of the tile level's
     ``!tile.gm`` types; ``scalar`` floats); the ``layouts`` attribute (set by the lowering) gives
     each tensor's DRAM layout: ``tile`` (32x32 tiles of four 16x16 faces, one per page) or ``row``
-    (a row vector per row, in pages of 32 elements). ``converted`` (``{parameter: dtype}``) names
-    the tensors the host converts before the launches: read only cast to that dtype
-    (opgen/lower/boundary.py), the caller's tensor may have any ``IndexType``."""
+    (a row vector per row, in pages of 32 elements). ``boundary_casts`` (the tile kernel's,
+    ``{parameter: dtype}``) names the tensors the host converts before the launches: read only
+    cast to that dtype (opgen/lower/boundary.py), the caller's tensor may have any ``IndexType``."""
 
     name = "ttk.program"
     sym_name = prop_def(StringAttr)
@@ -60,7 +60,7 @@ class ProgramOp(IRDLOperation):
     arg_kinds = prop_def(ArrayAttr[StringAttr])
     arg_types = prop_def(ArrayAttr)
     dtype_vars = prop_def(DictionaryAttr)
-    converted = opt_prop_def(DictionaryAttr)
+    boundary_casts = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 
@@ -71,6 +71,14 @@ class ProgramOp(IRDLOperation):
                                      "arg_kinds": ArrayAttr([StringAttr(a) for a in arg_kinds]),
                                      "arg_types": ArrayAttr(list(arg_types)),
                                      "dtype_vars": dtype_vars}, regions=[Region(Block())])
+
+    @property
+    def converted(self) -> dict[str, str]:
+        """``boundary_casts`` as ``{parameter: dtype}``."""
+        return converted_params(self)
+
+    def verify_(self) -> None:
+        verify_converted(self, self.arg_types.data)
 
 
 @irdl_op_definition

@@ -499,8 +499,7 @@ class Lowering:
         kinds = ["tensor" if isinstance(a.type, t.GmType) else "scalar" for a in self.k.body.block.args]
         prog = k.ProgramOp(self.name, list(self.args), kinds, [a.type for a in self.k.body.block.args],
                            self.k.dtype_vars)
-        if "converted" in self.k.attributes:  # (opgen/tile/indices.py: mark_converted)
-            prog.converted = self.k.attributes["converted"]  # type: ignore[assignment]
+        prog.boundary_casts = self.k.boundary_casts
         return prog
 
     def run(self) -> k.ProgramOp:

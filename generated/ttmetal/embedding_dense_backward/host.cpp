@@ -65,6 +65,21 @@ double opgen_tt_index_float(const uint8_t* p, IndexType type) {
     }
 }
 
+/* element i of a tensor of an integer or bool IndexType read back, into `v` (bool: 0 or 1):
+ * false (v untouched) for a float type, read with opgen_tt_index_float */
+[[maybe_unused]] bool opgen_tt_index_int(const std::vector<uint8_t>& raw, IndexType type, int64_t i, int64_t& v) {
+    switch (type) {
+        case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, i); return true;
+        case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, i); return true;
+        case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, i); return true;
+        case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, i); return true;
+        case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, i); return true;
+        case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, i); return true;
+        case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, i) != 0; return true;
+        default: return false;
+    }
+}
+
 /* The boundary conversion of an index tensor, once: every value of any IndexType as int64 —
  * floats truncate toward zero, bool is 0 or 1 — each checked to lie in [0, rows). An
  * out-of-range, NaN or infinite value is refused with its position before any launch. */
@@ -75,22 +90,13 @@ int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n
     out.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
         int64_t v = 0;
-        switch (type) {
-            case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, i); break;
-            case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, i); break;
-            case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, i); break;
-            case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, i); break;
-            case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, i); break;
-            case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, i); break;
-            case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, i) != 0; break;
-            default: {
-                const double d = opgen_tt_index_float(raw.data() + (size_t)i * size, type);
-                if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
-                    std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
-                    return 1;
-                }
-                v = (int64_t)d;  // truncation toward zero
+        if (!opgen_tt_index_int(raw, type, i, v)) {
+            const double d = opgen_tt_index_float(raw.data() + (size_t)i * size, type);
+            if (!(d > -1.0 && d < (double)rows)) {  // (NaN fails too)
+                std::fprintf(stderr, "opgen: %s: index %g at position %u is out of range [0, %u)\n", what, d, i, rows);
+                return 1;
             }
+            v = (int64_t)d;  // truncation toward zero
         }
         if (v < 0 || v >= (int64_t)rows) {
             std::fprintf(stderr, "opgen: %s: index %lld at position %u is out of range [0, %u)\n", what, (long long)v, i, rows);
@@ -115,22 +121,12 @@ int opgen_tt_indices(const std::vector<uint8_t>& raw, IndexType type, uint32_t n
     std::vector<uint8_t> out(std::max<size_t>(n, 1) * out_size, 0);
     for (size_t i = 0; i < n; ++i) {
         int64_t v = 0;
-        switch (type) {
-            case IndexType::Int64: v = opgen_tt_host_load<int64_t>(raw, (int64_t)i); break;
-            case IndexType::Int32: v = opgen_tt_host_load<int32_t>(raw, (int64_t)i); break;
-            case IndexType::UInt32: v = opgen_tt_host_load<uint32_t>(raw, (int64_t)i); break;
-            case IndexType::Int16: v = opgen_tt_host_load<int16_t>(raw, (int64_t)i); break;
-            case IndexType::Int8: v = opgen_tt_host_load<int8_t>(raw, (int64_t)i); break;
-            case IndexType::UInt8: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i); break;
-            case IndexType::Bool: v = opgen_tt_host_load<uint8_t>(raw, (int64_t)i) != 0; break;
-            default: {
-                const double d = opgen_tt_index_float(raw.data() + i * size, type);
-                if (to == IndexType::Bool) {
-                    v = d != 0.0;  // (NaN is != 0)
-                } else {
-                    v = d == d && d > -9223372036854775808.0 && d < 9223372036854775808.0 ? (int64_t)d : INT64_MIN;
-                }
-            }
+        if (!opgen_tt_index_int(raw, type, (int64_t)i, v)) {
+            const double d = opgen_tt_index_float(raw.data() + i * size, type);
+            if (to == IndexType::Bool)
+                v = d != 0.0;  // (NaN is != 0)
+            else
+                v = d == d && d > -9223372036854775808.0 && d < 9223372036854775808.0 ? (int64_t)d : INT64_MIN;
         }
         if (to == IndexType::Bool)
             out[i] = v != 0;
