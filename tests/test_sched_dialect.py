@@ -77,6 +77,7 @@ def test_every_op_declares_its_memory_effects():
     assert kinds(s.FlagsPerElemOp(mask)) == set()
     (ok,) = scalars("bool")
     assert kinds(s.RequireOp(ok, "index", "i out of range")) == {MemoryEffectKind.WRITE}  # may end the kernel
+    assert kinds(s.BarrierOp()) == {MemoryEffectKind.READ, MemoryEffectKind.WRITE}  # orders memory accesses
     loop = s.ForOp(i, n, "serial")
     assert kinds(loop) == set()  # an empty body: nothing
     x = scalars("i64")[0]
@@ -213,6 +214,122 @@ def test_the_cuda_printer_follows_map_gpu(ops):
     del planned[-1].attributes[gpu_map.REGION]
     with pytest.raises(cuda.CudaUnsupported, match="plan-gpu-workspace"):
         source()
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+def test_gpu_barriers_and_chunks_are_placed_in_the_ir(ops, name):
+    """place-gpu-barriers: barriers only in code a whole block runs (block/single kernels, never
+    inside a thread loop, a block reduction, a flat or matmul kernel), none right after another,
+    one closing each block iteration, and every store from uniform code, non-owned scratch zero
+    fill and block matmul fenced on both sides. chunk-gpu-loops: chunks only on uncollapsed thread
+    loops and block reductions whose moving accesses are contiguous (``buf[..., i]``)."""
+    from opgen.lower import gpu_map, gpu_sync
+
+    m = ops[name].module()
+    pipeline.run(m, "cuda")
+    barriers = chunks = 0
+    for k in m.body.block.ops:
+        for op in k.body.block.ops:
+            kernel_mode = gpu_map.mapping(op)
+            for x in op.walk():
+                if isinstance(x, s.BarrierOp):
+                    barriers += 1
+                    assert kernel_mode in (s.GpuMapping.BLOCK, s.GpuMapping.SINGLE), kernel_mode
+                    p = x.parent_op()
+                    while p is not k:
+                        assert gpu_map.mapping(p) not in (s.GpuMapping.THREADS, s.GpuMapping.BLOCK_REDUCE)
+                        p = p.parent_op()
+                    prev = x.prev_op
+                    while prev is not None and not isinstance(prev, s.BarrierOp) and gpu_map.scalar_value(prev):
+                        prev = prev.prev_op
+                    assert not isinstance(prev, s.BarrierOp), "two barriers in a row"
+                if isinstance(x, s.ForOp) and gpu_sync.chunk_bytes(x):
+                    chunks += 1
+                    assert gpu_map.mapping(x) in (s.GpuMapping.THREADS, s.GpuMapping.BLOCK_REDUCE)
+                    assert gpu_map.COLLAPSE not in x.attributes and gpu_sync.moving(x)
+                    for acc in gpu_sync.moving(x):
+                        assert all(not gpu_sync._varies(v, x) for v in list(acc.idx)[:-1])
+            if kernel_mode == s.GpuMapping.BLOCK:
+                assert isinstance(op.body.block.last_op, s.BarrierOp)  # (the iteration's end)
+                fenced = [x for x in op.walk() if isinstance(x, s.StoreOp | s.AccumOp | s.AllocOp | s.BufferMatmulOp)
+                          and not gpu_map.register(x.buf if isinstance(x, s.StoreOp | s.AccumOp) else
+                                                   x.c if isinstance(x, s.BufferMatmulOp) else x.result)
+                          and not any(gpu_map.mapping(p) in (s.GpuMapping.THREADS, s.GpuMapping.BLOCK_REDUCE)
+                                      for p in _ancestors(x, op))
+                          and not (isinstance(x, s.AllocOp) and (gpu_sync.owned(x) or not (x.zero and x.zero.data)))]
+                for x in fenced:
+                    assert _next_effect(x, before=True) and _next_effect(x, before=False), x
+    assert barriers
+    assert bool(chunks) == (name != "fused_linear_cross_entropy_loss_grad")  # (its loops are 2-D tiles)
+
+
+def _ancestors(x, stop):
+    p = x.parent_op()
+    while p is not stop and p is not None:
+        yield p
+        p = p.parent_op()
+
+
+def _next_effect(x, before: bool) -> bool:
+    """A barrier is the nearest op before/after ``x`` in its block that is not a pure scalar."""
+    from opgen.lower import gpu_map
+
+    o = x.prev_op if before else x.next_op
+    while o is not None and (gpu_map.scalar_value(o) or isinstance(o, s.AllocOp)):
+        o = o.prev_op if before else o.next_op
+    return isinstance(o, s.BarrierOp)
+
+
+def test_adjacent_barriers_canonicalize_to_one():
+    """A barrier after another with only side-effect-free ops between is dropped; a memory access
+    between them keeps both."""
+    from xdsl.transforms.canonicalize import CanonicalizePass
+
+    def barriers_left(middle: str) -> int:
+        src = ("builtin.module {\n^bb0(%x: !sched.buf<[N], f32, in>, %y: !sched.buf<[N], f32, out>, "
+               "%i: !opgen.tensor<[], i64>):\n"
+               f"sched.barrier\n{middle}\nsched.barrier\n}}")
+        mod = Parser(pipeline.context(), src).parse_module()
+        CanonicalizePass().apply(pipeline.context(), mod)
+        return sum(isinstance(o, s.BarrierOp) for o in mod.walk())
+
+    assert barriers_left("") == 1
+    assert barriers_left('%c = "opgen.constant"() <{value = 1.0 : f64}> : () -> !opgen.tensor<[], f32>\n'
+                         "sched.store %c, %y[%i] : !opgen.tensor<[], f32>, !sched.buf<[N], f32, out>") == 2
+    assert barriers_left("%v = sched.load %x[%i] : !sched.buf<[N], f32, in> -> !opgen.tensor<[], f32>\n"
+                         "sched.store %v, %y[%i] : !opgen.tensor<[], f32>, !sched.buf<[N], f32, out>\n"
+                         "sched.barrier\n%w = opgen.add %v, %v : !opgen.tensor<[], f32>\n"
+                         "sched.store %w, %y[%i] : !opgen.tensor<[], f32>, !sched.buf<[N], f32, out>") == 3
+
+
+def test_the_cuda_printer_prints_the_barriers_and_chunks_it_is_given(ops):
+    """The printer decides no barrier and no chunking: each ``sched.barrier`` is one
+    ``__syncthreads()``, and a loop without ``gpu_chunk`` is strided element by element."""
+    from opgen.emit import cpu, cuda
+    from opgen.lower import gpu_sync
+
+    o = ops["rms_norm_backward"]
+    _, dim_ids, _, pidx, info = cpu.op_layout(o)
+    (k,) = cpu.kernels(o, "cuda").values()
+    k = k.clone()
+    b = next(iter(cpu.bindings(k)))
+
+    def source() -> str:
+        pr = cuda.CudaPrinter(k, b, "k_test", cpu.kernel_buf_info(k, info), dim_ids, pidx)
+        pr.unit_last = True  # (the unit-stride flavour: chunks are vectors)
+        return pr.print_instance()
+
+    barriers = [x for x in k.walk() if isinstance(x, s.BarrierOp)]
+    before = source()
+    assert before.count("__syncthreads();") == len(barriers)
+    barriers[0].detach()
+    barriers[0].erase()
+    assert source().count("__syncthreads();") == len(barriers) - 1
+    chunked = [x for x in k.walk() if isinstance(x, s.ForOp) and gpu_sync.chunk_bytes(x)]
+    assert chunked and "opgen_vec<" in before
+    for x in chunked:
+        del x.attributes[gpu_sync.CHUNK]
+    assert "opgen_vec<" not in source()
 
 
 @pytest.mark.parametrize("name", SEED_OPS)

@@ -46,7 +46,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -225,7 +225,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -404,7 +404,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -583,7 +583,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const double v20 = 0.0;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -762,7 +762,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -937,7 +937,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1112,7 +1112,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1287,7 +1287,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const double v20 = 0.0;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1462,7 +1462,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1641,7 +1641,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1820,7 +1820,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -1999,7 +1999,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const double v20 = 0.0;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -2199,7 +2199,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v31 = 0.0f;
     for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
         const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
@@ -2281,7 +2281,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v77 = p_alpha2;
     for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
         const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
         const int64_t v82 = i78 + v74;
@@ -2509,7 +2509,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v31 = 0.0f;
     for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
         const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
@@ -2591,7 +2591,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v77 = p_alpha2;
     for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
         const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
         const int64_t v82 = i78 + v74;
@@ -2819,7 +2819,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v31 = 0.0f;
     for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
         const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
@@ -2901,7 +2901,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const float v77 = p_alpha2;
     for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
         const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
         const int64_t v82 = i78 + v74;
@@ -3129,7 +3129,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const double v31 = 0.0;
     for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         double *__restrict__ l33 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 2; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 2) for (size_t z34j = z34; z34j < z34 + 2 && z34j < (size_t)d_D; z34j++) l33[z34j] = (double)0;
         const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
         const int64_t v36 = i32 + v29;
@@ -3211,7 +3211,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const double v77 = (double)(p_alpha2);
     for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         double *__restrict__ l79 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 2; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 2) for (size_t z80j = z80; z80j < z80 + 2 && z80j < (size_t)d_D; z80j++) l79[z80j] = (double)0;
         const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
         const int64_t v82 = i78 + v74;

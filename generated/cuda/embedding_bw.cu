@@ -44,7 +44,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t v18 = 1ll;
     for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
         const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
@@ -183,7 +183,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t v18 = 1ll;
     for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
         const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
@@ -313,7 +313,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t v18 = 1ll;
     for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
         const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;
@@ -452,7 +452,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t v18 = 1ll;
     for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
         const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
         const int64_t v23 = i19 + v18;

@@ -52,7 +52,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -214,7 +214,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -371,7 +371,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -533,7 +533,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -690,7 +690,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;
@@ -852,7 +852,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const float v20 = 0.0f;
     for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
         const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
         const int64_t v25 = i21 + v18;

@@ -58,8 +58,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -160,8 +160,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -370,8 +370,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -472,8 +472,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -682,8 +682,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -784,8 +784,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -994,8 +994,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -1096,8 +1096,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -1325,7 +1325,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
         for (int64_t i37 = v14; i37 < v18; i37++) {
@@ -1454,7 +1453,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
         for (int64_t i112 = v89; i112 < v90; i112++) {
@@ -1699,7 +1697,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
         for (int64_t i37 = v14; i37 < v18; i37++) {
@@ -1828,7 +1825,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
         for (int64_t i112 = v89; i112 < v90; i112++) {
@@ -2073,7 +2069,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
         for (int64_t i37 = v14; i37 < v18; i37++) {
@@ -2202,7 +2197,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
         for (int64_t i112 = v89; i112 < v90; i112++) {
@@ -2447,7 +2441,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
         for (int64_t i37 = v14; i37 < v18; i37++) {
@@ -2576,7 +2569,6 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         }
         __syncthreads();
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
-        __syncthreads();
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
         for (int64_t i112 = v89; i112 < v90; i112++) {
@@ -2802,8 +2794,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -2904,8 +2896,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -3114,8 +3106,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -3216,8 +3208,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -3426,8 +3418,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -3528,8 +3520,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -3738,8 +3730,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -3840,8 +3832,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -4050,8 +4042,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -4152,8 +4144,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -4362,8 +4354,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -4464,8 +4456,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -4674,8 +4666,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -4776,8 +4768,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -4986,8 +4978,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -5088,8 +5080,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -5298,8 +5290,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -5400,8 +5392,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -5610,8 +5602,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -5712,8 +5704,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -5922,8 +5914,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -6024,8 +6016,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {
@@ -6234,8 +6226,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v23 = v22 + v16;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
-        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
         for (int64_t i28 = v14; i28 < v17; i28++) {
@@ -6336,8 +6328,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
         const int64_t v85 = v84 - v82;
-        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         __syncthreads();
+        float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
         for (int64_t i88 = v74; i88 < v75; i88++) {

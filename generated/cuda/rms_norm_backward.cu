@@ -26,7 +26,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;
@@ -200,7 +200,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;
@@ -415,7 +415,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;
@@ -589,7 +589,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;
@@ -804,7 +804,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;
@@ -978,7 +978,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
-        /* thread-owned elements (see thread_owned): no barrier */
+        /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
         const int64_t v14 = i11 * v7;
         const int64_t v15 = v14 + v7;

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Block
 from xdsl.utils.exceptions import VerifyException
 
@@ -123,9 +123,13 @@ class OpDef:
         dvars = sig.dtype_vars()
         func = ir.FuncOp(self.variant_name(present), [p.name for p in params], arg_types,
                          {k: [m.name for m in v.members] for k, v in dvars.items()})
-        aliased = [o for o, _ in self.may_alias if o in {p.name for p in params}]
+        names = {p.name for p in params}
+        aliased = {o: StringAttr(i) for o, i in self.may_alias if o in names}
         if aliased:
-            func.properties["may_alias"] = ArrayAttr([StringAttr(o) for o in aliased])
+            func.properties["may_alias"] = DictionaryAttr(aliased)
+        batched = [p.name for p in params if isinstance(p.spec, TensorSpec) and isinstance(p.spec.batch, Batch)]
+        if batched:
+            func.properties["batched"] = ArrayAttr([StringAttr(n) for n in batched])
         rank0 = [p.name for p in params if isinstance(p.spec, TensorSpec) and not p.spec.shape]
         if rank0:
             func.properties["rank0_tensors"] = ArrayAttr([StringAttr(n) for n in rank0])

@@ -16,7 +16,6 @@ from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.emit.render import STATUS_C
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import MapCpu, cpu_mapping
-from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.sched import CpuMapping
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
@@ -80,7 +79,7 @@ def kernels(o: OpDef, target: str = "cpu", fuse: bool = True) -> dict[tuple[str,
         pipeline.run(m, target)
     else:
         ctx = pipeline.context()
-        mapping = [MapGpu(), PlanGpuWorkspace()] if target == "cuda" else [MapCpu()]  # (the printers follow)
+        mapping = pipeline.GPU_MAPPING if target == "cuda" else [MapCpu()]  # (the printers follow)
         for p in [*pipeline.L0, LowerToLoops(fuse=False), *mapping]:
             p.apply(ctx, m)
             m.verify()

@@ -3,8 +3,10 @@
 A small subclass of the C-family printer (scalar expressions, loads/stores with bf16/f16
 conversions, addressing are inherited) that prints ``sched`` loops as the passes mapped them:
 map-gpu outlines the steps and kernels and marks grid, thread and block-reduction loops,
-plan-gpu-workspace numbers the workspace regions (opgen/lower/gpu_map.py). The printer still
-chooses what depends on the dtype binding: the chunk width of thread loops and the barriers.
+plan-gpu-workspace numbers the workspace regions (opgen/lower/gpu_map.py), chunk-gpu-loops
+gives thread loops their vector chunks and place-gpu-barriers places ``sched.barrier``
+(opgen/lower/gpu_sync.py). A chunk's width in elements follows from the IR's chunk bytes and
+the binding's element sizes (:func:`~opgen.lower.gpu_sync.chunk_width`).
 First increment: simple, correct by construction, deterministic; performance comes later.
 
 Mapping (one kernel instance = one variant x dtype binding):
@@ -30,8 +32,9 @@ Mapping (one kernel instance = one variant x dtype binding):
     - ``sched.matmul`` on scratch buffers is a block-cooperative tiled GEMM (fixed k order);
     - stores/accumulations into memory in uniform code are done by thread 0.
   ``serial`` loops and loops that cannot be distributed run uniformly, in order. Scalars are
-  computed redundantly by every thread (identical instructions, identical values). Barriers are
-  placed around every step that touches per-block scratch or temporaries.
+  computed redundantly by every thread (identical instructions, identical values). Barriers
+  (``sched.barrier``, placed by place-gpu-barriers) fence every step that shares per-block
+  scratch, temporaries or memory another step reads.
 * A device group that is one ``parallel`` loop with scalar work only, or a ``serial`` loop whose
   iterations are provably independent (stores indexed by the loop variable, integer counts),
   maps one iteration per thread over the whole grid. Integer accumulations at data-dependent
@@ -64,7 +67,6 @@ from opgen.lower import sched as s
 from opgen.lower.gpu_map import (
     ATOMIC_TYPES,
     KernelFacts,
-    accessed,
     kernel_id,
     mapping,
     operands_of,
@@ -72,9 +74,8 @@ from opgen.lower.gpu_map import (
     register,
     thread_chain,
 )
-from opgen.lower.gpu_map import inside as _inside
-from opgen.lower.gpu_map import nested as _nested
 from opgen.lower.gpu_map import scalar_value as _scalar_value
+from opgen.lower.gpu_sync import chunk_width, owned
 from opgen.lower.sched import GpuMapping
 
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
@@ -132,8 +133,6 @@ class CudaPrinter(CPrinter):
         self.regions: list[WorkspaceRegion] = []
         self.region_of: dict[SSAValue, int] = {}
         self.group: KernelGroup | None = None
-        self.owned_scratch: set[SSAValue] = set()  # see thread_owned
-        self.owned_width: dict[SSAValue, int] = {}  # chunk width of the loops touching an owned buffer
         self.vec_subst: dict[tuple[SSAValue, tuple[SSAValue, ...]], str] = {}  # element -> vector lane
         self.facts = KernelFacts(kernel)
         self.top, self.order = self.facts.top, self.facts.order
@@ -144,22 +143,7 @@ class CudaPrinter(CPrinter):
     # ------------------------------------------------------------------ helpers
     def begin_body(self) -> None:
         """Start printing a new function body (a kernel, the layout, the checks, the launcher)."""
-        self.lines, self.depth, self.mentioned, self.synced = [], 1, set(), False
-
-    def line(self, text: str) -> None:
-        super().line(text)
-        self.synced = False
-
-    def barrier(self) -> None:
-        """``__syncthreads()``."""
-        self.line("__syncthreads();")
-        self.synced = True
-
-    def sync(self) -> None:
-        """A barrier, unless the last statement printed was one."""
-        assert self.ctx == "uniform"
-        if not self.synced:
-            self.barrier()
+        self.lines, self.depth, self.mentioned = [], 1, set()
 
     def new_region(self, make: Callable[[], WorkspaceRegion], index: int | None) -> int:
         """Add region ``index`` of plan-gpu-workspace's layout, built by ``make``, recording the
@@ -208,57 +192,13 @@ class CudaPrinter(CPrinter):
         return op.kind.data == "sum" and self.storage_ctype(s.buf_type(op.buf)) in ATOMIC_TYPES
 
     # ------------------------------------------------------------------ vectorisation
-    def _varies(self, v: SSAValue, lp: s.ForOp) -> bool:
-        """``v`` may change between iterations of ``lp`` (defined in it, or its variable)."""
-        owner = v.owner if isinstance(v.owner, Operation) else v.owner.parent_op()
-        return _inside(owner, lp)
-
     def elem_bytes(self, b: s.BufType) -> int:
         d = self.dtype(b.dtype)
         return (d if b.role.data in ("in", "out") else d.compute).bits // 8
 
     def vec_width(self, lp: s.ForOp) -> int:
-        """Elements per thread chunk when ``lp`` is strided over the block's threads in the
-        unit-stride flavour: every access of memory that moves with ``lp`` is ``buf[..., i]``
-        (contiguous), so a chunk is one 16-byte (or narrower) vector per buffer. 1: no chunks.
-        The general-stride flavour uses the same chunks (element by element), so both flavours
-        sum in the same order and give the same bits."""
-        sizes: list[int] = []
-        stored_shared = False
-        for o in lp.body.block.ops:
-            if o.regions or isinstance(o, s.RequireOp | s.BufferMatmulOp | s.SegmentsOp):
-                return 1
-            if isinstance(o, s.AllocOp):
-                if not register(o.result):
-                    return 1
-                continue
-            if isinstance(o, s.LoadBitOp):
-                if self._varies(o.i, lp):
-                    return 1
-                continue
-            if not isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) or register(o.buf):
-                continue
-            idx = list(o.idx)
-            if any(self._varies(v, lp) for v in idx[:-1]):
-                return 1
-            if not idx or idx[-1] is not lp.iv:
-                if (idx and self._varies(idx[-1], lp)) or not isinstance(o, s.LoadOp):
-                    return 1
-                continue
-            b = s.buf_type(o.buf)
-            name = self.arg_of.get(o.buf)
-            if name is not None:
-                if b.rank == 1 and self.buf_info[name].batch:
-                    return 1
-                if name in self.no_restrict:  # an aliased pair: no load after a store
-                    if isinstance(o, s.LoadOp) and stored_shared:
-                        return 1
-                    stored_shared |= not isinstance(o, s.LoadOp)
-            sizes.append(self.elem_bytes(b))
-        if not sizes:
-            return 1
-        v = 16 // max(sizes)
-        return v if v >= 2 else 1
+        """Iterations per thread chunk of ``lp`` under this binding (chunk-gpu-loops' ``gpu_chunk``)."""
+        return chunk_width(lp, self.elem_bytes)
 
     def elem_ref(self, buf: SSAValue, idx: list[SSAValue]) -> str:
         return self.vec_subst.get((buf, tuple(idx))) or super().elem_ref(buf, idx)
@@ -344,64 +284,6 @@ class CudaPrinter(CPrinter):
         self.depth -= 1
         self.line("}")
 
-    def thread_owned(self, g: KernelGroup) -> set[SSAValue]:
-        """Per-block scratch vectors whose element ``e`` only thread ``e % T`` ever touches: every
-        access is ``buf[i]`` in a loop over ``[0, n)`` strided over the block's threads (a thread
-        loop or a block reduction directly under the block's uniform code), like the zero fill.
-        Steps touching only such buffers need no barrier between them."""
-        if g.mode != "block" or g.loop is None:
-            return set()
-        out: set[SSAValue] = set()
-        for a in _nested(g.loop):
-            if not isinstance(a, s.AllocOp) or register(a.result) or s.buf_type(a.result).rank != 1:
-                continue
-            ok = True
-            widths = set()
-            for use in a.result.uses:
-                o = use.operation
-                lp = o.parent_op()
-                if not (isinstance(o, s.LoadOp | s.StoreOp | s.AccumOp) and isinstance(lp, s.ForOp)
-                        and list(o.idx) == [lp.iv] and self._zero(lp.lo) and self._strided(lp)):
-                    ok = False
-                    break
-                widths.add(self.vec_width(lp))
-            if ok and len(widths) <= 1:
-                out.add(a.result)
-                self.owned_width[a.result] = widths.pop() if widths else 1
-        return out
-
-    def _zero(self, v: SSAValue) -> bool:
-        op = v.owner
-        return isinstance(op, ir.ConstantOp) and op.value.value.data == 0  # type: ignore[union-attr]
-
-    def _strided(self, lp: s.ForOp) -> bool:
-        """``lp`` is printed as a loop strided over the block's threads from uniform code."""
-        m = mapping(lp)
-        if not (m == GpuMapping.BLOCK_REDUCE or (m == GpuMapping.THREADS and thread_chain(lp) == [lp])):
-            return False
-        assert self.group is not None and self.group.loop is not None
-        p = lp.parent_op()
-        while p is not self.group.loop:
-            if not isinstance(p, s.ForOp) or p.kind.data != "serial":
-                return False
-            p = p.parent_op()
-        return True
-
-    def needs_barrier(self, loop: Operation) -> bool:
-        """A cooperative step shares memory with other steps of the block."""
-        reads, writes = accessed(loop)
-        reads, writes = reads - self.owned_scratch, writes - self.owned_scratch
-        if any(s.buf_type(b).role.data in ("local", "temp") for b in reads | writes):
-            return True
-        assert self.group is not None
-        for o in self.group.ops:
-            for x in o.walk():
-                if _inside(x, loop):
-                    continue
-                if isinstance(x, s.LoadOp | s.LoadBitOp | s.StoreOp | s.AccumOp) and x.buf in writes:
-                    return True
-        return False
-
     # ------------------------------------------------------------------ statements
     def walk(self, ops: Iterator[Operation]) -> None:
         opened = 0
@@ -437,6 +319,8 @@ class CudaPrinter(CPrinter):
             raise CudaUnsupported(f"{self.fn_name}: sched.segments inside a loop")
         elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
+        elif isinstance(op, s.BarrierOp):
+            self.line("__syncthreads();")
         else:
             super().stmt(op)
 
@@ -456,9 +340,7 @@ class CudaPrinter(CPrinter):
                 raise CudaUnsupported(f"{self.fn_name}: a thread updates a scalar shared by the block")
             self.line(text)
         elif self.ctx == "uniform":
-            self.sync()
             self.line(f"if (threadIdx.x == 0) {{ {text} }}")
-            self.sync()
         elif isinstance(op, s.StoreOp) or all(o in op.idx for o in self.owned):
             self.line(text)
         elif self.atomic_ok(op):
@@ -493,20 +375,17 @@ class CudaPrinter(CPrinter):
                   f"(size_t)blockIdx.x * ({count});")
         if op.zero is not None and op.zero.data:
             z = self.fresh("z")
-            owned = op.result in self.owned_scratch
-            if owned:
-                self.line("/* thread-owned elements (see thread_owned): no barrier */")
-            else:
-                self.sync()
-            w = self.owned_width.get(op.result, 1) if owned else 1
+            w = 1
+            if owned(op):  # (chunk-gpu-loops: only the thread whose chunks use an element touches it)
+                self.line("/* thread-owned elements (gpu_thread_owned): no barrier */")
+                loops = [u.operation.parent_op() for u in op.result.uses]
+                w = self.vec_width(loops[0]) if loops and isinstance(loops[0], s.ForOp) else 1
             if w == 1:
                 self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) "
                           f"{n}[{z}] = ({ct})0;")
             else:  # the chunks of the loops that use it
                 self.line(f"for (size_t {z} = threadIdx.x * {w}; {z} < {count}; {z} += OPGEN_CUDA_THREADS * {w}) "
                           f"for (size_t {z}j = {z}; {z}j < {z} + {w} && {z}j < {count}; {z}j++) {n}[{z}j] = ({ct})0;")
-            if not owned:
-                self.sync()
 
     # ------------------------------------------------------------------ loops
     def plain_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
@@ -544,9 +423,6 @@ class CudaPrinter(CPrinter):
 
     def thread_loop(self, chain: list[s.ForOp]) -> None:
         """Iterations of a (collapsed) parallel nest strided over the block's threads."""
-        barrier = self.needs_barrier(chain[0])
-        if barrier:
-            self.sync()
         outer = chain[0]
         width = self.vec_width(outer) if len(chain) == 1 else 1
         if width > 1:
@@ -591,8 +467,6 @@ class CudaPrinter(CPrinter):
             self.line("}")
             self.depth -= 1
             self.line("}")
-        if barrier:
-            self.sync()
 
     def block_reduce(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
         """Thread t sums iterations t, t+T, ... in order; the T partials meet in a fixed tree."""
@@ -657,11 +531,9 @@ class CudaPrinter(CPrinter):
             # f32: tensor cores (TF32), operands not provably exact in TF32 split in two
             fn = (f"opgen_block_gemm_tc<{str(not self.tf32_exact(op.a)).lower()}, "
                   f"{str(not self.tf32_exact(op.b)).lower()}>") if ct == "float" else f"opgen_block_gemm<{ct}>"
-            self.sync()
             self.line(f"{fn}({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
                       f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.dim(bufs[2].shape[1])}, "
                       f"{op.accumulate.data});")
-            self.barrier()
             return
         self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
 
@@ -691,8 +563,6 @@ class CudaPrinter(CPrinter):
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
         i, j, kk, acc, f = (self.fresh(p) for p in ("i", "j", "k", "acc", "f"))
         ct = self.ctype(bufs[2].dtype)
-        if mode == "block":
-            self.sync()
         if mode == "seq":
             self.line(f"for (int64_t {f} = 0; {f} < {m} * {n}; {f}++) {{")
         elif mode == "block":
@@ -709,8 +579,6 @@ class CudaPrinter(CPrinter):
         self.line(f"    {self.name(op.c)}[{self._raw_offset(op.c, (i, j))}] = "
                   f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("}")
-        if mode == "block":
-            self.sync()
 
     # ------------------------------------------------------------------ instance
     def prologue(self) -> list[str]:
@@ -771,7 +639,6 @@ class CudaPrinter(CPrinter):
             self.names[v] = n
         self.begin_body()
         self.ctx, self.owned, self.private = "uniform", (), set()
-        self.owned_scratch = self.thread_owned(g)
         need = self.facts.needed(operands_of(g.ops))
         first = min(self.order[o] for o in g.ops)
         last = max(self.order[o] for o in g.ops)
@@ -786,7 +653,6 @@ class CudaPrinter(CPrinter):
             self.line(f"for (int64_t {iv} = {lo} + (int64_t)blockIdx.x; {iv} < {hi}; {iv} += (int64_t)gridDim.x) {{")
             self.depth += 1
             self.walk(iter(lp.body.block.ops))
-            self.sync()
             self.depth -= 1
             self.line("}")
         elif g.mode == "flat":

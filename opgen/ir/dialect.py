@@ -253,7 +253,10 @@ class FuncOp(IRDLOperation):
     sym_name = prop_def(StringAttr)
     arg_names = prop_def(ArrayAttr[StringAttr])
     dtype_vars = prop_def(DictionaryAttr)
-    may_alias = opt_prop_def(ArrayAttr[StringAttr])
+    #: ``{output: input}``: pairs of parameters the caller may pass as the same buffer
+    may_alias = opt_prop_def(DictionaryAttr)
+    #: parameters whose leading dim is a batch dim (rows addressed through a row table)
+    batched = opt_prop_def(ArrayAttr[StringAttr])
     #: rank-0 parameters that are tensors in memory (the others of rank 0 — attributes and
     #: sizes — are passed by value)
     rank0_tensors = opt_prop_def(ArrayAttr[StringAttr])
@@ -282,7 +285,7 @@ class FuncOp(IRDLOperation):
     @property
     def aliased_outputs(self) -> tuple[str, ...]:
         """Outputs the caller may pass as the same buffer as an input."""
-        return tuple(a.data for a in self.may_alias.data) if self.may_alias else ()
+        return tuple(self.may_alias.data) if self.may_alias else ()
 
     @property
     def in_memory_scalars(self) -> tuple[str, ...]:

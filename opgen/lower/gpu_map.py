@@ -19,8 +19,8 @@ Inside a ``block`` or ``single`` kernel, whose code every thread of a block runs
 values, loops get ``threads`` (a parallel loop, and the perfect nest under it counted by
 ``gpu_collapse``, strided over the block's threads) or ``block_reduce`` (a reduce loop into
 scalars: thread t takes iterations t, t + 256, ..., the partials meet in a fixed tree); other
-loops stay uniform. The chunk width of a thread's iterations and the barriers depend on the
-dtype binding and are the printer's.
+loops stay uniform. The chunks of a thread's iterations and the block's barriers are placed
+next, by chunk-gpu-loops and place-gpu-barriers (opgen/lower/gpu_sync.py).
 
 Scalar statements (rank-0 values) get no mapping: each kernel and the launcher compute the ones
 they need. ``opgen show OP --target cuda --stage map-gpu`` shows the decisions; the printer

@@ -40,8 +40,10 @@ from xdsl.irdl import (
     var_operand_def,
 )
 from xdsl.parser import AttrParser
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
 from xdsl.printer import Printer
 from xdsl.traits import (
+    HasCanonicalizationPatternsTrait,
     IsolatedFromAbove,
     MemoryAllocEffect,
     MemoryReadEffect,
@@ -49,6 +51,7 @@ from xdsl.traits import (
     NoTerminator,
     Pure,
     RecursiveMemoryEffect,
+    is_side_effect_free,
 )
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
@@ -218,6 +221,10 @@ class KernelOp(IRDLOperation):
     dtype_vars = prop_def(DictionaryAttr)
     #: parameters the binder converts to another dtype first (``opgen.func``'s, kept)
     boundary_casts = opt_prop_def(DictionaryAttr)
+    #: ``{output: input}`` pairs the caller may pass as one buffer (``opgen.func``'s, kept)
+    may_alias = opt_prop_def(DictionaryAttr)
+    #: parameters whose rows are addressed through a row table (``opgen.func``'s, kept)
+    batched = opt_prop_def(ArrayAttr[StringAttr])
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 
@@ -234,8 +241,21 @@ class KernelOp(IRDLOperation):
         """``boundary_casts`` as ``{parameter: dtype}``."""
         return converted_params(self)
 
+    @property
+    def aliased(self) -> frozenset[str]:
+        """Every parameter of a ``may_alias`` pair (neither side may assume it is not the other)."""
+        pairs = self.may_alias.data.items() if self.may_alias else ()
+        return frozenset(n for o, i in pairs for n in (o, i.data))  # type: ignore[attr-defined]
+
+    @property
+    def batched_params(self) -> frozenset[str]:
+        return frozenset(a.data for a in self.batched.data) if self.batched else frozenset()
+
     def verify_(self) -> None:
         verify_converted(self)
+        names = {a.data for a in self.arg_names.data}
+        for n in self.batched_params - names:
+            raise VerifyException(f"sched.kernel: batched names '{n}', not a parameter")
 
 
 @irdl_op_definition
@@ -447,6 +467,36 @@ class RequireOp(IRDLOperation):
         _scalar(self, self.cond, "bool", "the condition")
 
 
+class _BarrierPatterns(HasCanonicalizationPatternsTrait):
+    @classmethod
+    def get_canonicalization_patterns(cls) -> tuple[RewritePattern, ...]:
+        return (AdjacentBarrier(),)
+
+
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    """Every thread of a block waits until all have arrived, and then sees their earlier memory
+    writes (CUDA's ``__syncthreads()``). Only in code the whole block runs with the same values;
+    placed by ``place-gpu-barriers`` (opgen/lower/gpu_sync.py)."""
+
+    name = "sched.barrier"
+    assembly_format = "attr-dict"
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect(), _BarrierPatterns())
+
+
+class AdjacentBarrier(RewritePattern):
+    """A barrier after another one with only side-effect-free ops between orders nothing more."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: BarrierOp, rewriter: PatternRewriter) -> None:
+        prev = op.prev_op
+        while prev is not None and not isinstance(prev, BarrierOp) and is_side_effect_free(prev):
+            prev = prev.prev_op
+        if isinstance(prev, BarrierOp):
+            rewriter.erase(op)
+
+
+
 @irdl_op_definition
 class BufferMatmulOp(IRDLOperation):
     """``C[:m, :n] (= | +=) op(A)[:m, :k] @ op(B)[:k, :n]`` on 2-D buffers (``trans`` per operand;
@@ -500,5 +550,5 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp,
-                          SegmentStartOp, RequireOp, BufferMatmulOp],
+                          SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

@@ -153,8 +153,9 @@ class _Lowering:
             else:
                 arg_types.append(s.BufType.make(t.shape, t.dtype, "out" if n in out_names else "in"))
         self.kernel = s.KernelOp(func.sym_name.data, names, arg_types, func.dtype_vars)
-        if func.boundary_casts is not None:
-            self.kernel.boundary_casts = func.boundary_casts
+        for kept in ("boundary_casts", "may_alias", "batched"):
+            if kept in func.properties:
+                self.kernel.properties[kept] = func.properties[kept]
         self.kblock = self.kernel.body.block
         self.buf: dict[SSAValue, SSAValue] = {}  # L0 value -> buffer holding it
         self.ibuf: dict[SSAValue, SSAValue] = {}  # index value -> its range-checked i64 copy

@@ -22,6 +22,7 @@ from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
+from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
 from opgen.tile.boundary import ConvertAtBoundaryTiles
@@ -39,6 +40,10 @@ from opgen.ttmetal.sizes import SizeTilesTt
 #: Tensor-level (L0) clean-up shared by every target.
 L0: list[ModulePass] = [CanonicalizePass(), CommonSubexpressionElimination(), DeadCodeElimination()]
 
+#: CUDA's mapping onto the grid, its workspace, its thread chunks and barriers (opgen/lower/gpu_map.py,
+#: opgen/lower/gpu_sync.py); canonicalization merges adjacent barriers.
+GPU_MAPPING: list[ModulePass] = [MapGpu(), PlanGpuWorkspace(), ChunkGpuLoops(), PlaceGpuBarriers(), CanonicalizePass()]
+
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
     # C11 + OpenMP: loops over buffers (independent reductions over one range fused); map-cpu
@@ -47,13 +52,14 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
             CanonicalizePass(), MapCpu()],
-    # CUDA: the same loops; map-gpu outlines the device kernels and maps them onto the grid,
-    # plan-gpu-workspace numbers the workspace regions (opgen/lower/gpu_map.py); inside a kernel
-    # the printer maps parallel loops to threads and reduce loops to fixed-tree block reductions
-    # (opgen/emit/cuda.py). Matmul chains in tiles of 64 rows: one block per 64 rows of the
+    # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
+    # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
+    # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
+    # chunks, place-gpu-barriers the block's barriers (opgen/lower/gpu_sync.py); printed by
+    # opgen/emit/cuda.py. Matmul chains in tiles of 64 rows: one block per 64 rows of the
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
     "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
-             CanonicalizePass(), MapGpu(), PlanGpuWorkspace()],
+             CanonicalizePass(), *GPU_MAPPING],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
