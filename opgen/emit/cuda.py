@@ -754,49 +754,34 @@ class CudaPrinter(CPrinter):
                     roots += [g.loop.lo, g.loop.hi]
         roots += [r.rows for r in self.regions if r.rows is not None]
         self.define_ops(self.facts.needed(roots))
+        grids: list[dict[str, object]] = []  # per kernel with scratch: its blocks (0: shared memory)
         grid_of: dict[int, str] = {}
         for g in groups:
             if not any(r.kind == "scratch" and r.kid == g.kid for r in self.regions):
                 continue
-            gv = f"g{g.kid}"
+            grid_of[g.kid] = f"g{g.kid}"
+            grid = {"var": grid_of[g.kid], "smem": self.smem_fits(g.kid), "n": None, "bytes": None}
             if g.mode == "block":
                 assert g.loop is not None
                 known = self.facts.host_ok(g.loop.lo, False) and self.facts.host_ok(g.loop.hi, False)
-                n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
-                self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : "
-                          f"opgen_cuda_grid({n_expr}, {self.scratch_bytes(g.kid, sat=True)}); /* 0: shared memory */")
-            else:
-                self.line(f"const int64_t {gv} = {self.smem_fits(g.kid)} ? 0 : 1; /* 0: shared memory */")
-            grid_of[g.kid] = gv
-        self.line("size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */")
-        for i, r in enumerate(self.regions):  # temporaries and segment buffers: live all call long
-            if r.kind == "scratch":
-                continue
+                grid["n"] = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}" if known else "INT64_MAX"
+                grid["bytes"] = self.scratch_bytes(g.kid, sat=True)
+            grids.append(grid)
+        lasting = []  # temporaries and segment buffers: live all call long
+        for i, r in enumerate(self.regions):
             if r.kind == "temp":
-                size = self.use_region(r).bytes(sat=True)
-            else:
+                lasting.append({"index": i, "size": self.use_region(r).bytes(sat=True)})
+            elif r.kind != "scratch":
                 assert r.rows is not None
-                size = f"opgen_align(opgen_cuda_segments_tmp({self.use_region(r).count}, {self.name(r.rows)}))"
-            self.line(f"if (wsp) wsp[{i}] = ws + off;")
-            self.line(f"off = opgen_sz_add(off, {size});")
+                lasting.append({"index": i, "size": f"opgen_align(opgen_cuda_segments_tmp({self.use_region(r).count}, "
+                                                     f"{self.name(r.rows)}))"})
         # per-block scratch: kernels of a call run one after another on its stream, so each
         # kernel's scratch starts at the same place (the arena is the largest of them)
-        kids = sorted(grid_of)
-        if kids:
-            self.line("const size_t arena = off;")
-            self.line("size_t end = off;")
-        for kid in kids:
-            self.line("off = arena;")
-            for i, r in enumerate(self.regions):
-                if r.kind == "scratch" and r.kid == kid:
-                    self.line(f"if (wsp) wsp[{i}] = ws + off;")
-                    self.line(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof({r.ctype}), "
-                              f"{self.use_region(r).size or r.count}), (size_t){grid_of[r.kid]})));")
-            self.line("if (off > end) end = off;")
-        if kids:
-            self.line("off = end;")
-        self.line("*total = off;")
-        layout, layout_prologue = self.lines, self.host_prologue(False)
+        arenas = [{"grid": grid_of[kid], "regions": [
+            {"index": i, "ctype": r.ctype, "count": self.use_region(r).size or r.count}
+            for i, r in enumerate(self.regions) if r.kind == "scratch" and r.kid == kid]} for kid in sorted(grid_of)]
+        layout = {"scalars": self.lines, "grids": grids, "lasting": lasting, "arenas": arenas}
+        layout_prologue = self.host_prologue(False)
         # the leading checks form the entry's `pre` function (run by the binder before anything
         # else, also when only the workspace size is asked); the launcher does not repeat them
         lead = 0
@@ -827,84 +812,57 @@ class CudaPrinter(CPrinter):
             if not self.facts.host_ok(v):
                 raise CudaUnsupported(f"{self.fn_name}: a launch parameter is not known on the host")
         self.define_ops(self.facts.needed(host_roots))
-        for kind, x in steps:
-            if kind == "check":
-                op = x
-                assert isinstance(op, s.RequireOp)
-                msg = op.message.data.replace('"', "'")
-                self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS_C[op.status.data]}, '
-                          f'"{self.k.sym_name.data}: {msg}");')
-            elif kind == "memset":
-                op = x
-                assert isinstance(op, s.AllocOp)
-                r = self.region_of[op.result]
-                self.line(f"cudaMemsetAsync(a.wsp[{r}], 0, sizeof({self.regions[r].ctype}) * "
-                          f"{self.use_region(self.regions[r]).count}, "
-                          "stream);")
-            elif kind == "segments":
-                op = x
-                assert isinstance(op, s.SegmentsOp)
-                rk, rv, rt = seg_regions[op]
-                n = self.dim(s.buf_type(op.idx).shape[0])
-                ri, rs, ro = (self.region_of[b] for b in (op.idx, op.seg, op.order))
-                self.line("{")
-                self.line(f"    const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[{ri}], {n}, "
-                          f"{self.name(op.rows)}, (int64_t *)a.wsp[{rs}], (int64_t *)a.wsp[{ro}], "
-                          f"(int64_t *)a.wsp[{rk}], (int64_t *)a.wsp[{rv}], a.wsp[{rt}], "
-                          f"opgen_cuda_segments_tmp({n}, {self.name(op.rows)}), stream);")
-                self.line("    if (st != OPGEN_SUCCESS) return st;")
-                self.line("}")
-            else:
-                g = x
-                assert isinstance(g, KernelGroup)
-                k = f"{self.fn_name}_k{g.kid}"
-                if g.mode == "single":
-                    sb = self.scratch_bytes(g.kid)
-                    if sb != "0":
-                        self.line(f"a.smem = {self.smem_fits(g.kid)};")
-                        self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, a.smem ? {sb} : 0, stream>>>(a);")
-                    else:
-                        self.line(f"{k}<<<1, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
-                    continue
-                gv = self.fresh("grid")
-                if g.mode == "block":
-                    assert g.loop is not None
-                    n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
-                    sb = self.scratch_bytes(g.kid)
-                    if sb != "0":
-                        self.line(f"a.smem = {self.smem_fits(g.kid)};")
-                        self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, a.smem ? 0 : {sb});")
-                        self.line(f"if ({gv} > 0) {k}<<<(unsigned){gv}, OPGEN_CUDA_THREADS, a.smem ? {sb} : 0, "
-                                  "stream>>>(a);")
-                        continue
-                    self.line(f"const int64_t {gv} = opgen_cuda_grid({n_expr}, 0);")
-                else:
-                    if g.mode == "flat":
-                        assert g.loop is not None
-                        n_expr = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
-                    else:
-                        mm = g.ops[0]
-                        assert isinstance(mm, s.BufferMatmulOp)
-                        n_expr = f"{self.name(mm.m)} * {self.name(mm.n)}"
-                    self.line(f"const int64_t {gv} = opgen_cuda_grid(({n_expr} + OPGEN_CUDA_THREADS - 1) / "
-                              "OPGEN_CUDA_THREADS, 0);")
-                self.line(f"if ({gv} > 0) {k}<<<(unsigned){gv}, OPGEN_CUDA_THREADS, 0, stream>>>(a);")
+        launches = [self.launch_step(kind, x, seg_regions) for kind, x in steps]
         host = render.render("cuda/instance_host.cu.j2", helpers=self.helpers, base=self.base_name, fn=self.fn_name,
                              layout_prologue=layout_prologue, layout=layout, pre_prologue=pre_prologue,
                              pre=pre_lines, nparams=len(self.param_index), ndims=len(self.dim_ids),
-                             launcher_prologue=self.host_prologue(True), launcher=self.lines)
+                             launcher_prologue=self.host_prologue(True), launcher_scalars=self.lines,
+                             steps=launches)
         return "\n".join([*kernels, host.removesuffix("\n")]) + "\n"
 
-    def host_checks(self, checks: list[s.RequireOp]) -> list[str]:
-        """Host code returning the status of the first failing check."""
+    def launch_step(self, kind: str, x: object,
+                    seg_regions: dict[Operation, tuple[int, int, int]]) -> dict[str, object]:
+        """What the launcher template needs for one host step: its kind and its expressions."""
+        if kind == "check":
+            assert isinstance(x, s.RequireOp)
+            return {"kind": kind, "cond": self.name(x.cond), "status": STATUS_C[x.status.data],
+                    "message": f"{self.k.sym_name.data}: {x.message.data}".replace('"', "'")}
+        if kind == "memset":
+            assert isinstance(x, s.AllocOp)
+            r = self.region_of[x.result]
+            return {"kind": kind, "region": r, "ctype": self.regions[r].ctype,
+                    "count": self.use_region(self.regions[r]).count}
+        if kind == "segments":
+            assert isinstance(x, s.SegmentsOp)
+            rk, rv, rt = seg_regions[x]
+            ri, rs, ro = (self.region_of[b] for b in (x.idx, x.seg, x.order))
+            return {"kind": kind, "n": self.dim(s.buf_type(x.idx).shape[0]), "rows": self.name(x.rows),
+                    "idx": ri, "seg": rs, "order": ro, "sort_keys": rk, "sort_values": rv, "tmp": rt}
+        g = x
+        assert isinstance(g, KernelGroup)
+        step: dict[str, object] = {"kind": g.mode, "kernel": f"{self.fn_name}_k{g.kid}", "smem": None, "bytes": "0"}
+        if g.mode in ("single", "block"):
+            step["bytes"] = self.scratch_bytes(g.kid)
+            if step["bytes"] != "0":
+                step["smem"] = self.smem_fits(g.kid)
+        if g.mode != "single":
+            step["grid"] = self.fresh("grid")
+            if g.mode == "matmul":
+                mm = g.ops[0]
+                assert isinstance(mm, s.BufferMatmulOp)
+                step["n"] = f"{self.name(mm.m)} * {self.name(mm.n)}"
+            else:
+                assert g.loop is not None
+                step["n"] = f"{self.name(g.loop.hi)} - {self.name(g.loop.lo)}"
+        return step
+
+    def host_checks(self, checks: list[s.RequireOp]) -> dict[str, list]:
+        """Host code returning the status of the first failing check: the scalar statements the
+        conditions need and the checks (template steps)."""
         self.names = dict(self.arg_names)
         self.begin_body()
         self.define_ops(self.facts.needed([op.cond for op in checks]))
-        for op in checks:
-            msg = op.message.data.replace('"', "'")
-            self.line(f'if (!({self.name(op.cond)})) return opgen_fail({STATUS_C[op.status.data]}, '
-                      f'"{self.k.sym_name.data}: {msg}");')
-        return self.lines
+        return {"scalars": self.lines, "checks": [self.launch_step("check", op, {}) for op in checks]}
 
     def print_matmul_kernel(self, g: KernelGroup) -> str:
         self.group = g
