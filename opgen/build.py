@@ -226,11 +226,50 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
     return files
 
 
+def package_version() -> str:
+    """opgen's version (the installed distribution's; 0.0.0 when run from an uninstalled tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("opgen")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+#: the CMake package and pkg-config file written beside the CPU library: file -> template
+PACKAGE_FILES = {"opgenConfig.cmake": "package/opgenConfig.cmake.j2",
+                 "opgenConfigVersion.cmake": "package/opgenConfigVersion.cmake.j2",
+                 "opgen.pc": "package/opgen.pc.j2"}
+
+
+def write_package(lib: Path, include_dir: Path) -> None:
+    """The CMake package (``find_package(opgen)`` -> ``opgen::opgen``) and the pkg-config file
+    (``opgen``) of the CPU library ``lib``, beside it; absolute paths of this build tree.
+    Unchanged files are not rewritten (a replaced file is renamed into place)."""
+    from opgen.emit import render
+
+    def pc_path(p: Path) -> str:  # (pkg-config splits at spaces)
+        return str(p).replace(" ", "\\ ")
+
+    ctx = {"version": package_version(), "package_dir": str(lib.parent), "library": str(lib),
+           "include_dir": str(include_dir)}
+    for name, template in PACKAGE_FILES.items():
+        pc = name.endswith(".pc")
+        extra = {"library_dir": pc_path(lib.parent), "include_dir": pc_path(include_dir)} if pc else {}
+        text = render.render(template, **{**ctx, **extra})
+        dst = lib.parent / name
+        if not dst.is_file() or dst.read_text() != text:
+            tmp = dst.with_name(f".{name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(dst)
+
+
 def compile_cpu(out_dir: Path, build_dir: Path, verbose: bool) -> None:
     from opgen import compile as cc
 
     t0 = time.perf_counter()
     lib = cc.build_library(out_dir / "cpu", out_dir / "include", build_dir / "cpu", verbose=verbose)
+    write_package(lib, out_dir / "include")
     if verbose:
         print(f"opgen build: {lib.relative_to(registry.REPO_ROOT) if lib.is_relative_to(registry.REPO_ROOT) else lib}"
               f" ready ({time.perf_counter() - t0:.1f}s)")

@@ -136,3 +136,8 @@ def test_out_dir_builds_never_touch_the_repository_build(broken_ops: Path) -> No
     cli.main(["build", "--out", str(broken_ops / "other"), "-q"])
     assert (broken_ops / "other.build" / "cpu" / "libopgen.so").is_file()
     assert (repo_lib.stat().st_mtime_ns if repo_lib.exists() else None) == before
+    # its CMake package and pkg-config file point at that library and headers
+    config = (broken_ops / "other.build" / "cpu" / "opgenConfig.cmake").read_text()
+    assert str(broken_ops / "other.build" / "cpu" / "libopgen.so") in config
+    assert str(broken_ops / "other" / "include") in config
+    assert f"libdir={broken_ops / 'other.build' / 'cpu'}" in (broken_ops / "other.build" / "cpu" / "opgen.pc").read_text()
