@@ -140,4 +140,5 @@ def test_out_dir_builds_never_touch_the_repository_build(broken_ops: Path) -> No
     config = (broken_ops / "other.build" / "cpu" / "opgenConfig.cmake").read_text()
     assert str(broken_ops / "other.build" / "cpu" / "libopgen.so") in config
     assert str(broken_ops / "other" / "include") in config
-    assert f"libdir={broken_ops / 'other.build' / 'cpu'}" in (broken_ops / "other.build" / "cpu" / "opgen.pc").read_text()
+    pc = (broken_ops / "other.build" / "cpu" / "opgen.pc").read_text()
+    assert f"libdir={broken_ops / 'other.build' / 'cpu'}" in pc

@@ -178,11 +178,10 @@ def test_map_gpu_outlines_every_statement(ops, name):
     assert mappings & {s.GpuMapping.BLOCK, s.GpuMapping.FLAT, s.GpuMapping.SINGLE}
 
 
-def test_the_cuda_printer_follows_map_gpu(ops):
-    """The printer decides no mapping: a kernel map-gpu maps onto blocks is launched over the
-    grid; the same kernel marked ``single`` (always correct) is launched as one block."""
+def rms_norm_cuda(ops, unit_stride: bool):
+    """A copy of rms_norm_backward's CUDA kernel instance IR, and a function printing it as it is
+    now (first dtype binding; the unit-stride or general-stride flavour)."""
     from opgen.emit import cpu, cuda
-    from opgen.lower import gpu_map
 
     o = ops["rms_norm_backward"]
     _, dim_ids, _, pidx, info = cpu.op_layout(o)
@@ -191,8 +190,20 @@ def test_the_cuda_printer_follows_map_gpu(ops):
     b = next(iter(cpu.bindings(k)))
 
     def source() -> str:
-        return cuda.CudaPrinter(k, b, "k_test", cpu.kernel_buf_info(k, info), dim_ids, pidx).print_instance()
+        pr = cuda.CudaPrinter(k, b, "k_test", cpu.kernel_buf_info(k, info), dim_ids, pidx)
+        pr.unit_last = unit_stride
+        return pr.print_instance()
 
+    return k, source
+
+
+def test_the_cuda_printer_follows_map_gpu(ops):
+    """The printer decides no mapping: a kernel map-gpu maps onto blocks is launched over the
+    grid; the same kernel marked ``single`` (always correct) is launched as one block."""
+    from opgen.emit import cuda
+    from opgen.lower import gpu_map
+
+    k, source = rms_norm_cuda(ops, unit_stride=False)
     blocks = [op for op in k.body.block.ops if gpu_map.mapping(op) == s.GpuMapping.BLOCK]
     assert blocks
     kid = gpu_map.kernel_id(blocks[0])
@@ -305,20 +316,9 @@ def test_adjacent_barriers_canonicalize_to_one():
 def test_the_cuda_printer_prints_the_barriers_and_chunks_it_is_given(ops):
     """The printer decides no barrier and no chunking: each ``sched.barrier`` is one
     ``__syncthreads()``, and a loop without ``gpu_chunk`` is strided element by element."""
-    from opgen.emit import cpu, cuda
     from opgen.lower import gpu_sync
 
-    o = ops["rms_norm_backward"]
-    _, dim_ids, _, pidx, info = cpu.op_layout(o)
-    (k,) = cpu.kernels(o, "cuda").values()
-    k = k.clone()
-    b = next(iter(cpu.bindings(k)))
-
-    def source() -> str:
-        pr = cuda.CudaPrinter(k, b, "k_test", cpu.kernel_buf_info(k, info), dim_ids, pidx)
-        pr.unit_last = True  # (the unit-stride flavour: chunks are vectors)
-        return pr.print_instance()
-
+    k, source = rms_norm_cuda(ops, unit_stride=True)  # (the unit-stride flavour: chunks are vectors)
     barriers = [x for x in k.walk() if isinstance(x, s.BarrierOp)]
     before = source()
     assert before.count("__syncthreads();") == len(barriers)
