@@ -79,15 +79,21 @@ def _targets_line(o: OpDef) -> str:
     params = {p.name: p for p in o.signature.params}
     index_vars = {params[n].spec.dtype.name for n in index_params(func)}  # type: ignore[attr-defined]
     built: dict[str, set[str]] = {}
+    converted_vars: set[str] = set()  # read only through a cast: the host entries convert them on the NPU
     for ks in ascendc.kernels(o).values():
         for k in ks:
             for v, d in k.dtype_vars.data.items():
                 built.setdefault(v, set()).add(d.data)  # type: ignore[attr-defined]
+            converted_vars |= {params[n].spec.dtype.name for n in k.converted  # type: ignore[attr-defined]
+                               if hasattr(params[n].spec.dtype, "members")}
     missing, notes = [], []
     for v in o.signature.dtype_vars().values():
         if v.name in index_vars:
             ok: tuple[str, ...] | set[str] = INDEX_DTYPES
             notes.append(f"{v.name} converted to int32 indices")
+        elif v.name in converted_vars and v.name not in built:
+            ok = tuple(m.name for m in v.members)
+            notes.append(f"{v.name} converted on the NPU")
         elif v.name in free:
             ok = tuple(m.name for m in v.members)
         else:
@@ -119,7 +125,12 @@ def _ttmetal_support(o: OpDef) -> str:
     if not inst:
         return "not supported (TT-Metal computes bf16 and f32)"
     scatter = any(isinstance(o, ttk.ScatterPlanOp) for p in progs for o in p.walk())
-    return "; ".join(inst) + ("; every index dtype (converted on the host)" if scatter else "")
+    params = {p.name: p for p in o.signature.params}
+    built = {v for p in progs for v in p.dtype_vars.data}
+    converted = sorted({params[n].spec.dtype.name for p in progs for n in p.converted  # type: ignore[attr-defined]
+                        if hasattr(params[n].spec.dtype, "members")} - built)
+    return "; ".join(inst) + ("; every index dtype (converted on the host)" if scatter else "") + \
+        "".join(f"; every {v} (converted on the host)" for v in converted)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

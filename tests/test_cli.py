@@ -48,6 +48,14 @@ def test_list_shows_the_five_ops(listing):
     assert "ttnn.embedding_bw" in listing
 
 
+def test_list_counts_dtypes_converted_at_the_boundary_as_supported(listing):
+    """FLCE's target dtype (TI, read only as cast(t, i64)) is converted by the NPU targets' hosts,
+    so every TI is supported there (not 'all but TI=i32, TI=i64')."""
+    (line,) = [x for x in listing.splitlines() if "targets:" in x and "TI" in x]
+    assert "ascendc: all; TI converted on the NPU" in line
+    assert "every TI (converted on the host)" in line and "TI=i" not in line
+
+
 def test_list_verbose_has_typed_signatures(listing):
     assert "grad_y: Tensor[T, Batch(N), D].contiguous_last()" in listing
     assert "num_weights: size of V" in listing
