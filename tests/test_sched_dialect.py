@@ -71,7 +71,9 @@ def test_every_op_declares_its_memory_effects():
     assert kinds(load) == {MemoryEffectKind.READ}
     assert kinds(store) == {MemoryEffectKind.WRITE}
     assert kinds(s.AccumOp("sum", f, dst, [i])) == {MemoryEffectKind.READ, MemoryEffectKind.WRITE}
-    assert kinds(s.AllocOp(s.BufType.make(["N"], "f32", "temp"))) == {MemoryEffectKind.ALLOC}
+    assert kinds(s.AllocOp(s.BufType.make(["N"], "f32", "temp"), [n])) == {MemoryEffectKind.ALLOC}
+    assert kinds(s.SegWordsOp(i, n)) == set()  # pure
+    assert kinds(ir.CeilDivOp(i, n)) == set()
     mask = buf(["L"], "u8")
     assert kinds(s.LoadBitOp(mask, i)) == {MemoryEffectKind.READ}
     assert kinds(s.FlagsPerElemOp(mask)) == set()
@@ -113,7 +115,73 @@ def test_verifiers():
     (v,) = Block(arg_types=[vec]).args
     rejects(s.StoreOp(v, buf(["N"], "f32", "out"), [i]), r"sched.store: the value must be a rank-0 scalar")
     rejects(s.ForOp(f, n, "parallel"), r"(?s)operand 'lo'.*!opgen.tensor<\[\], i64>")  # (IRDL's type rule)
+    rejects(s.AllocOp(s.BufType.make(["N", "D"], "f32", "temp"), [n]), r"sched.alloc: 1 sizes for a rank-2 buffer")
+    rejects(ir.DimOp("cdiv(N,32)"), r"opgen.dim: 'cdiv\(N,32\)' is not a dim name")
+    rejects(ir.CeilDivOp(f, f), r"opgen.ceil_div: operands of type f32 not allowed")
     assert c.type == ir.TensorType.make([], "bool")
+
+
+def _size_value(v, dims: dict[str, int]):
+    """A size value evaluated for ``dims`` (a segment table's words as ('segs', rows, n))."""
+    op = v.owner
+    if isinstance(op, ir.DimOp):
+        return dims[op.dim.data]
+    if isinstance(op, ir.ConstantOp):
+        return int(op.number)
+    if isinstance(op, ir.CeilDivOp):
+        a, b = _size_value(op.lhs, dims), _size_value(op.rhs, dims)
+        return -(-a // b)
+    if isinstance(op, ir.AddOp):
+        return _size_value(op.lhs, dims) + _size_value(op.rhs, dims)
+    assert isinstance(op, s.SegWordsOp), op
+    return ("segs", _size_value(op.rows, dims), _size_value(op.n, dims))
+
+
+def _spelled_value(d: str, dims: dict[str, int]):
+    """The same, read off the type's spelling (independently of the lowering's parser)."""
+    import re
+
+    if d.isdigit():
+        return int(d)
+    if m := re.fullmatch(r"cdiv\((\w+),(\d+)\)", d):
+        return -(-dims[m[1]] // int(m[2]))
+    if m := re.fullmatch(r"segs\((\w+),(\w+)\)", d):
+        return ("segs", dims[m[1]], dims[m[2]])
+    return dims[d]
+
+
+@pytest.mark.parametrize("name", SEED_OPS)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_sizes_are_values(ops, name, target):
+    """Every allocation carries its sizes as values computed from the caller's dims (what the
+    printers print), equal to what its type spells; opgen.dim only names a caller's dim."""
+    m = ops[name].module()
+    pipeline.run(m, target)
+    dims = {d: 1000 + 7 * i for i, d in enumerate(sorted({o.dim.data for o in m.walk() if isinstance(o, ir.DimOp)}))}
+    allocs = 0
+    for op in m.walk():
+        if isinstance(op, ir.DimOp):
+            assert op.dim.data.isidentifier()
+        if isinstance(op, s.AllocOp):
+            allocs += 1
+            shape = s.buf_type(op.result).shape
+            assert len(op.sizes) == len(shape)
+            assert [_size_value(v, dims) for v in op.sizes] == [_spelled_value(d, dims) for d in shape]
+    assert allocs
+
+
+def test_ceil_div_folds_constants():
+    from xdsl.transforms.canonicalize import CanonicalizePass
+
+    src = ('builtin.module {\n%a = "opgen.constant"() <{value = 100 : i64}> : () -> !opgen.tensor<[], i64>\n'
+           '%b = "opgen.constant"() <{value = 32 : i64}> : () -> !opgen.tensor<[], i64>\n'
+           "%c = opgen.ceil_div %a, %b : !opgen.tensor<[], i64>\n"
+           '"sched.alloc"(%c) <{zero = #builtin.int<0>}> : (!opgen.tensor<[], i64>) -> !sched.buf<[X], f32, temp>\n}')
+    mod = Parser(pipeline.context(), src).parse_module()
+    CanonicalizePass().apply(pipeline.context(), mod)
+    (alloc,) = [o for o in mod.walk() if isinstance(o, s.AllocOp)]
+    assert ir.constant_int(alloc.sizes[0]) == 4
+    assert not any(isinstance(o, ir.CeilDivOp) for o in mod.walk())
 
 
 # ---------------------------------------------------------------------- mapping passes

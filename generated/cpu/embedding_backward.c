@@ -58,47 +58,47 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -162,47 +162,47 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -266,47 +266,47 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = p_dy[v28 * st_dy_0 + i29];
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -370,47 +370,47 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const double v30 = p_dy[v28 * st_dy_0 + i29];
                 const double v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
             const double v34 = p_dtable1_acc ? v33 : v21;
             const double v35 = l23[i32];
@@ -469,44 +469,44 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = p_alpha1;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
-            for (int64_t i25 = v2; i25 < v10; i25++) {
+            for (int64_t i25 = v3; i25 < v10; i25++) {
                 const float v26 = opgen_f16_to_f32(p_dy[v24 * st_dy_0 + i25]);
                 const float v27 = v26 * v16;
                 l19[i25] += v27;
             }
         }
-        for (int64_t i28 = v2; i28 < v10; i28++) {
+        for (int64_t i28 = v3; i28 < v10; i28++) {
             const float v29 = opgen_f16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
             const float v30 = p_dtable1_acc ? v29 : v17;
             const float v31 = l19[i28];
@@ -565,44 +565,44 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = p_alpha1;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
-            for (int64_t i25 = v2; i25 < v10; i25++) {
+            for (int64_t i25 = v3; i25 < v10; i25++) {
                 const float v26 = opgen_bf16_to_f32(p_dy[v24 * st_dy_0 + i25]);
                 const float v27 = v26 * v16;
                 l19[i25] += v27;
             }
         }
-        for (int64_t i28 = v2; i28 < v10; i28++) {
+        for (int64_t i28 = v3; i28 < v10; i28++) {
             const float v29 = opgen_bf16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
             const float v30 = p_dtable1_acc ? v29 : v17;
             const float v31 = l19[i28];
@@ -661,44 +661,44 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = p_alpha1;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
-            for (int64_t i25 = v2; i25 < v10; i25++) {
+            for (int64_t i25 = v3; i25 < v10; i25++) {
                 const float v26 = p_dy[v24 * st_dy_0 + i25];
                 const float v27 = v26 * v16;
                 l19[i25] += v27;
             }
         }
-        for (int64_t i28 = v2; i28 < v10; i28++) {
+        for (int64_t i28 = v3; i28 < v10; i28++) {
             const float v29 = p_dtable1[i18 * st_dtable1_0 + i28];
             const float v30 = p_dtable1_acc ? v29 : v17;
             const float v31 = l19[i28];
@@ -757,44 +757,44 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l19_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const double v16 = (double)(p_alpha1);
     const double v17 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         double *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
-            for (int64_t i25 = v2; i25 < v10; i25++) {
+            for (int64_t i25 = v3; i25 < v10; i25++) {
                 const double v26 = p_dy[v24 * st_dy_0 + i25];
                 const double v27 = v26 * v16;
                 l19[i25] += v27;
             }
         }
-        for (int64_t i28 = v2; i28 < v10; i28++) {
+        for (int64_t i28 = v3; i28 < v10; i28++) {
             const double v29 = p_dtable1[i18 * st_dtable1_0 + i28];
             const double v30 = p_dtable1_acc ? v29 : v17;
             const double v31 = l19[i28];
@@ -858,47 +858,47 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -962,47 +962,47 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -1066,47 +1066,47 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const float v20 = p_alpha1;
     const float v21 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const float v30 = p_dy[v28 * st_dy_0 + i29];
                 const float v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
             const float v34 = p_dtable1_acc ? v33 : v21;
             const float v35 = l23[i32];
@@ -1170,47 +1170,47 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v6 = 0ll;
-    const int64_t v7 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v7 = 0ll;
     const int64_t v8 = d_N1;
-    for (int64_t i9 = v6; i9 < v7; i9++) {
+    for (int64_t i9 = v7; i9 < v5; i9++) {
         const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v6;
+        const bool v11 = v10 >= v7;
         const bool v12 = v10 < v8;
         const bool v13 = v11 && v12;
         if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t5[i9] = v10;
+        t6[i9] = v10;
     }
     const int64_t v14 = d_D;
-    const bool v15 = v14 == v6;
-    const int64_t v16 = v15 ? v6 : v8;
-    opgen_seg_build(t5, d_N, v8, t17, t18);
+    const bool v15 = v14 == v7;
+    const int64_t v16 = v15 ? v7 : v8;
+    opgen_seg_build(t6, d_N, v8, t17, t18);
     const int64_t v19 = 1ll;
     const double v20 = (double)(p_alpha1);
     const double v21 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v6; i22 < v16; i22++) {
+    for (int64_t i22 = v7; i22 < v16; i22++) {
         double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l23, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v7);
+        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
         const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v7);
+        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t18[i27];
-            for (int64_t i29 = v6; i29 < v14; i29++) {
+            for (int64_t i29 = v7; i29 < v14; i29++) {
                 const double v30 = p_dy[v28 * st_dy_0 + i29];
                 const double v31 = v30 * v20;
                 l23[i29] += v31;
             }
         }
-        for (int64_t i32 = v6; i32 < v14; i32++) {
+        for (int64_t i32 = v7; i32 < v14; i32++) {
             const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
             const double v34 = p_dtable1_acc ? v33 : v21;
             const double v35 = l23[i32];
@@ -1287,7 +1287,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1295,49 +1295,49 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v11 = d_N2;
-    for (int64_t i12 = v2; i12 < v3; i12++) {
+    for (int64_t i12 = v3; i12 < v1; i12++) {
         const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v2;
+        const bool v14 = v13 >= v3;
         const bool v15 = v13 < v11;
         const bool v16 = v14 && v15;
         if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t10[i12] = v13;
     }
     const int64_t v17 = d_D;
-    const bool v18 = v17 == v2;
-    const int64_t v19 = v18 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const bool v18 = v17 == v3;
+    const int64_t v19 = v18 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t20, t21);
     const int64_t v22 = 1ll;
     const float v23 = p_alpha1;
     const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v2; i25 < v19; i25++) {
+    for (int64_t i25 = v3; i25 < v19; i25++) {
         float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
         const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
         for (int64_t i30 = v27; i30 < v29; i30++) {
             const int64_t v31 = t21[i30];
-            for (int64_t i32 = v2; i32 < v17; i32++) {
+            for (int64_t i32 = v3; i32 < v17; i32++) {
                 const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
                 const float v34 = v33 * v23;
                 l26[i32] += v34;
             }
         }
-        for (int64_t i35 = v2; i35 < v17; i35++) {
+        for (int64_t i35 = v3; i35 < v17; i35++) {
             const float v36 = opgen_f16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
             const float v37 = p_dtable1_acc ? v36 : v24;
             const float v38 = l26[i35];
@@ -1345,25 +1345,25 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_f16(v39);
         }
     }
-    const int64_t v40 = v18 ? v2 : v11;
+    const int64_t v40 = v18 ? v3 : v11;
     opgen_seg_build(t10, d_N, v11, t41, t42);
     const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v2; i44 < v40; i44++) {
+    for (int64_t i44 = v3; i44 < v40; i44++) {
         float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
         const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
         for (int64_t i49 = v46; i49 < v48; i49++) {
             const int64_t v50 = t42[i49];
-            for (int64_t i51 = v2; i51 < v17; i51++) {
+            for (int64_t i51 = v3; i51 < v17; i51++) {
                 const float v52 = opgen_f16_to_f32(p_dy[v50 * st_dy_0 + i51]);
                 const float v53 = v52 * v43;
                 l45[i51] += v53;
             }
         }
-        for (int64_t i54 = v2; i54 < v17; i54++) {
+        for (int64_t i54 = v3; i54 < v17; i54++) {
             const float v55 = opgen_f16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
             const float v56 = p_dtable2_acc ? v55 : v24;
             const float v57 = l45[i54];
@@ -1440,7 +1440,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1448,49 +1448,49 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v11 = d_N2;
-    for (int64_t i12 = v2; i12 < v3; i12++) {
+    for (int64_t i12 = v3; i12 < v1; i12++) {
         const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v2;
+        const bool v14 = v13 >= v3;
         const bool v15 = v13 < v11;
         const bool v16 = v14 && v15;
         if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t10[i12] = v13;
     }
     const int64_t v17 = d_D;
-    const bool v18 = v17 == v2;
-    const int64_t v19 = v18 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const bool v18 = v17 == v3;
+    const int64_t v19 = v18 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t20, t21);
     const int64_t v22 = 1ll;
     const float v23 = p_alpha1;
     const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v2; i25 < v19; i25++) {
+    for (int64_t i25 = v3; i25 < v19; i25++) {
         float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
         const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
         for (int64_t i30 = v27; i30 < v29; i30++) {
             const int64_t v31 = t21[i30];
-            for (int64_t i32 = v2; i32 < v17; i32++) {
+            for (int64_t i32 = v3; i32 < v17; i32++) {
                 const float v33 = opgen_bf16_to_f32(p_dy[v31 * st_dy_0 + i32]);
                 const float v34 = v33 * v23;
                 l26[i32] += v34;
             }
         }
-        for (int64_t i35 = v2; i35 < v17; i35++) {
+        for (int64_t i35 = v3; i35 < v17; i35++) {
             const float v36 = opgen_bf16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
             const float v37 = p_dtable1_acc ? v36 : v24;
             const float v38 = l26[i35];
@@ -1498,25 +1498,25 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_bf16(v39);
         }
     }
-    const int64_t v40 = v18 ? v2 : v11;
+    const int64_t v40 = v18 ? v3 : v11;
     opgen_seg_build(t10, d_N, v11, t41, t42);
     const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v2; i44 < v40; i44++) {
+    for (int64_t i44 = v3; i44 < v40; i44++) {
         float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
         const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
         for (int64_t i49 = v46; i49 < v48; i49++) {
             const int64_t v50 = t42[i49];
-            for (int64_t i51 = v2; i51 < v17; i51++) {
+            for (int64_t i51 = v3; i51 < v17; i51++) {
                 const float v52 = opgen_bf16_to_f32(p_dy[v50 * st_dy_0 + i51]);
                 const float v53 = v52 * v43;
                 l45[i51] += v53;
             }
         }
-        for (int64_t i54 = v2; i54 < v17; i54++) {
+        for (int64_t i54 = v3; i54 < v17; i54++) {
             const float v55 = opgen_bf16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
             const float v56 = p_dtable2_acc ? v55 : v24;
             const float v57 = l45[i54];
@@ -1593,7 +1593,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1601,49 +1601,49 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v11 = d_N2;
-    for (int64_t i12 = v2; i12 < v3; i12++) {
+    for (int64_t i12 = v3; i12 < v1; i12++) {
         const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v2;
+        const bool v14 = v13 >= v3;
         const bool v15 = v13 < v11;
         const bool v16 = v14 && v15;
         if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t10[i12] = v13;
     }
     const int64_t v17 = d_D;
-    const bool v18 = v17 == v2;
-    const int64_t v19 = v18 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const bool v18 = v17 == v3;
+    const int64_t v19 = v18 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t20, t21);
     const int64_t v22 = 1ll;
     const float v23 = p_alpha1;
     const float v24 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v2; i25 < v19; i25++) {
+    for (int64_t i25 = v3; i25 < v19; i25++) {
         float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
         const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
         for (int64_t i30 = v27; i30 < v29; i30++) {
             const int64_t v31 = t21[i30];
-            for (int64_t i32 = v2; i32 < v17; i32++) {
+            for (int64_t i32 = v3; i32 < v17; i32++) {
                 const float v33 = p_dy[v31 * st_dy_0 + i32];
                 const float v34 = v33 * v23;
                 l26[i32] += v34;
             }
         }
-        for (int64_t i35 = v2; i35 < v17; i35++) {
+        for (int64_t i35 = v3; i35 < v17; i35++) {
             const float v36 = p_dtable1[i25 * st_dtable1_0 + i35];
             const float v37 = p_dtable1_acc ? v36 : v24;
             const float v38 = l26[i35];
@@ -1651,25 +1651,25 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             p_dtable1[i25 * st_dtable1_0 + i35] = v39;
         }
     }
-    const int64_t v40 = v18 ? v2 : v11;
+    const int64_t v40 = v18 ? v3 : v11;
     opgen_seg_build(t10, d_N, v11, t41, t42);
     const float v43 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v2; i44 < v40; i44++) {
+    for (int64_t i44 = v3; i44 < v40; i44++) {
         float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
         const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
         for (int64_t i49 = v46; i49 < v48; i49++) {
             const int64_t v50 = t42[i49];
-            for (int64_t i51 = v2; i51 < v17; i51++) {
+            for (int64_t i51 = v3; i51 < v17; i51++) {
                 const float v52 = p_dy[v50 * st_dy_0 + i51];
                 const float v53 = v52 * v43;
                 l45[i51] += v53;
             }
         }
-        for (int64_t i54 = v2; i54 < v17; i54++) {
+        for (int64_t i54 = v3; i54 < v17; i54++) {
             const float v55 = p_dtable2[i44 * st_dtable2_0 + i54];
             const float v56 = p_dtable2_acc ? v55 : v24;
             const float v57 = l45[i54];
@@ -1746,7 +1746,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
@@ -1754,49 +1754,49 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l26_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     double *l45_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_N1;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v11 = d_N2;
-    for (int64_t i12 = v2; i12 < v3; i12++) {
+    for (int64_t i12 = v3; i12 < v1; i12++) {
         const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v2;
+        const bool v14 = v13 >= v3;
         const bool v15 = v13 < v11;
         const bool v16 = v14 && v15;
         if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
         t10[i12] = v13;
     }
     const int64_t v17 = d_D;
-    const bool v18 = v17 == v2;
-    const int64_t v19 = v18 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t20, t21);
+    const bool v18 = v17 == v3;
+    const int64_t v19 = v18 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t20, t21);
     const int64_t v22 = 1ll;
     const double v23 = (double)(p_alpha1);
     const double v24 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v2; i25 < v19; i25++) {
+    for (int64_t i25 = v3; i25 < v19; i25++) {
         double *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l26, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v3);
+        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
         const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v3);
+        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
         for (int64_t i30 = v27; i30 < v29; i30++) {
             const int64_t v31 = t21[i30];
-            for (int64_t i32 = v2; i32 < v17; i32++) {
+            for (int64_t i32 = v3; i32 < v17; i32++) {
                 const double v33 = p_dy[v31 * st_dy_0 + i32];
                 const double v34 = v33 * v23;
                 l26[i32] += v34;
             }
         }
-        for (int64_t i35 = v2; i35 < v17; i35++) {
+        for (int64_t i35 = v3; i35 < v17; i35++) {
             const double v36 = p_dtable1[i25 * st_dtable1_0 + i35];
             const double v37 = p_dtable1_acc ? v36 : v24;
             const double v38 = l26[i35];
@@ -1804,25 +1804,25 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             p_dtable1[i25 * st_dtable1_0 + i35] = v39;
         }
     }
-    const int64_t v40 = v18 ? v2 : v11;
+    const int64_t v40 = v18 ? v3 : v11;
     opgen_seg_build(t10, d_N, v11, t41, t42);
     const double v43 = (double)(p_alpha2);
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v2; i44 < v40; i44++) {
+    for (int64_t i44 = v3; i44 < v40; i44++) {
         double *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l45, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v3);
+        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
         const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v3);
+        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
         for (int64_t i49 = v46; i49 < v48; i49++) {
             const int64_t v50 = t42[i49];
-            for (int64_t i51 = v2; i51 < v17; i51++) {
+            for (int64_t i51 = v3; i51 < v17; i51++) {
                 const double v52 = p_dy[v50 * st_dy_0 + i51];
                 const double v53 = v52 * v43;
                 l45[i51] += v53;
             }
         }
-        for (int64_t i54 = v2; i54 < v17; i54++) {
+        for (int64_t i54 = v3; i54 < v17; i54++) {
             const double v55 = p_dtable2[i44 * st_dtable2_0 + i54];
             const double v56 = p_dtable2_acc ? v55 : v24;
             const double v57 = l45[i54];

@@ -58,49 +58,49 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = p_grad[ro_grad[v24] + i36 * st_grad_1];
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -108,7 +108,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41 * st_out_1] = v43;
@@ -136,49 +136,49 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = p_grad[ro_grad[v24] + i36];
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -186,7 +186,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41] = v43;
@@ -254,49 +254,49 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -304,7 +304,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_f16(v43);
@@ -332,49 +332,49 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36]);
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -382,7 +382,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41] = opgen_f32_to_f16(v43);
@@ -450,49 +450,49 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -500,7 +500,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_bf16(v43);
@@ -528,49 +528,49 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v2 = 0ll;
-    const int64_t v3 = d_N;
+    const int64_t v1 = d_N;
+    const int64_t v3 = 0ll;
     const int64_t v4 = d_V;
-    for (int64_t i5 = v2; i5 < v3; i5++) {
+    for (int64_t i5 = v3; i5 < v1; i5++) {
         const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v2;
+        const bool v7 = v6 >= v3;
         const bool v8 = v6 < v4;
         const bool v9 = v7 && v8;
         if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t1[i5] = v6;
+        t2[i5] = v6;
     }
     const int64_t v10 = d_D;
-    const bool v11 = v10 == v2;
-    const int64_t v12 = v11 ? v2 : v4;
-    opgen_seg_build(t1, d_N, v4, t13, t14);
+    const bool v11 = v10 == v3;
+    const int64_t v12 = v11 ? v3 : v4;
+    opgen_seg_build(t2, d_N, v4, t13, t14);
     const int64_t v15 = 1ll;
     const float v16 = 1.0f;
     const float v17 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v2; i18 < v12; i18++) {
+    for (int64_t i18 = v3; i18 < v12; i18++) {
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v3);
+        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
         const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v3);
+        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
         for (int64_t i23 = v20; i23 < v22; i23++) {
             const int64_t v24 = t14[i23];
             const int64_t v25 = p_indices[ro_indices[v24]];
             const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t1[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v3);
+            const int64_t v27 = t2[v24];
+            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
             const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v3);
+            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
             const int64_t v31 = v30 - v28;
             const int32_t v32 = (int32_t)(v31);
             const float v33 = (float)(v32);
             const float v34 = v16 / v33;
             const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v2; i36 < v10; i36++) {
+            for (int64_t i36 = v3; i36 < v10; i36++) {
                 const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36]);
                 const float v38 = v37;
                 const float v39 = v38 * v35;
@@ -578,7 +578,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
                 l19[i36] += v40;
             }
         }
-        for (int64_t i41 = v2; i41 < v10; i41++) {
+        for (int64_t i41 = v3; i41 < v10; i41++) {
             const float v42 = l19[i41];
             const float v43 = v42;
             p_out[i18 * st_out_0 + i41] = opgen_f32_to_bf16(v43);

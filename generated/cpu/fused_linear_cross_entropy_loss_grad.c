@@ -135,22 +135,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -165,7 +165,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -174,17 +174,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -192,16 +192,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -216,7 +216,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -225,17 +225,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -375,22 +375,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -405,7 +405,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -414,17 +414,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -432,16 +432,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -456,7 +456,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -465,17 +465,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -615,22 +615,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -645,7 +645,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -654,17 +654,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -672,16 +672,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -696,7 +696,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -705,17 +705,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -855,22 +855,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -885,7 +885,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -894,17 +894,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -912,16 +912,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -936,7 +936,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -945,17 +945,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -1107,15 +1107,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v31 = d_H;
     const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
     const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1129,8 +1129,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v30;
-            const int64_t v47 = v46 + v30;
+            const int64_t v46 = i45 * v29;
+            const int64_t v47 = v46 + v29;
             const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
             const int64_t v49 = v48 - v46;
             float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1180,8 +1180,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v30;
-        const int64_t v84 = v83 + v30;
+        const int64_t v83 = i82 * v29;
+        const int64_t v84 = v83 + v29;
         const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
         const int64_t v86 = v85 - v83;
         float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1194,9 +1194,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v29; i93++) {
-            const int64_t v94 = i93 * v30;
-            const int64_t v95 = v94 + v30;
+        for (int64_t i93 = v21; i93 < v30; i93++) {
+            const int64_t v94 = i93 * v29;
+            const int64_t v95 = v94 + v29;
             const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
             const int64_t v97 = v96 - v94;
             float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1389,15 +1389,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v31 = d_H;
     const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
     const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1411,8 +1411,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v30;
-            const int64_t v47 = v46 + v30;
+            const int64_t v46 = i45 * v29;
+            const int64_t v47 = v46 + v29;
             const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
             const int64_t v49 = v48 - v46;
             float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1462,8 +1462,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v30;
-        const int64_t v84 = v83 + v30;
+        const int64_t v83 = i82 * v29;
+        const int64_t v84 = v83 + v29;
         const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
         const int64_t v86 = v85 - v83;
         float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1476,9 +1476,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v29; i93++) {
-            const int64_t v94 = i93 * v30;
-            const int64_t v95 = v94 + v30;
+        for (int64_t i93 = v21; i93 < v30; i93++) {
+            const int64_t v94 = i93 * v29;
+            const int64_t v95 = v94 + v29;
             const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
             const int64_t v97 = v96 - v94;
             float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1671,15 +1671,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v31 = d_H;
     const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
     const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1693,8 +1693,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v30;
-            const int64_t v47 = v46 + v30;
+            const int64_t v46 = i45 * v29;
+            const int64_t v47 = v46 + v29;
             const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
             const int64_t v49 = v48 - v46;
             float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1744,8 +1744,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v30;
-        const int64_t v84 = v83 + v30;
+        const int64_t v83 = i82 * v29;
+        const int64_t v84 = v83 + v29;
         const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
         const int64_t v86 = v85 - v83;
         float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1758,9 +1758,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v29; i93++) {
-            const int64_t v94 = i93 * v30;
-            const int64_t v95 = v94 + v30;
+        for (int64_t i93 = v21; i93 < v30; i93++) {
+            const int64_t v94 = i93 * v29;
+            const int64_t v95 = v94 + v29;
             const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
             const int64_t v97 = v96 - v94;
             float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1953,15 +1953,15 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v31 = d_H;
     const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
     const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -1975,8 +1975,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v30;
-            const int64_t v47 = v46 + v30;
+            const int64_t v46 = i45 * v29;
+            const int64_t v47 = v46 + v29;
             const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
             const int64_t v49 = v48 - v46;
             float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -2026,8 +2026,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v30;
-        const int64_t v84 = v83 + v30;
+        const int64_t v83 = i82 * v29;
+        const int64_t v84 = v83 + v29;
         const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
         const int64_t v86 = v85 - v83;
         float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -2040,9 +2040,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v29; i93++) {
-            const int64_t v94 = i93 * v30;
-            const int64_t v95 = v94 + v30;
+        for (int64_t i93 = v21; i93 < v30; i93++) {
+            const int64_t v94 = i93 * v29;
+            const int64_t v95 = v94 + v29;
             const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
             const int64_t v97 = v96 - v94;
             float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
@@ -2223,22 +2223,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2253,7 +2253,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -2262,17 +2262,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -2280,16 +2280,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2304,7 +2304,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -2313,17 +2313,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -2463,22 +2463,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2493,7 +2493,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -2502,17 +2502,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -2520,16 +2520,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2544,7 +2544,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -2553,17 +2553,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -2703,22 +2703,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2733,7 +2733,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -2742,17 +2742,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -2760,16 +2760,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2784,7 +2784,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -2793,17 +2793,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -2943,22 +2943,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -2973,7 +2973,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -2982,17 +2982,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -3000,16 +3000,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3024,7 +3024,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -3033,17 +3033,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -3183,22 +3183,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3213,7 +3213,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -3222,17 +3222,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -3240,16 +3240,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3264,7 +3264,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -3273,17 +3273,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -3423,22 +3423,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3453,7 +3453,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -3462,17 +3462,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -3480,16 +3480,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3504,7 +3504,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -3513,17 +3513,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -3663,22 +3663,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3693,7 +3693,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -3702,17 +3702,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -3720,16 +3720,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3744,7 +3744,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -3753,17 +3753,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -3903,22 +3903,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3933,7 +3933,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -3942,17 +3942,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -3960,16 +3960,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -3984,7 +3984,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -3993,17 +3993,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -4143,22 +4143,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4173,7 +4173,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -4182,17 +4182,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -4200,16 +4200,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4224,7 +4224,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -4233,17 +4233,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -4383,22 +4383,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4413,7 +4413,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -4422,17 +4422,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
@@ -4440,16 +4440,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4464,7 +4464,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -4473,17 +4473,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
@@ -4623,22 +4623,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4653,7 +4653,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -4662,17 +4662,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -4680,16 +4680,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4704,7 +4704,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -4713,17 +4713,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
@@ -4863,22 +4863,22 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const bool v28 = v23 || v27;
         if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v30 = 256ll;
-    const int64_t v31 = (d_V / 256 + (d_V % 256 != 0));
-    const float v32 = 1.0f;
-    const int64_t v33 = d_H;
+    const int64_t v29 = 256ll;
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v31 = d_H;
+    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
+    const float v33 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v29; i34++) {
-        const int64_t v35 = i34 * v30;
-        const int64_t v36 = v35 + v30;
+    for (int64_t i34 = v21; i34 < v30; i34++) {
+        const int64_t v35 = i34 * v29;
+        const int64_t v36 = v35 + v29;
         const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
         const int64_t v38 = v37 - v35;
         float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v31; i40++) {
-            const int64_t v41 = i40 * v30;
-            const int64_t v42 = v41 + v30;
+        for (int64_t i40 = v21; i40 < v32; i40++) {
+            const int64_t v41 = i40 * v29;
+            const int64_t v42 = v41 + v29;
             const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
             const int64_t v44 = v43 - v41;
             float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4893,7 +4893,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
                     const bool v55 = v53 == v48;
                     const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v32 : v11;
+                    const float v57 = v56 ? v33 : v11;
                     const float v58 = v54 - v57;
                     const float v59 = v58 * v51;
                     l45[i46 * 256ll + i52] = v59;
@@ -4902,17 +4902,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i61 = v21; i61 < v44; i61++) {
                 const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v33; i63++) {
+                for (int64_t i63 = v21; i63 < v31; i63++) {
                     const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
                     const float v65 = v64;
                     l60[i61 * d_H + i63] = v65;
                 }
             }
-            opgen_sgemm(v38, v33, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
         }
         for (int64_t i66 = v21; i66 < v38; i66++) {
             const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v33; i68++) {
+            for (int64_t i68 = v21; i68 < v31; i68++) {
                 const float v69 = l39[i66 * d_H + i68];
                 const float v70 = v69;
                 p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
@@ -4920,16 +4920,16 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v31; i71++) {
-        const int64_t v72 = i71 * v30;
-        const int64_t v73 = v72 + v30;
+    for (int64_t i71 = v21; i71 < v32; i71++) {
+        const int64_t v72 = i71 * v29;
+        const int64_t v73 = v72 + v29;
         const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
         const int64_t v75 = v74 - v72;
         float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v29; i77++) {
-            const int64_t v78 = i77 * v30;
-            const int64_t v79 = v78 + v30;
+        for (int64_t i77 = v21; i77 < v30; i77++) {
+            const int64_t v78 = i77 * v29;
+            const int64_t v79 = v78 + v29;
             const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
             const int64_t v81 = v80 - v78;
             float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
@@ -4944,7 +4944,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
                     const bool v92 = v90 == v85;
                     const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v32 : v11;
+                    const float v94 = v93 ? v33 : v11;
                     const float v95 = v91 - v94;
                     const float v96 = v95 * v88;
                     l82[i83 * 256ll + i89] = v96;
@@ -4953,17 +4953,17 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i98 = v21; i98 < v81; i98++) {
                 const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v33; i100++) {
+                for (int64_t i100 = v21; i100 < v31; i100++) {
                     const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
                     const float v102 = v101;
                     l97[i98 * d_H + i100] = v102;
                 }
             }
-            opgen_sgemm(v75, v33, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
         }
         for (int64_t i103 = v21; i103 < v75; i103++) {
             const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v33; i105++) {
+            for (int64_t i105 = v21; i105 < v31; i105++) {
                 const float v106 = l76[i103 * d_H + i105];
                 const float v107 = v106;
                 p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);

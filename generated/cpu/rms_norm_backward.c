@@ -63,24 +63,24 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -160,14 +160,14 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;
@@ -199,24 +199,24 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -296,14 +296,14 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;
@@ -376,24 +376,24 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -473,14 +473,14 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;
@@ -512,24 +512,24 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -609,14 +609,14 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;
@@ -689,24 +689,24 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -786,14 +786,14 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;
@@ -825,24 +825,24 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t4 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v1 = d_D;
     const int64_t v2 = 0ll;
     const bool v3 = v1 == v2;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v3 ? v2 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 32ll;
+    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v3 ? v2 : v6;
     const float v9 = (float)(v1);
     const float v10 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v6; i11++) {
+    for (int64_t i11 = v2; i11 < v8; i11++) {
         float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v7;
-        const int64_t v14 = v13 + v7;
-        const int64_t v15 = ((v14 < v8 || v14 != v14) ? v14 : v8);
+        const int64_t v13 = i11 * v5;
+        const int64_t v14 = v13 + v5;
+        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
         for (int64_t i16 = v13; i16 < v15; i16++) {
             float l17 = 0;
             float l18 = 0;
@@ -922,14 +922,14 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
         }
         for (int64_t i60 = v2; i60 < v1; i60++) {
             const float v61 = l12[i60];
-            t4[i11 * d_D + i60] = v61;
+            t7[i11 * d_D + i60] = v61;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i62 = v2; i62 < v1; i62++) {
         float l63 = 0;
-        for (int64_t i64 = v2; i64 < v5; i64++) {
-            const float v65 = t4[i64 * d_D + i62];
+        for (int64_t i64 = v2; i64 < v6; i64++) {
+            const float v65 = t7[i64 * d_D + i62];
             l63 += v65;
         }
         const float v66 = l63;

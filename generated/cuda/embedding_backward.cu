@@ -7,12 +7,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -35,27 +35,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -75,9 +75,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -162,20 +162,20 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16");
 }
@@ -186,12 +186,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -214,27 +214,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -254,9 +254,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -341,20 +341,20 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16");
 }
@@ -365,12 +365,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -393,27 +393,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -433,9 +433,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -520,20 +520,20 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32");
 }
@@ -544,12 +544,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -572,27 +572,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 2;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 2;
                 if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
@@ -612,9 +612,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 2;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 2;
             if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
@@ -699,20 +699,20 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64");
 }
@@ -723,12 +723,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -751,27 +751,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -791,9 +791,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -874,20 +874,20 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = d_N;
+    const int64_t v63 = d_N;
+    const int64_t v64 = 0ll;
     const int64_t v65 = d_N1;
     const int64_t v66 = d_D;
-    const bool v67 = v66 == v63;
-    const int64_t v68 = v67 ? v63 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v67 = v66 == v64;
+    const int64_t v68 = v67 ? v64 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid69 > 0) k_embedding_backward__i2_f16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid70 > 0) k_embedding_backward__i2_f16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16");
 }
@@ -898,12 +898,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -926,27 +926,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -966,9 +966,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -1049,20 +1049,20 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = d_N;
+    const int64_t v63 = d_N;
+    const int64_t v64 = 0ll;
     const int64_t v65 = d_N1;
     const int64_t v66 = d_D;
-    const bool v67 = v66 == v63;
-    const int64_t v68 = v67 ? v63 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v67 = v66 == v64;
+    const int64_t v68 = v67 ? v64 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid69 > 0) k_embedding_backward__i2_bf16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid70 > 0) k_embedding_backward__i2_bf16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16");
 }
@@ -1073,12 +1073,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1101,27 +1101,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -1141,9 +1141,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -1224,20 +1224,20 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = d_N;
+    const int64_t v63 = d_N;
+    const int64_t v64 = 0ll;
     const int64_t v65 = d_N1;
     const int64_t v66 = d_D;
-    const bool v67 = v66 == v63;
-    const int64_t v68 = v67 ? v63 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v67 = v66 == v64;
+    const int64_t v68 = v67 ? v64 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid69 > 0) k_embedding_backward__i2_f32_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid70 > 0) k_embedding_backward__i2_f32_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32");
 }
@@ -1248,12 +1248,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1276,27 +1276,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 2;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 2;
                 if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
@@ -1316,9 +1316,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 2;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 2;
             if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
@@ -1399,20 +1399,20 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = 0ll;
-    const int64_t v64 = d_N;
+    const int64_t v63 = d_N;
+    const int64_t v64 = 0ll;
     const int64_t v65 = d_N1;
     const int64_t v66 = d_D;
-    const bool v67 = v66 == v63;
-    const int64_t v68 = v67 ? v63 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v64 - v63 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v67 = v66 == v64;
+    const int64_t v68 = v67 ? v64 : v65;
+    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid69 > 0) k_embedding_backward__i2_f64_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v63, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid70 > 0) k_embedding_backward__i2_f64_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64");
 }
@@ -1423,12 +1423,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1451,27 +1451,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -1491,9 +1491,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -1578,20 +1578,20 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward__dtable2_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__dtable2_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16");
 }
@@ -1602,12 +1602,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1630,27 +1630,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -1670,9 +1670,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -1757,20 +1757,20 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward__dtable2_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__dtable2_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16");
 }
@@ -1781,12 +1781,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1809,27 +1809,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = p_alpha1;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 4;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 4;
                 if (vok33 && vb34 + 4 <= v15) {
                     opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
@@ -1849,9 +1849,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 4;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 4;
             if (vok46 && vb47 + 4 <= v15) {
                 opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
@@ -1936,20 +1936,20 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward__dtable2_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__dtable2_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32");
 }
@@ -1960,12 +1960,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_N1;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_i1[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, N1): record, skip the rest */
@@ -1988,27 +1988,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_N1;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const double v19 = (double)(p_alpha1);
     const double v20 = 0.0;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v12 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v12 + vq35 * 2;
+            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
+                const int64_t vb34 = v13 + vq35 * 2;
                 if (vok33 && vb34 + 2 <= v15) {
                     opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
                     opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
@@ -2028,9 +2028,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v12 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v12 + vq48 * 2;
+        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
+            const int64_t vb47 = v13 + vq48 * 2;
             if (vok46 && vb47 + 2 <= v15) {
                 opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
                 opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
@@ -2115,20 +2115,20 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_N1;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_backward__dtable2_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid72 > 0) k_embedding_backward__dtable2_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64");
 }
@@ -2139,12 +2139,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N;
+    const int64_t v7 = d_N;
+    const int64_t v8 = 0ll;
     const int64_t v9 = d_N1;
-    for (int64_t i10 = v7 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v8; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i10 = v8 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v7; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v11 = p_i1[i10];
-        const bool v12 = v11 >= v7;
+        const bool v12 = v11 >= v8;
         const bool v13 = v11 < v9;
         const bool v14 = v12 && v13;
         /* index out of range [0, N1): record, skip the rest */
@@ -2160,12 +2160,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
-    const int64_t v15 = 0ll;
-    const int64_t v16 = d_N;
+    const int64_t v15 = d_N;
+    const int64_t v16 = 0ll;
     const int64_t v17 = d_N2;
-    for (int64_t i18 = v15 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v16; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i18 = v16 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v15; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v19 = p_i2[i18];
-        const bool v20 = v19 >= v15;
+        const bool v20 = v19 >= v16;
         const bool v21 = v19 < v17;
         const bool v22 = v20 && v21;
         /* index out of range [0, N2): record, skip the rest */
@@ -2188,27 +2188,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_N;
+    const int64_t v23 = d_N;
+    const int64_t v24 = 0ll;
     const int64_t v25 = d_N1;
     const int64_t v26 = d_D;
-    const bool v27 = v26 == v23;
-    const int64_t v28 = v27 ? v23 : v25;
+    const bool v27 = v26 == v24;
+    const int64_t v28 = v27 ? v24 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v23 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v24 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
@@ -2228,9 +2228,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v23 + vq59 * 4;
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v24 + vq59 * 4;
             if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
@@ -2270,27 +2270,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_N;
+    const int64_t v69 = d_N;
+    const int64_t v70 = 0ll;
     const int64_t v71 = d_N2;
     const int64_t v72 = d_D;
-    const bool v73 = v72 == v69;
+    const bool v73 = v72 == v70;
     const int64_t v74 = 1ll;
     const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v69 : v71;
+    const int64_t v76 = v73 ? v70 : v71;
     const float v77 = p_alpha2;
-    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
+    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
         const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v69 + vq92 * 4;
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v70 + vq92 * 4;
                 if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
@@ -2310,9 +2310,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v69 + vq105 * 4;
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v70 + vq105 * 4;
             if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
@@ -2414,31 +2414,31 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = 0ll;
-    const int64_t v123 = d_N;
+    const int64_t v122 = d_N;
+    const int64_t v123 = 0ll;
     const int64_t v124 = d_N1;
     const int64_t v125 = d_N2;
     const int64_t v126 = d_D;
-    const bool v127 = v126 == v122;
-    const int64_t v128 = v127 ? v122 : v124;
-    const int64_t v129 = v127 ? v122 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v127 = v126 == v123;
+    const int64_t v128 = v127 ? v123 : v124;
+    const int64_t v129 = v127 ? v123 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid130 > 0) k_embedding_backward__i2_dtable2_f16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid131 > 0) k_embedding_backward__i2_dtable2_f16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid132 > 0) k_embedding_backward__i2_dtable2_f16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid133 > 0) k_embedding_backward__i2_dtable2_f16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16");
 }
@@ -2449,12 +2449,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N;
+    const int64_t v7 = d_N;
+    const int64_t v8 = 0ll;
     const int64_t v9 = d_N1;
-    for (int64_t i10 = v7 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v8; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i10 = v8 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v7; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v11 = p_i1[i10];
-        const bool v12 = v11 >= v7;
+        const bool v12 = v11 >= v8;
         const bool v13 = v11 < v9;
         const bool v14 = v12 && v13;
         /* index out of range [0, N1): record, skip the rest */
@@ -2470,12 +2470,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
-    const int64_t v15 = 0ll;
-    const int64_t v16 = d_N;
+    const int64_t v15 = d_N;
+    const int64_t v16 = 0ll;
     const int64_t v17 = d_N2;
-    for (int64_t i18 = v15 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v16; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i18 = v16 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v15; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v19 = p_i2[i18];
-        const bool v20 = v19 >= v15;
+        const bool v20 = v19 >= v16;
         const bool v21 = v19 < v17;
         const bool v22 = v20 && v21;
         /* index out of range [0, N2): record, skip the rest */
@@ -2498,27 +2498,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_N;
+    const int64_t v23 = d_N;
+    const int64_t v24 = 0ll;
     const int64_t v25 = d_N1;
     const int64_t v26 = d_D;
-    const bool v27 = v26 == v23;
-    const int64_t v28 = v27 ? v23 : v25;
+    const bool v27 = v26 == v24;
+    const int64_t v28 = v27 ? v24 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v23 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v24 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
@@ -2538,9 +2538,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 8u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v23 + vq59 * 4;
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v24 + vq59 * 4;
             if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
@@ -2580,27 +2580,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_N;
+    const int64_t v69 = d_N;
+    const int64_t v70 = 0ll;
     const int64_t v71 = d_N2;
     const int64_t v72 = d_D;
-    const bool v73 = v72 == v69;
+    const bool v73 = v72 == v70;
     const int64_t v74 = 1ll;
     const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v69 : v71;
+    const int64_t v76 = v73 ? v70 : v71;
     const float v77 = p_alpha2;
-    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
+    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
         const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v69 + vq92 * 4;
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v70 + vq92 * 4;
                 if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
@@ -2620,9 +2620,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 8u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v69 + vq105 * 4;
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v70 + vq105 * 4;
             if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
@@ -2724,31 +2724,31 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = 0ll;
-    const int64_t v123 = d_N;
+    const int64_t v122 = d_N;
+    const int64_t v123 = 0ll;
     const int64_t v124 = d_N1;
     const int64_t v125 = d_N2;
     const int64_t v126 = d_D;
-    const bool v127 = v126 == v122;
-    const int64_t v128 = v127 ? v122 : v124;
-    const int64_t v129 = v127 ? v122 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v127 = v126 == v123;
+    const int64_t v128 = v127 ? v123 : v124;
+    const int64_t v129 = v127 ? v123 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid130 > 0) k_embedding_backward__i2_dtable2_bf16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid131 > 0) k_embedding_backward__i2_dtable2_bf16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid132 > 0) k_embedding_backward__i2_dtable2_bf16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid133 > 0) k_embedding_backward__i2_dtable2_bf16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16");
 }
@@ -2759,12 +2759,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N;
+    const int64_t v7 = d_N;
+    const int64_t v8 = 0ll;
     const int64_t v9 = d_N1;
-    for (int64_t i10 = v7 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v8; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i10 = v8 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v7; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v11 = p_i1[i10];
-        const bool v12 = v11 >= v7;
+        const bool v12 = v11 >= v8;
         const bool v13 = v11 < v9;
         const bool v14 = v12 && v13;
         /* index out of range [0, N1): record, skip the rest */
@@ -2780,12 +2780,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
-    const int64_t v15 = 0ll;
-    const int64_t v16 = d_N;
+    const int64_t v15 = d_N;
+    const int64_t v16 = 0ll;
     const int64_t v17 = d_N2;
-    for (int64_t i18 = v15 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v16; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i18 = v16 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v15; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v19 = p_i2[i18];
-        const bool v20 = v19 >= v15;
+        const bool v20 = v19 >= v16;
         const bool v21 = v19 < v17;
         const bool v22 = v20 && v21;
         /* index out of range [0, N2): record, skip the rest */
@@ -2808,27 +2808,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_N;
+    const int64_t v23 = d_N;
+    const int64_t v24 = 0ll;
     const int64_t v25 = d_N1;
     const int64_t v26 = d_D;
-    const bool v27 = v26 == v23;
-    const int64_t v28 = v27 ? v23 : v25;
+    const bool v27 = v26 == v24;
+    const int64_t v28 = v27 ? v24 : v25;
     const int64_t v29 = 1ll;
     const float v30 = p_alpha1;
     const float v31 = 0.0f;
-    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v23 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v24 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v26) {
                     opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
@@ -2848,9 +2848,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v23 + vq59 * 4;
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v24 + vq59 * 4;
             if (vok57 && vb58 + 4 <= v26) {
                 opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
@@ -2890,27 +2890,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_N;
+    const int64_t v69 = d_N;
+    const int64_t v70 = 0ll;
     const int64_t v71 = d_N2;
     const int64_t v72 = d_D;
-    const bool v73 = v72 == v69;
+    const bool v73 = v72 == v70;
     const int64_t v74 = 1ll;
     const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v69 : v71;
+    const int64_t v76 = v73 ? v70 : v71;
     const float v77 = p_alpha2;
-    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
+    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
         const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v69 + vq92 * 4;
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v70 + vq92 * 4;
                 if (vok90 && vb91 + 4 <= v72) {
                     opgen_vec<float, 4> vec88 = *(const opgen_vec<float, 4> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
@@ -2930,9 +2930,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v69 + vq105 * 4;
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v70 + vq105 * 4;
             if (vok103 && vb104 + 4 <= v72) {
                 opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
@@ -3034,31 +3034,31 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = 0ll;
-    const int64_t v123 = d_N;
+    const int64_t v122 = d_N;
+    const int64_t v123 = 0ll;
     const int64_t v124 = d_N1;
     const int64_t v125 = d_N2;
     const int64_t v126 = d_D;
-    const bool v127 = v126 == v122;
-    const int64_t v128 = v127 ? v122 : v124;
-    const int64_t v129 = v127 ? v122 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v127 = v126 == v123;
+    const int64_t v128 = v127 ? v123 : v124;
+    const int64_t v129 = v127 ? v123 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid130 > 0) k_embedding_backward__i2_dtable2_f32_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid131 > 0) k_embedding_backward__i2_dtable2_f32_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid132 > 0) k_embedding_backward__i2_dtable2_f32_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid133 > 0) k_embedding_backward__i2_dtable2_f32_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32");
 }
@@ -3069,12 +3069,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N;
+    const int64_t v7 = d_N;
+    const int64_t v8 = 0ll;
     const int64_t v9 = d_N1;
-    for (int64_t i10 = v7 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v8; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i10 = v8 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i10 < v7; i10 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v11 = p_i1[i10];
-        const bool v12 = v11 >= v7;
+        const bool v12 = v11 >= v8;
         const bool v13 = v11 < v9;
         const bool v14 = v12 && v13;
         /* index out of range [0, N1): record, skip the rest */
@@ -3090,12 +3090,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N = a.dims[0];
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
-    const int64_t v15 = 0ll;
-    const int64_t v16 = d_N;
+    const int64_t v15 = d_N;
+    const int64_t v16 = 0ll;
     const int64_t v17 = d_N2;
-    for (int64_t i18 = v15 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v16; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i18 = v16 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i18 < v15; i18 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v19 = p_i2[i18];
-        const bool v20 = v19 >= v15;
+        const bool v20 = v19 >= v16;
         const bool v21 = v19 < v17;
         const bool v22 = v20 && v21;
         /* index out of range [0, N2): record, skip the rest */
@@ -3118,27 +3118,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N1 = a.dims[2];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
     int64_t *__restrict__ t4 = (int64_t *)a.wsp[3];
-    const int64_t v23 = 0ll;
-    const int64_t v24 = d_N;
+    const int64_t v23 = d_N;
+    const int64_t v24 = 0ll;
     const int64_t v25 = d_N1;
     const int64_t v26 = d_D;
-    const bool v27 = v26 == v23;
-    const int64_t v28 = v27 ? v23 : v25;
+    const bool v27 = v26 == v24;
+    const int64_t v28 = v27 ? v24 : v25;
     const int64_t v29 = 1ll;
     const double v30 = (double)(p_alpha1);
     const double v31 = 0.0;
-    for (int64_t i32 = v23 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
+    for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         double *__restrict__ l33 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z34 = threadIdx.x * 2; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 2) for (size_t z34j = z34; z34j < z34 + 2 && z34j < (size_t)d_D; z34j++) l33[z34j] = (double)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v24);
+        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
         const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v24);
+        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
         for (int64_t i38 = v35; i38 < v37; i38++) {
             const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v23 + vq46 * 2 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v23 + vq46 * 2;
+            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 2 < v26; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v24 + vq46 * 2;
                 if (vok44 && vb45 + 2 <= v26) {
                     opgen_vec<double, 2> vec42 = *(const opgen_vec<double, 2> *)&p_dy[v39 * st_dy_0 + vb45];
                     opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&l33[vb45];
@@ -3158,9 +3158,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v23] % 16u == 0) && ((uintptr_t)&l33[v23] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v23 + vq59 * 2 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v23 + vq59 * 2;
+        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 2 < v26; vq59 += OPGEN_CUDA_THREADS) {
+            const int64_t vb58 = v24 + vq59 * 2;
             if (vok57 && vb58 + 2 <= v26) {
                 opgen_vec<double, 2> vec54 = *(const opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
                 opgen_vec<double, 2> vec55 = *(const opgen_vec<double, 2> *)&l33[vb58];
@@ -3200,27 +3200,27 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = 0ll;
-    const int64_t v70 = d_N;
+    const int64_t v69 = d_N;
+    const int64_t v70 = 0ll;
     const int64_t v71 = d_N2;
     const int64_t v72 = d_D;
-    const bool v73 = v72 == v69;
+    const bool v73 = v72 == v70;
     const int64_t v74 = 1ll;
     const double v75 = 0.0;
-    const int64_t v76 = v73 ? v69 : v71;
+    const int64_t v76 = v73 ? v70 : v71;
     const double v77 = (double)(p_alpha2);
-    for (int64_t i78 = v69 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
+    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
         double *__restrict__ l79 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z80 = threadIdx.x * 2; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 2) for (size_t z80j = z80; z80j < z80 + 2 && z80j < (size_t)d_D; z80j++) l79[z80j] = (double)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v70);
+        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
         const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v70);
+        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
         for (int64_t i84 = v81; i84 < v83; i84++) {
             const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v69 + vq92 * 2 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v69 + vq92 * 2;
+            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 2 < v72; vq92 += OPGEN_CUDA_THREADS) {
+                const int64_t vb91 = v70 + vq92 * 2;
                 if (vok90 && vb91 + 2 <= v72) {
                     opgen_vec<double, 2> vec88 = *(const opgen_vec<double, 2> *)&p_dy[v85 * st_dy_0 + vb91];
                     opgen_vec<double, 2> vec89 = *(const opgen_vec<double, 2> *)&l79[vb91];
@@ -3240,9 +3240,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v69] % 16u == 0) && ((uintptr_t)&l79[v69] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v69 + vq105 * 2 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v69 + vq105 * 2;
+        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 2 < v72; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v70 + vq105 * 2;
             if (vok103 && vb104 + 2 <= v72) {
                 opgen_vec<double, 2> vec100 = *(const opgen_vec<double, 2> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
                 opgen_vec<double, 2> vec101 = *(const opgen_vec<double, 2> *)&l79[vb104];
@@ -3344,31 +3344,31 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = 0ll;
-    const int64_t v123 = d_N;
+    const int64_t v122 = d_N;
+    const int64_t v123 = 0ll;
     const int64_t v124 = d_N1;
     const int64_t v125 = d_N2;
     const int64_t v126 = d_D;
-    const bool v127 = v126 == v122;
-    const int64_t v128 = v127 ? v122 : v124;
-    const int64_t v129 = v127 ? v122 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v127 = v126 == v123;
+    const int64_t v128 = v127 ? v123 : v124;
+    const int64_t v129 = v127 ? v123 : v125;
+    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid130 > 0) k_embedding_backward__i2_dtable2_f64_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v123 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid131 > 0) k_embedding_backward__i2_dtable2_f64_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v122, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid132 > 0) k_embedding_backward__i2_dtable2_f64_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v122, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
     if (grid133 > 0) k_embedding_backward__i2_dtable2_f64_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64");
 }

@@ -7,12 +7,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -35,32 +35,32 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v12 + vq33 * 4;
+            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v13 + vq33 * 4;
                 for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                     const float v34 = opgen_bf16_to_f32(p_grad[v26 * st_grad_0 + i28 * st_grad_1]);
                     l20[i28] += v34;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v12 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v12 + vq41 * 4;
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
             for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
                 const float v42 = l20[i36];
                 p_out[i19 * st_out_0 + i36 * st_out_1] = opgen_f32_to_bf16(v42);
@@ -124,20 +124,20 @@ static opgen_status_t k_embedding_bw_bf16_g(const opgen_buf_t *bufs, const int64
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v48 = 0ll;
-    const int64_t v49 = d_N;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
     const int64_t v50 = d_V;
     const int64_t v51 = d_D;
-    const bool v52 = v51 == v48;
-    const int64_t v53 = v52 ? v48 : v50;
-    const int64_t grid54 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v52 = v51 == v49;
+    const int64_t v53 = v52 ? v49 : v50;
+    const int64_t grid54 = opgen_cuda_grid((v48 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid54 > 0) k_embedding_bw_bf16_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid55 = opgen_cuda_grid(v53 - v48, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid55 = opgen_cuda_grid(v53 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid55 > 0) k_embedding_bw_bf16_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_g");
 }
@@ -148,12 +148,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -174,25 +174,25 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v12] % 8u == 0) && ((uintptr_t)&l20[v12] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v12 + vq33 * 4;
+            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
+            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v13 + vq33 * 4;
                 if (vok31 && vb32 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec29 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v26 * st_grad_0 + vb32];
                     opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
@@ -210,9 +210,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v12] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v12] % 8u == 0);
-        for (int64_t vq43 = threadIdx.x; v12 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v12 + vq43 * 4;
+        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
+            const int64_t vb42 = v13 + vq43 * 4;
             if (vok41 && vb42 + 4 <= v15) {
                 opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
                 opgen_vec<uint16_t, 4> vec40;
@@ -246,20 +246,20 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v52 = 0ll;
-    const int64_t v53 = d_N;
+    const int64_t v52 = d_N;
+    const int64_t v53 = 0ll;
     const int64_t v54 = d_V;
     const int64_t v55 = d_D;
-    const bool v56 = v55 == v52;
-    const int64_t v57 = v56 ? v52 : v54;
-    const int64_t grid58 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v56 = v55 == v53;
+    const int64_t v57 = v56 ? v53 : v54;
+    const int64_t grid58 = opgen_cuda_grid((v52 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid58 > 0) k_embedding_bw_bf16_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid59 = opgen_cuda_grid(v57 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid59 = opgen_cuda_grid(v57 - v53, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid59 > 0) k_embedding_bw_bf16_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_u");
 }
@@ -276,12 +276,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -304,32 +304,32 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v12 + vq33 * 4;
+            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v13 + vq33 * 4;
                 for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
                     const float v34 = p_grad[v26 * st_grad_0 + i28 * st_grad_1];
                     l20[i28] += v34;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v12 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v12 + vq41 * 4;
+        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
+            const int64_t vb40 = v13 + vq41 * 4;
             for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
                 const float v42 = l20[i36];
                 p_out[i19 * st_out_0 + i36 * st_out_1] = v42;
@@ -393,20 +393,20 @@ static opgen_status_t k_embedding_bw_f32_g(const opgen_buf_t *bufs, const int64_
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v48 = 0ll;
-    const int64_t v49 = d_N;
+    const int64_t v48 = d_N;
+    const int64_t v49 = 0ll;
     const int64_t v50 = d_V;
     const int64_t v51 = d_D;
-    const bool v52 = v51 == v48;
-    const int64_t v53 = v52 ? v48 : v50;
-    const int64_t grid54 = opgen_cuda_grid((v49 - v48 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v52 = v51 == v49;
+    const int64_t v53 = v52 ? v49 : v50;
+    const int64_t grid54 = opgen_cuda_grid((v48 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid54 > 0) k_embedding_bw_f32_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid55 = opgen_cuda_grid(v53 - v48, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid55 = opgen_cuda_grid(v53 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid55 > 0) k_embedding_bw_f32_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_g");
 }
@@ -417,12 +417,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[1];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[i7];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -443,25 +443,25 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     const int64_t d_D = a.dims[2];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
-    for (int64_t i19 = v12 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
+    for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v13);
+        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
         const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
         for (int64_t i25 = v22; i25 < v24; i25++) {
             const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v12] % 16u == 0) && ((uintptr_t)&l20[v12] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v12 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v12 + vq33 * 4;
+            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
+            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
+                const int64_t vb32 = v13 + vq33 * 4;
                 if (vok31 && vb32 + 4 <= v15) {
                     opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_grad[v26 * st_grad_0 + vb32];
                     opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
@@ -479,9 +479,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v12] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v12] % 16u == 0);
-        for (int64_t vq43 = threadIdx.x; v12 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v12 + vq43 * 4;
+        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
+            const int64_t vb42 = v13 + vq43 * 4;
             if (vok41 && vb42 + 4 <= v15) {
                 opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
                 opgen_vec<float, 4> vec40;
@@ -515,20 +515,20 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v52 = 0ll;
-    const int64_t v53 = d_N;
+    const int64_t v52 = d_N;
+    const int64_t v53 = 0ll;
     const int64_t v54 = d_V;
     const int64_t v55 = d_D;
-    const bool v56 = v55 == v52;
-    const int64_t v57 = v56 ? v52 : v54;
-    const int64_t grid58 = opgen_cuda_grid((v53 - v52 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v56 = v55 == v53;
+    const int64_t v57 = v56 ? v53 : v54;
+    const int64_t grid58 = opgen_cuda_grid((v52 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid58 > 0) k_embedding_bw_f32_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid59 = opgen_cuda_grid(v57 - v52, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid59 = opgen_cuda_grid(v57 - v53, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid59 > 0) k_embedding_bw_f32_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_u");
 }

@@ -8,12 +8,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -41,37 +41,37 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = p_grad[ro_grad[v28] + i41 * st_grad_1];
                     const float v48 = v47;
@@ -81,8 +81,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v12 + vq57 * 4;
+        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v13 + vq57 * 4;
             for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
@@ -147,20 +147,20 @@ static opgen_status_t k_embedding_dense_backward_f32_g(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_V;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_dense_backward_f32_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_dense_backward_f32_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_g");
 }
@@ -172,12 +172,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -203,38 +203,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 16u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
@@ -258,9 +258,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 16u == 0);
-        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v12 + vq62 * 4;
+        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v13 + vq62 * 4;
             if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<float, 4> vec59;
@@ -296,20 +296,20 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = 0ll;
-    const int64_t v74 = d_N;
+    const int64_t v73 = d_N;
+    const int64_t v74 = 0ll;
     const int64_t v75 = d_V;
     const int64_t v76 = d_D;
-    const bool v77 = v76 == v73;
-    const int64_t v78 = v77 ? v73 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v77 = v76 == v74;
+    const int64_t v78 = v77 ? v74 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid79 > 0) k_embedding_dense_backward_f32_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid80 > 0) k_embedding_dense_backward_f32_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u");
 }
@@ -327,12 +327,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -360,37 +360,37 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
                     const float v48 = v47;
@@ -400,8 +400,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v12 + vq57 * 4;
+        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v13 + vq57 * 4;
             for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
@@ -466,20 +466,20 @@ static opgen_status_t k_embedding_dense_backward_f16_g(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_V;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_dense_backward_f16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_dense_backward_f16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_g");
 }
@@ -491,12 +491,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -522,38 +522,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
@@ -577,9 +577,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v12 + vq62 * 4;
+        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v13 + vq62 * 4;
             if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<uint16_t, 4> vec59;
@@ -615,20 +615,20 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = 0ll;
-    const int64_t v74 = d_N;
+    const int64_t v73 = d_N;
+    const int64_t v74 = 0ll;
     const int64_t v75 = d_V;
     const int64_t v76 = d_D;
-    const bool v77 = v76 == v73;
-    const int64_t v78 = v77 ? v73 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v77 = v76 == v74;
+    const int64_t v78 = v77 ? v74 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid79 > 0) k_embedding_dense_backward_f16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid80 > 0) k_embedding_dense_backward_f16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u");
 }
@@ -646,12 +646,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -679,37 +679,37 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
                     const float v47 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
                     const float v48 = v47;
@@ -719,8 +719,8 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v12 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v12 + vq57 * 4;
+        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
+            const int64_t vb56 = v13 + vq57 * 4;
             for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
                 const float v58 = l22[i52];
                 const float v59 = v58;
@@ -785,20 +785,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_g(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = 0ll;
-    const int64_t v66 = d_N;
+    const int64_t v65 = d_N;
+    const int64_t v66 = 0ll;
     const int64_t v67 = d_V;
     const int64_t v68 = d_D;
-    const bool v69 = v68 == v65;
-    const int64_t v70 = v69 ? v65 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v66 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v69 = v68 == v66;
+    const int64_t v70 = v69 ? v66 : v67;
+    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid71 > 0) k_embedding_dense_backward_bf16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid72 > 0) k_embedding_dense_backward_bf16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_g");
 }
@@ -810,12 +810,12 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     const int64_t d_N = a.dims[0];
     const int64_t d_V = a.dims[2];
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
-    const int64_t v4 = 0ll;
-    const int64_t v5 = d_N;
+    const int64_t v4 = d_N;
+    const int64_t v5 = 0ll;
     const int64_t v6 = d_V;
-    for (int64_t i7 = v4 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v5; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
+    for (int64_t i7 = v5 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i7 < v4; i7 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
         const int64_t v8 = p_indices[ro_indices[i7]];
-        const bool v9 = v8 >= v4;
+        const bool v9 = v8 >= v5;
         const bool v10 = v8 < v6;
         const bool v11 = v9 && v10;
         /* index out of range [0, V): record, skip the rest */
@@ -841,38 +841,38 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     int64_t *__restrict__ t1 = (int64_t *)a.wsp[0];
     int64_t *__restrict__ t2 = (int64_t *)a.wsp[1];
     int64_t *__restrict__ t3 = (int64_t *)a.wsp[2];
-    const int64_t v12 = 0ll;
-    const int64_t v13 = d_N;
+    const int64_t v12 = d_N;
+    const int64_t v13 = 0ll;
     const int64_t v14 = d_V;
     const int64_t v15 = d_D;
-    const bool v16 = v15 == v12;
-    const int64_t v17 = v16 ? v12 : v14;
+    const bool v16 = v15 == v13;
+    const int64_t v17 = v16 ? v13 : v14;
     const int64_t v18 = 1ll;
     const float v19 = 1.0f;
     const float v20 = 0.0f;
-    for (int64_t i21 = v12 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
+    for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v13);
+        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
         const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v13);
+        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
         for (int64_t i27 = v24; i27 < v26; i27++) {
             const int64_t v28 = t3[i27];
             const int64_t v29 = p_indices[ro_indices[v28]];
             const bool v30 = v29 != p_padding_idx;
             const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v13);
+            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
             const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v13);
+            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
             const int64_t v35 = v34 - v32;
             const int32_t v36 = (int32_t)(v35);
             const float v37 = (float)(v36);
             const float v38 = v19 / v37;
             const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v12] % 8u == 0) && ((uintptr_t)&l22[v12] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v12 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v12 + vq46 * 4;
+            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
+                const int64_t vb45 = v13 + vq46 * 4;
                 if (vok44 && vb45 + 4 <= v15) {
                     opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
                     opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
@@ -896,9 +896,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v12] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v12] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v12 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v12 + vq62 * 4;
+        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
+            const int64_t vb61 = v13 + vq62 * 4;
             if (vok60 && vb61 + 4 <= v15) {
                 opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
                 opgen_vec<uint16_t, 4> vec59;
@@ -934,20 +934,20 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = 0ll;
-    const int64_t v74 = d_N;
+    const int64_t v73 = d_N;
+    const int64_t v74 = 0ll;
     const int64_t v75 = d_V;
     const int64_t v76 = d_D;
-    const bool v77 = v76 == v73;
-    const int64_t v78 = v77 ? v73 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v74 - v73 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    const bool v77 = v76 == v74;
+    const int64_t v78 = v77 ? v74 : v75;
+    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
     if (grid79 > 0) k_embedding_dense_backward_bf16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
         const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v73, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
     if (grid80 > 0) k_embedding_dense_backward_bf16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u");
 }

@@ -47,22 +47,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -84,7 +84,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -95,7 +95,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -106,13 +106,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -149,13 +149,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -164,9 +164,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -186,7 +186,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -197,7 +197,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -208,13 +208,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -359,22 +359,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -396,7 +396,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -407,7 +407,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -418,13 +418,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -461,13 +461,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -476,9 +476,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -498,7 +498,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -509,7 +509,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -520,13 +520,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -671,22 +671,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -708,7 +708,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -719,7 +719,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -730,13 +730,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -773,13 +773,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -788,9 +788,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -810,7 +810,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -821,7 +821,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -832,13 +832,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -983,22 +983,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -1020,7 +1020,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -1031,7 +1031,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -1042,13 +1042,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -1085,13 +1085,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -1100,9 +1100,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -1122,7 +1122,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -1133,7 +1133,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -1144,13 +1144,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -1299,15 +1299,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v17 = d_H;
-    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v19 = 256ll;
+    const int64_t v18 = 256ll;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
     const float v20 = 1.0f;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -1327,9 +1327,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v14; i37 < v18; i37++) {
-            const int64_t v38 = i37 * v19;
-            const int64_t v39 = v38 + v19;
+        for (int64_t i37 = v14; i37 < v19; i37++) {
+            const int64_t v38 = i37 * v18;
+            const int64_t v39 = v38 + v18;
             const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -1427,15 +1427,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v87 = d_V;
     const int64_t v88 = d_BT;
     const int64_t v89 = 0ll;
-    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v91 = 64ll;
+    const int64_t v90 = 64ll;
+    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v92 = d_H;
-    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v94 = 256ll;
+    const int64_t v93 = 256ll;
+    const int64_t v94 = (d_V / 256 + (d_V % 256 != 0));
     const float v95 = 1.0f;
-    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v94;
-        const int64_t v98 = v97 + v94;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v94; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v93;
+        const int64_t v98 = v97 + v93;
         const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -1455,9 +1455,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v89; i112 < v90; i112++) {
-            const int64_t v113 = i112 * v91;
-            const int64_t v114 = v113 + v91;
+        for (int64_t i112 = v89; i112 < v91; i112++) {
+            const int64_t v113 = i112 * v90;
+            const int64_t v114 = v113 + v90;
             const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -1671,15 +1671,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v17 = d_H;
-    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v19 = 256ll;
+    const int64_t v18 = 256ll;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
     const float v20 = 1.0f;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -1699,9 +1699,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v14; i37 < v18; i37++) {
-            const int64_t v38 = i37 * v19;
-            const int64_t v39 = v38 + v19;
+        for (int64_t i37 = v14; i37 < v19; i37++) {
+            const int64_t v38 = i37 * v18;
+            const int64_t v39 = v38 + v18;
             const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -1799,15 +1799,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v87 = d_V;
     const int64_t v88 = d_BT;
     const int64_t v89 = 0ll;
-    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v91 = 64ll;
+    const int64_t v90 = 64ll;
+    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v92 = d_H;
-    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v94 = 256ll;
+    const int64_t v93 = 256ll;
+    const int64_t v94 = (d_V / 256 + (d_V % 256 != 0));
     const float v95 = 1.0f;
-    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v94;
-        const int64_t v98 = v97 + v94;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v94; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v93;
+        const int64_t v98 = v97 + v93;
         const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -1827,9 +1827,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v89; i112 < v90; i112++) {
-            const int64_t v113 = i112 * v91;
-            const int64_t v114 = v113 + v91;
+        for (int64_t i112 = v89; i112 < v91; i112++) {
+            const int64_t v113 = i112 * v90;
+            const int64_t v114 = v113 + v90;
             const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -2043,15 +2043,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v17 = d_H;
-    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v19 = 256ll;
+    const int64_t v18 = 256ll;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
     const float v20 = 1.0f;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -2071,9 +2071,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v14; i37 < v18; i37++) {
-            const int64_t v38 = i37 * v19;
-            const int64_t v39 = v38 + v19;
+        for (int64_t i37 = v14; i37 < v19; i37++) {
+            const int64_t v38 = i37 * v18;
+            const int64_t v39 = v38 + v18;
             const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -2171,15 +2171,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v87 = d_V;
     const int64_t v88 = d_BT;
     const int64_t v89 = 0ll;
-    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v91 = 64ll;
+    const int64_t v90 = 64ll;
+    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v92 = d_H;
-    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v94 = 256ll;
+    const int64_t v93 = 256ll;
+    const int64_t v94 = (d_V / 256 + (d_V % 256 != 0));
     const float v95 = 1.0f;
-    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v94;
-        const int64_t v98 = v97 + v94;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v94; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v93;
+        const int64_t v98 = v97 + v93;
         const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -2199,9 +2199,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v89; i112 < v90; i112++) {
-            const int64_t v113 = i112 * v91;
-            const int64_t v114 = v113 + v91;
+        for (int64_t i112 = v89; i112 < v91; i112++) {
+            const int64_t v113 = i112 * v90;
+            const int64_t v114 = v113 + v90;
             const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -2415,15 +2415,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v17 = d_H;
-    const int64_t v18 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v19 = 256ll;
+    const int64_t v18 = 256ll;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
     const float v20 = 1.0f;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -2443,9 +2443,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l35 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z36 = threadIdx.x; z36 < (size_t)64ll * (size_t)d_H; z36 += OPGEN_CUDA_THREADS) l35[z36] = (float)0;
         __syncthreads();
-        for (int64_t i37 = v14; i37 < v18; i37++) {
-            const int64_t v38 = i37 * v19;
-            const int64_t v39 = v38 + v19;
+        for (int64_t i37 = v14; i37 < v19; i37++) {
+            const int64_t v38 = i37 * v18;
+            const int64_t v39 = v38 + v18;
             const int64_t v40 = ((v39 < v12 || v39 != v39) ? v39 : v12);
             const int64_t v41 = v40 - v38;
             float *__restrict__ l42 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)64ll * (size_t)d_H)) : (float *)a.wsp[2] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -2543,15 +2543,15 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v87 = d_V;
     const int64_t v88 = d_BT;
     const int64_t v89 = 0ll;
-    const int64_t v90 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v91 = 64ll;
+    const int64_t v90 = 64ll;
+    const int64_t v91 = (d_BT / 64 + (d_BT % 64 != 0));
     const int64_t v92 = d_H;
-    const int64_t v93 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v94 = 256ll;
+    const int64_t v93 = 256ll;
+    const int64_t v94 = (d_V / 256 + (d_V % 256 != 0));
     const float v95 = 1.0f;
-    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v93; i96 += (int64_t)gridDim.x) {
-        const int64_t v97 = i96 * v94;
-        const int64_t v98 = v97 + v94;
+    for (int64_t i96 = v89 + (int64_t)blockIdx.x; i96 < v94; i96 += (int64_t)gridDim.x) {
+        const int64_t v97 = i96 * v93;
+        const int64_t v98 = v97 + v93;
         const int64_t v99 = ((v98 < v87 || v98 != v98) ? v98 : v87);
         const int64_t v100 = v99 - v97;
         float *__restrict__ l101 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[5] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
@@ -2571,9 +2571,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l110 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z111 = threadIdx.x; z111 < (size_t)256ll * (size_t)d_H; z111 += OPGEN_CUDA_THREADS) l110[z111] = (float)0;
         __syncthreads();
-        for (int64_t i112 = v89; i112 < v90; i112++) {
-            const int64_t v113 = i112 * v91;
-            const int64_t v114 = v113 + v91;
+        for (int64_t i112 = v89; i112 < v91; i112++) {
+            const int64_t v113 = i112 * v90;
+            const int64_t v114 = v113 + v90;
             const int64_t v115 = ((v114 < v88 || v114 != v114) ? v114 : v88);
             const int64_t v116 = v115 - v113;
             float *__restrict__ l117 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H) + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[7] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
@@ -2783,22 +2783,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -2820,7 +2820,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -2831,7 +2831,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -2842,13 +2842,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -2885,13 +2885,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -2900,9 +2900,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -2922,7 +2922,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -2933,7 +2933,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -2944,13 +2944,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -3095,22 +3095,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -3132,7 +3132,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3143,7 +3143,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -3154,13 +3154,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -3197,13 +3197,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -3212,9 +3212,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -3234,7 +3234,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3245,7 +3245,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -3256,13 +3256,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -3407,22 +3407,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -3444,7 +3444,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3455,7 +3455,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -3466,13 +3466,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -3509,13 +3509,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -3524,9 +3524,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -3546,7 +3546,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3557,7 +3557,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -3568,13 +3568,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -3719,22 +3719,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -3756,7 +3756,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -3767,7 +3767,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -3778,13 +3778,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -3821,13 +3821,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -3836,9 +3836,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -3858,7 +3858,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -3869,7 +3869,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -3880,13 +3880,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -4031,22 +4031,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -4068,7 +4068,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4079,7 +4079,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -4090,13 +4090,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -4133,13 +4133,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -4148,9 +4148,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -4170,7 +4170,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4181,7 +4181,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -4192,13 +4192,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -4343,22 +4343,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -4380,7 +4380,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4391,7 +4391,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -4402,13 +4402,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -4445,13 +4445,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -4460,9 +4460,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -4482,7 +4482,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4493,7 +4493,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -4504,13 +4504,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -4655,22 +4655,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -4692,7 +4692,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -4703,7 +4703,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -4714,13 +4714,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -4757,13 +4757,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -4772,9 +4772,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -4794,7 +4794,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -4805,7 +4805,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -4816,13 +4816,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -4967,22 +4967,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -5004,7 +5004,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5015,7 +5015,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -5026,13 +5026,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -5069,13 +5069,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -5084,9 +5084,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -5106,7 +5106,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5117,7 +5117,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -5128,13 +5128,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -5279,22 +5279,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -5316,7 +5316,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5327,7 +5327,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -5338,13 +5338,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -5381,13 +5381,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -5396,9 +5396,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -5418,7 +5418,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5429,7 +5429,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -5440,13 +5440,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -5591,22 +5591,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -5628,7 +5628,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5639,7 +5639,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -5650,13 +5650,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -5693,13 +5693,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -5708,9 +5708,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -5730,7 +5730,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -5741,7 +5741,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -5752,13 +5752,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -5903,22 +5903,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -5940,7 +5940,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -5951,7 +5951,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -5962,13 +5962,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -6005,13 +6005,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -6020,9 +6020,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -6042,7 +6042,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -6053,7 +6053,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -6064,13 +6064,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;
@@ -6215,22 +6215,22 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v12 = d_V;
     const int64_t v13 = d_BT;
     const int64_t v14 = 0ll;
-    const int64_t v15 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v16 = 64ll;
-    const int64_t v17 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v15 = 64ll;
+    const int64_t v16 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v17 = d_H;
     const int64_t v18 = 256ll;
-    const float v19 = 1.0f;
-    const int64_t v20 = d_H;
-    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v15; i21 += (int64_t)gridDim.x) {
-        const int64_t v22 = i21 * v16;
-        const int64_t v23 = v22 + v16;
+    const int64_t v19 = (d_V / 256 + (d_V % 256 != 0));
+    const float v20 = 1.0f;
+    for (int64_t i21 = v14 + (int64_t)blockIdx.x; i21 < v16; i21 += (int64_t)gridDim.x) {
+        const int64_t v22 = i21 * v15;
+        const int64_t v23 = v22 + v15;
         const int64_t v24 = ((v23 < v13 || v23 != v23) ? v23 : v13);
         const int64_t v25 = v24 - v22;
         __syncthreads();
         float *__restrict__ l26 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[0] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)d_H);
         for (size_t z27 = threadIdx.x; z27 < (size_t)64ll * (size_t)d_H; z27 += OPGEN_CUDA_THREADS) l26[z27] = (float)0;
         __syncthreads();
-        for (int64_t i28 = v14; i28 < v17; i28++) {
+        for (int64_t i28 = v14; i28 < v19; i28++) {
             const int64_t v29 = i28 * v18;
             const int64_t v30 = v29 + v18;
             const int64_t v31 = ((v30 < v12 || v30 != v30) ? v30 : v12);
@@ -6252,7 +6252,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v46 = p_softmax[v40 * st_softmax_0 + v45 * st_softmax_1];
                     const bool v47 = v45 == v41;
                     const bool v48 = v47 && v43;
-                    const float v49 = v48 ? v19 : v11;
+                    const float v49 = v48 ? v20 : v11;
                     const float v50 = v46 - v49;
                     const float v51 = v50 * v44;
                     l33[i38 * 256ll + i39] = v51;
@@ -6263,7 +6263,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n54 = v32 > v14 ? v32 - v14 : 0;
-                const int64_t n55 = v20 > v14 ? v20 - v14 : 0;
+                const int64_t n55 = v17 > v14 ? v17 - v14 : 0;
                 for (int64_t f56 = threadIdx.x; f56 < n54 * n55; f56 += OPGEN_CUDA_THREADS) {
                     const int64_t i57 = v14 + (f56 / (n55));
                     const int64_t i58 = v14 + f56 % n55;
@@ -6274,13 +6274,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v25, v20, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v25, v17, v32, l33, 256ll, 1, l52, d_H, 1, l26, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n63 = v25 > v14 ? v25 - v14 : 0;
-            const int64_t n64 = v20 > v14 ? v20 - v14 : 0;
+            const int64_t n64 = v17 > v14 ? v17 - v14 : 0;
             for (int64_t f65 = threadIdx.x; f65 < n63 * n64; f65 += OPGEN_CUDA_THREADS) {
                 const int64_t i66 = v14 + (f65 / (n64));
                 const int64_t i67 = v14 + f65 % n64;
@@ -6317,13 +6317,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
     const int64_t v72 = d_V;
     const int64_t v73 = d_BT;
     const int64_t v74 = 0ll;
-    const int64_t v75 = (d_BT / 64 + (d_BT % 64 != 0));
-    const int64_t v76 = 64ll;
-    const int64_t v77 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v75 = 64ll;
+    const int64_t v76 = (d_BT / 64 + (d_BT % 64 != 0));
+    const int64_t v77 = d_H;
     const int64_t v78 = 256ll;
-    const float v79 = 1.0f;
-    const int64_t v80 = d_H;
-    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v77; i81 += (int64_t)gridDim.x) {
+    const int64_t v79 = (d_V / 256 + (d_V % 256 != 0));
+    const float v80 = 1.0f;
+    for (int64_t i81 = v74 + (int64_t)blockIdx.x; i81 < v79; i81 += (int64_t)gridDim.x) {
         const int64_t v82 = i81 * v78;
         const int64_t v83 = v82 + v78;
         const int64_t v84 = ((v83 < v72 || v83 != v83) ? v83 : v72);
@@ -6332,9 +6332,9 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
         float *__restrict__ l86 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[3] + (size_t)blockIdx.x * ((size_t)256ll * (size_t)d_H);
         for (size_t z87 = threadIdx.x; z87 < (size_t)256ll * (size_t)d_H; z87 += OPGEN_CUDA_THREADS) l86[z87] = (float)0;
         __syncthreads();
-        for (int64_t i88 = v74; i88 < v75; i88++) {
-            const int64_t v89 = i88 * v76;
-            const int64_t v90 = v89 + v76;
+        for (int64_t i88 = v74; i88 < v76; i88++) {
+            const int64_t v89 = i88 * v75;
+            const int64_t v90 = v89 + v75;
             const int64_t v91 = ((v90 < v73 || v90 != v90) ? v90 : v73);
             const int64_t v92 = v91 - v89;
             float *__restrict__ l93 = a.smem ? (float *)(opgen_dyn_smem() + opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H)) : (float *)a.wsp[4] + (size_t)blockIdx.x * ((size_t)64ll * (size_t)256ll);
@@ -6354,7 +6354,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                     const float v106 = p_softmax[v100 * st_softmax_0 + v105 * st_softmax_1];
                     const bool v107 = v105 == v101;
                     const bool v108 = v107 && v103;
-                    const float v109 = v108 ? v79 : v71;
+                    const float v109 = v108 ? v80 : v71;
                     const float v110 = v106 - v109;
                     const float v111 = v110 * v104;
                     l93[i98 * 256ll + i99] = v111;
@@ -6365,7 +6365,7 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
             __syncthreads();
             {
                 const int64_t n114 = v92 > v74 ? v92 - v74 : 0;
-                const int64_t n115 = v80 > v74 ? v80 - v74 : 0;
+                const int64_t n115 = v77 > v74 ? v77 - v74 : 0;
                 for (int64_t f116 = threadIdx.x; f116 < n114 * n115; f116 += OPGEN_CUDA_THREADS) {
                     const int64_t i117 = v74 + (f116 / (n115));
                     const int64_t i118 = v74 + f116 % n115;
@@ -6376,13 +6376,13 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_fused_linear_cros
                 }
             }
             __syncthreads();
-            opgen_block_gemm_tc<true, false>(v85, v80, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
+            opgen_block_gemm_tc<true, false>(v85, v77, v92, l93, 1, 256ll, l112, d_H, 1, l86, d_H, 1);
             __syncthreads();
         }
         __syncthreads();
         {
             const int64_t n123 = v85 > v74 ? v85 - v74 : 0;
-            const int64_t n124 = v80 > v74 ? v80 - v74 : 0;
+            const int64_t n124 = v77 > v74 ? v77 - v74 : 0;
             for (int64_t f125 = threadIdx.x; f125 < n123 * n124; f125 += OPGEN_CUDA_THREADS) {
                 const int64_t i126 = v74 + (f125 / (n124));
                 const int64_t i127 = v74 + f125 % n124;

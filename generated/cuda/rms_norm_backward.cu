@@ -18,19 +18,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;
@@ -192,19 +192,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;
@@ -407,19 +407,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;
@@ -581,19 +581,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;
@@ -796,19 +796,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;
@@ -970,19 +970,19 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v2 = d_D;
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
-    const int64_t v5 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v6 = v4 ? v3 : v5;
-    const int64_t v7 = 32ll;
-    const int64_t v8 = d_N;
+    const int64_t v5 = d_N;
+    const int64_t v6 = 32ll;
+    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
-    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v6; i11 += (int64_t)gridDim.x) {
+    for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
         for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v7;
-        const int64_t v15 = v14 + v7;
-        const int64_t v16 = ((v15 < v8 || v15 != v15) ? v15 : v8);
+        const int64_t v14 = i11 * v6;
+        const int64_t v15 = v14 + v6;
+        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
         for (int64_t i17 = v14; i17 < v16; i17++) {
             float l18 = (float)0;
             float l19 = (float)0;

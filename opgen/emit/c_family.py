@@ -9,11 +9,11 @@ are bitwise identical for any thread count and any buffer alignment (and gcc vec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation, SSAValue, Use
 
 from opgen import dtypes
 from opgen.dtypes import DType
@@ -36,6 +36,12 @@ class BufInfo:
     param_index: int
     batch: bool
     last_contig: bool
+
+
+def named_use(use: Use) -> bool:
+    """A use that refers to the value by its name: not a size printed in place (an allocation's
+    size, an operand of a size op: :meth:`CPrinter.size`)."""
+    return not s.sizes_in_place(use.operation)
 
 
 def c_literal(value: float | int | bool, d: DType) -> str:
@@ -140,29 +146,48 @@ class CPrinter:
         return d.c_type if b.role.data in ("in", "out") else d.compute.c_type
 
     def dim(self, d: str) -> str:
+        """A caller's dim (a parameter's shape: a name or a number)."""
         if d.isdigit():
             return d + "ll"
-        if d.startswith("cdiv("):  # ceil(d / k) without overflow near INT64_MAX
-            name, k = d[5:-1].split(",")
-            n = self.mention(f"d_{name}")
-            return f"({n} / {k} + ({n} % {k} != 0))"
-        if d.startswith("segs("):  # a segment table's words: the runtime's layout (sched.segments)
-            rows, n = d[5:-1].split(",")
-            return f"opgen_seg_words({self.dim(rows)}, {self.dim(n)})"
-        base, _, plus = d.partition("+")
-        n = self.mention(f"d_{base}")
-        return f"({n} + {plus})" if plus else n
+        if not d.isidentifier():
+            raise NotImplementedError(f"C printer: '{d}' is not a dim name (a derived size is a value)")
+        return self.mention(f"d_{d}")
 
-    def size_count(self, shape: tuple[str, ...] | list[str]) -> str:
-        """Host expression: the element count of ``shape`` as a saturating ``size_t`` (SIZE_MAX
-        when it does not fit: the binder refuses such a workspace, nothing wraps)."""
+    #: ops whose value a size expression prints in place (their operands are never named)
+    SIZE_OPS: ClassVar[tuple[type, ...]] = (ir.CeilDivOp, s.SegWordsOp)
+
+    def size(self, v: SSAValue, plain: bool = False) -> str:
+        """A size value (an allocated buffer's dim, a size op's operand) as an expression of the
+        caller's dims, in place: the same text in every function that needs it (``plain``: a
+        constant without its ``ll``)."""
+        op = v.owner
+        if isinstance(op, ir.DimOp):
+            return self.dim(op.dim.data)
+        if isinstance(op, ir.ConstantOp):
+            return str(int(op.number)) if plain else f"{int(op.number)}ll"
+        if isinstance(op, ir.CeilDivOp):  # ceil(a / k) without overflow near INT64_MAX
+            a, k = self.size(op.lhs), self.size(op.rhs, plain=True)
+            return f"({a} / {k} + ({a} % {k} != 0))"
+        if isinstance(op, s.SegWordsOp):  # a segment table's words: the runtime's layout (sched.segments)
+            return f"opgen_seg_words({self.size(op.rows)}, {self.size(op.n)})"
+        if isinstance(op, ir.AddOp) and ir.constant_int(op.rhs) is not None:
+            return f"({self.size(op.lhs)} + {ir.constant_int(op.rhs)})"
+        raise NotImplementedError(f"C printer: {op} is not a size (dims, constants, ceil_div, seg_words, + k)")
+
+    def extents(self, buf: SSAValue) -> list[str]:
+        """An allocated buffer's dims (``sched.alloc``'s sizes) as expressions."""
+        return [self.size(v) for v in s.sizes_of(buf)]
+
+    def size_count(self, sizes: Sequence[SSAValue]) -> str:
+        """Host expression: the element count of a buffer of ``sizes`` as a saturating ``size_t``
+        (SIZE_MAX when it does not fit: the binder refuses such a workspace, nothing wraps)."""
         terms = []
-        for d in shape:
-            base, _, plus = d.partition("+")
-            if plus and not d.startswith(("cdiv(", "segs(")):
-                terms.append(f"opgen_sz_add(opgen_sz_dim({self.mention(f'd_{base}')}), {plus})")
+        for v in sizes:
+            op = v.owner
+            if isinstance(op, ir.AddOp) and ir.constant_int(op.rhs) is not None:
+                terms.append(f"opgen_sz_add(opgen_sz_dim({self.size(op.lhs)}), {ir.constant_int(op.rhs)})")
             else:
-                terms.append(f"opgen_sz_dim({self.dim(d)})")
+                terms.append(f"opgen_sz_dim({self.size(v)})")
         if not terms:
             return "(size_t)1"
         out = terms[0]
@@ -218,7 +243,7 @@ class CPrinter:
                 else:
                     terms.append(f"{iv} * {self.mention(self.stride_name(pn, i))}")
             else:
-                stride = " * ".join(self.dim(d) for d in b.shape[i + 1:])
+                stride = " * ".join(self.extents(buf)[i + 1:])
                 terms.append(f"{iv} * {stride}" if stride else iv)
         return " + ".join(terms) or "0"
 
@@ -263,6 +288,8 @@ class CPrinter:
             return c_literal(op.number, self.dtype(ir.tensor_type(op.result).dtype))
         if isinstance(op, ir.DimOp):
             return self.dim(op.dim.data)
+        if isinstance(op, self.SIZE_OPS):
+            return self.size(op.results[0])
         rt = ir.tensor_type(op.results[0]).dtype
         if isinstance(op, s.LoadOp):
             return self.load_expr(op.buf, list(op.idx))
@@ -329,8 +356,8 @@ class CPrinter:
             self.stmt(op)
 
     def stmt(self, op: Operation) -> None:
-        if op.results and not any(r.uses for r in op.results):
-            return  # a dead value or an unused scratch buffer: nothing to print
+        if op.results and not any(named_use(u) for r in op.results for u in r.uses):
+            return  # a dead value, an unused scratch buffer, or a size printed in place: nothing to print
         if isinstance(op, s.ForOp):
             self.loop(op)
         elif isinstance(op, s.AllocOp):
@@ -353,7 +380,7 @@ class CPrinter:
             msg = op.message.data.replace('"', "'")
             self.line(f'if (!({self.name(op.cond)})) return opgen_fail({st}, "{self.k.sym_name.data}: {msg}");')
         elif isinstance(op, s.SegmentsOp):
-            n = self.dim(s.buf_type(op.idx).shape[0])
+            n = self.extents(op.idx)[0]
             self.line(f"opgen_seg_build({self.name(op.idx)}, {n}, {self.name(op.rows)}, "
                       f"{self.name(op.seg)}, {self.name(op.order)});")
         elif isinstance(op, s.BufferMatmulOp):
@@ -372,11 +399,11 @@ class CPrinter:
         if b.rank == 0 and b.role.data == "local":  # a register
             self.line(f"{ct} {n}{' = 0' if zero else ''};")
             return
-        count = " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "(size_t)1"
+        count = " * ".join(f"(size_t){d}" for d in self.extents(op.result)) or "(size_t)1"
         if b.role.data == "temp":
-            self.temps.append((n, ct, count, self.size_count(b.shape)))
+            self.temps.append((n, ct, count, self.size_count(op.sizes)))
         else:
-            self.scratch.append((n, ct, count, self.size_count(b.shape)))
+            self.scratch.append((n, ct, count, self.size_count(op.sizes)))
             self.line(f"{ct} *{self.restrict} {n} = {n}_base + (size_t)opgen_thread() * ({count});")
         if zero:
             self.line(f"memset({n}, 0, sizeof({ct}) * {count});")
@@ -451,14 +478,14 @@ class CPrinter:
         bufs = [s.buf_type(x) for x in (a, b, c)]
         f32 = all(self.dtype(t.dtype).compute == dtypes.F32 for t in bufs)
         if f32 and all(t.role.data in ("local", "temp") for t in bufs):
-            def strides(t: s.BufType, trans: int) -> tuple[str, str]:
-                ld = self.dim(t.shape[1])
+            def strides(x: SSAValue, trans: int) -> tuple[str, str]:
+                ld = self.extents(x)[1]
                 return ("1", ld) if trans else (ld, "1")
 
-            ars, acs = strides(bufs[0], ta)
-            brs, bcs = strides(bufs[1], tb)
+            ars, acs = strides(a, ta)
+            brs, bcs = strides(b, tb)
             self.line(f"opgen_sgemm({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
-                      f"{bcs}, {self.name(c)}, {self.dim(bufs[2].shape[1])}, {acc_flag});")
+                      f"{bcs}, {self.name(c)}, {self.extents(c)[1]}, {acc_flag});")
             return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")

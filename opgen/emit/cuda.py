@@ -158,16 +158,16 @@ class CudaPrinter(CPrinter):
 
     def segment_regions(self, op: s.SegmentsOp) -> tuple[int, int, int]:
         """The regions of a ``sched.segments``: sort keys, sort values, the sort's scratch."""
-        n0 = s.buf_type(op.idx).shape[0]
-
         def words() -> WorkspaceRegion:
-            return WorkspaceRegion("int64_t", f"(size_t){self.dim(n0)}", "temp", size=f"opgen_sz_dim({self.dim(n0)})")
+            n = self.extents(op.idx)[0]
+            return WorkspaceRegion("int64_t", f"(size_t){n}", "temp", size=f"opgen_sz_dim({n})")
 
         first = region_id(op)
         if first is None:
             raise CudaUnsupported(f"{self.fn_name}: sched.segments has no workspace region (plan-gpu-workspace)")
         rk, rv = self.new_region(words, first), self.new_region(words, first + 1)
-        return rk, rv, self.new_region(lambda: WorkspaceRegion("char", self.dim(n0), "cub", rows=op.rows), first + 2)
+        return rk, rv, self.new_region(lambda: WorkspaceRegion("char", self.extents(op.idx)[0], "cub", rows=op.rows),
+                                       first + 2)
 
     def use_region(self, r: WorkspaceRegion) -> WorkspaceRegion:
         """``r``, its sizes about to be printed in the current body."""
@@ -180,8 +180,9 @@ class CudaPrinter(CPrinter):
             raise CudaUnsupported(f"{self.fn_name}: more than {MAX_WS} workspace regions")
         return len(self.regions) - 1
 
-    def count_expr(self, b: s.BufType) -> str:
-        return " * ".join(f"(size_t){self.dim(d)}" for d in b.shape) or "1"
+    def count_expr(self, buf: SSAValue) -> str:
+        """Elements of an allocated buffer (``size_t``)."""
+        return " * ".join(f"(size_t){d}" for d in self.extents(buf)) or "1"
 
     def define_ops(self, ops: Iterable[Operation]) -> None:
         for op in ops:
@@ -367,8 +368,8 @@ class CudaPrinter(CPrinter):
         self.names[op.result] = n
         before = self.scratch_bytes(self.group.kid)
         kid = self.group.kid
-        r = self.new_region(lambda: WorkspaceRegion(ct, self.count_expr(b), "scratch", kid,
-                                                    size=self.size_count(b.shape)), region_id(op))
+        r = self.new_region(lambda: WorkspaceRegion(ct, self.count_expr(op.result), "scratch", kid,
+                                                    size=self.size_count(op.sizes)), region_id(op))
         count = self.regions[r].count
         smem = "opgen_dyn_smem()" if before == "0" else f"(opgen_dyn_smem() + {before})"
         self.line(f"{ct} *{self.restrict} {n} = a.smem ? ({ct} *){smem} : ({ct} *)a.wsp[{r}] + "
@@ -521,18 +522,18 @@ class CudaPrinter(CPrinter):
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
         if self.ctx == "uniform" and len(cts) == 1 and cts <= {"float", "double"} \
                 and all(t.role.data in ("local", "temp") for t in bufs):
-            def strides(t: s.BufType, trans: int) -> tuple[str, str]:
-                ld = self.dim(t.shape[1])
+            def strides(x: SSAValue, trans: int) -> tuple[str, str]:
+                ld = self.extents(x)[1]
                 return ("1", ld) if trans else (ld, "1")
 
-            ars, acs = strides(bufs[0], ta)
-            brs, bcs = strides(bufs[1], tb)
+            ars, acs = strides(op.a, ta)
+            brs, bcs = strides(op.b, tb)
             ct = cts.pop()
             # f32: tensor cores (TF32), operands not provably exact in TF32 split in two
             fn = (f"opgen_block_gemm_tc<{str(not self.tf32_exact(op.a)).lower()}, "
                   f"{str(not self.tf32_exact(op.b)).lower()}>") if ct == "float" else f"opgen_block_gemm<{ct}>"
             self.line(f"{fn}({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
-                      f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.dim(bufs[2].shape[1])}, "
+                      f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.extents(op.c)[1]}, "
                       f"{op.accumulate.data});")
             return
         self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
@@ -709,8 +710,8 @@ class CudaPrinter(CPrinter):
                     b = s.buf_type(op.result)
                     n = self.fresh("t")
                     self.names_temp[op.result] = n
-                    self.region_of[op.result] = self.new_region(lambda b=b: WorkspaceRegion(  # type: ignore[misc]
-                        self.storage_ctype(b), self.count_expr(b), "temp", size=self.size_count(b.shape)),
+                    self.region_of[op.result] = self.new_region(lambda b=b, a=op: WorkspaceRegion(  # type: ignore[misc]
+                        self.storage_ctype(b), self.count_expr(a.result), "temp", size=self.size_count(a.sizes)),
                         region_id(op))
                     if op.zero is not None and op.zero.data:
                         steps.append(("memset", op))
@@ -836,7 +837,7 @@ class CudaPrinter(CPrinter):
             assert isinstance(x, s.SegmentsOp)
             rk, rv, rt = seg_regions[x]
             ri, rs, ro = (self.region_of[b] for b in (x.idx, x.seg, x.order))
-            return {"kind": kind, "n": self.dim(s.buf_type(x.idx).shape[0]), "rows": self.name(x.rows),
+            return {"kind": kind, "n": self.extents(x.idx)[0], "rows": self.name(x.rows),
                     "idx": ri, "seg": rs, "order": ro, "sort_keys": rk, "sort_values": rv, "tmp": rt}
         g = x
         assert isinstance(g, KernelGroup)

@@ -139,6 +139,33 @@ def parse_dim(parser: AttrParser) -> str:
     return d
 
 
+def split_dim(d: str) -> tuple[str, list[str], int]:
+    """A spelled dim (:func:`parse_dim`'s) as ``(name or function, arguments, + k)``:
+    ``"N"`` -> ``("N", [], 0)``, ``"cdiv(N,32)"`` -> ``("cdiv", ["N", "32"], 0)``, ``"N+1"`` ->
+    ``("N", [], 1)``. The loop lowering builds a size's value from it (no printer reads it)."""
+    plus = 0
+    head, depth = d, 0
+    for i, ch in enumerate(d):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "+" and depth == 0:
+            head, plus = d[:i], int(d[i + 1:])
+            break
+    if "(" not in head:
+        return head, [], plus
+    fn, _, inner = head.partition("(")
+    args, depth, cur = [], 0, ""
+    for ch in inner[:-1]:
+        if ch == "," and depth == 0:
+            args.append(cur)
+            cur = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur += ch
+    return fn, [*args, cur], plus
+
+
 def parse_shape_and_dtype(parser: AttrParser) -> tuple[ArrayAttr[StringAttr], StringAttr]:
     """Parse ``[N, D, 1], T`` (dims as :func:`parse_dim` reads them) as used by opgen's types."""
     parser.parse_punctuation("[")
@@ -427,6 +454,11 @@ class DimOp(IRDLOperation):
     def __init__(self, dim: str):
         super().__init__(properties={"dim": StringAttr(dim)}, result_types=[TensorType.make([], "i64")])
 
+    def verify_(self) -> None:
+        if not self.dim.data.isidentifier():
+            raise VerifyException(f"opgen.dim: '{self.dim.data}' is not a dim name (derived sizes are ops: "
+                                  "opgen.ceil_div, sched.seg_words, opgen.add)")
+
 
 @irdl_op_definition
 class FullOp(IRDLOperation):
@@ -661,6 +693,18 @@ class DivOp(BinaryOp):
             return None
         q = abs(a) // abs(b)
         return q if (a < 0) == (b < 0) else -q
+
+
+@irdl_op_definition
+class CeilDivOp(BinaryOp):
+    """``ceil(lhs / rhs)`` of integers with ``lhs >= 0`` and ``rhs > 0``: the blocks of ``rhs``
+    covering ``lhs`` (a size of the loop level; computed without overflow). Folded for constants."""
+
+    name = "opgen.ceil_div"
+    OPERAND_KINDS: ClassVar[set[str]] = {"int", "uint"}
+
+    def evaluate(self, a: int, b: int) -> int | None:
+        return None if a < 0 or b <= 0 else -(-a // b)
 
 
 @irdl_op_definition
@@ -1065,7 +1109,7 @@ Opgen = Dialect(
     "opgen",
     [FuncOp, ReturnOp, CheckOp, ConstantOp, DimOp, FullOp, IotaOp,
      NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, NotOp,
-     AddOp, SubOp, MulOp, DivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
+     AddOp, SubOp, MulOp, DivOp, CeilDivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
      BroadcastOp, TransposeOp, ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
     [TensorType, StatusAttr, CmpPredicateAttr, ReduceKindAttr],
     [_MaterializeConstant()],

@@ -117,10 +117,13 @@ def accessed(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 
 def operands_of(ops: Iterable[Operation]) -> list[SSAValue]:
+    """The values ``ops`` (and the ops nested in them) refer to by name (sizes are printed in
+    place: :func:`~opgen.lower.sched.sizes_in_place`)."""
     out: list[SSAValue] = []
     for op in ops:
         for o in op.walk():
-            out.extend(o.operands)
+            if not s.sizes_in_place(o):
+                out.extend(o.operands)
     return out
 
 
@@ -162,7 +165,7 @@ class KernelFacts:
             if op is None or op in seen:
                 continue
             seen.add(op)
-            if not isinstance(op, s.FlagsPerElemOp):
+            if not isinstance(op, s.FlagsPerElemOp) and not s.sizes_in_place(op):
                 todo.extend(op.operands)
         return sorted(seen, key=lambda o: self.order[o])
 

@@ -99,9 +99,7 @@ class MatmulChainLowering(_Lowering):
 
     # ------------------------------------------------------------------ emission helpers
     def local(self, b: _Builder, shape: list[str], dtype: str, zero: bool = False) -> SSAValue:
-        a = s.AllocOp(s.BufType.make(shape, dtype, "local"), zero=zero)
-        b.stmt(a)
-        return a.result
+        return b.alloc(shape, dtype, "local", zero=zero).result
 
     def fill(self, b: _Builder, dst: SSAValue, rows: SSAValue, cols: str | SSAValue,
              value_at: object) -> None:

@@ -160,15 +160,13 @@ class RowGroupLowering(_Lowering):
             nchunk = f"cdiv({x_dim},{CHUNK})"
             for name, r in g.colreds:
                 rest = list(ir.tensor_type(r.result).shape)
-                p = s.AllocOp(s.BufType.make([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp"))
-                self.kblock.add_op(p)
+                p = _Builder(self.kblock).alloc([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp", top=True)
                 partials.append((name, r, p.result, SSAValue.get(p.result)))
             (c,) = b.loops([nchunk], "parallel", "c", skip_if=skip)
             accs = []
             for _, r, _, _ in partials:
                 rest = list(ir.tensor_type(r.result).shape)
-                a = s.AllocOp(s.BufType.make(rest, ir.tensor_type(r.x).dtype, "local"), zero=True)
-                b.stmt(a)
+                a = b.alloc(rest, ir.tensor_type(r.x).dtype, "local", zero=True)
                 accs.append(a.result)
             lo = b.scalar(ir.MulOp(c, b.const(CHUNK, "i64")))
             hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(CHUNK, "i64"))), b.dim(x_dim)))
@@ -220,8 +218,7 @@ class RowGroupLowering(_Lowering):
         b = _Builder(self.kblock)
         rest = list(ir.tensor_type(r.result).shape)
         inner = b.loops(rest, "parallel", "d")
-        acc = s.AllocOp(s.BufType.make([], ir.tensor_type(r.x).dtype, "local"), zero=True)
-        b.stmt(acc)
+        acc = b.alloc([], ir.tensor_type(r.x).dtype, "local", zero=True)
         (c,) = b.loops([nchunk], "serial", "c")
         b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(p, [c, *inner])), acc.result, []))
         b.close()
@@ -233,15 +230,13 @@ class RowGroupLowering(_Lowering):
         op = m.owner
         t = ir.tensor_type(m)
         rest = list(t.shape[1:])
-        local = s.AllocOp(s.BufType.make(rest, t.dtype, "local"), zero=True)
-        b.stmt(local)
+        local = b.alloc(rest, t.dtype, "local", zero=True)
         if isinstance(op, ir.ReduceOp):
             src = ir.tensor_type(op.x)
             axes = op.axis_list
             kept = [i for i in range(src.rank) if i not in axes]
             outer = b.loops(rest, "parallel", "d")
-            acc = s.AllocOp(s.BufType.make([], src.dtype, "local"), zero=op.kind.data == "sum")
-            b.stmt(acc)
+            acc = b.alloc([], src.dtype, "local", zero=op.kind.data == "sum")
             if op.kind.data != "sum":
                 inf = float("inf") if op.kind.data == "min" else float("-inf")
                 b.stmt(s.StoreOp(b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True), acc.result, []))

@@ -263,16 +263,53 @@ class AllocOp(IRDLOperation):
     """A ``temp`` (workspace) or ``local`` (scratch) buffer; ``init`` zero-fills it."""
 
     name = "sched.alloc"
+    #: the size of each dim, as values (the type spells them for the reader)
+    sizes = var_operand_def(EqAttrConstraint(INDEX))
     result = result_def(BufType)
     zero = opt_prop_def(IntAttr)
     traits = traits_def(MemoryAllocEffect())
 
-    def __init__(self, t: BufType, zero: bool = False):
-        super().__init__(result_types=[t], properties={"zero": IntAttr(int(zero))})
+    def __init__(self, t: BufType, sizes: Sequence[SSAValue], zero: bool = False):
+        super().__init__(operands=[list(sizes)], result_types=[t], properties={"zero": IntAttr(int(zero))})
 
     def verify_(self) -> None:
         if buf_type(self.result).role.data not in ("temp", "local"):
             raise VerifyException("sched.alloc: only temp/local buffers are allocated")
+        if len(self.sizes) != buf_type(self.result).rank:
+            raise VerifyException(f"sched.alloc: {len(self.sizes)} sizes for a rank-{buf_type(self.result).rank} "
+                                  "buffer")
+
+
+def sizes_of(buf: SSAValue) -> list[SSAValue]:
+    """The sizes of an allocated (``temp``/``local``) buffer's dims, as values."""
+    op = buf.owner
+    if not isinstance(op, AllocOp):
+        raise VerifyException(f"{buf} is not an allocated buffer (its sizes are the caller's dims)")
+    return list(op.sizes)
+
+
+def sizes_in_place(op: Operation) -> bool:
+    """An op whose operands the printers write out as expressions of the caller's dims, never by
+    name: an allocation (its sizes) and the size ops (``opgen.ceil_div``, ``sched.seg_words``)."""
+    from opgen.ir.dialect import CeilDivOp
+
+    return isinstance(op, AllocOp | SegWordsOp | CeilDivOp)
+
+
+@irdl_op_definition
+class SegWordsOp(IRDLOperation):
+    """The words of the segment table ``sched.segments`` builds for ``n`` indices sorted into
+    ``rows`` segments: the target runtime's layout (``opgen_seg_words``)."""
+
+    name = "sched.seg_words"
+    rows = operand_def(EqAttrConstraint(INDEX))
+    n = operand_def(EqAttrConstraint(INDEX))
+    result = result_def(EqAttrConstraint(INDEX))
+    traits = traits_def(Pure())
+    assembly_format = "$rows `,` $n attr-dict"
+
+    def __init__(self, rows: SSAValue, n: SSAValue):
+        super().__init__(operands=[rows, n], result_types=[INDEX])
 
 
 @irdl_op_definition
@@ -550,5 +587,5 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp,
-                          SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp],
+                          SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

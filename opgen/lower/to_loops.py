@@ -78,9 +78,26 @@ class _Builder:
         return self.scalar(ir.ConstantOp(value, dtype), key=("const", value, dtype))
 
     def dim(self, d: str) -> SSAValue:
+        """The value of a spelled dim: a constant, ``opgen.dim``, or the ops a derived size is
+        (``cdiv(a,b)``: ``opgen.ceil_div``; ``segs(rows,n)``: ``sched.seg_words``; ``+ k``)."""
         if d.isdigit():
             return self.const(int(d), "i64")
-        return self.scalar(ir.DimOp(d), key=("dim", d))
+        head, args, plus = ir.split_dim(d)
+        if head == "cdiv":
+            v = self.scalar(ir.CeilDivOp(self.dim(args[0]), self.dim(args[1])), key=("cdiv", *args))
+        elif head == "segs":
+            v = self.scalar(s.SegWordsOp(self.dim(args[0]), self.dim(args[1])), key=("segs", *args))
+        else:
+            v = self.scalar(ir.DimOp(head), key=("dim", head))
+        return self.scalar(ir.AddOp(v, self.const(plus, "i64")), key=("plus", head, *args, plus)) if plus else v
+
+    def alloc(self, shape: Sequence[str], dtype: str, role: str, zero: bool = False,
+              top: bool = False) -> s.AllocOp:
+        """A ``temp``/``local`` buffer of ``shape`` with its sizes as values, inserted as a
+        statement of the innermost level (``top``: of the outermost, before the nest being built)."""
+        a = s.AllocOp(s.BufType.make(list(shape), dtype, role), [self.dim(d) for d in shape], zero=zero)
+        self._insert(a, 0 if top else len(self.levels) - 1)
+        return a
 
     def open(self, lo: SSAValue, hi: SSAValue, kind: str, hint: str) -> SSAValue:
         loop = s.ForOp(lo, hi, kind, hint)
@@ -280,8 +297,7 @@ class _Lowering:
     # ------------------------------------------------------------------ kernels
     def temp(self, v: SSAValue) -> SSAValue:
         t = ir.tensor_type(v)
-        alloc = s.AllocOp(s.BufType.make(t.shape, t.dtype, "temp"))
-        self.kblock.add_op(alloc)
+        alloc = _Builder(self.kblock).alloc(t.shape, t.dtype, "temp", top=True)
         self.buf[v] = alloc.result
         return alloc.result
 
@@ -310,10 +326,9 @@ class _Lowering:
         """Materialise index tensor ``v`` as i64, failing (status ``index``) on any value outside
         ``[0, rows)`` before a single output element is written."""
         t = ir.tensor_type(v)
-        alloc = s.AllocOp(s.BufType.make(t.shape, "i64", "temp"))
-        self.kblock.add_op(alloc)
-        self.ibuf[v] = alloc.result
         b = _Builder(self.kblock)
+        alloc = b.alloc(t.shape, "i64", "temp", top=True)
+        self.ibuf[v] = alloc.result
         ivs = b.loops(t.shape, "serial")
         val = self.emit(b, v, ivs)
         val = val if t.dtype == "i64" else b.scalar(ir.CastOp(val, "i64"))
@@ -330,9 +345,7 @@ class _Lowering:
         axes = op.axis_list
         keep = [d for i, d in enumerate(src.shape) if i not in axes]
         outer = b.loops(keep, "parallel", skip_if=b.empty(keep[1:]))
-        acc_t = s.BufType.make([], src.dtype, "local")
-        acc = s.AllocOp(acc_t, zero=op.kind.data == "sum")
-        b.stmt(acc)
+        acc = b.alloc([], src.dtype, "local", zero=op.kind.data == "sum")
         if op.kind.data != "sum":
             inf = float("inf") if op.kind.data == "min" else float("-inf")
             init = b.scalar(ir.ConstantOp(inf, src.dtype), pinned=True)
@@ -353,8 +366,7 @@ class _Lowering:
         rows = rt.shape[0]
         rest = list(rt.shape[1:])
         (v,) = b.loops([rows], "parallel", "v", skip_if=b.empty(rest))
-        row = s.AllocOp(s.BufType.make(rest, rt.dtype, "local"), zero=True)
-        b.stmt(row)
+        row = b.alloc(rest, rt.dtype, "local", zero=True)
         self.segment_sum(b, op, v, row.result)
         inner = b.loops(rest, "parallel", "d")
         b.stmt(s.StoreOp(b.scalar(s.LoadOp(row.result, inner)), dst, [v, *inner]))
@@ -366,10 +378,8 @@ class _Lowering:
         key = (idx, rows)
         if key not in self.segs:
             n = ir.tensor_type(idx).shape[0]
-            seg = s.AllocOp(s.BufType.make([f"segs({rows},{n})"], "i64", "temp"))
-            order = s.AllocOp(s.BufType.make([n], "i64", "temp"))
-            for pre in (seg, order):
-                b._insert(pre, 0)
+            seg = b.alloc([f"segs({rows},{n})"], "i64", "temp", top=True)
+            order = b.alloc([n], "i64", "temp", top=True)
             b._insert(s.SegmentsOp(self.ibuf[idx], seg.result, order.result, b.dim(rows)), 0)
             self.segs[key] = (seg.result, order.result)
         return self.segs[key]
