@@ -158,7 +158,7 @@ def report(k: t.KernelOp, dims: dict[str, int], platform: dict[str, int], traffi
             outs.add(op.dst)
     for n, a in zip(names, k.body.block.args, strict=True):
         if isinstance(a.type, t.GmType) and n != "workspace" and a.uses:
-            ways = {type(u.operation) for u in a.uses} & {t.CopyInOp, t.CopyOutOp, t.SegmentsOp}
+            ways = {type(u.operation) for u in a.uses} & {t.CopyInOp, t.CopyOutOp, t.SegmentsOp, t.TileMatmulOp}
             ways = {t.CopyInOp if w is t.TileMatmulOp else w for w in ways}  # (a product reads it)
             r.gm_min += _gm_bytes(a, dims) * max(len(ways - {t.SegmentsOp}) or 1, 1)  # read once / written once
     moved = 0
