@@ -17,7 +17,7 @@ from xdsl.ir import Operation, SSAValue, Use
 
 from opgen import dtypes
 from opgen.dtypes import DType
-from opgen.emit import cnames
+from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
@@ -592,38 +592,18 @@ class CPrinter:
                 if not any(isinstance(op, s.LoadOp | s.LoadBitOp) for op in deps):
                     needed |= deps  # no tensor data is read: the sizing call may run it
             self.walk(op for op in lead if op in needed)
-            pre = [f"static opgen_status_t {self.pre_name}(const opgen_buf_t *bufs, const int64_t *dims, "
-                   f"const opgen_scalar_t *sc) {{"]
-            pre += ["    " + x for x in prologue] + self.lines
-            pre += ["    (void)bufs; (void)dims; (void)sc;", "    return OPGEN_SUCCESS;", "}"]
+            pre = self.lines
             self.lines = []
         self.walk(iter(self.k.body.block.ops))
         body = self.lines
-        ws_lines = ["size_t off = 0;"]  # saturating: SIZE_MAX when the workspace does not fit
-        carve = ["char *wp = ws;"]
-        for n, ct, count, sat in self.temps:
-            carve.append(f"{ct} *{self.restrict} {n} = ({ct} *)(wp + off); off += opgen_align(sizeof({ct}) * {count});")
-            ws_lines.append(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof({ct}), {sat})));")
-        for n, ct, count, sat in self.scratch:
-            carve.append(f"{ct} *{n}_base = ({ct} *)(wp + off); "
-                         f"off += opgen_align(sizeof({ct}) * {count} * (size_t)opgen_threads());")
-            ws_lines.append(f"off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof({ct}), {sat}), "
-                            f"(size_t)opgen_threads())));")
-        dims_decl = [f"const int64_t d_{d} = dims[{i}]; (void)d_{d};" for d, i in self.dim_ids.items()]
-        out = pre
-        if self.with_ws:
-            out += [f"static size_t {self.ws_name}(const int64_t *dims) {{"]
-            out += ["    " + x for x in dims_decl + ws_lines + ["return off;"]]
-            out.append("}")
-        out.append(f"{self.fn_attr}static opgen_status_t {self.fn_name}(const opgen_buf_t *bufs, "
-                   f"const int64_t *dims, const opgen_scalar_t *sc, char *ws) {{")
-        out += ["    " + x for x in prologue]
-        out += ["    size_t off = 0;"] + ["    " + x for x in carve]
-        out += body
-        out.append("    (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;")
-        out.append("    return OPGEN_SUCCESS;")
-        out.append("}")
-        return "\n".join(out) + "\n"
+
+        def region(n: str, ct: str, count: str, sat: str) -> dict[str, str]:
+            return {"name": n, "ctype": ct, "count": count, "sat": sat}
+
+        return render.render("cpu/instance.c.j2", pre_name=self.pre_name, prologue=prologue, pre=pre,
+                             with_ws=self.with_ws, ws_name=self.ws_name, dims=list(self.dim_ids.items()),
+                             temps=[region(*r) for r in self.temps], scratch=[region(*r) for r in self.scratch],
+                             fn_attr=self.fn_attr, fn=self.fn_name, restrict=self.restrict, body=body)
 
 
 class _Named:
