@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping, lane_split
+from opgen.lower.cpu_map import cpu_mapping
 from opgen.lower.sched import CpuMapping
 
 LANES = 16
@@ -414,7 +414,7 @@ class CPrinter:
         lo, hi = self.name(op.lo), self.name(op.hi)
         body = list(op.body.block.ops)
         if cpu_mapping(op) == CpuMapping.LANES:  # (decided by map-cpu)
-            self.lane_loop(op, iv, lo, hi, lane_split(op))
+            self.lane_loop(op, iv, lo, hi, s.scalar_accums(op))
             return
         self.loop_header_hook(op, iv, lo, hi)
         self.depth += 1

@@ -405,9 +405,7 @@ class CudaPrinter(CPrinter):
             return
         m = mapping(op)  # (decided by map-gpu)
         if m == GpuMapping.BLOCK_REDUCE:
-            accs = self.facts.block_reducible(op)
-            assert accs, "map-gpu marked a reduce loop that is not block-reducible"
-            self.block_reduce(op, iv, lo, hi, accs)
+            self.block_reduce(op, iv, lo, hi, s.scalar_accums(op))
             return
         if m == GpuMapping.THREADS:
             self.thread_loop(thread_chain(op))

@@ -34,9 +34,8 @@ def cpu_mapping(op: Operation) -> str | None:
 
 def lane_split(op: s.ForOp) -> list[s.AccumOp]:
     """The scalar accumulations a ``reduce`` loop splits into lanes (empty: it is not split)."""
-    body = list(op.body.block.ops)
-    accs = [o for o in body if isinstance(o, s.AccumOp) and s.buf_type(o.buf).rank == 0]
-    if op.kind.data == "reduce" and accs and not any(isinstance(o, s.ForOp) for o in body):
+    accs = s.scalar_accums(op)
+    if op.kind.data == "reduce" and accs and not any(isinstance(o, s.ForOp) for o in op.body.block.ops):
         return accs
     return []
 

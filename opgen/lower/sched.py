@@ -566,6 +566,13 @@ class BufferMatmulOp(IRDLOperation):
             raise VerifyException("sched.matmul: trans must give one flag per operand (A, B)")
 
 
+def scalar_accums(loop: ForOp) -> list[AccumOp]:
+    """The accumulations of ``loop``'s body into rank-0 buffers: what a reduction loop carries
+    from one iteration to the next (the values map-cpu's lanes and map-gpu's block reductions
+    split; the printers of a marked loop take them from here, deciding nothing)."""
+    return [o for o in loop.body.block.ops if isinstance(o, AccumOp) and buf_type(o.buf).rank == 0]
+
+
 def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     """Buffers read and updated by ``op`` and everything nested in it."""
     reads: set[SSAValue] = set()
