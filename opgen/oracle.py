@@ -8,6 +8,7 @@ exact-math reference the tests compare against PyTorch's float64 results.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,14 @@ def _elementwise(fn: Callable[..., Array]) -> Callable[[_Interp, Any], Array]:
         with np.errstate(all="ignore"):
             return fn(*(it.val(o) for o in op.operands))
     return h
+
+
+_ERF64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x: Array) -> Array:
+    """erf in float64 (math.erf), rounded once to ``x``'s dtype."""
+    return np.asarray(_ERF64(np.asarray(x, np.float64)), np.float64).astype(x.dtype)
 
 
 def _int_div(a: Array, b: Array) -> Array:
@@ -233,6 +242,7 @@ _HANDLERS: dict[type, Callable[[_Interp, Any], Array]] = {
     ir.RecipOp: _elementwise(lambda x: 1 / x),
     ir.TanhOp: _elementwise(np.tanh),
     ir.SigmoidOp: _elementwise(_sigmoid),
+    ir.ErfOp: _elementwise(_erf),
     ir.NotOp: _elementwise(np.logical_not),
     ir.AddOp: _elementwise(np.add),
     ir.SubOp: _elementwise(np.subtract),

@@ -26,7 +26,7 @@ from opgen import build, oracle, registry, runtime
 from opgen import compile as cc
 from opgen.binding import OpError
 from tests.cuda_emu import emu_build, emu_worker
-from tests.reference import NP, assert_close_policy, assert_f64_close, rounded, t64
+from tests.reference import NP, assert_close_policy, assert_f64_close, f64, rounded, t64, tt
 
 RANK0 = '''
 """Rank-0 tensors in and out."""
@@ -150,7 +150,24 @@ def pick(table: Tensor[S, V, D], at: Tensor[J, N], *, out: Output[S, N, D]):
     return {"out": gather(table, cast(at, i64))}
 '''
 
-SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY}
+GELU = '''
+"""Exact (erf) GELU backward, as a user writes it."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def gelu_backward(grad: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D], *, dx: Output[T, Batch(N), D]):
+    """dx = grad * (Phi(x) + x * phi(x)): Phi(x) = (1 + erf(x / sqrt(2))) / 2, phi the normal density."""
+    cdf = 0.5 * (1.0 + erf(x * 0.7071067811865476))
+    pdf = exp(-0.5 * x * x) * 0.3989422804014327
+    return {"dx": grad * (cdf + x * pdf)}
+'''
+
+SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
+           "gelu_ops.py": GELU}
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +200,37 @@ def run_both(built: dict, name: str, **args: object) -> tuple[dict, dict]:
     ref = oracle.run(o, **{k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
     got = runtime.call(name, lib=built["lib"], **args)  # type: ignore[arg-type]
     return got, ref
+
+
+# ---------------------------------------------------------------------- erf
+
+
+def gelu_inputs(rng: np.random.Generator, T: str) -> tuple[np.ndarray, np.ndarray]:
+    """(grad, x): x spans the tails (|x| up to 9, where erf saturates), zeros, and +-inf/NaN."""
+    x = rng.standard_normal((7, 33)) * 3
+    x[0, :6] = [0.0, -0.0, 9.0, -9.0, 1e-30, -1e-30]
+    x[1, :3] = [np.inf, -np.inf, np.nan]
+    return rounded(rng.standard_normal((7, 33)), T), rounded(x, T)
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_exact_gelu_backward_with_erf(built, rng, T):
+    """``erf`` in the DSL: the exact GELU backward, compiled, against the oracle and against
+    PyTorch's ``gelu(approximate='none')`` backward in float64."""
+    g, x = gelu_inputs(rng, T)
+    got, ref = run_both(built, "gelu_backward", grad=g, x=x)
+    xt = t64(x, requires_grad=True)
+    torch.nn.functional.gelu(xt, approximate="none").backward(t64(g))
+    finite = np.isfinite(f64(x))
+    want = np.where(finite, xt.grad.numpy(), np.nan)  # (torch gives 0 at -inf and NaN at +inf)
+    exact = oracle.run(built["ops"]["gelu_backward"], precision="f64", grad=g, x=x)
+    assert_f64_close(np.where(finite, exact["dx"], np.nan), want, "dx (oracle f64)")
+    same = tt(x, T, requires_grad=True)
+    torch.nn.functional.gelu(same, approximate="none").backward(tt(g, T))
+    keep = finite  # the C library and the oracle agree on the non-finite inputs too
+    assert np.array_equal(np.isnan(f64(got["dx"])), np.isnan(f64(ref["dx"])))
+    assert_close_policy(np.where(keep, f64(got["dx"]), 0.0).astype(NP[T]), np.where(keep, want, 0.0),
+                        np.where(keep, same.grad.to(torch.float64).numpy(), 0.0), T, "dx (compiled)")
 
 
 # ---------------------------------------------------------------------- rank-0 tensors
@@ -399,7 +447,7 @@ def test_cuda_sources_compile_with_nvcc(built):
     out = built["out"]
     lib = cc.build_cuda_library(out / "cuda", out / "include", built["root"] / "cuda-build", verbose=False)
     names = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
-    for op in ("scale_by", "normalize", "masked_mean_backward", "new", "take_rows"):
+    for op in ("scale_by", "normalize", "masked_mean_backward", "new", "take_rows", "gelu_backward"):
         assert f"opgen_cuda_{op}" in names
 
 
@@ -413,6 +461,11 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
     g = rounded(0.5, "bf16")
     ref = oracle.run(built["ops"]["scale_by"], g=g, x=x)
     assert np.array_equal(runtime.call("scale_by", lib=lib, g=g, x=x)["dx"], ref["dx"])
+    for T in ("f32", "bf16"):  # erf (CUDA's erff)
+        gg, xg = gelu_inputs(rng, T)
+        got = runtime.call("gelu_backward", lib=lib, grad=gg, x=xg)["dx"]
+        want = oracle.run(built["ops"]["gelu_backward"], grad=gg, x=xg)["dx"]
+        assert np.allclose(f64(got), f64(want), rtol=1e-5 if T == "f32" else 8e-3, atol=1e-6, equal_nan=True)
     xp = rounded(rng.random((33, 70)) + 0.5, "f32")
     got = runtime.call("normalize", lib=lib, x=xp)["y"]
     assert np.allclose(got, oracle.run(built["ops"]["normalize"], x=xp)["y"], rtol=1e-5)

@@ -221,19 +221,22 @@ def deep_mix(x: Tensor[T, Batch(N), D], y: Tensor[T, Batch(N), D], *, out: Outpu
     e = a + b * (x * y - (y - x) * (x + y * y))
     return {"out": e, "colsum": sum(e, axis=0)}
 '''
-NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix")
+NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix", "gelu_backward")
 
 
 @pytest.fixture(scope="module")
 def new_ops(tmp_path_factory) -> dict[str, Any]:
-    """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file)
-    and deep_mix, loaded from their own ops directory: nothing of them is in the compiler."""
+    """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file),
+    deep_mix and the exact GELU backward (erf; tests/test_new_op_backends.py's), loaded from their
+    own ops directory: nothing of them is in the compiler."""
     from tests.test_ascendc import NEW_OPS
+    from tests.test_new_op_backends import GELU
 
     d = tmp_path_factory.mktemp("tt-ops") / "opgen_test_tt_ops"
     d.mkdir()
     (d / "newops.py").write_text(NEW_OPS)
     (d / "deep.py").write_text(DEEP_OP)
+    (d / "gelu.py").write_text(GELU)  # erf: SFPU erf_tile<false> (the accurate one)
     ops = registry.load_all(str(d))
     for o in ops.values():
         runner.register(o)
@@ -250,7 +253,7 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
     if op == "deep_mix":
         return {"x": floats(rng, shape, T), "y": floats(rng, shape, T), "out": filled(shape, T),
                 "colsum": filled(D, T)}
-    second = "x" if op == "silu_backward" else "y"
+    second = "x" if op in ("silu_backward", "gelu_backward") else "y"
     return {"grad": floats(rng, shape, T), second: floats(rng, shape, T), "dx": filled(shape, T)}
 
 

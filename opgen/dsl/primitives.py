@@ -34,6 +34,7 @@ __all__ = [
     "bincount",
     "cast",
     "check",
+    "erf",
     "exp",
     "full",
     "gather",
@@ -103,6 +104,11 @@ def reciprocal(x: Any) -> Value:
 def tanh(x: Any) -> Value:
     """Hyperbolic tangent."""
     return unary(ir.TanhOp, x)
+
+
+def erf(x: Any) -> Value:
+    """The error function (``erf(x / sqrt(2))`` gives the exact GELU's normal CDF)."""
+    return unary(ir.ErfOp, x)
 
 
 def sigmoid(x: Any) -> Value:

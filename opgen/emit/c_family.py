@@ -276,7 +276,8 @@ class CPrinter:
         return f"{self.name(buf)}[{self.offset(buf, idx)}]"
 
     # ------------------------------------------------------------------ scalar ops
-    UNARY_F: ClassVar[dict[type, str]] = {ir.ExpOp: "exp", ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.TanhOp: "tanh"}
+    UNARY_F: ClassVar[dict[type, str]] = {ir.ExpOp: "exp", ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.TanhOp: "tanh",
+                                          ir.ErfOp: "erf"}
     BINARY: ClassVar[dict[type, str]] = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
     CMP: ClassVar[dict[str, str]] = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 

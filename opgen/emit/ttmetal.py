@@ -29,6 +29,7 @@ KERNEL_HEADERS = {
                 "api/compute/eltwise_unary/binop_with_scalar.h", "api/compute/eltwise_unary/rsqrt.h",
                 "api/compute/eltwise_unary/recip.h", "api/compute/eltwise_unary/exp.h",
                 "api/compute/eltwise_unary/sqrt.h", "api/compute/eltwise_unary/negative.h",
+                "api/compute/eltwise_unary/erf_erfc.h",
                 "api/compute/compute_kernel_api.h",
                 "api/compute/eltwise_unary/fill.h", "api/compute/eltwise_unary/bitwise.h",
                 "api/compute/copy_dest_values.h", "api/compute/mask.h", "api/compute/reduce.h",

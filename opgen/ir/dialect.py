@@ -585,6 +585,14 @@ class SigmoidOp(UnaryOp):
 
 
 @irdl_op_definition
+class ErfOp(UnaryOp):
+    """The error function, ``2/sqrt(pi) * integral_0^x exp(-t^2) dt`` (exact GELU and its
+    gradient: ``Phi(x) = (1 + erf(x / sqrt 2)) / 2``)."""
+
+    name = "opgen.erf"
+
+
+@irdl_op_definition
 class NotOp(UnaryOp, HasFolderInterface):
     name = "opgen.not"
     FLOAT_ONLY: ClassVar[bool] = False
@@ -1108,7 +1116,7 @@ class _MaterializeConstant(ConstantMaterializationInterface):
 Opgen = Dialect(
     "opgen",
     [FuncOp, ReturnOp, CheckOp, ConstantOp, DimOp, FullOp, IotaOp,
-     NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, NotOp,
+     NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, ErfOp, NotOp,
      AddOp, SubOp, MulOp, DivOp, CeilDivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
      BroadcastOp, TransposeOp, ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
     [TensorType, StatusAttr, CmpPredicateAttr, ReduceKindAttr],

@@ -73,7 +73,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # reader/compute/writer kernels with their CBs and DST sections
     # (opgen/ttmetal/lower.py; printed by opgen/emit/ttmetal.py). Tensors read only cast are
     # converted by the host function (any IndexType), indices by the scatter plan.
-    "ttmetal": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(split_spans=True), CanonicalizePass(),
+    "ttmetal": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(split_spans=True, target="tt-metal"), CanonicalizePass(),
                 CommonSubexpressionElimination(), CacheRowsTt(), SizeTilesTt(), LowerToTtKernel(),
                 CommonSubexpressionElimination(), ShareKernels()],
 }

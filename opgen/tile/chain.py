@@ -53,7 +53,7 @@ BLOCK, SPAN = CHAIN_BLOCK, CHAIN_SPAN
 MAX_MATMULS = 4
 #: L0 ops a chain's G may not use on the tile level
 NOT_IN_G = {ir.ReduceOp: "a reduction", ir.ScatterAddOp: "a scatter_add", ir.GatherOp: "a gather",
-            ir.BincountOp: "a bincount", ir.PowOp: "pow", ir.TanhOp: "tanh"}
+            ir.BincountOp: "a bincount", ir.PowOp: "pow", ir.TanhOp: "tanh", ir.ErfOp: "erf"}
 
 
 @dataclass

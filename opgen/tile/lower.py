@@ -38,6 +38,9 @@ from opgen.tile.scatter import ScatterWalk
 #: L0 ops the tile level has no form for yet (name -> what the message calls it)
 UNSUPPORTED = {ir.MatmulOp: "matmul", ir.UnpackBitsOp: "unpack_bits", ir.TransposeOp: "transpose",
                ir.IotaOp: "iota", ir.PowOp: "pow", ir.TanhOp: "tanh"}
+#: L0 ops one NPU target has no form for (its pipeline's ``LowerToTiles(target=...)``): Ascend C's
+#: erf is not verified here (no toolchain, and the A2 vector API's accuracy is not documented)
+TARGET_UNSUPPORTED: dict[str, dict[type, str]] = {"ascendc": {ir.ErfOp: "erf"}, "tt-metal": {}}
 
 #: tile dims: rows of a tile, and the columns of a column tile (streamed schedule)
 ROWS = "R"
@@ -47,8 +50,8 @@ CHUNK = "C"
 class TileUnsupported(NotImplementedError):
     """The op uses something the tile level (and so the NPU targets) cannot express yet."""
 
-    def __init__(self, op: str, what: str):
-        super().__init__(f"not supported on the tile level (ascendc, tt-metal): {what}")
+    def __init__(self, op: str, what: str, where: str = "the tile level (ascendc, tt-metal)"):
+        super().__init__(f"not supported on {where}: {what}")
         self.op = op
         self.what = what
 
@@ -102,8 +105,10 @@ class _Group:
 class TileLowering(ScatterWalk):
     """Lowers row group ``part`` of one ``opgen.func`` (see the module docstring)."""
 
-    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False, part: int = 0):
+    def __init__(self, func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False, part: int = 0,
+                 target: str = "ascendc"):
         self.func = func
+        self.target = target
         self.name = func.sym_name.data
         self.binding = binding
         self.streamed = streamed
@@ -127,6 +132,9 @@ class TileLowering(ScatterWalk):
             what = UNSUPPORTED.get(type(op))
             if what:
                 raise TileUnsupported(self.name, what)
+            what = TARGET_UNSUPPORTED[self.target].get(type(op))
+            if what:
+                raise TileUnsupported(self.name, what, where=self.target)
             if isinstance(op, ir.BincountOp) and not _Lowering.counted_by_segments(op):
                 raise TileUnsupported(self.name, "bincount")
             if isinstance(op, ir.GatherOp) and not isinstance(op.table.owner, ir.BincountOp):
@@ -618,5 +626,5 @@ class TileLowering(ScatterWalk):
 
 
 def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False,
-               part: int = 0) -> t.KernelOp:
-    return TileLowering(func, binding, streamed, part).run()
+               part: int = 0, target: str = "ascendc") -> t.KernelOp:
+    return TileLowering(func, binding, streamed, part, target).run()

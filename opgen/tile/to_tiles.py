@@ -44,6 +44,9 @@ class LowerToTiles(ModulePass):
     #: there are too few blocks for the grid, the slices' partial sums added after a
     #: ``tile.sync_all`` (TT-Metal: a second launch; see opgen/tile/chain.py)
     split_spans: bool = False
+    #: the NPU target (``ascendc`` or ``tt-metal``): the L0 ops it has no form for
+    #: (opgen/tile/lower.py, ``TARGET_UNSUPPORTED``)
+    target: str = "ascendc"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
@@ -58,9 +61,9 @@ class LowerToTiles(ModulePass):
                         ks.append(CheckTiles(f, b).run() if part < first
                                   else lower_chain(f, b, part, first, self.split_spans))
                         continue
-                    ks.append(lower_func(f, b, part=part))
+                    ks.append(lower_func(f, b, part=part, target=self.target))
                     try:
-                        ks.append(lower_func(f, b, streamed=True, part=part))
+                        ks.append(lower_func(f, b, streamed=True, part=part, target=self.target))
                     except TileUnsupported:
                         pass  # (rows of one element always fit)
                 if all(scalar_reads_only(k) for k in ks):

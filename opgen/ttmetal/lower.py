@@ -69,7 +69,9 @@ SCALAR_OPS = (ir.ConstantOp, ir.DimOp, ir.AddOp, ir.SubOp, ir.MulOp, ir.DivOp, i
               ir.SelectOp, ir.CastOp, ir.AndOp, ir.OrOp, ir.NotOp)
 SFPU_BINARY = {ir.AddOp: "add", ir.SubOp: "sub", ir.MulOp: "mul", ir.DivOp: "div"}
 SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.SigmoidOp: "sigmoid", ir.TanhOp: "tanh",
-              ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs"}
+              ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs", ir.ErfOp: "erf"}
+#: template arguments of an SFPU op's init and call: erf's default is its fast approximation
+SFPU_TEMPLATE = {"erf": ("false",)}
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
            t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, ir.CheckOp, *SFPU_UNARY,
@@ -1248,8 +1250,8 @@ class Lowering:
             return False
         if node.op == "unary":
             r = self.eval(node.kids[0], slot, j, pops)
-            c.call(f"{node.fn}_tile_init")
-            c.call(f"{node.fn}_tile", str(slot))
+            c.call(f"{node.fn}_tile_init", template=SFPU_TEMPLATE.get(node.fn, ()))
+            c.call(f"{node.fn}_tile", str(slot), template=SFPU_TEMPLATE.get(node.fn, ()))
             return r
         if node.op == "colsum":
             cbn, onen = f"tt::CBIndex::c_{node.cb}", f"tt::CBIndex::c_{self.scaler()}"

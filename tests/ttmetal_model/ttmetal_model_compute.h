@@ -563,7 +563,8 @@ inline void unary_init(const char *op, int line) {
     std::string f = std::string(op) + "_tile";
     sfpu_init(self(line), op == std::string("sigmoid") ? "sigmoid_tile" : op == std::string("tanh") ? "tanh_tile"
                           : op == std::string("log") ? "log_tile" : op == std::string("sqrt") ? "sqrt_tile"
-                          : op == std::string("negative") ? "negative_tile" : "abs_tile", (f + "_init").c_str());
+                          : op == std::string("negative") ? "negative_tile" : op == std::string("erf") ? "erf_tile"
+                          : "abs_tile", (f + "_init").c_str());
 }
 }  // namespace ttmodel
 template <bool fast_and_approx = false>
@@ -577,6 +578,18 @@ inline void tanh_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("t
 template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
 inline void tanh_tile(uint32_t idst, int line = __builtin_LINE()) {
     ttmodel::sfpu_unary("tanh_tile", "tanh_tile", idst, line, [](float x, uint32_t) { return tanhf(x); });
+}
+/* erf (api/compute/eltwise_unary/erf_erfc.h): erff in f32. The header's default is the fast
+ * approximation; opgen asks for the accurate one (<false>), and the model refuses the other. */
+template <bool fast_and_approx = true>
+inline void erf_tile_init(int line = __builtin_LINE()) {
+    static_assert(!fast_and_approx, "opgen uses the accurate erf (erf_tile_init<false>)");
+    ttmodel::unary_init("erf", line);
+}
+template <bool fast_and_approx = true>
+inline void erf_tile(uint32_t idst, int line = __builtin_LINE()) {
+    static_assert(!fast_and_approx, "opgen uses the accurate erf (erf_tile<false>)");
+    ttmodel::sfpu_unary("erf_tile", "erf_tile", idst, line, [](float x, uint32_t) { return erff(x); });
 }
 template <bool fast_and_approx = false, bool is_fp32_dest_acc_en = DST_ACCUM_MODE>
 inline void log_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("log", line); }
