@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,8 +167,22 @@ def gelu_backward(grad: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D], *, dx
     return {"dx": grad * (cdf + x * pdf)}
 '''
 
+LINEAR = '''
+"""A linear layer with bias and ReLU: a standalone matmul."""
+from opgen.dsl import *
+
+N, K, M = dims("N K M")
+
+
+@op
+def linear_relu(x: Tensor[f32, N, K], w: Tensor[f32, M, K], b: Tensor[f32, M], *, y: Output[f32, N, M]):
+    """y = relu(x @ w.T + b)."""
+    z = x @ w.T + b[None, :]
+    return {"y": where(z > 0.0, z, 0.0)}
+'''
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
-           "gelu_ops.py": GELU}
+           "gelu_ops.py": GELU, "linear_ops.py": LINEAR}
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +246,45 @@ def test_exact_gelu_backward_with_erf(built, rng, T):
     assert np.array_equal(np.isnan(f64(got["dx"])), np.isnan(f64(ref["dx"])))
     assert_close_policy(np.where(keep, f64(got["dx"]), 0.0).astype(NP[T]), np.where(keep, want, 0.0),
                         np.where(keep, same.grad.to(torch.float64).numpy(), 0.0), T, "dx (compiled)")
+
+
+# ---------------------------------------------------------------------- standalone matmul
+
+DET_SCRIPT = """
+import sys, numpy as np
+from opgen import runtime
+lib = runtime.load(sys.argv[1])
+rng = np.random.default_rng(7)
+x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((700, 300), (90, 300), (90,)))
+y = runtime.call("linear_relu", lib=lib, x=x, w=w, b=b)["y"]
+sys.stdout.write(y.tobytes().hex())
+"""
+
+
+def test_standalone_matmul_runs_on_the_packed_gemm(built, rng):
+    """A matmul outside any chain (``relu(x @ w.T + b)``) calls the packed f32 GEMM, its rows in
+    parallel tasks (not a naive i-j-k loop); right for contiguous and strided operands against the
+    oracle and PyTorch, and bitwise the same on 1 and 3 threads."""
+    src = (built["out"] / "cpu" / "linear_relu.c").read_text()
+    assert "opgen_sgemm(" in src and "OPGEN_SGEMM_ROWS" in src
+    for xt in (False, True):
+        x = rounded(rng.standard_normal((300, 70)), "f32")
+        x = np.ascontiguousarray(x.T).T if xt else x  # (column-major: a strided matrix)
+        w, b = rounded(rng.standard_normal((45, 70)), "f32"), rounded(rng.standard_normal(45), "f32")
+        got, ref = run_both(built, "linear_relu", x=x, w=w, b=b)
+        want = torch.relu(t64(x) @ t64(w).T + t64(b))
+        same = torch.relu(torch.tensor(x) @ torch.tensor(w).T + torch.tensor(b))
+        assert_close_policy(got["y"], want.numpy(), same.double().numpy(), "f32", f"y (x transposed: {xt})")
+        assert np.allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-5)
+    lib = str(built["root"] / "generated.build" / "cpu" / "libopgen.so")
+    outs = set()
+    for threads in ("1", "3"):
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false",
+               "OPGEN_OPS_DIR": os.environ["OPGEN_OPS_DIR"]}
+        r = subprocess.run([sys.executable, "-c", DET_SCRIPT, lib], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.add(r.stdout)
+    assert len(outs) == 1, "the result depends on the thread count"
 
 
 # ---------------------------------------------------------------------- rank-0 tensors

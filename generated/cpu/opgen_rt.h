@@ -105,6 +105,9 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
  * in a fixed order (blocks of OPGEN_KC), so results do not depend on threads or alignment. */
 void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* Rows of C per task when a matmul's rows run in parallel (one opgen_sgemm call each; B is
+ * packed again per task, so a task must hold enough rows to amortise it). */
+#define OPGEN_SGEMM_ROWS 256
 
 /* x rounded up to a multiple of 64 (workspace temporaries start at such offsets); saturating:
  * SIZE_MAX for x > SIZE_MAX - 63, never a wrap. */

@@ -477,16 +477,22 @@ class CPrinter:
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
         acc_flag = op.accumulate.data
         bufs = [s.buf_type(x) for x in (a, b, c)]
-        f32 = all(self.dtype(t.dtype).compute == dtypes.F32 for t in bufs)
-        if f32 and all(t.role.data in ("local", "temp") for t in bufs):
-            def strides(x: SSAValue, trans: int) -> tuple[str, str]:
-                ld = self.extents(x)[1]
-                return ("1", ld) if trans else (ld, "1")
-
-            ars, acs = strides(a, ta)
-            brs, bcs = strides(b, tb)
-            self.line(f"opgen_sgemm({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
-                      f"{bcs}, {self.name(c)}, {self.extents(c)[1]}, {acc_flag});")
+        sa, sb, sc = self.sgemm_strides(a, ta), self.sgemm_strides(b, tb), self.sgemm_strides(c, 0)
+        if sa and sb and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
+            (ars, acs), (brs, bcs), ldc = sa, sb, sc[0]
+            if cpu_mapping(op) != CpuMapping.OMP_FOR:
+                self.line(f"opgen_sgemm({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
+                          f"{bcs}, {self.name(c)}, {ldc}, {acc_flag});")
+                return
+            # rows of C in parallel (map-cpu), OPGEN_SGEMM_ROWS per task: each element is computed
+            # by one call, its k in the same order whatever the split (the bits do not depend on it)
+            r0, mb = self.fresh("r"), self.fresh("mb")
+            self.matmul_pragma_hook(op)
+            self.line(f"for (int64_t {r0} = 0; {r0} < {m}; {r0} += OPGEN_SGEMM_ROWS) {{")
+            self.line(f"    const int64_t {mb} = {m} - {r0} < OPGEN_SGEMM_ROWS ? {m} - {r0} : OPGEN_SGEMM_ROWS;")
+            self.line(f"    opgen_sgemm({mb}, {n}, {k}, {self.name(a)} + {r0} * {ars}, {ars}, {acs}, {self.name(b)}, "
+                      f"{brs}, {bcs}, {self.name(c)} + {r0} * {ldc}, {ldc}, {acc_flag});")
+            self.line("}")
             return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
@@ -504,6 +510,24 @@ class CPrinter:
                   f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("    }")
         self.line("}")
+
+    def sgemm_strides(self, x: SSAValue, trans: int) -> tuple[str, str] | None:
+        """(row, column) strides of 2-D buffer ``x`` as the f32 GEMM reads it (``trans``: as its
+        transpose), or None when it is not a strided matrix of ``float`` (another storage type,
+        a batched parameter's row table)."""
+        t = s.buf_type(x)
+        if self.storage_ctype(t) != "float" or t.rank != 2:
+            return None
+        if t.role.data in ("local", "temp"):
+            rs, cs = self.extents(x)[1], "1"
+        else:
+            pn = self.arg_of[x]
+            info = self.buf_info[pn]
+            if info.batch:
+                return None
+            rs = self.mention(self.stride_name(pn, 0))
+            cs = "1" if info.last_contig or self.unit_last else self.mention(self.stride_name(pn, 1))
+        return (cs, rs) if trans else (rs, cs)
 
     def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
         return self._elem(buf, idx)
