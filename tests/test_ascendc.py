@@ -26,6 +26,7 @@ from opgen.binding import OpError
 from opgen.emit import ascendc
 from tests.ascendc_model import build as model
 from tests.cpu_cases import rms_args
+from tests.test_new_op_backends import LN_CAST
 
 REPO = registry.REPO_ROOT
 OUT = REPO / "build" / "ascendc-model"
@@ -141,6 +142,7 @@ def new_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     (ops / "newops.py").write_text(NEW_OPS)
     (ops / "gate.py").write_text(GATE_OP)
     (ops / "target.py").write_text(TARGET_OP)
+    (ops / "ln_cast.py").write_text(LN_CAST)
     env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
     r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
                        cwd=REPO, env=env, capture_output=True, text=True)
@@ -335,6 +337,19 @@ NP_FLOAT = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 def test_new_ops_on_the_model(new_ops, tmp_path):
     lib, env = new_ops
     _bitwise_across_cores(lib, _new_cases(), tmp_path, env)
+
+
+def test_column_sums_behind_a_cast_on_the_model(new_ops, tmp_path):
+    """LayerNorm backward from saved f32 statistics with its weight/bias gradients cast from
+    f32 column sums (tests/test_new_op_backends.py's LN_CAST): fused into the row tiles as
+    column partials, against the oracle, bitwise across cores."""
+    from tests.test_new_op_backends import ln_cast_args
+
+    lib, env = new_ops
+    rng = np.random.default_rng(17)
+    cases = [(f"ln-cast-{T}-{shape}", "ln_cast_backward", ln_cast_args(rng, T, shape))
+             for T in ("f32", "bf16") for shape in ((9, 33), (130, 64), (2, 5, 17), (0, 4))]
+    _bitwise_across_cores(lib, cases, tmp_path, env, cores=(1, 3))
 
 
 # ---------------------------------------------------------------------- FLCE (a matmul chain)

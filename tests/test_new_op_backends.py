@@ -26,6 +26,7 @@ import torch
 from opgen import build, oracle, registry, runtime
 from opgen import compile as cc
 from opgen.binding import OpError
+from opgen.lower import sched as s
 from tests.cuda_emu import emu_build, emu_worker
 from tests.reference import NP, assert_close_policy, assert_f64_close, f64, rounded, t64, tt
 
@@ -181,8 +182,41 @@ def linear_relu(x: Tensor[f32, N, K], w: Tensor[f32, M, K], b: Tensor[f32, M], *
     return {"y": where(z > 0.0, z, 0.0)}
 '''
 
+LN_CAST = '''
+"""LayerNorm backward from PyTorch's saved f32 statistics, computed in f32 (casts at the inputs
+and at the weight/bias gradients, which are column sums over the rows)."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def ln_cast_backward(grad_y: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D], w: Tensor[T, D],
+                     mean_: Tensor[f32, Batch(N)], rstd: Tensor[f32, Batch(N)], *,
+                     grad_x: Output[T, Batch(N), D], grad_w: Output[T, D], grad_b: Output[T, D]):
+    """grad_x, and grad_w = sum(grad_y * xhat), grad_b = sum(grad_y) over the rows, in f32."""
+    xf = cast(x, f32)
+    gy = cast(grad_y, f32)
+    xhat = (xf - mean_[:, None]) * rstd[:, None]
+    g = gy * cast(w, f32)[None, :]
+    gx = rstd[:, None] * (g - mean(g, axis=-1, keepdims=True) - xhat * mean(g * xhat, axis=-1, keepdims=True))
+    return {"grad_x": gx, "grad_w": sum(gy * xhat, axis=0), "grad_b": sum(gy, axis=0)}
+'''
+
+
+def ln_cast_args(rng: np.random.Generator, T: str, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """ln_cast_backward's inputs, with the statistics PyTorch saves (f32 mean and 1/std)."""
+    x = rounded(rng.standard_normal(shape) * 2 + 0.5, T)
+    xf = f64(x)
+    mu = xf.mean(axis=-1) if shape[-1] else np.zeros(shape[:-1])
+    var = ((xf - mu[..., None]) ** 2).mean(axis=-1) if shape[-1] else np.zeros(shape[:-1])
+    return {"grad_y": rounded(rng.standard_normal(shape), T), "x": x, "w": rounded(rng.standard_normal(shape[-1]), T),
+            "mean_": mu.astype(np.float32), "rstd": (1 / np.sqrt(var + 1e-5)).astype(np.float32)}
+
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
-           "gelu_ops.py": GELU, "linear_ops.py": LINEAR}
+           "gelu_ops.py": GELU, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST}
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +319,33 @@ def test_standalone_matmul_runs_on_the_packed_gemm(built, rng):
         assert r.returncode == 0, r.stderr
         outs.add(r.stdout)
     assert len(outs) == 1, "the result depends on the thread count"
+
+
+# ---------------------------------------------------------------------- fusion through casts
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_column_sums_behind_a_cast_stay_in_the_row_loop(built, rng, T):
+    """``cast(sum(gy * xhat, axis=0), T)`` is still a column sum of the row group: summed as
+    partials inside the one row loop (not a second, column-strided pass over the rows), and
+    right against the oracle and PyTorch's layer_norm backward."""
+    from opgen.passes import pipeline
+
+    m = built["ops"]["ln_cast_backward"].module()
+    pipeline.run(m, "cpu")
+    (k,) = m.body.block.ops
+    top = [o for o in k.body.block.ops if isinstance(o, s.ForOp)]
+    parts = [o for o in k.body.block.ops if isinstance(o, s.AllocOp) and s.buf_type(o.result).shape[0] == "cdiv(N,32)"]
+    assert len(parts) == 2 and len(top) == 3  # the row loop, then one combine per column sum
+    a = ln_cast_args(rng, T, (37, 70))
+    got, ref = run_both(built, "ln_cast_backward", **a)
+    xt, wt, gt = t64(a["x"], True), t64(a["w"], True), t64(a["grad_y"])
+    bt = torch.zeros(70, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.layer_norm(xt, (70,), wt, bt, eps=1e-5).backward(gt)
+    for k_, want in (("grad_x", xt.grad), ("grad_w", wt.grad), ("grad_b", bt.grad)):
+        assert np.allclose(f64(got[k_]), f64(ref[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), k_
+        assert np.allclose(f64(got[k_]), want.numpy(), rtol=1e-3 if T == "f32" else 3e-2,
+                           atol=1e-3 if T == "f32" else 5e-2), k_
 
 
 # ---------------------------------------------------------------------- rank-0 tensors

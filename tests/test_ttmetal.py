@@ -221,7 +221,7 @@ def deep_mix(x: Tensor[T, Batch(N), D], y: Tensor[T, Batch(N), D], *, out: Outpu
     e = a + b * (x * y - (y - x) * (x + y * y))
     return {"out": e, "colsum": sum(e, axis=0)}
 '''
-NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix", "gelu_backward")
+NEW = ("silu_backward", "softmax_backward", "layer_norm_backward", "deep_mix", "gelu_backward", "ln_cast_backward")
 
 
 @pytest.fixture(scope="module")
@@ -230,13 +230,14 @@ def new_ops(tmp_path_factory) -> dict[str, Any]:
     deep_mix and the exact GELU backward (erf; tests/test_new_op_backends.py's), loaded from their
     own ops directory: nothing of them is in the compiler."""
     from tests.test_ascendc import NEW_OPS
-    from tests.test_new_op_backends import GELU
+    from tests.test_new_op_backends import GELU, LN_CAST
 
     d = tmp_path_factory.mktemp("tt-ops") / "opgen_test_tt_ops"
     d.mkdir()
     (d / "newops.py").write_text(NEW_OPS)
     (d / "deep.py").write_text(DEEP_OP)
     (d / "gelu.py").write_text(GELU)  # erf: SFPU erf_tile<false> (the accurate one)
+    (d / "ln_cast.py").write_text(LN_CAST)  # column sums behind casts
     ops = registry.load_all(str(d))
     for o in ops.values():
         runner.register(o)
@@ -250,6 +251,11 @@ def _new_args(rng, op: str, T: str, shape: tuple[int, ...]) -> dict[str, Any]:
     if op == "layer_norm_backward":
         return {"grad_y": floats(rng, shape, T), "x": floats(rng, shape, T), "w": floats(rng, D, T), "eps": 1e-5,
                 "grad_x": filled(shape, T), "grad_w": filled(D, T), "grad_b": filled(D, T)}
+    if op == "ln_cast_backward":
+        from tests.test_new_op_backends import ln_cast_args
+
+        a = ln_cast_args(rng, T, shape)
+        return {**a, "grad_x": filled(shape, T), "grad_w": filled(D, T), "grad_b": filled(D, T)}
     if op == "deep_mix":
         return {"x": floats(rng, shape, T), "y": floats(rng, shape, T), "out": filled(shape, T),
                 "colsum": filled(D, T)}

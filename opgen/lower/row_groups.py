@@ -24,6 +24,19 @@ from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 CHUNK = 32  # rows per partial of a column reduction
 
 
+def column_sum(v: SSAValue) -> ir.ReduceOp | None:
+    """The sum over the leading dim that ``v`` is, also through float-to-float casts (storing the
+    sum into the output rounds it to the output's dtype once, as the cast does): such an output
+    is summed in the row loop as column partials."""
+    op = v.owner
+    while isinstance(op, ir.CastOp) and all(d.is_float for x in (op.x, op.result)
+                                            for d in ir.dtype_members(op, ir.tensor_type(x).dtype)):
+        op = op.x.owner
+    if isinstance(op, ir.ReduceOp) and op.axis_list == (0,) and op.kind.data == "sum":
+        return op
+    return None
+
+
 @dataclass
 class RowGroup:
     dim: str
@@ -80,8 +93,8 @@ class RowGroupLowering(_Lowering):
         groups: dict[str, RowGroup] = {}
         for name, v in zip(names, self.ret.values, strict=True):
             t = ir.tensor_type(v)
-            op = v.owner
-            if isinstance(op, ir.ReduceOp) and op.axis_list == (0,) and op.kind.data == "sum":
+            op = column_sum(v)
+            if op is not None:
                 x = ir.tensor_type(op.x).shape[0]
                 groups.setdefault(x, RowGroup(x)).colreds.append((name, op))
             elif t.rank >= 1 and not isinstance(op, ir.MatmulOp):
@@ -92,8 +105,9 @@ class RowGroupLowering(_Lowering):
         for g in groups.values():
             for _, v in g.outputs:
                 members_of[v] = g.dim
-            for _, r in g.colreds:
+            for name, r in g.colreds:
                 members_of[r.results[0]] = g.dim
+                members_of[self.returned(name)] = g.dim
         mat = self.materialised()
         for m in mat:
             op = m.owner
@@ -136,13 +150,18 @@ class RowGroupLowering(_Lowering):
         self.prologue()
         grouped = {m for g in groups for m in g.rowlocal}
         grouped |= {v for g in groups for _, v in g.outputs}
-        grouped |= {r.results[0] for g in groups for _, r in g.colreds}
+        grouped |= {x for g in groups for name, r in g.colreds for x in (r.results[0], self.returned(name))}
         for v in self.materialised():
             if v not in grouped:
                 self.lower_value(v, self.temp(v))
         for g in groups:
             self.lower_group(g)
         return self.kernel
+
+    def returned(self, name: str) -> SSAValue:
+        """The value the function returns as output ``name``."""
+        names = [n.data for n in self.ret.names.data]
+        return self.ret.values[names.index(name)]
 
     def arg(self, name: str) -> SSAValue:
         names = [a.data for a in self.func.arg_names.data]
