@@ -576,6 +576,12 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
     g = rounded(0.5, "bf16")
     ref = oracle.run(built["ops"]["scale_by"], g=g, x=x)
     assert np.array_equal(runtime.call("scale_by", lib=lib, g=g, x=x)["dx"], ref["dx"])
+    for T in ("f32", "bf16"):  # column sums behind casts (block kernels' row partials)
+        a = ln_cast_args(rng, T, (70, 45))
+        got = runtime.call("ln_cast_backward", lib=lib, **a)
+        want = oracle.run(built["ops"]["ln_cast_backward"], **a)
+        for k_ in ("grad_x", "grad_w", "grad_b"):
+            assert np.allclose(f64(got[k_]), f64(want[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), k_
     for T in ("f32", "bf16"):  # erf (CUDA's erff)
         gg, xg = gelu_inputs(rng, T)
         got = runtime.call("gelu_backward", lib=lib, grad=gg, x=xg)["dx"]
