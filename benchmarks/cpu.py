@@ -21,6 +21,9 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# PyTorch's CPU allocator gets transparent huge pages for large blocks, as numpy's arrays do
+# (else its page faults would flatter opgen)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
@@ -196,7 +199,8 @@ def peak_main(who: str, quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    ap.add_argument("--rows", default="embedding,rms,flce", help="which rows: embedding,rms,flce")
+    ap.add_argument("--rows", default="embedding,rms,flce,newops",
+                    help="which rows: embedding,rms,flce,newops (ops written only in DSL files)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--peak", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -220,6 +224,12 @@ def main() -> None:
     if "flce" in rows_wanted:
         rows.append(row_flce(a.quick))
         print(rows[-1], flush=True)
+    if "newops" in rows_wanted:
+        import newops
+
+        for r in newops.rows(alternate, a.quick):
+            rows.append(r)
+            print(r, flush=True)
     print()
     print("| case | opgen ms | PyTorch ms | speed-up | % copy BW | notes |")
     print("|---|---:|---:|---:|---:|---|")
@@ -228,8 +238,10 @@ def main() -> None:
         bwp = f"{100 * r['bytes'] / (r['ours_ms'] / 1e3) / 1e9 / bw:.0f}%" if "bytes" in r else "-"
         note = ""
         if "flops" in r:
-            note = (f"{r['flops'] / (r['ours_ms'] / 1e3) / 1e9:.0f} GFLOP/s; peak +{r['peak_ours_mb']:.0f} MB "
-                    f"vs +{r['peak_torch_mb']:.0f} MB")
+            note = (f"{r['flops'] / (r['ours_ms'] / 1e3) / 1e9:.0f} GFLOP/s "
+                    f"(PyTorch {r['flops'] / (r['torch_ms'] / 1e3) / 1e9:.0f})")
+        if "peak_ours_mb" in r:
+            note += f"; peak +{r['peak_ours_mb']:.0f} MB vs +{r['peak_torch_mb']:.0f} MB"
         print(f"| {r['row']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {sp:.2f}x | {bwp} | {note} |")
     if a.out:
         with open(a.out, "w") as f:

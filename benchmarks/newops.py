@@ -1,0 +1,137 @@
+"""The "new ops" rows of benchmarks/cpu.py: ops written only in DSL files, as a user would.
+
+The DSL files are the tests' (tests/test_new_op_backends.py: the exact GELU backward, a linear
+layer with bias and ReLU, LayerNorm backward from saved f32 statistics; tests/test_ascendc.py:
+SiLU, softmax and LayerNorm backward). They are written into build/bench-ops/ and built there
+with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
+autograd and the explicit aten kernel a user would call.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from opgen import registry, runtime
+
+ROOT = registry.REPO_ROOT / "build" / "bench-ops"
+OPS = ROOT / "opgen_bench_ops"
+
+
+def library() -> Any:
+    """The CPU library of the new ops (built on first use)."""
+    if str(registry.REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
+    from tests.test_ascendc import NEW_OPS
+    from tests.test_new_op_backends import GELU, LINEAR, LN_CAST
+
+    OPS.mkdir(parents=True, exist_ok=True)
+    for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("linear.py", LINEAR), ("ln_cast.py", LN_CAST)):
+        p = OPS / name
+        if not p.is_file() or p.read_text() != text:
+            p.write_text(text)
+    env = dict(os.environ, OPGEN_OPS_DIR=str(OPS))
+    r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(ROOT / "generated"), "-q"],
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"building the new ops failed:\n{r.stdout}\n{r.stderr}")
+    os.environ["OPGEN_OPS_DIR"] = str(OPS)  # (runtime.call looks the ops up by name)
+    registry.load_all.cache_clear()
+    return runtime.load(str(ROOT / "generated.build" / "cpu" / "libopgen.so"))
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(runtime.dtypes.BF16.np_dtype)
+    return t.contiguous().numpy()
+
+
+def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
+    """The fastest of several PyTorch formulations (timed once each, after a warm-up)."""
+    import time
+
+    best, best_t = fns[0], float("inf")
+    for f in fns:
+        f()
+        t0 = time.perf_counter()
+        f()
+        t = time.perf_counter() - t0
+        if t < best_t:
+            best, best_t = f, t
+    return best
+
+
+def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], dt: torch.dtype,
+                       shape: tuple[int, int], g: torch.Generator) -> list[dict]:
+    """GELU (erf), SiLU, softmax and LayerNorm backward in ``dt``: memory-bound rows."""
+    N, D = shape
+    out: list[dict] = []
+    name = str(dt)[6:]
+    es = torch.tensor([], dtype=dt).element_size()
+    gy = torch.randn(N, D, generator=g).to(dt)
+    x = torch.randn(N, D, generator=g).to(dt)
+    w = torch.randn(D, generator=g).to(dt)
+    a = {"grad": _np(gy), "x": _np(x)}
+    xr = x.clone().requires_grad_()
+    y = torch.nn.functional.gelu(xr, approximate="none")
+    theirs = _fastest([lambda: torch.ops.aten.gelu_backward(gy, x, approximate="none"),
+                       lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+    t_o, t_t = alternate(lambda: runtime.call("gelu_backward", lib=lib, **a), theirs, 5)
+    out.append({"row": f"new: gelu_backward (erf) {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "bytes": 3 * N * D * es})
+    # SiLU backward
+    xr = x.clone().requires_grad_()
+    y = torch.nn.functional.silu(xr)
+    theirs = _fastest([lambda: torch.ops.aten.silu_backward(gy, x),
+                       lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+    t_o, t_t = alternate(lambda: runtime.call("silu_backward", lib=lib, **a), theirs, 5)
+    out.append({"row": f"new: silu_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "bytes": 3 * N * D * es})
+    # softmax backward
+    sm = torch.softmax(x.float(), -1).to(dt)
+    b = {"grad": _np(gy), "y": _np(sm)}
+    theirs = _fastest([lambda: torch.ops.aten._softmax_backward_data(gy, sm, -1, dt)])
+    t_o, t_t = alternate(lambda: runtime.call("softmax_backward", lib=lib, **b), theirs, 5)
+    out.append({"row": f"new: softmax_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "bytes": 3 * N * D * es})
+    # LayerNorm backward from PyTorch's saved statistics
+    xf = x.float()
+    mean = xf.mean(-1)
+    rstd = torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5)
+    c = {"grad_y": _np(gy), "x": _np(x), "w": _np(w), "mean_": mean.numpy(), "rstd": rstd.numpy()}
+    bias = torch.zeros(D, dtype=dt)
+    theirs = _fastest([lambda: torch.ops.aten.native_layer_norm_backward(
+        gy, x, [D], mean.unsqueeze(-1), rstd.unsqueeze(-1), w, bias, [True, True, True])])
+    t_o, t_t = alternate(lambda: runtime.call("ln_cast_backward", lib=lib, **c), theirs, 5)
+    out.append({"row": f"new: layer_norm_backward (saved f32 stats) {N}x{D} {name}", "ours_ms": t_o * 1e3,
+                "torch_ms": t_t * 1e3, "bytes": 3 * N * D * es})
+    return out
+
+
+def rows(alternate: Callable[..., tuple[float, float]], quick: bool) -> list[dict]:
+    lib = library()
+    N, D = (1024, 512) if quick else (8192, 4096)
+    out: list[dict] = []
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        out += _memory_bound_rows(lib, alternate, dt, (N, D), g)
+    # a linear layer with bias and ReLU (f32): compute-bound
+    M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
+    xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)
+    d = {"x": xl.numpy(), "w": wl.numpy(), "b": bl.numpy()}
+    theirs = _fastest([lambda: torch.relu(torch.addmm(bl, xl, wl.T)),
+                       lambda: torch.relu(torch.nn.functional.linear(xl, wl, bl))])
+    t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 5)
+    out.append({"row": f"new: linear+bias+relu {M}x{K} @ {K}x{F} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "flops": 2 * M * K * F})
+    return out
+
+
+if __name__ == "__main__":  # (run through benchmarks/cpu.py --rows newops)
+    raise SystemExit("run: python benchmarks/cpu.py --rows newops")
