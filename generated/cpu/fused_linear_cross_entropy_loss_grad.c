@@ -1157,7 +1157,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v67 = l55[i57 * 256ll + i65];
                     const float v68 = v67;
                     const float v69 = v68 - v59;
-                    const float v70 = expf(v69);
+                    const float v70 = opgen_expf(v69);
                     const float v71 = v70 / v60;
                     const bool v72 = v66 == v61;
                     const bool v73 = v72 && v63;
@@ -1223,7 +1223,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v115 = l103[i105 * 256ll + i113];
                     const float v116 = v115;
                     const float v117 = v116 - v107;
-                    const float v118 = expf(v117);
+                    const float v118 = opgen_expf(v117);
                     const float v119 = v118 / v108;
                     const bool v120 = v114 == v109;
                     const bool v121 = v120 && v111;
@@ -1439,7 +1439,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v67 = l55[i57 * 256ll + i65];
                     const float v68 = v67;
                     const float v69 = v68 - v59;
-                    const float v70 = expf(v69);
+                    const float v70 = opgen_expf(v69);
                     const float v71 = v70 / v60;
                     const bool v72 = v66 == v61;
                     const bool v73 = v72 && v63;
@@ -1505,7 +1505,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v115 = l103[i105 * 256ll + i113];
                     const float v116 = v115;
                     const float v117 = v116 - v107;
-                    const float v118 = expf(v117);
+                    const float v118 = opgen_expf(v117);
                     const float v119 = v118 / v108;
                     const bool v120 = v114 == v109;
                     const bool v121 = v120 && v111;
@@ -1721,7 +1721,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v67 = l55[i57 * 256ll + i65];
                     const float v68 = v67;
                     const float v69 = v68 - v59;
-                    const float v70 = expf(v69);
+                    const float v70 = opgen_expf(v69);
                     const float v71 = v70 / v60;
                     const bool v72 = v66 == v61;
                     const bool v73 = v72 && v63;
@@ -1787,7 +1787,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v115 = l103[i105 * 256ll + i113];
                     const float v116 = v115;
                     const float v117 = v116 - v107;
-                    const float v118 = expf(v117);
+                    const float v118 = opgen_expf(v117);
                     const float v119 = v118 / v108;
                     const bool v120 = v114 == v109;
                     const bool v121 = v120 && v111;
@@ -2003,7 +2003,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v67 = l55[i57 * 256ll + i65];
                     const float v68 = v67;
                     const float v69 = v68 - v59;
-                    const float v70 = expf(v69);
+                    const float v70 = opgen_expf(v69);
                     const float v71 = v70 / v60;
                     const bool v72 = v66 == v61;
                     const bool v73 = v72 && v63;
@@ -2069,7 +2069,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     const float v115 = l103[i105 * 256ll + i113];
                     const float v116 = v115;
                     const float v117 = v116 - v107;
-                    const float v118 = expf(v117);
+                    const float v118 = opgen_expf(v117);
                     const float v119 = v118 / v108;
                     const bool v120 = v114 == v109;
                     const bool v121 = v120 && v111;

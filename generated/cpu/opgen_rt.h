@@ -109,6 +109,35 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
  * packed again per task, so a task must hold enough rows to amortise it). */
 #define OPGEN_SGEMM_ROWS 256
 
+/* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7
+ * Taylor polynomial, 2^n built in two halves (results down to the subnormals); overflow gives
+ * +inf, underflow 0, NaN NaN. Maximum error 1 ulp against the correctly rounded result, measured
+ * over every f32 input (tests/test_vector_math.py, docs/backend_cpu.md). The same bits on every
+ * machine with FMA: no table, no data-dependent branch. */
+static inline float opgen_expf(float x) {
+    const float hi = 88.72283935546875f, lo = -103.97208404541015625f;
+    const float xc = x != x ? 0.0f : x > hi ? hi : x < lo ? lo : x;
+    const float n = rintf(xc * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, xc);
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.98412698412698413e-04f;
+    p = fmaf(p, r, 1.38888888888888889e-03f);
+    p = fmaf(p, r, 8.33333333333333333e-03f);
+    p = fmaf(p, r, 4.16666666666666667e-02f);
+    p = fmaf(p, r, 1.66666666666666667e-01f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    const int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+    const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    const float y = p * s1 * s2;
+    return x != x ? x : x > hi ? INFINITY : x < lo ? 0.0f : y;
+}
+
 /* x rounded up to a multiple of 64 (workspace temporaries start at such offsets); saturating:
  * SIZE_MAX for x > SIZE_MAX - 63, never a wrap. */
 static inline size_t opgen_align(size_t x) { return x > SIZE_MAX - 63 ? SIZE_MAX : (x + 63) & ~(size_t)63; }

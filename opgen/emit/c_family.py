@@ -281,8 +281,13 @@ class CPrinter:
     BINARY: ClassVar[dict[type, str]] = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
     CMP: ClassVar[dict[str, str]] = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
+    #: the target's own f32 versions of math functions (by libm name)
+    MATH_F32: ClassVar[dict[str, str]] = {}
+
     def fmath(self, fn: str, dtype: str) -> str:
-        return fn + ("f" if self.dtype(dtype).compute == dtypes.F32 else "")
+        if self.dtype(dtype).compute != dtypes.F32:
+            return fn
+        return self.MATH_F32.get(fn + "f", fn + "f")
 
     def scalar_expr(self, op: Operation) -> str:
         if isinstance(op, ir.ConstantOp):

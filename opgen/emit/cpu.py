@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from opgen import dtypes
 from opgen.dsl.opdef import OpDef
@@ -25,6 +26,8 @@ class CpuPrinter(CPrinter):
     """OpenMP where map-cpu put it (opgen/lower/cpu_map.py); everything else is plain C."""
 
     OMP_FOR = "#pragma omp parallel for schedule(static) num_threads(opgen_team())"
+    #: the runtime's vectorisable exp (opgen_rt.h: 1 ulp, branch-free)
+    MATH_F32: ClassVar[dict[str, str]] = {"expf": "opgen_expf"}
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         if cpu_mapping(op) == CpuMapping.OMP_FOR:

@@ -1,0 +1,39 @@
+"""The CPU runtime's vectorisable f32 math (generated/cpu/opgen_rt.h) against the correctly
+rounded results: at most 1 ulp, special values exact (tests/c/ulp_check.c).
+
+CI checks every 997th f32 bit pattern (4.3 million inputs, all exponents); ``OPGEN_ULP_STRIDE=1``
+checks all 2^32 (about 30 s per function: the figure docs/backend_cpu.md records)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opgen import registry
+from opgen.compile import CFLAGS, compiler
+
+C = Path(__file__).parent / "c" / "ulp_check.c"
+GEN = registry.REPO_ROOT / "generated"
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    exe = tmp_path_factory.mktemp("ulp") / "ulp_check"
+    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
+    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", str(C), "-o", str(exe), "-lm"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def test_expf_is_within_one_ulp(checker: Path) -> None:
+    stride = os.environ.get("OPGEN_ULP_STRIDE", "997")
+    r = subprocess.run([str(checker), "exp", stride], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    worst, bits, checked, special = r.stdout.split()
+    assert int(checked) >= 2**32 // int(stride)
+    assert int(special) == 0, "NaN, +-inf, +-0, the overflow and underflow thresholds"
+    assert float(worst) <= 1.0, f"{worst} ulp at input bits 0x{bits}"
