@@ -1,7 +1,7 @@
 /* Maximum ulp error of the runtime's vectorisable f32 math (opgen_rt.h) against the correctly
  * rounded result (the double-precision libm value rounded to f32), over every STRIDE-th f32 bit
  * pattern plus the special values (tests/test_vector_math.py; STRIDE 1: all 2^32 inputs).
- * Usage: ulp_check FUNCTION STRIDE   (FUNCTION: exp)
+ * Usage: ulp_check FUNCTION STRIDE   (FUNCTION: exp or erf)
  * Prints: max_ulp worst_input_bits checked special_failures */
 #include "opgen_rt.h"
 
@@ -26,8 +26,9 @@ static double ulps(float y, double r) {
 #define BATCH 4096
 
 int main(int argc, char **argv) {
-    if (argc != 3 || strcmp(argv[1], "exp") != 0) {
-        fprintf(stderr, "usage: %s exp STRIDE\n", argv[0]);
+    const int is_erf = argc == 3 && strcmp(argv[1], "erf") == 0;
+    if (argc != 3 || (!is_erf && strcmp(argv[1], "exp") != 0)) {
+        fprintf(stderr, "usage: %s exp|erf STRIDE\n", argv[0]);
         return 2;
     }
     const uint64_t stride = strtoull(argv[2], NULL, 10);
@@ -40,10 +41,13 @@ int main(int argc, char **argv) {
     for (uint64_t b = 0; b <= 0xffffffffull; b += stride) {
         in[n++] = from_bits((uint32_t)b);
         if (n == BATCH || b + stride > 0xffffffffull) {
-            for (int i = 0; i < n; i++) out[i] = opgen_expf(in[i]); /* (the loop vectorises) */
+            if (is_erf)
+                for (int i = 0; i < n; i++) out[i] = opgen_erff(in[i]); /* (the loop vectorises) */
+            else
+                for (int i = 0; i < n; i++) out[i] = opgen_expf(in[i]);
             for (int i = 0; i < n; i++) {
                 if (isnan(in[i])) continue;
-                const double e = ulps(out[i], exp((double)in[i]));
+                const double e = ulps(out[i], is_erf ? erf((double)in[i]) : exp((double)in[i]));
                 if (e > worst) {
                     worst = e;
                     memcpy(&worst_bits, &in[i], sizeof worst_bits);
@@ -55,6 +59,13 @@ int main(int argc, char **argv) {
     }
     int special = 0;
     const float nan_ = from_bits(0x7fc00000u);
+    if (is_erf) {
+        special += !isnan(opgen_erff(nan_));
+        special += opgen_erff(INFINITY) != 1.0f || opgen_erff(-INFINITY) != -1.0f;
+        special += opgen_erff(0.0f) != 0.0f || !signbit(opgen_erff(-0.0f));
+        printf("%.4f %08x %llu %d\n", worst + 0.5, worst_bits, (unsigned long long)checked, special);
+        return 0;
+    }
     special += !isnan(opgen_expf(nan_));
     special += opgen_expf(INFINITY) != INFINITY;
     special += opgen_expf(-INFINITY) != 0.0f;
