@@ -1,7 +1,7 @@
 /* Maximum ulp error of the runtime's vectorisable f32 math (opgen_rt.h) against the correctly
  * rounded result (the double-precision libm value rounded to f32), over every STRIDE-th f32 bit
  * pattern plus the special values (tests/test_vector_math.py; STRIDE 1: all 2^32 inputs).
- * Usage: ulp_check FUNCTION STRIDE   (FUNCTION: exp or erf)
+ * Usage: ulp_check FUNCTION STRIDE   (FUNCTION: exp, erf or tanh)
  * Prints: max_ulp worst_input_bits checked special_failures */
 #include "opgen_rt.h"
 
@@ -27,8 +27,9 @@ static double ulps(float y, double r) {
 
 int main(int argc, char **argv) {
     const int is_erf = argc == 3 && strcmp(argv[1], "erf") == 0;
-    if (argc != 3 || (!is_erf && strcmp(argv[1], "exp") != 0)) {
-        fprintf(stderr, "usage: %s exp|erf STRIDE\n", argv[0]);
+    const int is_tanh = argc == 3 && strcmp(argv[1], "tanh") == 0;
+    if (argc != 3 || (!is_erf && !is_tanh && strcmp(argv[1], "exp") != 0)) {
+        fprintf(stderr, "usage: %s exp|erf|tanh STRIDE\n", argv[0]);
         return 2;
     }
     const uint64_t stride = strtoull(argv[2], NULL, 10);
@@ -43,11 +44,14 @@ int main(int argc, char **argv) {
         if (n == BATCH || b + stride > 0xffffffffull) {
             if (is_erf)
                 for (int i = 0; i < n; i++) out[i] = opgen_erff(in[i]); /* (the loop vectorises) */
+            else if (is_tanh)
+                for (int i = 0; i < n; i++) out[i] = opgen_tanhf(in[i]);
             else
                 for (int i = 0; i < n; i++) out[i] = opgen_expf(in[i]);
             for (int i = 0; i < n; i++) {
                 if (isnan(in[i])) continue;
-                const double e = ulps(out[i], is_erf ? erf((double)in[i]) : exp((double)in[i]));
+                const double x = (double)in[i];
+                const double e = ulps(out[i], is_erf ? erf(x) : is_tanh ? tanh(x) : exp(x));
                 if (e > worst) {
                     worst = e;
                     memcpy(&worst_bits, &in[i], sizeof worst_bits);
@@ -59,10 +63,11 @@ int main(int argc, char **argv) {
     }
     int special = 0;
     const float nan_ = from_bits(0x7fc00000u);
-    if (is_erf) {
-        special += !isnan(opgen_erff(nan_));
-        special += opgen_erff(INFINITY) != 1.0f || opgen_erff(-INFINITY) != -1.0f;
-        special += opgen_erff(0.0f) != 0.0f || !signbit(opgen_erff(-0.0f));
+    if (is_erf || is_tanh) {
+        float (*f)(float) = is_erf ? opgen_erff : opgen_tanhf;
+        special += !isnan(f(nan_));
+        special += f(INFINITY) != 1.0f || f(-INFINITY) != -1.0f;
+        special += f(0.0f) != 0.0f || !signbit(f(-0.0f));
         printf("%.4f %08x %llu %d\n", worst + 0.5, worst_bits, (unsigned long long)checked, special);
         return 0;
     }
