@@ -168,6 +168,23 @@ def gelu_backward(grad: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D], *, dx
     return {"dx": grad * (cdf + x * pdf)}
 '''
 
+GELU_TANH = '''
+"""GELU (tanh approximation) backward, as a user writes it."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def gelu_tanh_backward(grad: Tensor[T, N, D], x: Tensor[T, N, D], *, dx: Output[T, N, D]):
+    """dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    th = tanh(u)
+    du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
+    return {"dx": grad * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du)}
+'''
+
 LINEAR = '''
 """A linear layer with bias and ReLU: a standalone matmul."""
 from opgen.dsl import *
@@ -216,7 +233,7 @@ def ln_cast_args(rng: np.random.Generator, T: str, shape: tuple[int, ...]) -> di
 
 
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
-           "gelu_ops.py": GELU, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST}
+           "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST}
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +297,21 @@ def test_exact_gelu_backward_with_erf(built, rng, T):
     assert np.array_equal(np.isnan(f64(got["dx"])), np.isnan(f64(ref["dx"])))
     assert_close_policy(np.where(keep, f64(got["dx"]), 0.0).astype(NP[T]), np.where(keep, want, 0.0),
                         np.where(keep, same.grad.to(torch.float64).numpy(), 0.0), T, "dx (compiled)")
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_tanh_gelu_backward(built, rng, T):
+    """``tanh`` (the CPU runtime's vectorised opgen_tanhf): the tanh-approximation GELU backward,
+    compiled, against the oracle and PyTorch's ``gelu(approximate='tanh')`` backward in float64."""
+    g = rounded(rng.standard_normal((9, 65)), T)
+    x = rounded(rng.standard_normal((9, 65)) * 3, T)
+    got, ref = run_both(built, "gelu_tanh_backward", grad=g, x=x)
+    xt = t64(x, requires_grad=True)
+    torch.nn.functional.gelu(xt, approximate="tanh").backward(t64(g))
+    same = tt(x, T, requires_grad=True)
+    torch.nn.functional.gelu(same, approximate="tanh").backward(tt(g, T))
+    assert_close_policy(got["dx"], xt.grad.numpy(), same.grad.to(torch.float64).numpy(), T, "dx (compiled)")
+    assert np.allclose(f64(got["dx"]), f64(ref["dx"]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-5)
 
 
 # ---------------------------------------------------------------------- standalone matmul
