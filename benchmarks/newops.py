@@ -1,6 +1,6 @@
 """The "new ops" rows of benchmarks/cpu.py: ops written only in DSL files, as a user would.
 
-The DSL files are the tests' (tests/test_new_op_backends.py: the exact GELU backward, a linear
+The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward, a linear
 layer with bias and ReLU, LayerNorm backward from saved f32 statistics; tests/test_ascendc.py:
 SiLU, softmax and LayerNorm backward). They are written into build/bench-ops/ and built there
 with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
@@ -29,10 +29,11 @@ def library() -> Any:
     if str(registry.REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
-    from tests.test_new_op_backends import GELU, LINEAR, LN_CAST
+    from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST
 
     OPS.mkdir(parents=True, exist_ok=True)
-    for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("linear.py", LINEAR), ("ln_cast.py", LN_CAST)):
+    for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
+                       ("ln_cast.py", LN_CAST)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -69,7 +70,7 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
 
 def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], dt: torch.dtype,
                        shape: tuple[int, int], g: torch.Generator) -> list[dict]:
-    """GELU (erf), SiLU, softmax and LayerNorm backward in ``dt``: memory-bound rows."""
+    """GELU (erf and tanh), SiLU, softmax and LayerNorm backward in ``dt``: memory-bound rows."""
     N, D = shape
     out: list[dict] = []
     name = str(dt)[6:]
@@ -84,6 +85,13 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], 
                        lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
     t_o, t_t = alternate(lambda: runtime.call("gelu_backward", lib=lib, **a), theirs, 5)
     out.append({"row": f"new: gelu_backward (erf) {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "bytes": 3 * N * D * es})
+    xr = x.clone().requires_grad_()
+    y = torch.nn.functional.gelu(xr, approximate="tanh")
+    theirs = _fastest([lambda: torch.ops.aten.gelu_backward(gy, x, approximate="tanh"),
+                       lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+    t_o, t_t = alternate(lambda: runtime.call("gelu_tanh_backward", lib=lib, **a), theirs, 5)
+    out.append({"row": f"new: gelu_tanh_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "bytes": 3 * N * D * es})
     # SiLU backward
     xr = x.clone().requires_grad_()

@@ -40,3 +40,17 @@ def test_vector_math_error_bound(checker: Path, fn: str, bound: float) -> None:
     assert int(checked) >= 2**32 // int(stride)
     assert int(special) == 0, "NaN, +-inf, +-0 (and exp's overflow and underflow thresholds)"
     assert float(worst) <= bound, f"{fn}: {worst} ulp at input bits 0x{bits}"
+
+
+def test_loops_calling_them_vectorise() -> None:
+    """The point of these functions: a loop calling one is vectorised by the C compiler the
+    library is built with (libm's expf/erff/tanhf are calls that keep a loop scalar)."""
+    lines = [i for i, text in enumerate(C.read_text().splitlines(), 1) if "out[i] = opgen_" in text]
+    assert len(lines) == 3
+    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
+    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", "-c", str(C), "-o",
+                        os.devnull, "-fopt-info-vec-optimized"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for line in lines:
+        assert any(f"ulp_check.c:{line}:" in x and "loop vectorized" in x for x in r.stderr.splitlines()), \
+            f"line {line} of ulp_check.c is not vectorised:\n{r.stderr[-3000:]}"

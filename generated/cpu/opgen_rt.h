@@ -184,9 +184,8 @@ static inline float opgen_tanhf(float x) {
     q = fmaf(q, t, 0.1333332436867869f);
     q = fmaf(q, t, -0.3333333329599166f);
     const float small = copysignf(fmaf(x * t, q, x), x); /* (-0 stays -0) */
-    const float a = ax > 9.01f ? 9.01f : ax;
-    const float big = copysignf(1.0f - 2.0f / (opgen_expf(2.0f * a) + 1.0f), x);
-    const float y = ax < 0.55f ? small : ax >= 9.01f ? copysignf(1.0f, x) : big;
+    const float big = 1.0f - 2.0f / (opgen_expf(2.0f * ax) + 1.0f); /* (no clamp: GCC then vectorises) */
+    const float y = ax < 0.55f ? small : copysignf(ax >= 9.01f ? 1.0f : big, x);
     return x != x ? x : y;
 }
 
