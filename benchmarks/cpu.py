@@ -227,7 +227,7 @@ def main() -> None:
     if "newops" in rows_wanted:
         import newops
 
-        for r in newops.rows(alternate, a.quick):
+        for r in newops.rows(alternate, np_of, a.quick):
             rows.append(r)
             print(r, flush=True)
     print()

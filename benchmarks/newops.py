@@ -47,12 +47,6 @@ def library() -> Any:
     return runtime.load(str(ROOT / "generated.build" / "cpu" / "libopgen.so"))
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(runtime.dtypes.BF16.np_dtype)
-    return t.contiguous().numpy()
-
-
 def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     """The fastest of several PyTorch formulations (timed once each, after a warm-up)."""
     import time
@@ -68,8 +62,9 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     return best
 
 
-def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], dt: torch.dtype,
-                       shape: tuple[int, int], g: torch.Generator) -> list[dict]:
+def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
+                       np_of: Callable[[torch.Tensor], np.ndarray], dt: torch.dtype, shape: tuple[int, int],
+                       g: torch.Generator) -> list[dict]:
     """GELU (erf and tanh), SiLU, softmax and LayerNorm backward in ``dt``: memory-bound rows."""
     N, D = shape
     out: list[dict] = []
@@ -78,7 +73,7 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], 
     gy = torch.randn(N, D, generator=g).to(dt)
     x = torch.randn(N, D, generator=g).to(dt)
     w = torch.randn(D, generator=g).to(dt)
-    a = {"grad": _np(gy), "x": _np(x)}
+    a = {"grad": np_of(gy), "x": np_of(x)}
     xr = x.clone().requires_grad_()
     y = torch.nn.functional.gelu(xr, approximate="none")
     theirs = _fastest([lambda: torch.ops.aten.gelu_backward(gy, x, approximate="none"),
@@ -103,7 +98,7 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], 
                 "bytes": 3 * N * D * es})
     # softmax backward
     sm = torch.softmax(x.float(), -1).to(dt)
-    b = {"grad": _np(gy), "y": _np(sm)}
+    b = {"grad": np_of(gy), "y": np_of(sm)}
     theirs = _fastest([lambda: torch.ops.aten._softmax_backward_data(gy, sm, -1, dt)])
     t_o, t_t = alternate(lambda: runtime.call("softmax_backward", lib=lib, **b), theirs, 5)
     out.append({"row": f"new: softmax_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
@@ -111,7 +106,7 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], 
     # LayerNorm backward from PyTorch's saved statistics
     bias = torch.zeros(D, dtype=dt)
     _, mean, rstd = torch.ops.aten.native_layer_norm(x, [D], w, bias, 1e-5)  # (what autograd saves)
-    c = {"grad_y": _np(gy), "x": _np(x), "w": _np(w), "mean_": mean.float().reshape(N).numpy(),
+    c = {"grad_y": np_of(gy), "x": np_of(x), "w": np_of(w), "mean_": mean.float().reshape(N).numpy(),
          "rstd": rstd.float().reshape(N).numpy()}
     xr, wr, br = x.clone().requires_grad_(), w.clone().requires_grad_(), bias.clone().requires_grad_()
     y = torch.nn.functional.layer_norm(xr, (D,), wr, br, 1e-5)
@@ -124,13 +119,15 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]], 
     return out
 
 
-def rows(alternate: Callable[..., tuple[float, float]], quick: bool) -> list[dict]:
+def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
+         quick: bool) -> list[dict]:
+    """The rows (benchmarks/cpu.py's ``alternate`` timing and ``np_of`` tensor view)."""
     lib = library()
     N, D = (1024, 512) if quick else (8192, 4096)
     out: list[dict] = []
     g = torch.Generator().manual_seed(0)
     for dt in (torch.float32, torch.bfloat16):
-        out += _memory_bound_rows(lib, alternate, dt, (N, D), g)
+        out += _memory_bound_rows(lib, alternate, np_of, dt, (N, D), g)
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
     xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)

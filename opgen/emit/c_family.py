@@ -195,6 +195,11 @@ class CPrinter:
             out = f"opgen_sz_mul({out}, {t})"
         return out
 
+    def unit_axis(self, param: str, axis: int, rank: int) -> bool:
+        """Caller buffer ``param`` has stride 1 along ``axis`` in this instance: its last axis when
+        it is contiguous there, or in the unit-stride flavour (no stride local is declared)."""
+        return axis == rank - 1 and (self.buf_info[param].last_contig or self.unit_last)
+
     @staticmethod
     def stride_name(param: str, axis: int) -> str:
         """The local holding a caller buffer's stride (elements) along ``axis``."""
@@ -238,7 +243,7 @@ class CPrinter:
                 assert info is not None
                 if i == 0 and info.batch:
                     terms.append(f"{self.mention(self.rows_name(pn))}[{iv}]")
-                elif i == b.rank - 1 and (info.last_contig or self.unit_last):
+                elif self.unit_axis(pn, i, b.rank):
                     terms.append(iv)
                 else:
                     terms.append(f"{iv} * {self.mention(self.stride_name(pn, i))}")
@@ -527,11 +532,10 @@ class CPrinter:
             rs, cs = self.extents(x)[1], "1"
         else:
             pn = self.arg_of[x]
-            info = self.buf_info[pn]
-            if info.batch:
+            if self.buf_info[pn].batch:
                 return None
             rs = self.mention(self.stride_name(pn, 0))
-            cs = "1" if info.last_contig or self.unit_last else self.mention(self.stride_name(pn, 1))
+            cs = "1" if self.unit_axis(pn, 1, 2) else self.mention(self.stride_name(pn, 1))
         return (cs, rs) if trans else (rs, cs)
 
     def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
@@ -589,7 +593,7 @@ class CPrinter:
                 prologue.append(f"{const}{ct} *{self.restrict} {cn} = ({const}{ct} *)bufs[{info.param_index}].data;")
                 used = [cn]
                 for i in range(t.rank):
-                    if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
+                    if not self.unit_axis(n, i, t.rank):
                         st = self.stride_name(n, i)
                         prologue.append(f"const int64_t {st} = bufs[{info.param_index}].st[{i}];")
                         used.append(st)

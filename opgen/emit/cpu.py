@@ -4,8 +4,6 @@ plain C entry points)."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -17,7 +15,7 @@ from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
 from opgen.emit.render import STATUS_C
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import MapCpu, cpu_mapping
-from opgen.lower.sched import CpuMapping
+from opgen.lower.sched import CpuMapping, bindings
 from opgen.lower.to_loops import LowerToLoops
 from opgen.passes import pipeline
 
@@ -44,14 +42,6 @@ class Instance:
     variant: tuple[str, ...]
     binding: dict[str, dtypes.DType]
     fn: str
-
-
-def bindings(k: s.KernelOp) -> Iterator[dict[str, dtypes.DType]]:
-    """Every binding of the dtype variables a kernel is instantiated over (its compute types;
-    index and mask dtypes are converted at the boundary and are not among them)."""
-    dvars = k.dtype_var_map()
-    for combo in itertools.product(*dvars.values()):
-        yield dict(zip(dvars, combo, strict=True))
 
 
 def instance_name(o: OpDef, present: tuple[str, ...], b: dict[str, dtypes.DType]) -> str:

@@ -75,7 +75,7 @@ from opgen.lower.gpu_map import (
     thread_chain,
 )
 from opgen.lower.gpu_map import scalar_value as _scalar_value
-from opgen.lower.gpu_sync import chunk_width, owned
+from opgen.lower.gpu_sync import binding_bytes, chunk_width, owned
 from opgen.lower.sched import GpuMapping
 
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
@@ -194,8 +194,7 @@ class CudaPrinter(CPrinter):
 
     # ------------------------------------------------------------------ vectorisation
     def elem_bytes(self, b: s.BufType) -> int:
-        d = self.dtype(b.dtype)
-        return (d if b.role.data in ("in", "out") else d.compute).bits // 8
+        return binding_bytes(self.binding)(b)
 
     def vec_width(self, lp: s.ForOp) -> int:
         """Iterations per thread chunk of ``lp`` under this binding (chunk-gpu-loops' ``gpu_chunk``)."""
@@ -597,7 +596,7 @@ class CudaPrinter(CPrinter):
                 rs = "" if n in self.no_restrict else f"{self.restrict} "  # may-alias pairs: no restrict
                 decls.append((cn, f"{const}{ct} *{rs}{cn} = ({const}{ct} *)a.bufs[{k}].data;"))
                 for i in range(t.rank):
-                    if not (i == t.rank - 1 and (info.last_contig or self.unit_last)):
+                    if not self.unit_axis(n, i, t.rank):
                         st = self.stride_name(n, i)
                         decls.append((st, f"const int64_t {st} = a.bufs[{k}].st[{i}];"))
                 if info.batch:

@@ -362,6 +362,10 @@ class ReturnOp(IRDLOperation):
         super().__init__(operands=[values],
                          properties={"names": ArrayAttr([StringAttr(n) for n in names])})
 
+    def output(self, name: str) -> SSAValue:
+        """The value returned as output ``name``."""
+        return self.values[[n.data for n in self.names.data].index(name)]
+
     def verify_(self) -> None:
         if len(self.names.data) != len(self.values):
             raise VerifyException("opgen.return: one name per returned value")

@@ -27,7 +27,6 @@ every dtype binding of a kernel instance:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
 
 from xdsl.context import Context
@@ -126,12 +125,6 @@ def chunkable(k: s.KernelOp, lp: s.ForOp) -> bool:
     return any_moving
 
 
-def bindings(k: s.KernelOp) -> list[dict[str, dtypes.DType]]:
-    """Every binding of the kernel's dtype variables."""
-    dvars = k.dtype_var_map()
-    return [dict(zip(dvars, c, strict=True)) for c in itertools.product(*dvars.values())]
-
-
 def binding_bytes(binding: dict[str, dtypes.DType]) -> Callable[[s.BufType], int]:
     """Element size of a buffer under ``binding`` (the caller's dtype for ``in``/``out``, its
     compute type otherwise)."""
@@ -160,7 +153,7 @@ def _strided(lp: s.ForOp, block_loop: s.ForOp) -> bool:
 
 def thread_owned(k: s.KernelOp, block_loop: s.ForOp) -> list[s.AllocOp]:
     """Scratch vectors of a block kernel whose element ``e`` only thread ``e % T`` touches."""
-    sizes = [binding_bytes(b) for b in bindings(k)]
+    sizes = [binding_bytes(b) for b in s.bindings(k)]
     out = []
     for a in nested(block_loop):
         if not isinstance(a, s.AllocOp) or register(a.result) or s.buf_type(a.result).rank != 1:

@@ -107,7 +107,7 @@ class RowGroupLowering(_Lowering):
                 members_of[v] = g.dim
             for name, r in g.colreds:
                 members_of[r.results[0]] = g.dim
-                members_of[self.returned(name)] = g.dim
+                members_of[self.ret.output(name)] = g.dim
         mat = self.materialised()
         for m in mat:
             op = m.owner
@@ -150,18 +150,13 @@ class RowGroupLowering(_Lowering):
         self.prologue()
         grouped = {m for g in groups for m in g.rowlocal}
         grouped |= {v for g in groups for _, v in g.outputs}
-        grouped |= {x for g in groups for name, r in g.colreds for x in (r.results[0], self.returned(name))}
+        grouped |= {x for g in groups for name, r in g.colreds for x in (r.results[0], self.ret.output(name))}
         for v in self.materialised():
             if v not in grouped:
                 self.lower_value(v, self.temp(v))
         for g in groups:
             self.lower_group(g)
         return self.kernel
-
-    def returned(self, name: str) -> SSAValue:
-        """The value the function returns as output ``name``."""
-        names = [n.data for n in self.ret.names.data]
-        return self.ret.values[names.index(name)]
 
     def arg(self, name: str) -> SSAValue:
         names = [a.data for a in self.func.arg_names.data]

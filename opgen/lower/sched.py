@@ -11,7 +11,8 @@ split into fixed lanes — never into a thread-count-dependent order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
 from xdsl.dialects.utils import EnumAttribute
@@ -58,6 +59,7 @@ from xdsl.utils.str_enum import StrEnum
 
 from opgen import dtypes
 from opgen.ir.dialect import (
+    CeilDivOp,
     ReduceKind,
     ReduceKindAttr,
     Status,
@@ -280,6 +282,14 @@ class AllocOp(IRDLOperation):
                                   "buffer")
 
 
+def bindings(k: KernelOp) -> Iterator[dict[str, dtypes.DType]]:
+    """Every binding of the dtype variables a kernel is instantiated over (its compute types;
+    index and mask dtypes are converted at the boundary and are not among them)."""
+    dvars = k.dtype_var_map()
+    for combo in itertools.product(*dvars.values()):
+        yield dict(zip(dvars, combo, strict=True))
+
+
 def sizes_of(buf: SSAValue) -> list[SSAValue]:
     """The sizes of an allocated (``temp``/``local``) buffer's dims, as values."""
     op = buf.owner
@@ -291,8 +301,6 @@ def sizes_of(buf: SSAValue) -> list[SSAValue]:
 def sizes_in_place(op: Operation) -> bool:
     """An op whose operands the printers write out as expressions of the caller's dims, never by
     name: an allocation (its sizes) and the size ops (``opgen.ceil_div``, ``sched.seg_words``)."""
-    from opgen.ir.dialect import CeilDivOp
-
     return isinstance(op, AllocOp | SegWordsOp | CeilDivOp)
 
 

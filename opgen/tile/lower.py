@@ -392,10 +392,6 @@ class TileLowering(ScatterWalk):
         self.add(t.YieldOp())
         self.anchor = None
 
-    def returned(self, name: str) -> SSAValue:
-        """The value the function returns as output ``name`` (a column sum's may be its cast)."""
-        return _returned(self.func, name)
-
     def copy_outputs(self) -> None:
         """Every output's tile of the current row tile (and column chunk), computed and copied
         out; outputs that alias an input last (reads before writes)."""
@@ -624,15 +620,10 @@ class TileLowering(ScatterWalk):
             p = self.add(t.CopyInOp(ws, acc_loop.iv, self.one, c0, nc, ["1", "CC"]), inner)
             s = self.add(ir.AddOp(inner.args[1], p), inner)  # tile order: the same sum on any core count
             self.add(t.YieldOp([s]), inner)
-            out = self._cast_tile(acc_loop.res[0], self.dt(ir.tensor_type(self.returned(name)).dtype))
+            # (to the output's dtype: a column sum's output may be its cast)
+            out = self._cast_tile(acc_loop.res[0], self.dt(ir.tensor_type(self.ret.output(name)).dtype))
             self.add(t.CopyOutOp(out, self.args[name], self.zero, self.one, c0, nc))
         self.add(t.YieldOp())
-
-
-def _returned(func: ir.FuncOp, name: str) -> SSAValue:
-    ret = func.body.block.last_op
-    assert isinstance(ret, ir.ReturnOp)
-    return ret.values[[n.data for n in ret.names.data].index(name)]
 
 
 def lower_func(func: ir.FuncOp, binding: dict[str, dtypes.DType], streamed: bool = False,
