@@ -2,7 +2,7 @@
 
 The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward, a linear
 layer with bias and ReLU, LayerNorm backward from saved f32 statistics; tests/test_ascendc.py:
-SiLU, softmax and LayerNorm backward). They are written into build/bench-ops/ and built there
+SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py: rotary-embedding backward). They are written into build/bench-ops/ and built there
 with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
 autograd and the explicit aten kernel a user would call.
 """
@@ -30,10 +30,11 @@ def library() -> Any:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
     from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST
+    from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
-                       ("ln_cast.py", LN_CAST)):
+                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -119,6 +120,34 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
     return out
 
 
+def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
+              dt: torch.dtype, shape: tuple[int, int, int], g: torch.Generator) -> dict:
+    """Rotary-embedding backward (Llama's rotate-half form) on (N, H, D): memory-bound."""
+    N, H, D = shape
+    gy = torch.randn(N, H, D, generator=g).to(dt)
+    ang = torch.rand(N, D, generator=g) * 6.3
+    cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+    c4, s4 = cos[:, None, :], sin[:, None, :]
+    k = D - D // 2
+
+    def rotate_half(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat((-t[..., D // 2:], t[..., : D // 2]), dim=-1)
+
+    xr = torch.zeros(N, H, D, dtype=dt, requires_grad=True)
+    y = xr * c4 + rotate_half(xr) * s4
+
+    def explicit() -> torch.Tensor:
+        u = gy * s4
+        return gy * c4 + torch.cat((u[..., k:], -u[..., :k]), dim=-1)
+
+    theirs = _fastest([explicit, lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+    a = {"grad": np_of(gy), "cos": np_of(cos), "sin": np_of(sin)}
+    t_o, t_t = alternate(lambda: runtime.call("rope_backward", lib=lib, **a), theirs, 5)
+    es = gy.element_size()
+    return {"row": f"new: rope_backward {N}x{H}x{D} {str(dt)[6:]}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+            "bytes": (2 * N * H * D + 2 * N * D) * es}
+
+
 def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
          quick: bool) -> list[dict]:
     """The rows (benchmarks/cpu.py's ``alternate`` timing and ``np_of`` tensor view)."""
@@ -128,6 +157,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     g = torch.Generator().manual_seed(0)
     for dt in (torch.float32, torch.bfloat16):
         out += _memory_bound_rows(lib, alternate, np_of, dt, (N, D), g)
+        out.append(_rope_row(lib, alternate, np_of, dt, (1024, 8, 64) if quick else (4096, 32, 128), g))
     # a linear layer with bias and ReLU (f32): compute-bound
     M, K, F = (512, 256, 256) if quick else (4096, 2048, 2048)
     xl, wl, bl = torch.randn(M, K, generator=g), torch.randn(F, K, generator=g), torch.randn(F, generator=g)

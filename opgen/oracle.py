@@ -18,6 +18,7 @@ from opgen import dtypes
 from opgen.binding import Binding, OpError, bind
 from opgen.dsl.opdef import OpDef
 from opgen.ir import dialect as ir
+from opgen.ir import dims
 
 Array = np.ndarray
 
@@ -36,7 +37,7 @@ class _Interp:
         return d.np_dtype
 
     def shape(self, t: ir.TensorType) -> tuple[int, ...]:
-        return tuple(int(d) if d.isdigit() else self.b.dims[d] for d in t.shape)
+        return tuple(dims.evaluate(d, self.b.dims) for d in t.shape)
 
     def val(self, v: Any) -> Array:
         return self.env[v]
@@ -218,6 +219,18 @@ def _iota(it: _Interp, op: ir.IotaOp) -> Array:
     return np.broadcast_to(r, shape)
 
 
+def _slice(it: _Interp, op: ir.SliceOp) -> Array:
+    x = it.val(op.x)
+    a = op.axis.data
+    lo = dims.evaluate(op.start.data, it.b.dims)
+    n = it.shape(ir.tensor_type(op.result))[a]
+    return x[(slice(None),) * a + (slice(lo, lo + n),)]
+
+
+def _size_op(fn: Callable[[int, int], int]) -> Callable[[_Interp, Any], Array]:
+    return lambda it, op: np.asarray(fn(int(it.val(op.lhs)), int(it.val(op.rhs))), np.int64)
+
+
 def _sigmoid(x: Array) -> Array:
     return 1 / (1 + np.exp(-x))
 
@@ -257,6 +270,13 @@ _HANDLERS: dict[type, Callable[[_Interp, Any], Array]] = {
     ir.SelectOp: _elementwise(np.where),
     ir.CastOp: _cast,
     ir.BroadcastOp: _broadcast,
+    ir.SizeAddOp: _size_op(ir.SizeAddOp.EVAL),
+    ir.SizeSubOp: _size_op(ir.SizeSubOp.EVAL),
+    ir.SizeMulOp: _size_op(ir.SizeMulOp.EVAL),
+    ir.SizeDivOp: _size_op(ir.SizeDivOp.EVAL),
+    ir.SliceOp: _slice,
+    ir.ConcatOp: lambda it, op: np.concatenate([it.val(p) for p in op.parts], axis=op.axis.data),
+    ir.ReshapeOp: lambda it, op: np.reshape(it.val(op.x), it.shape(ir.tensor_type(op.result))),
     ir.TransposeOp: lambda it, op: np.transpose(it.val(op.x), op.permutation),
     ir.ReduceOp: _reduce,
     ir.GatherOp: _gather,

@@ -138,7 +138,7 @@ MESSAGES = {
     "int_result_for_float_output": r"output 'y' is f32 but the op returns i32",
     "matmul_of_ints": r"matmul needs floating operands",
     "ambiguous_promotion": r"cannot promote T and f16",
-    "integer_indexing": r"indexing supports only ':' and None",
+    "integer_indexing": r"indexing supports ':', bounded slices 'a:b' and None \(got 0\)",
     "python_if_on_tensor": r"no Python truth value",
     "iterating_a_tensor": r"cannot be iterated",
     "missing_output": r"does not return output\(s\) \['z'\]",

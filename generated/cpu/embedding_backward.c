@@ -58,52 +58,49 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_f16(v36);
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -162,52 +159,49 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_bf16(v36);
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -266,52 +260,49 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = p_dy[v28 * st_dy_0 + i29];
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = p_dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = p_dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -370,52 +361,49 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const double v20 = (double)(p_alpha1);
-    const double v21 = 0.0;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const double v17 = (double)(p_alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const double v30 = p_dy[v28 * st_dy_0 + i29];
-                const double v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const double v27 = p_dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
-            const double v34 = p_dtable1_acc ? v33 : v21;
-            const double v35 = l23[i32];
-            const double v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const double v30 = p_dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = p_dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -469,49 +457,46 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = p_alpha1;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = p_alpha1;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            for (int64_t i25 = v3; i25 < v10; i25++) {
-                const float v26 = opgen_f16_to_f32(p_dy[v24 * st_dy_0 + i25]);
-                const float v27 = v26 * v16;
-                l19[i25] += v27;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            for (int64_t i22 = v2; i22 < d_D; i22++) {
+                const float v23 = opgen_f16_to_f32(p_dy[v21 * st_dy_0 + i22]);
+                const float v24 = v23 * v13;
+                l16[i22] += v24;
             }
         }
-        for (int64_t i28 = v3; i28 < v10; i28++) {
-            const float v29 = opgen_f16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
-            const float v30 = p_dtable1_acc ? v29 : v17;
-            const float v31 = l19[i28];
-            const float v32 = v30 + v31;
-            p_dtable1[i18 * st_dtable1_0 + i28] = opgen_f32_to_f16(v32);
+        for (int64_t i25 = v2; i25 < d_D; i25++) {
+            const float v26 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+            const float v27 = p_dtable1_acc ? v26 : v14;
+            const float v28 = l16[i25];
+            const float v29 = v27 + v28;
+            p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -565,49 +550,46 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = p_alpha1;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = p_alpha1;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            for (int64_t i25 = v3; i25 < v10; i25++) {
-                const float v26 = opgen_bf16_to_f32(p_dy[v24 * st_dy_0 + i25]);
-                const float v27 = v26 * v16;
-                l19[i25] += v27;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            for (int64_t i22 = v2; i22 < d_D; i22++) {
+                const float v23 = opgen_bf16_to_f32(p_dy[v21 * st_dy_0 + i22]);
+                const float v24 = v23 * v13;
+                l16[i22] += v24;
             }
         }
-        for (int64_t i28 = v3; i28 < v10; i28++) {
-            const float v29 = opgen_bf16_to_f32(p_dtable1[i18 * st_dtable1_0 + i28]);
-            const float v30 = p_dtable1_acc ? v29 : v17;
-            const float v31 = l19[i28];
-            const float v32 = v30 + v31;
-            p_dtable1[i18 * st_dtable1_0 + i28] = opgen_f32_to_bf16(v32);
+        for (int64_t i25 = v2; i25 < d_D; i25++) {
+            const float v26 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+            const float v27 = p_dtable1_acc ? v26 : v14;
+            const float v28 = l16[i25];
+            const float v29 = v27 + v28;
+            p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v29);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -661,49 +643,46 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = p_alpha1;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = p_alpha1;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            for (int64_t i25 = v3; i25 < v10; i25++) {
-                const float v26 = p_dy[v24 * st_dy_0 + i25];
-                const float v27 = v26 * v16;
-                l19[i25] += v27;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            for (int64_t i22 = v2; i22 < d_D; i22++) {
+                const float v23 = p_dy[v21 * st_dy_0 + i22];
+                const float v24 = v23 * v13;
+                l16[i22] += v24;
             }
         }
-        for (int64_t i28 = v3; i28 < v10; i28++) {
-            const float v29 = p_dtable1[i18 * st_dtable1_0 + i28];
-            const float v30 = p_dtable1_acc ? v29 : v17;
-            const float v31 = l19[i28];
-            const float v32 = v30 + v31;
-            p_dtable1[i18 * st_dtable1_0 + i28] = v32;
+        for (int64_t i25 = v2; i25 < d_D; i25++) {
+            const float v26 = p_dtable1[i15 * st_dtable1_0 + i25];
+            const float v27 = p_dtable1_acc ? v26 : v14;
+            const float v28 = l16[i25];
+            const float v29 = v27 + v28;
+            p_dtable1[i15 * st_dtable1_0 + i25] = v29;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -757,49 +736,46 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l19_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l16_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const double v16 = (double)(p_alpha1);
-    const double v17 = 0.0;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t10, t11);
+    const int64_t v12 = 1ll;
+    const double v13 = (double)(p_alpha1);
+    const double v14 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        double *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            for (int64_t i25 = v3; i25 < v10; i25++) {
-                const double v26 = p_dy[v24 * st_dy_0 + i25];
-                const double v27 = v26 * v16;
-                l19[i25] += v27;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        double *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            for (int64_t i22 = v2; i22 < d_D; i22++) {
+                const double v23 = p_dy[v21 * st_dy_0 + i22];
+                const double v24 = v23 * v13;
+                l16[i22] += v24;
             }
         }
-        for (int64_t i28 = v3; i28 < v10; i28++) {
-            const double v29 = p_dtable1[i18 * st_dtable1_0 + i28];
-            const double v30 = p_dtable1_acc ? v29 : v17;
-            const double v31 = l19[i28];
-            const double v32 = v30 + v31;
-            p_dtable1[i18 * st_dtable1_0 + i28] = v32;
+        for (int64_t i25 = v2; i25 < d_D; i25++) {
+            const double v26 = p_dtable1[i15 * st_dtable1_0 + i25];
+            const double v27 = p_dtable1_acc ? v26 : v14;
+            const double v28 = l16[i25];
+            const double v29 = v27 + v28;
+            p_dtable1[i15 * st_dtable1_0 + i25] = v29;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -858,52 +834,49 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i29]);
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = opgen_f16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_f16(v36);
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -962,52 +935,49 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i29]);
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = opgen_bf16_to_f32(p_dtable1[i22 * st_dtable1_0 + i32]);
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = opgen_f32_to_bf16(v36);
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1066,52 +1036,49 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const float v20 = p_alpha1;
-    const float v21 = 0.0f;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const float v17 = p_alpha1;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const float v30 = p_dy[v28 * st_dy_0 + i29];
-                const float v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const float v27 = p_dy[v25 * st_dy_0 + i26];
+                const float v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const float v33 = p_dtable1[i22 * st_dtable1_0 + i32];
-            const float v34 = p_dtable1_acc ? v33 : v21;
-            const float v35 = l23[i32];
-            const float v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const float v30 = p_dtable1[i19 * st_dtable1_0 + i29];
+            const float v31 = p_dtable1_acc ? v30 : v18;
+            const float v32 = l20[i29];
+            const float v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1170,52 +1137,49 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t6 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t18 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l23_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
-    const int64_t v5 = d_N;
-    const int64_t v7 = 0ll;
-    const int64_t v8 = d_N1;
-    for (int64_t i9 = v7; i9 < v5; i9++) {
-        const int64_t v10 = p_i1[i9];
-        const bool v11 = v10 >= v7;
-        const bool v12 = v10 < v8;
-        const bool v13 = v11 && v12;
-        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
-        t6[i9] = v10;
+    const int64_t v6 = 0ll;
+    for (int64_t i7 = v6; i7 < d_N; i7++) {
+        const int64_t v8 = p_i1[i7];
+        const bool v9 = v8 >= v6;
+        const bool v10 = v8 < d_N1;
+        const bool v11 = v9 && v10;
+        if (!(v11)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__dtable2: index out of range [0, N1)");
+        t5[i7] = v8;
     }
-    const int64_t v14 = d_D;
-    const bool v15 = v14 == v7;
-    const int64_t v16 = v15 ? v7 : v8;
-    opgen_seg_build(t6, d_N, v8, t17, t18);
-    const int64_t v19 = 1ll;
-    const double v20 = (double)(p_alpha1);
-    const double v21 = 0.0;
+    const bool v12 = d_D == v6;
+    const int64_t v13 = v12 ? v6 : d_N1;
+    opgen_seg_build(t5, d_N, d_N1, t14, t15);
+    const int64_t v16 = 1ll;
+    const double v17 = (double)(p_alpha1);
+    const double v18 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i22 = v7; i22 < v16; i22++) {
-        double *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l23, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v24 = opgen_seg_start(t17, i22, v8, v5);
-        const int64_t v25 = i22 + v19;
-        const int64_t v26 = opgen_seg_start(t17, v25, v8, v5);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t18[i27];
-            for (int64_t i29 = v7; i29 < v14; i29++) {
-                const double v30 = p_dy[v28 * st_dy_0 + i29];
-                const double v31 = v30 * v20;
-                l23[i29] += v31;
+    for (int64_t i19 = v6; i19 < v13; i19++) {
+        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l20, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v22 = i19 + v16;
+        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
+        for (int64_t i24 = v21; i24 < v23; i24++) {
+            const int64_t v25 = t15[i24];
+            for (int64_t i26 = v6; i26 < d_D; i26++) {
+                const double v27 = p_dy[v25 * st_dy_0 + i26];
+                const double v28 = v27 * v17;
+                l20[i26] += v28;
             }
         }
-        for (int64_t i32 = v7; i32 < v14; i32++) {
-            const double v33 = p_dtable1[i22 * st_dtable1_0 + i32];
-            const double v34 = p_dtable1_acc ? v33 : v21;
-            const double v35 = l23[i32];
-            const double v36 = v34 + v35;
-            p_dtable1[i22 * st_dtable1_0 + i32] = v36;
+        for (int64_t i29 = v6; i29 < d_D; i29++) {
+            const double v30 = p_dtable1[i19 * st_dtable1_0 + i29];
+            const double v31 = p_dtable1_acc ? v30 : v18;
+            const double v32 = l20[i29];
+            const double v33 = v31 + v32;
+            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1287,88 +1251,84 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v11 = d_N2;
-    for (int64_t i12 = v3; i12 < v1; i12++) {
-        const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v3;
-        const bool v15 = v13 < v11;
-        const bool v16 = v14 && v15;
-        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i12] = v13;
+    for (int64_t i9 = v2; i9 < d_N; i9++) {
+        const int64_t v10 = p_i2[i9];
+        const bool v11 = v10 >= v2;
+        const bool v12 = v10 < d_N2;
+        const bool v13 = v11 && v12;
+        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t8[i9] = v10;
     }
-    const int64_t v17 = d_D;
-    const bool v18 = v17 == v3;
-    const int64_t v19 = v18 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t20, t21);
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v14 = d_D == v2;
+    const int64_t v15 = v14 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t16, t17);
+    const int64_t v18 = 1ll;
+    const float v19 = p_alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v3; i25 < v19; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t21[i30];
-            for (int64_t i32 = v3; i32 < v17; i32++) {
-                const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i21 = v2; i21 < v15; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v24 = i21 + v18;
+        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t17[i26];
+            for (int64_t i28 = v2; i28 < d_D; i28++) {
+                const float v29 = opgen_f16_to_f32(p_dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
             }
         }
-        for (int64_t i35 = v3; i35 < v17; i35++) {
-            const float v36 = opgen_f16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_f16(v39);
+        for (int64_t i31 = v2; i31 < d_D; i31++) {
+            const float v32 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = p_dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
         }
     }
-    const int64_t v40 = v18 ? v3 : v11;
-    opgen_seg_build(t10, d_N, v11, t41, t42);
-    const float v43 = p_alpha2;
+    const int64_t v36 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t37, t38);
+    const float v39 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v3; i44 < v40; i44++) {
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
-        const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
-        for (int64_t i49 = v46; i49 < v48; i49++) {
-            const int64_t v50 = t42[i49];
-            for (int64_t i51 = v3; i51 < v17; i51++) {
-                const float v52 = opgen_f16_to_f32(p_dy[v50 * st_dy_0 + i51]);
-                const float v53 = v52 * v43;
-                l45[i51] += v53;
+    for (int64_t i40 = v2; i40 < v36; i40++) {
+        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l41, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
+        const int64_t v43 = i40 + v18;
+        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
+        for (int64_t i45 = v42; i45 < v44; i45++) {
+            const int64_t v46 = t38[i45];
+            for (int64_t i47 = v2; i47 < d_D; i47++) {
+                const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
+                const float v49 = v48 * v39;
+                l41[i47] += v49;
             }
         }
-        for (int64_t i54 = v3; i54 < v17; i54++) {
-            const float v55 = opgen_f16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
-            const float v56 = p_dtable2_acc ? v55 : v24;
-            const float v57 = l45[i54];
-            const float v58 = v56 + v57;
-            p_dtable2[i44 * st_dtable2_0 + i54] = opgen_f32_to_f16(v58);
+        for (int64_t i50 = v2; i50 < d_D; i50++) {
+            const float v51 = opgen_f16_to_f32(p_dtable2[i40 * st_dtable2_0 + i50]);
+            const float v52 = p_dtable2_acc ? v51 : v20;
+            const float v53 = l41[i50];
+            const float v54 = v52 + v53;
+            p_dtable2[i40 * st_dtable2_0 + i50] = opgen_f32_to_f16(v54);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1440,88 +1400,84 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v11 = d_N2;
-    for (int64_t i12 = v3; i12 < v1; i12++) {
-        const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v3;
-        const bool v15 = v13 < v11;
-        const bool v16 = v14 && v15;
-        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i12] = v13;
+    for (int64_t i9 = v2; i9 < d_N; i9++) {
+        const int64_t v10 = p_i2[i9];
+        const bool v11 = v10 >= v2;
+        const bool v12 = v10 < d_N2;
+        const bool v13 = v11 && v12;
+        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t8[i9] = v10;
     }
-    const int64_t v17 = d_D;
-    const bool v18 = v17 == v3;
-    const int64_t v19 = v18 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t20, t21);
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v14 = d_D == v2;
+    const int64_t v15 = v14 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t16, t17);
+    const int64_t v18 = 1ll;
+    const float v19 = p_alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v3; i25 < v19; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t21[i30];
-            for (int64_t i32 = v3; i32 < v17; i32++) {
-                const float v33 = opgen_bf16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i21 = v2; i21 < v15; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v24 = i21 + v18;
+        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t17[i26];
+            for (int64_t i28 = v2; i28 < d_D; i28++) {
+                const float v29 = opgen_bf16_to_f32(p_dy[v27 * st_dy_0 + i28]);
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
             }
         }
-        for (int64_t i35 = v3; i35 < v17; i35++) {
-            const float v36 = opgen_bf16_to_f32(p_dtable1[i25 * st_dtable1_0 + i35]);
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = opgen_f32_to_bf16(v39);
+        for (int64_t i31 = v2; i31 < d_D; i31++) {
+            const float v32 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+            const float v33 = p_dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
         }
     }
-    const int64_t v40 = v18 ? v3 : v11;
-    opgen_seg_build(t10, d_N, v11, t41, t42);
-    const float v43 = p_alpha2;
+    const int64_t v36 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t37, t38);
+    const float v39 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v3; i44 < v40; i44++) {
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
-        const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
-        for (int64_t i49 = v46; i49 < v48; i49++) {
-            const int64_t v50 = t42[i49];
-            for (int64_t i51 = v3; i51 < v17; i51++) {
-                const float v52 = opgen_bf16_to_f32(p_dy[v50 * st_dy_0 + i51]);
-                const float v53 = v52 * v43;
-                l45[i51] += v53;
+    for (int64_t i40 = v2; i40 < v36; i40++) {
+        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l41, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
+        const int64_t v43 = i40 + v18;
+        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
+        for (int64_t i45 = v42; i45 < v44; i45++) {
+            const int64_t v46 = t38[i45];
+            for (int64_t i47 = v2; i47 < d_D; i47++) {
+                const float v48 = opgen_bf16_to_f32(p_dy[v46 * st_dy_0 + i47]);
+                const float v49 = v48 * v39;
+                l41[i47] += v49;
             }
         }
-        for (int64_t i54 = v3; i54 < v17; i54++) {
-            const float v55 = opgen_bf16_to_f32(p_dtable2[i44 * st_dtable2_0 + i54]);
-            const float v56 = p_dtable2_acc ? v55 : v24;
-            const float v57 = l45[i54];
-            const float v58 = v56 + v57;
-            p_dtable2[i44 * st_dtable2_0 + i54] = opgen_f32_to_bf16(v58);
+        for (int64_t i50 = v2; i50 < d_D; i50++) {
+            const float v51 = opgen_bf16_to_f32(p_dtable2[i40 * st_dtable2_0 + i50]);
+            const float v52 = p_dtable2_acc ? v51 : v20;
+            const float v53 = l41[i50];
+            const float v54 = v52 + v53;
+            p_dtable2[i40 * st_dtable2_0 + i50] = opgen_f32_to_bf16(v54);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1593,88 +1549,84 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v11 = d_N2;
-    for (int64_t i12 = v3; i12 < v1; i12++) {
-        const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v3;
-        const bool v15 = v13 < v11;
-        const bool v16 = v14 && v15;
-        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i12] = v13;
+    for (int64_t i9 = v2; i9 < d_N; i9++) {
+        const int64_t v10 = p_i2[i9];
+        const bool v11 = v10 >= v2;
+        const bool v12 = v10 < d_N2;
+        const bool v13 = v11 && v12;
+        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t8[i9] = v10;
     }
-    const int64_t v17 = d_D;
-    const bool v18 = v17 == v3;
-    const int64_t v19 = v18 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t20, t21);
-    const int64_t v22 = 1ll;
-    const float v23 = p_alpha1;
-    const float v24 = 0.0f;
+    const bool v14 = d_D == v2;
+    const int64_t v15 = v14 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t16, t17);
+    const int64_t v18 = 1ll;
+    const float v19 = p_alpha1;
+    const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v3; i25 < v19; i25++) {
-        float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t21[i30];
-            for (int64_t i32 = v3; i32 < v17; i32++) {
-                const float v33 = p_dy[v31 * st_dy_0 + i32];
-                const float v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i21 = v2; i21 < v15; i21++) {
+        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v24 = i21 + v18;
+        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t17[i26];
+            for (int64_t i28 = v2; i28 < d_D; i28++) {
+                const float v29 = p_dy[v27 * st_dy_0 + i28];
+                const float v30 = v29 * v19;
+                l22[i28] += v30;
             }
         }
-        for (int64_t i35 = v3; i35 < v17; i35++) {
-            const float v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const float v37 = p_dtable1_acc ? v36 : v24;
-            const float v38 = l26[i35];
-            const float v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i31 = v2; i31 < d_D; i31++) {
+            const float v32 = p_dtable1[i21 * st_dtable1_0 + i31];
+            const float v33 = p_dtable1_acc ? v32 : v20;
+            const float v34 = l22[i31];
+            const float v35 = v33 + v34;
+            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
-    const int64_t v40 = v18 ? v3 : v11;
-    opgen_seg_build(t10, d_N, v11, t41, t42);
-    const float v43 = p_alpha2;
+    const int64_t v36 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t37, t38);
+    const float v39 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v3; i44 < v40; i44++) {
-        float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l45, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
-        const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
-        for (int64_t i49 = v46; i49 < v48; i49++) {
-            const int64_t v50 = t42[i49];
-            for (int64_t i51 = v3; i51 < v17; i51++) {
-                const float v52 = p_dy[v50 * st_dy_0 + i51];
-                const float v53 = v52 * v43;
-                l45[i51] += v53;
+    for (int64_t i40 = v2; i40 < v36; i40++) {
+        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l41, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
+        const int64_t v43 = i40 + v18;
+        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
+        for (int64_t i45 = v42; i45 < v44; i45++) {
+            const int64_t v46 = t38[i45];
+            for (int64_t i47 = v2; i47 < d_D; i47++) {
+                const float v48 = p_dy[v46 * st_dy_0 + i47];
+                const float v49 = v48 * v39;
+                l41[i47] += v49;
             }
         }
-        for (int64_t i54 = v3; i54 < v17; i54++) {
-            const float v55 = p_dtable2[i44 * st_dtable2_0 + i54];
-            const float v56 = p_dtable2_acc ? v55 : v24;
-            const float v57 = l45[i54];
-            const float v58 = v56 + v57;
-            p_dtable2[i44 * st_dtable2_0 + i54] = v58;
+        for (int64_t i50 = v2; i50 < d_D; i50++) {
+            const float v51 = p_dtable2[i40 * st_dtable2_0 + i50];
+            const float v52 = p_dtable2_acc ? v51 : v20;
+            const float v53 = l41[i50];
+            const float v54 = v52 + v53;
+            p_dtable2[i40 * st_dtable2_0 + i50] = v54;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1746,88 +1698,84 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const int64_t d_N2 = dims[3]; (void)d_N2;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t20 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
-    int64_t *restrict t21 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t41 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l26_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l45_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_N1;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_i1[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
+    int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l41_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_i1[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_N1;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N1)");
+        t1[i3] = v4;
     }
-    const int64_t v11 = d_N2;
-    for (int64_t i12 = v3; i12 < v1; i12++) {
-        const int64_t v13 = p_i2[i12];
-        const bool v14 = v13 >= v3;
-        const bool v15 = v13 < v11;
-        const bool v16 = v14 && v15;
-        if (!(v16)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
-        t10[i12] = v13;
+    for (int64_t i9 = v2; i9 < d_N; i9++) {
+        const int64_t v10 = p_i2[i9];
+        const bool v11 = v10 >= v2;
+        const bool v12 = v10 < d_N2;
+        const bool v13 = v11 && v12;
+        if (!(v13)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_backward__i2_dtable2: index out of range [0, N2)");
+        t8[i9] = v10;
     }
-    const int64_t v17 = d_D;
-    const bool v18 = v17 == v3;
-    const int64_t v19 = v18 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t20, t21);
-    const int64_t v22 = 1ll;
-    const double v23 = (double)(p_alpha1);
-    const double v24 = 0.0;
+    const bool v14 = d_D == v2;
+    const int64_t v15 = v14 ? v2 : d_N1;
+    opgen_seg_build(t1, d_N, d_N1, t16, t17);
+    const int64_t v18 = 1ll;
+    const double v19 = (double)(p_alpha1);
+    const double v20 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i25 = v3; i25 < v19; i25++) {
-        double *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l26, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v27 = opgen_seg_start(t20, i25, v4, v1);
-        const int64_t v28 = i25 + v22;
-        const int64_t v29 = opgen_seg_start(t20, v28, v4, v1);
-        for (int64_t i30 = v27; i30 < v29; i30++) {
-            const int64_t v31 = t21[i30];
-            for (int64_t i32 = v3; i32 < v17; i32++) {
-                const double v33 = p_dy[v31 * st_dy_0 + i32];
-                const double v34 = v33 * v23;
-                l26[i32] += v34;
+    for (int64_t i21 = v2; i21 < v15; i21++) {
+        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l22, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v24 = i21 + v18;
+        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t17[i26];
+            for (int64_t i28 = v2; i28 < d_D; i28++) {
+                const double v29 = p_dy[v27 * st_dy_0 + i28];
+                const double v30 = v29 * v19;
+                l22[i28] += v30;
             }
         }
-        for (int64_t i35 = v3; i35 < v17; i35++) {
-            const double v36 = p_dtable1[i25 * st_dtable1_0 + i35];
-            const double v37 = p_dtable1_acc ? v36 : v24;
-            const double v38 = l26[i35];
-            const double v39 = v37 + v38;
-            p_dtable1[i25 * st_dtable1_0 + i35] = v39;
+        for (int64_t i31 = v2; i31 < d_D; i31++) {
+            const double v32 = p_dtable1[i21 * st_dtable1_0 + i31];
+            const double v33 = p_dtable1_acc ? v32 : v20;
+            const double v34 = l22[i31];
+            const double v35 = v33 + v34;
+            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
         }
     }
-    const int64_t v40 = v18 ? v3 : v11;
-    opgen_seg_build(t10, d_N, v11, t41, t42);
-    const double v43 = (double)(p_alpha2);
+    const int64_t v36 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t37, t38);
+    const double v39 = (double)(p_alpha2);
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i44 = v3; i44 < v40; i44++) {
-        double *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l45, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v46 = opgen_seg_start(t41, i44, v11, v1);
-        const int64_t v47 = i44 + v22;
-        const int64_t v48 = opgen_seg_start(t41, v47, v11, v1);
-        for (int64_t i49 = v46; i49 < v48; i49++) {
-            const int64_t v50 = t42[i49];
-            for (int64_t i51 = v3; i51 < v17; i51++) {
-                const double v52 = p_dy[v50 * st_dy_0 + i51];
-                const double v53 = v52 * v43;
-                l45[i51] += v53;
+    for (int64_t i40 = v2; i40 < v36; i40++) {
+        double *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l41, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
+        const int64_t v43 = i40 + v18;
+        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
+        for (int64_t i45 = v42; i45 < v44; i45++) {
+            const int64_t v46 = t38[i45];
+            for (int64_t i47 = v2; i47 < d_D; i47++) {
+                const double v48 = p_dy[v46 * st_dy_0 + i47];
+                const double v49 = v48 * v39;
+                l41[i47] += v49;
             }
         }
-        for (int64_t i54 = v3; i54 < v17; i54++) {
-            const double v55 = p_dtable2[i44 * st_dtable2_0 + i54];
-            const double v56 = p_dtable2_acc ? v55 : v24;
-            const double v57 = l45[i54];
-            const double v58 = v56 + v57;
-            p_dtable2[i44 * st_dtable2_0 + i54] = v58;
+        for (int64_t i50 = v2; i50 < d_D; i50++) {
+            const double v51 = p_dtable2[i40 * st_dtable2_0 + i50];
+            const double v52 = p_dtable2_acc ? v51 : v20;
+            const double v53 = l41[i50];
+            const double v54 = v52 + v53;
+            p_dtable2[i40 * st_dtable2_0 + i50] = v54;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

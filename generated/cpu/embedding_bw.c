@@ -50,43 +50,40 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i16 = v3; i16 < v12; i16++) {
-        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l17, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v18 = opgen_seg_start(t13, i16, v4, v1);
-        const int64_t v19 = i16 + v15;
-        const int64_t v20 = opgen_seg_start(t13, v19, v4, v1);
-        for (int64_t i21 = v18; i21 < v20; i21++) {
-            const int64_t v22 = t14[i21];
-            for (int64_t i23 = v3; i23 < v10; i23++) {
-                const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23 * st_grad_1]);
-                l17[i23] += v24;
+    for (int64_t i13 = v2; i13 < v9; i13++) {
+        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l14, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v16 = i13 + v12;
+        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
+            const int64_t v19 = t11[i18];
+            for (int64_t i20 = v2; i20 < d_D; i20++) {
+                const float v21 = opgen_bf16_to_f32(p_grad[v19 * st_grad_0 + i20 * st_grad_1]);
+                l14[i20] += v21;
             }
         }
-        for (int64_t i25 = v3; i25 < v10; i25++) {
-            const float v26 = l17[i25];
-            p_out[i16 * st_out_0 + i25 * st_out_1] = opgen_f32_to_bf16(v26);
+        for (int64_t i22 = v2; i22 < d_D; i22++) {
+            const float v23 = l14[i22];
+            p_out[i13 * st_out_0 + i22 * st_out_1] = opgen_f32_to_bf16(v23);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -107,43 +104,40 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i16 = v3; i16 < v12; i16++) {
-        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l17, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v18 = opgen_seg_start(t13, i16, v4, v1);
-        const int64_t v19 = i16 + v15;
-        const int64_t v20 = opgen_seg_start(t13, v19, v4, v1);
-        for (int64_t i21 = v18; i21 < v20; i21++) {
-            const int64_t v22 = t14[i21];
-            for (int64_t i23 = v3; i23 < v10; i23++) {
-                const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23]);
-                l17[i23] += v24;
+    for (int64_t i13 = v2; i13 < v9; i13++) {
+        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l14, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v16 = i13 + v12;
+        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
+            const int64_t v19 = t11[i18];
+            for (int64_t i20 = v2; i20 < d_D; i20++) {
+                const float v21 = opgen_bf16_to_f32(p_grad[v19 * st_grad_0 + i20]);
+                l14[i20] += v21;
             }
         }
-        for (int64_t i25 = v3; i25 < v10; i25++) {
-            const float v26 = l17[i25];
-            p_out[i16 * st_out_0 + i25] = opgen_f32_to_bf16(v26);
+        for (int64_t i22 = v2; i22 < d_D; i22++) {
+            const float v23 = l14[i22];
+            p_out[i13 * st_out_0 + i22] = opgen_f32_to_bf16(v23);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -200,43 +194,40 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i16 = v3; i16 < v12; i16++) {
-        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l17, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v18 = opgen_seg_start(t13, i16, v4, v1);
-        const int64_t v19 = i16 + v15;
-        const int64_t v20 = opgen_seg_start(t13, v19, v4, v1);
-        for (int64_t i21 = v18; i21 < v20; i21++) {
-            const int64_t v22 = t14[i21];
-            for (int64_t i23 = v3; i23 < v10; i23++) {
-                const float v24 = p_grad[v22 * st_grad_0 + i23 * st_grad_1];
-                l17[i23] += v24;
+    for (int64_t i13 = v2; i13 < v9; i13++) {
+        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l14, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v16 = i13 + v12;
+        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
+            const int64_t v19 = t11[i18];
+            for (int64_t i20 = v2; i20 < d_D; i20++) {
+                const float v21 = p_grad[v19 * st_grad_0 + i20 * st_grad_1];
+                l14[i20] += v21;
             }
         }
-        for (int64_t i25 = v3; i25 < v10; i25++) {
-            const float v26 = l17[i25];
-            p_out[i16 * st_out_0 + i25 * st_out_1] = v26;
+        for (int64_t i22 = v2; i22 < d_D; i22++) {
+            const float v23 = l14[i22];
+            p_out[i13 * st_out_0 + i22 * st_out_1] = v23;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -257,43 +248,40 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t d_D = dims[2]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l17_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[i5];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[i3];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_bw: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i16 = v3; i16 < v12; i16++) {
-        float *restrict l17 = l17_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l17, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v18 = opgen_seg_start(t13, i16, v4, v1);
-        const int64_t v19 = i16 + v15;
-        const int64_t v20 = opgen_seg_start(t13, v19, v4, v1);
-        for (int64_t i21 = v18; i21 < v20; i21++) {
-            const int64_t v22 = t14[i21];
-            for (int64_t i23 = v3; i23 < v10; i23++) {
-                const float v24 = p_grad[v22 * st_grad_0 + i23];
-                l17[i23] += v24;
+    for (int64_t i13 = v2; i13 < v9; i13++) {
+        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l14, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v16 = i13 + v12;
+        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
+            const int64_t v19 = t11[i18];
+            for (int64_t i20 = v2; i20 < d_D; i20++) {
+                const float v21 = p_grad[v19 * st_grad_0 + i20];
+                l14[i20] += v21;
             }
         }
-        for (int64_t i25 = v3; i25 < v10; i25++) {
-            const float v26 = l17[i25];
-            p_out[i16 * st_out_0 + i25] = v26;
+        for (int64_t i22 = v2; i22 < d_D; i22++) {
+            const float v23 = l14[i22];
+            p_out[i13 * st_out_0 + i22] = v23;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

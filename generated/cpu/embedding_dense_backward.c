@@ -58,60 +58,57 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = p_grad[ro_grad[v24] + i36 * st_grad_1];
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = p_grad[ro_grad[v21] + i33 * st_grad_1];
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41 * st_out_1] = v43;
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38 * st_out_1] = v40;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -136,60 +133,57 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = p_grad[ro_grad[v24] + i36];
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = p_grad[ro_grad[v21] + i33];
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41] = v43;
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38] = v40;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -254,60 +248,57 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = opgen_f16_to_f32(p_grad[ro_grad[v21] + i33 * st_grad_1]);
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_f16(v43);
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38 * st_out_1] = opgen_f32_to_f16(v40);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -332,60 +323,57 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = opgen_f16_to_f32(p_grad[ro_grad[v24] + i36]);
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = opgen_f16_to_f32(p_grad[ro_grad[v21] + i33]);
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41] = opgen_f32_to_f16(v43);
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38] = opgen_f32_to_f16(v40);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -450,60 +438,57 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36 * st_grad_1]);
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = opgen_bf16_to_f32(p_grad[ro_grad[v21] + i33 * st_grad_1]);
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41 * st_out_1] = opgen_f32_to_bf16(v43);
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38 * st_out_1] = opgen_f32_to_bf16(v40);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -528,60 +513,57 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    int64_t *restrict t2 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t13 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
-    int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_N;
-    const int64_t v3 = 0ll;
-    const int64_t v4 = d_V;
-    for (int64_t i5 = v3; i5 < v1; i5++) {
-        const int64_t v6 = p_indices[ro_indices[i5]];
-        const bool v7 = v6 >= v3;
-        const bool v8 = v6 < v4;
-        const bool v9 = v7 && v8;
-        if (!(v9)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
-        t2[i5] = v6;
+    int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
+    int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v2 = 0ll;
+    for (int64_t i3 = v2; i3 < d_N; i3++) {
+        const int64_t v4 = p_indices[ro_indices[i3]];
+        const bool v5 = v4 >= v2;
+        const bool v6 = v4 < d_V;
+        const bool v7 = v5 && v6;
+        if (!(v7)) return opgen_fail(OPGEN_ERR_INDEX, "embedding_dense_backward: index out of range [0, V)");
+        t1[i3] = v4;
     }
-    const int64_t v10 = d_D;
-    const bool v11 = v10 == v3;
-    const int64_t v12 = v11 ? v3 : v4;
-    opgen_seg_build(t2, d_N, v4, t13, t14);
-    const int64_t v15 = 1ll;
-    const float v16 = 1.0f;
-    const float v17 = 0.0f;
+    const bool v8 = d_D == v2;
+    const int64_t v9 = v8 ? v2 : d_V;
+    opgen_seg_build(t1, d_N, d_V, t10, t11);
+    const int64_t v12 = 1ll;
+    const float v13 = 1.0f;
+    const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i18 = v3; i18 < v12; i18++) {
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l19, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v20 = opgen_seg_start(t13, i18, v4, v1);
-        const int64_t v21 = i18 + v15;
-        const int64_t v22 = opgen_seg_start(t13, v21, v4, v1);
-        for (int64_t i23 = v20; i23 < v22; i23++) {
-            const int64_t v24 = t14[i23];
-            const int64_t v25 = p_indices[ro_indices[v24]];
-            const bool v26 = v25 != p_padding_idx;
-            const int64_t v27 = t2[v24];
-            const int64_t v28 = opgen_seg_start(t13, v27, v4, v1);
-            const int64_t v29 = v27 + v15;
-            const int64_t v30 = opgen_seg_start(t13, v29, v4, v1);
-            const int64_t v31 = v30 - v28;
-            const int32_t v32 = (int32_t)(v31);
-            const float v33 = (float)(v32);
-            const float v34 = v16 / v33;
-            const float v35 = p_scale_grad_by_freq ? v34 : v16;
-            for (int64_t i36 = v3; i36 < v10; i36++) {
-                const float v37 = opgen_bf16_to_f32(p_grad[ro_grad[v24] + i36]);
-                const float v38 = v37;
-                const float v39 = v38 * v35;
-                const float v40 = v26 ? v39 : v17;
-                l19[i36] += v40;
+    for (int64_t i15 = v2; i15 < v9; i15++) {
+        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l16, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v18 = i15 + v12;
+        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
+        for (int64_t i20 = v17; i20 < v19; i20++) {
+            const int64_t v21 = t11[i20];
+            const int64_t v22 = p_indices[ro_indices[v21]];
+            const bool v23 = v22 != p_padding_idx;
+            const int64_t v24 = t1[v21];
+            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
+            const int64_t v26 = v24 + v12;
+            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
+            const int64_t v28 = v27 - v25;
+            const int32_t v29 = (int32_t)(v28);
+            const float v30 = (float)(v29);
+            const float v31 = v13 / v30;
+            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            for (int64_t i33 = v2; i33 < d_D; i33++) {
+                const float v34 = opgen_bf16_to_f32(p_grad[ro_grad[v21] + i33]);
+                const float v35 = v34;
+                const float v36 = v35 * v32;
+                const float v37 = v23 ? v36 : v14;
+                l16[i33] += v37;
             }
         }
-        for (int64_t i41 = v3; i41 < v10; i41++) {
-            const float v42 = l19[i41];
-            const float v43 = v42;
-            p_out[i18 * st_out_0 + i41] = opgen_f32_to_bf16(v43);
+        for (int64_t i38 = v2; i38 < d_D; i38++) {
+            const float v39 = l16[i38];
+            const float v40 = v39;
+            p_out[i15 * st_out_0 + i38] = opgen_f32_to_bf16(v40);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -43,16 +43,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8_pre
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -106,139 +103,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -283,16 +276,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool_p
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -346,139 +336,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -523,16 +509,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8_pr
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -586,139 +569,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -763,16 +742,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool_
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -826,139 +802,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -1005,16 +977,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1074,173 +1043,169 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v38; i40++) {
-            const int64_t v41 = v35 + i40;
-            for (int64_t i42 = v21; i42 < v31; i42++) {
-                const float v43 = opgen_f16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
-                l39[i40 * d_H + i42] = v43;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v31; i33++) {
+            const int64_t v34 = v28 + i33;
+            for (int64_t i35 = v15; i35 < d_H; i35++) {
+                const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
+                l32[i33 * d_H + i35] = v36;
             }
         }
-        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v29;
-            const int64_t v47 = v46 + v29;
-            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
-            const int64_t v49 = v48 - v46;
-            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i51 = v21; i51 < v49; i51++) {
-                const int64_t v52 = v46 + i51;
-                for (int64_t i53 = v21; i53 < v31; i53++) {
-                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
-                    l50[i51 * d_H + i53] = v54;
+        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i38 = v15; i38 < v25; i38++) {
+            const int64_t v39 = i38 * v23;
+            const int64_t v40 = v39 + v23;
+            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
+            const int64_t v42 = v41 - v39;
+            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i44 = v15; i44 < v42; i44++) {
+                const int64_t v45 = v39 + i44;
+                for (int64_t i46 = v15; i46 < d_H; i46++) {
+                    const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
+                    l43[i44 * d_H + i46] = v47;
                 }
             }
-            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i57 = v21; i57 < v38; i57++) {
-                const int64_t v58 = v35 + i57;
-                const float v59 = p_logits_max[v58 * st_logits_max_0];
-                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
-                const int64_t v61 = p_masked_target[v58];
-                const bool v62 = (bool)((p_target_mask[(v58 >> 3) * st_target_mask_0] >> (v58 & 7)) & 1);
-                const bool v63 = !v62;
-                const float v64 = p_grad[v58 * st_grad_0];
-                for (int64_t i65 = v21; i65 < v49; i65++) {
-                    const int64_t v66 = v46 + i65;
-                    const float v67 = l55[i57 * 256ll + i65];
-                    const float v68 = v67;
-                    const float v69 = v68 - v59;
-                    const float v70 = opgen_expf(v69);
-                    const float v71 = v70 / v60;
-                    const bool v72 = v66 == v61;
-                    const bool v73 = v72 && v63;
-                    const float v74 = v73 ? v33 : v11;
-                    const float v75 = v71 - v74;
-                    const float v76 = v75 * v64;
-                    l56[i57 * 256ll + i65] = v76;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i50 = v15; i50 < v31; i50++) {
+                const int64_t v51 = v28 + i50;
+                const float v52 = p_logits_max[v51 * st_logits_max_0];
+                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
+                const int64_t v54 = p_masked_target[v51];
+                const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
+                const bool v56 = !v55;
+                const float v57 = p_grad[v51 * st_grad_0];
+                for (int64_t i58 = v15; i58 < v42; i58++) {
+                    const int64_t v59 = v39 + i58;
+                    const float v60 = l48[i50 * 256ll + i58];
+                    const float v61 = v60;
+                    const float v62 = v61 - v52;
+                    const float v63 = opgen_expf(v62);
+                    const float v64 = v63 / v53;
+                    const bool v65 = v59 == v54;
+                    const bool v66 = v65 && v56;
+                    const float v67 = v66 ? v26 : v8;
+                    const float v68 = v64 - v67;
+                    const float v69 = v68 * v57;
+                    l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
+            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
-        for (int64_t i77 = v21; i77 < v38; i77++) {
-            const int64_t v78 = v35 + i77;
-            for (int64_t i79 = v21; i79 < v31; i79++) {
-                const float v80 = l44[i77 * d_H + i79];
-                const float v81 = v80;
-                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_f16(v81);
+        for (int64_t i70 = v15; i70 < v31; i70++) {
+            const int64_t v71 = v28 + i70;
+            for (int64_t i72 = v15; i72 < d_H; i72++) {
+                const float v73 = l37[i70 * d_H + i72];
+                const float v74 = v73;
+                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_f16(v74);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v29;
-        const int64_t v84 = v83 + v29;
-        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
-        const int64_t v86 = v85 - v83;
-        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i88 = v21; i88 < v86; i88++) {
-            const int64_t v89 = v83 + i88;
-            for (int64_t i90 = v21; i90 < v31; i90++) {
-                const float v91 = opgen_f16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
-                l87[i88 * d_H + i90] = v91;
+    for (int64_t i75 = v15; i75 < v25; i75++) {
+        const int64_t v76 = i75 * v23;
+        const int64_t v77 = v76 + v23;
+        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v15; i81 < v79; i81++) {
+            const int64_t v82 = v76 + i81;
+            for (int64_t i83 = v15; i83 < d_H; i83++) {
+                const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
+                l80[i81 * d_H + i83] = v84;
             }
         }
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v30; i93++) {
-            const int64_t v94 = i93 * v29;
-            const int64_t v95 = v94 + v29;
-            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
-            const int64_t v97 = v96 - v94;
-            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i99 = v21; i99 < v97; i99++) {
-                const int64_t v100 = v94 + i99;
-                for (int64_t i101 = v21; i101 < v31; i101++) {
-                    const float v102 = opgen_f16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
-                    l98[i99 * d_H + i101] = v102;
+        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i86 = v15; i86 < v24; i86++) {
+            const int64_t v87 = i86 * v23;
+            const int64_t v88 = v87 + v23;
+            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+            const int64_t v90 = v89 - v87;
+            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i92 = v15; i92 < v90; i92++) {
+                const int64_t v93 = v87 + i92;
+                for (int64_t i94 = v15; i94 < d_H; i94++) {
+                    const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
+                    l91[i92 * d_H + i94] = v95;
                 }
             }
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
-            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i105 = v21; i105 < v97; i105++) {
-                const int64_t v106 = v94 + i105;
-                const float v107 = p_logits_max[v106 * st_logits_max_0];
-                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
-                const int64_t v109 = p_masked_target[v106];
-                const bool v110 = (bool)((p_target_mask[(v106 >> 3) * st_target_mask_0] >> (v106 & 7)) & 1);
-                const bool v111 = !v110;
-                const float v112 = p_grad[v106 * st_grad_0];
-                for (int64_t i113 = v21; i113 < v86; i113++) {
-                    const int64_t v114 = v83 + i113;
-                    const float v115 = l103[i105 * 256ll + i113];
-                    const float v116 = v115;
-                    const float v117 = v116 - v107;
-                    const float v118 = opgen_expf(v117);
-                    const float v119 = v118 / v108;
-                    const bool v120 = v114 == v109;
-                    const bool v121 = v120 && v111;
-                    const float v122 = v121 ? v33 : v11;
-                    const float v123 = v119 - v122;
-                    const float v124 = v123 * v112;
-                    l104[i105 * 256ll + i113] = v124;
+            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i98 = v15; i98 < v90; i98++) {
+                const int64_t v99 = v87 + i98;
+                const float v100 = p_logits_max[v99 * st_logits_max_0];
+                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
+                const int64_t v102 = p_masked_target[v99];
+                const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
+                const bool v104 = !v103;
+                const float v105 = p_grad[v99 * st_grad_0];
+                for (int64_t i106 = v15; i106 < v79; i106++) {
+                    const int64_t v107 = v76 + i106;
+                    const float v108 = l96[i98 * 256ll + i106];
+                    const float v109 = v108;
+                    const float v110 = v109 - v100;
+                    const float v111 = opgen_expf(v110);
+                    const float v112 = v111 / v101;
+                    const bool v113 = v107 == v102;
+                    const bool v114 = v113 && v104;
+                    const float v115 = v114 ? v26 : v8;
+                    const float v116 = v112 - v115;
+                    const float v117 = v116 * v105;
+                    l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
+            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i125 = v21; i125 < v86; i125++) {
-            const int64_t v126 = v83 + i125;
-            for (int64_t i127 = v21; i127 < v31; i127++) {
-                const float v128 = l92[i125 * d_H + i127];
-                const float v129 = v128;
-                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_f16(v129);
+        for (int64_t i118 = v15; i118 < v79; i118++) {
+            const int64_t v119 = v76 + i118;
+            for (int64_t i120 = v15; i120 < d_H; i120++) {
+                const float v121 = l85[i118 * d_H + i120];
+                const float v122 = v121;
+                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
             }
         }
     }
@@ -1287,16 +1252,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1356,173 +1318,169 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v38; i40++) {
-            const int64_t v41 = v35 + i40;
-            for (int64_t i42 = v21; i42 < v31; i42++) {
-                const float v43 = opgen_f16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
-                l39[i40 * d_H + i42] = v43;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v31; i33++) {
+            const int64_t v34 = v28 + i33;
+            for (int64_t i35 = v15; i35 < d_H; i35++) {
+                const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
+                l32[i33 * d_H + i35] = v36;
             }
         }
-        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v29;
-            const int64_t v47 = v46 + v29;
-            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
-            const int64_t v49 = v48 - v46;
-            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i51 = v21; i51 < v49; i51++) {
-                const int64_t v52 = v46 + i51;
-                for (int64_t i53 = v21; i53 < v31; i53++) {
-                    const float v54 = opgen_f16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
-                    l50[i51 * d_H + i53] = v54;
+        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i38 = v15; i38 < v25; i38++) {
+            const int64_t v39 = i38 * v23;
+            const int64_t v40 = v39 + v23;
+            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
+            const int64_t v42 = v41 - v39;
+            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i44 = v15; i44 < v42; i44++) {
+                const int64_t v45 = v39 + i44;
+                for (int64_t i46 = v15; i46 < d_H; i46++) {
+                    const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
+                    l43[i44 * d_H + i46] = v47;
                 }
             }
-            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i57 = v21; i57 < v38; i57++) {
-                const int64_t v58 = v35 + i57;
-                const float v59 = p_logits_max[v58 * st_logits_max_0];
-                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
-                const int64_t v61 = p_masked_target[v58];
-                const bool v62 = p_target_mask[v58 * st_target_mask_0];
-                const bool v63 = !v62;
-                const float v64 = p_grad[v58 * st_grad_0];
-                for (int64_t i65 = v21; i65 < v49; i65++) {
-                    const int64_t v66 = v46 + i65;
-                    const float v67 = l55[i57 * 256ll + i65];
-                    const float v68 = v67;
-                    const float v69 = v68 - v59;
-                    const float v70 = opgen_expf(v69);
-                    const float v71 = v70 / v60;
-                    const bool v72 = v66 == v61;
-                    const bool v73 = v72 && v63;
-                    const float v74 = v73 ? v33 : v11;
-                    const float v75 = v71 - v74;
-                    const float v76 = v75 * v64;
-                    l56[i57 * 256ll + i65] = v76;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i50 = v15; i50 < v31; i50++) {
+                const int64_t v51 = v28 + i50;
+                const float v52 = p_logits_max[v51 * st_logits_max_0];
+                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
+                const int64_t v54 = p_masked_target[v51];
+                const bool v55 = p_target_mask[v51 * st_target_mask_0];
+                const bool v56 = !v55;
+                const float v57 = p_grad[v51 * st_grad_0];
+                for (int64_t i58 = v15; i58 < v42; i58++) {
+                    const int64_t v59 = v39 + i58;
+                    const float v60 = l48[i50 * 256ll + i58];
+                    const float v61 = v60;
+                    const float v62 = v61 - v52;
+                    const float v63 = opgen_expf(v62);
+                    const float v64 = v63 / v53;
+                    const bool v65 = v59 == v54;
+                    const bool v66 = v65 && v56;
+                    const float v67 = v66 ? v26 : v8;
+                    const float v68 = v64 - v67;
+                    const float v69 = v68 * v57;
+                    l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
+            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
-        for (int64_t i77 = v21; i77 < v38; i77++) {
-            const int64_t v78 = v35 + i77;
-            for (int64_t i79 = v21; i79 < v31; i79++) {
-                const float v80 = l44[i77 * d_H + i79];
-                const float v81 = v80;
-                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_f16(v81);
+        for (int64_t i70 = v15; i70 < v31; i70++) {
+            const int64_t v71 = v28 + i70;
+            for (int64_t i72 = v15; i72 < d_H; i72++) {
+                const float v73 = l37[i70 * d_H + i72];
+                const float v74 = v73;
+                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_f16(v74);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v29;
-        const int64_t v84 = v83 + v29;
-        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
-        const int64_t v86 = v85 - v83;
-        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i88 = v21; i88 < v86; i88++) {
-            const int64_t v89 = v83 + i88;
-            for (int64_t i90 = v21; i90 < v31; i90++) {
-                const float v91 = opgen_f16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
-                l87[i88 * d_H + i90] = v91;
+    for (int64_t i75 = v15; i75 < v25; i75++) {
+        const int64_t v76 = i75 * v23;
+        const int64_t v77 = v76 + v23;
+        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v15; i81 < v79; i81++) {
+            const int64_t v82 = v76 + i81;
+            for (int64_t i83 = v15; i83 < d_H; i83++) {
+                const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
+                l80[i81 * d_H + i83] = v84;
             }
         }
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v30; i93++) {
-            const int64_t v94 = i93 * v29;
-            const int64_t v95 = v94 + v29;
-            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
-            const int64_t v97 = v96 - v94;
-            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i99 = v21; i99 < v97; i99++) {
-                const int64_t v100 = v94 + i99;
-                for (int64_t i101 = v21; i101 < v31; i101++) {
-                    const float v102 = opgen_f16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
-                    l98[i99 * d_H + i101] = v102;
+        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i86 = v15; i86 < v24; i86++) {
+            const int64_t v87 = i86 * v23;
+            const int64_t v88 = v87 + v23;
+            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+            const int64_t v90 = v89 - v87;
+            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i92 = v15; i92 < v90; i92++) {
+                const int64_t v93 = v87 + i92;
+                for (int64_t i94 = v15; i94 < d_H; i94++) {
+                    const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
+                    l91[i92 * d_H + i94] = v95;
                 }
             }
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
-            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i105 = v21; i105 < v97; i105++) {
-                const int64_t v106 = v94 + i105;
-                const float v107 = p_logits_max[v106 * st_logits_max_0];
-                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
-                const int64_t v109 = p_masked_target[v106];
-                const bool v110 = p_target_mask[v106 * st_target_mask_0];
-                const bool v111 = !v110;
-                const float v112 = p_grad[v106 * st_grad_0];
-                for (int64_t i113 = v21; i113 < v86; i113++) {
-                    const int64_t v114 = v83 + i113;
-                    const float v115 = l103[i105 * 256ll + i113];
-                    const float v116 = v115;
-                    const float v117 = v116 - v107;
-                    const float v118 = opgen_expf(v117);
-                    const float v119 = v118 / v108;
-                    const bool v120 = v114 == v109;
-                    const bool v121 = v120 && v111;
-                    const float v122 = v121 ? v33 : v11;
-                    const float v123 = v119 - v122;
-                    const float v124 = v123 * v112;
-                    l104[i105 * 256ll + i113] = v124;
+            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i98 = v15; i98 < v90; i98++) {
+                const int64_t v99 = v87 + i98;
+                const float v100 = p_logits_max[v99 * st_logits_max_0];
+                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
+                const int64_t v102 = p_masked_target[v99];
+                const bool v103 = p_target_mask[v99 * st_target_mask_0];
+                const bool v104 = !v103;
+                const float v105 = p_grad[v99 * st_grad_0];
+                for (int64_t i106 = v15; i106 < v79; i106++) {
+                    const int64_t v107 = v76 + i106;
+                    const float v108 = l96[i98 * 256ll + i106];
+                    const float v109 = v108;
+                    const float v110 = v109 - v100;
+                    const float v111 = opgen_expf(v110);
+                    const float v112 = v111 / v101;
+                    const bool v113 = v107 == v102;
+                    const bool v114 = v113 && v104;
+                    const float v115 = v114 ? v26 : v8;
+                    const float v116 = v112 - v115;
+                    const float v117 = v116 * v105;
+                    l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
+            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i125 = v21; i125 < v86; i125++) {
-            const int64_t v126 = v83 + i125;
-            for (int64_t i127 = v21; i127 < v31; i127++) {
-                const float v128 = l92[i125 * d_H + i127];
-                const float v129 = v128;
-                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_f16(v129);
+        for (int64_t i118 = v15; i118 < v79; i118++) {
+            const int64_t v119 = v76 + i118;
+            for (int64_t i120 = v15; i120 < d_H; i120++) {
+                const float v121 = l85[i118 * d_H + i120];
+                const float v122 = v121;
+                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
             }
         }
     }
@@ -1569,16 +1527,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1638,173 +1593,169 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v38; i40++) {
-            const int64_t v41 = v35 + i40;
-            for (int64_t i42 = v21; i42 < v31; i42++) {
-                const float v43 = opgen_bf16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
-                l39[i40 * d_H + i42] = v43;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v31; i33++) {
+            const int64_t v34 = v28 + i33;
+            for (int64_t i35 = v15; i35 < d_H; i35++) {
+                const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
+                l32[i33 * d_H + i35] = v36;
             }
         }
-        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v29;
-            const int64_t v47 = v46 + v29;
-            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
-            const int64_t v49 = v48 - v46;
-            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i51 = v21; i51 < v49; i51++) {
-                const int64_t v52 = v46 + i51;
-                for (int64_t i53 = v21; i53 < v31; i53++) {
-                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
-                    l50[i51 * d_H + i53] = v54;
+        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i38 = v15; i38 < v25; i38++) {
+            const int64_t v39 = i38 * v23;
+            const int64_t v40 = v39 + v23;
+            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
+            const int64_t v42 = v41 - v39;
+            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i44 = v15; i44 < v42; i44++) {
+                const int64_t v45 = v39 + i44;
+                for (int64_t i46 = v15; i46 < d_H; i46++) {
+                    const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
+                    l43[i44 * d_H + i46] = v47;
                 }
             }
-            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i57 = v21; i57 < v38; i57++) {
-                const int64_t v58 = v35 + i57;
-                const float v59 = p_logits_max[v58 * st_logits_max_0];
-                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
-                const int64_t v61 = p_masked_target[v58];
-                const bool v62 = (bool)((p_target_mask[(v58 >> 3) * st_target_mask_0] >> (v58 & 7)) & 1);
-                const bool v63 = !v62;
-                const float v64 = p_grad[v58 * st_grad_0];
-                for (int64_t i65 = v21; i65 < v49; i65++) {
-                    const int64_t v66 = v46 + i65;
-                    const float v67 = l55[i57 * 256ll + i65];
-                    const float v68 = v67;
-                    const float v69 = v68 - v59;
-                    const float v70 = opgen_expf(v69);
-                    const float v71 = v70 / v60;
-                    const bool v72 = v66 == v61;
-                    const bool v73 = v72 && v63;
-                    const float v74 = v73 ? v33 : v11;
-                    const float v75 = v71 - v74;
-                    const float v76 = v75 * v64;
-                    l56[i57 * 256ll + i65] = v76;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i50 = v15; i50 < v31; i50++) {
+                const int64_t v51 = v28 + i50;
+                const float v52 = p_logits_max[v51 * st_logits_max_0];
+                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
+                const int64_t v54 = p_masked_target[v51];
+                const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
+                const bool v56 = !v55;
+                const float v57 = p_grad[v51 * st_grad_0];
+                for (int64_t i58 = v15; i58 < v42; i58++) {
+                    const int64_t v59 = v39 + i58;
+                    const float v60 = l48[i50 * 256ll + i58];
+                    const float v61 = v60;
+                    const float v62 = v61 - v52;
+                    const float v63 = opgen_expf(v62);
+                    const float v64 = v63 / v53;
+                    const bool v65 = v59 == v54;
+                    const bool v66 = v65 && v56;
+                    const float v67 = v66 ? v26 : v8;
+                    const float v68 = v64 - v67;
+                    const float v69 = v68 * v57;
+                    l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
+            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
-        for (int64_t i77 = v21; i77 < v38; i77++) {
-            const int64_t v78 = v35 + i77;
-            for (int64_t i79 = v21; i79 < v31; i79++) {
-                const float v80 = l44[i77 * d_H + i79];
-                const float v81 = v80;
-                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_bf16(v81);
+        for (int64_t i70 = v15; i70 < v31; i70++) {
+            const int64_t v71 = v28 + i70;
+            for (int64_t i72 = v15; i72 < d_H; i72++) {
+                const float v73 = l37[i70 * d_H + i72];
+                const float v74 = v73;
+                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_bf16(v74);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v29;
-        const int64_t v84 = v83 + v29;
-        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
-        const int64_t v86 = v85 - v83;
-        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i88 = v21; i88 < v86; i88++) {
-            const int64_t v89 = v83 + i88;
-            for (int64_t i90 = v21; i90 < v31; i90++) {
-                const float v91 = opgen_bf16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
-                l87[i88 * d_H + i90] = v91;
+    for (int64_t i75 = v15; i75 < v25; i75++) {
+        const int64_t v76 = i75 * v23;
+        const int64_t v77 = v76 + v23;
+        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v15; i81 < v79; i81++) {
+            const int64_t v82 = v76 + i81;
+            for (int64_t i83 = v15; i83 < d_H; i83++) {
+                const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
+                l80[i81 * d_H + i83] = v84;
             }
         }
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v30; i93++) {
-            const int64_t v94 = i93 * v29;
-            const int64_t v95 = v94 + v29;
-            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
-            const int64_t v97 = v96 - v94;
-            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i99 = v21; i99 < v97; i99++) {
-                const int64_t v100 = v94 + i99;
-                for (int64_t i101 = v21; i101 < v31; i101++) {
-                    const float v102 = opgen_bf16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
-                    l98[i99 * d_H + i101] = v102;
+        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i86 = v15; i86 < v24; i86++) {
+            const int64_t v87 = i86 * v23;
+            const int64_t v88 = v87 + v23;
+            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+            const int64_t v90 = v89 - v87;
+            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i92 = v15; i92 < v90; i92++) {
+                const int64_t v93 = v87 + i92;
+                for (int64_t i94 = v15; i94 < d_H; i94++) {
+                    const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
+                    l91[i92 * d_H + i94] = v95;
                 }
             }
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
-            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i105 = v21; i105 < v97; i105++) {
-                const int64_t v106 = v94 + i105;
-                const float v107 = p_logits_max[v106 * st_logits_max_0];
-                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
-                const int64_t v109 = p_masked_target[v106];
-                const bool v110 = (bool)((p_target_mask[(v106 >> 3) * st_target_mask_0] >> (v106 & 7)) & 1);
-                const bool v111 = !v110;
-                const float v112 = p_grad[v106 * st_grad_0];
-                for (int64_t i113 = v21; i113 < v86; i113++) {
-                    const int64_t v114 = v83 + i113;
-                    const float v115 = l103[i105 * 256ll + i113];
-                    const float v116 = v115;
-                    const float v117 = v116 - v107;
-                    const float v118 = opgen_expf(v117);
-                    const float v119 = v118 / v108;
-                    const bool v120 = v114 == v109;
-                    const bool v121 = v120 && v111;
-                    const float v122 = v121 ? v33 : v11;
-                    const float v123 = v119 - v122;
-                    const float v124 = v123 * v112;
-                    l104[i105 * 256ll + i113] = v124;
+            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i98 = v15; i98 < v90; i98++) {
+                const int64_t v99 = v87 + i98;
+                const float v100 = p_logits_max[v99 * st_logits_max_0];
+                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
+                const int64_t v102 = p_masked_target[v99];
+                const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
+                const bool v104 = !v103;
+                const float v105 = p_grad[v99 * st_grad_0];
+                for (int64_t i106 = v15; i106 < v79; i106++) {
+                    const int64_t v107 = v76 + i106;
+                    const float v108 = l96[i98 * 256ll + i106];
+                    const float v109 = v108;
+                    const float v110 = v109 - v100;
+                    const float v111 = opgen_expf(v110);
+                    const float v112 = v111 / v101;
+                    const bool v113 = v107 == v102;
+                    const bool v114 = v113 && v104;
+                    const float v115 = v114 ? v26 : v8;
+                    const float v116 = v112 - v115;
+                    const float v117 = v116 * v105;
+                    l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
+            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i125 = v21; i125 < v86; i125++) {
-            const int64_t v126 = v83 + i125;
-            for (int64_t i127 = v21; i127 < v31; i127++) {
-                const float v128 = l92[i125 * d_H + i127];
-                const float v129 = v128;
-                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_bf16(v129);
+        for (int64_t i118 = v15; i118 < v79; i118++) {
+            const int64_t v119 = v76 + i118;
+            for (int64_t i120 = v15; i120 < d_H; i120++) {
+                const float v121 = l85[i118 * d_H + i120];
+                const float v122 = v121;
+                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
             }
         }
     }
@@ -1851,16 +1802,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1920,173 +1868,169 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l50_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l87_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l92_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l98_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l103_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l104_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v38; i40++) {
-            const int64_t v41 = v35 + i40;
-            for (int64_t i42 = v21; i42 < v31; i42++) {
-                const float v43 = opgen_bf16_to_f32(p_input[v41 * st_input_0 + i42 * st_input_1]);
-                l39[i40 * d_H + i42] = v43;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v31; i33++) {
+            const int64_t v34 = v28 + i33;
+            for (int64_t i35 = v15; i35 < d_H; i35++) {
+                const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
+                l32[i33 * d_H + i35] = v36;
             }
         }
-        float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l44, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i45 = v21; i45 < v32; i45++) {
-            const int64_t v46 = i45 * v29;
-            const int64_t v47 = v46 + v29;
-            const int64_t v48 = ((v47 < v13 || v47 != v47) ? v47 : v13);
-            const int64_t v49 = v48 - v46;
-            float *restrict l50 = l50_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i51 = v21; i51 < v49; i51++) {
-                const int64_t v52 = v46 + i51;
-                for (int64_t i53 = v21; i53 < v31; i53++) {
-                    const float v54 = opgen_bf16_to_f32(p_weight[v52 * st_weight_0 + i53 * st_weight_1]);
-                    l50[i51 * d_H + i53] = v54;
+        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i38 = v15; i38 < v25; i38++) {
+            const int64_t v39 = i38 * v23;
+            const int64_t v40 = v39 + v23;
+            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
+            const int64_t v42 = v41 - v39;
+            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i44 = v15; i44 < v42; i44++) {
+                const int64_t v45 = v39 + i44;
+                for (int64_t i46 = v15; i46 < d_H; i46++) {
+                    const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
+                    l43[i44 * d_H + i46] = v47;
                 }
             }
-            float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v38, v49, v31, l39, d_H, 1, l50, 1, d_H, l55, 256ll, 0);
-            float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i57 = v21; i57 < v38; i57++) {
-                const int64_t v58 = v35 + i57;
-                const float v59 = p_logits_max[v58 * st_logits_max_0];
-                const float v60 = p_sum_exp_logits[v58 * st_sum_exp_logits_0];
-                const int64_t v61 = p_masked_target[v58];
-                const bool v62 = p_target_mask[v58 * st_target_mask_0];
-                const bool v63 = !v62;
-                const float v64 = p_grad[v58 * st_grad_0];
-                for (int64_t i65 = v21; i65 < v49; i65++) {
-                    const int64_t v66 = v46 + i65;
-                    const float v67 = l55[i57 * 256ll + i65];
-                    const float v68 = v67;
-                    const float v69 = v68 - v59;
-                    const float v70 = opgen_expf(v69);
-                    const float v71 = v70 / v60;
-                    const bool v72 = v66 == v61;
-                    const bool v73 = v72 && v63;
-                    const float v74 = v73 ? v33 : v11;
-                    const float v75 = v71 - v74;
-                    const float v76 = v75 * v64;
-                    l56[i57 * 256ll + i65] = v76;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i50 = v15; i50 < v31; i50++) {
+                const int64_t v51 = v28 + i50;
+                const float v52 = p_logits_max[v51 * st_logits_max_0];
+                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
+                const int64_t v54 = p_masked_target[v51];
+                const bool v55 = p_target_mask[v51 * st_target_mask_0];
+                const bool v56 = !v55;
+                const float v57 = p_grad[v51 * st_grad_0];
+                for (int64_t i58 = v15; i58 < v42; i58++) {
+                    const int64_t v59 = v39 + i58;
+                    const float v60 = l48[i50 * 256ll + i58];
+                    const float v61 = v60;
+                    const float v62 = v61 - v52;
+                    const float v63 = opgen_expf(v62);
+                    const float v64 = v63 / v53;
+                    const bool v65 = v59 == v54;
+                    const bool v66 = v65 && v56;
+                    const float v67 = v66 ? v26 : v8;
+                    const float v68 = v64 - v67;
+                    const float v69 = v68 * v57;
+                    l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v38, v31, v49, l56, 256ll, 1, l50, d_H, 1, l44, d_H, 1);
+            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
-        for (int64_t i77 = v21; i77 < v38; i77++) {
-            const int64_t v78 = v35 + i77;
-            for (int64_t i79 = v21; i79 < v31; i79++) {
-                const float v80 = l44[i77 * d_H + i79];
-                const float v81 = v80;
-                p_input_grad[v78 * st_input_grad_0 + i79 * st_input_grad_1] = opgen_f32_to_bf16(v81);
+        for (int64_t i70 = v15; i70 < v31; i70++) {
+            const int64_t v71 = v28 + i70;
+            for (int64_t i72 = v15; i72 < d_H; i72++) {
+                const float v73 = l37[i70 * d_H + i72];
+                const float v74 = v73;
+                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_bf16(v74);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i82 = v21; i82 < v32; i82++) {
-        const int64_t v83 = i82 * v29;
-        const int64_t v84 = v83 + v29;
-        const int64_t v85 = ((v84 < v13 || v84 != v84) ? v84 : v13);
-        const int64_t v86 = v85 - v83;
-        float *restrict l87 = l87_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i88 = v21; i88 < v86; i88++) {
-            const int64_t v89 = v83 + i88;
-            for (int64_t i90 = v21; i90 < v31; i90++) {
-                const float v91 = opgen_bf16_to_f32(p_weight[v89 * st_weight_0 + i90 * st_weight_1]);
-                l87[i88 * d_H + i90] = v91;
+    for (int64_t i75 = v15; i75 < v25; i75++) {
+        const int64_t v76 = i75 * v23;
+        const int64_t v77 = v76 + v23;
+        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v15; i81 < v79; i81++) {
+            const int64_t v82 = v76 + i81;
+            for (int64_t i83 = v15; i83 < d_H; i83++) {
+                const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
+                l80[i81 * d_H + i83] = v84;
             }
         }
-        float *restrict l92 = l92_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l92, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i93 = v21; i93 < v30; i93++) {
-            const int64_t v94 = i93 * v29;
-            const int64_t v95 = v94 + v29;
-            const int64_t v96 = ((v95 < v19 || v95 != v95) ? v95 : v19);
-            const int64_t v97 = v96 - v94;
-            float *restrict l98 = l98_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i99 = v21; i99 < v97; i99++) {
-                const int64_t v100 = v94 + i99;
-                for (int64_t i101 = v21; i101 < v31; i101++) {
-                    const float v102 = opgen_bf16_to_f32(p_input[v100 * st_input_0 + i101 * st_input_1]);
-                    l98[i99 * d_H + i101] = v102;
+        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i86 = v15; i86 < v24; i86++) {
+            const int64_t v87 = i86 * v23;
+            const int64_t v88 = v87 + v23;
+            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+            const int64_t v90 = v89 - v87;
+            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i92 = v15; i92 < v90; i92++) {
+                const int64_t v93 = v87 + i92;
+                for (int64_t i94 = v15; i94 < d_H; i94++) {
+                    const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
+                    l91[i92 * d_H + i94] = v95;
                 }
             }
-            float *restrict l103 = l103_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v97, v86, v31, l98, d_H, 1, l87, 1, d_H, l103, 256ll, 0);
-            float *restrict l104 = l104_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i105 = v21; i105 < v97; i105++) {
-                const int64_t v106 = v94 + i105;
-                const float v107 = p_logits_max[v106 * st_logits_max_0];
-                const float v108 = p_sum_exp_logits[v106 * st_sum_exp_logits_0];
-                const int64_t v109 = p_masked_target[v106];
-                const bool v110 = p_target_mask[v106 * st_target_mask_0];
-                const bool v111 = !v110;
-                const float v112 = p_grad[v106 * st_grad_0];
-                for (int64_t i113 = v21; i113 < v86; i113++) {
-                    const int64_t v114 = v83 + i113;
-                    const float v115 = l103[i105 * 256ll + i113];
-                    const float v116 = v115;
-                    const float v117 = v116 - v107;
-                    const float v118 = opgen_expf(v117);
-                    const float v119 = v118 / v108;
-                    const bool v120 = v114 == v109;
-                    const bool v121 = v120 && v111;
-                    const float v122 = v121 ? v33 : v11;
-                    const float v123 = v119 - v122;
-                    const float v124 = v123 * v112;
-                    l104[i105 * 256ll + i113] = v124;
+            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i98 = v15; i98 < v90; i98++) {
+                const int64_t v99 = v87 + i98;
+                const float v100 = p_logits_max[v99 * st_logits_max_0];
+                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
+                const int64_t v102 = p_masked_target[v99];
+                const bool v103 = p_target_mask[v99 * st_target_mask_0];
+                const bool v104 = !v103;
+                const float v105 = p_grad[v99 * st_grad_0];
+                for (int64_t i106 = v15; i106 < v79; i106++) {
+                    const int64_t v107 = v76 + i106;
+                    const float v108 = l96[i98 * 256ll + i106];
+                    const float v109 = v108;
+                    const float v110 = v109 - v100;
+                    const float v111 = opgen_expf(v110);
+                    const float v112 = v111 / v101;
+                    const bool v113 = v107 == v102;
+                    const bool v114 = v113 && v104;
+                    const float v115 = v114 ? v26 : v8;
+                    const float v116 = v112 - v115;
+                    const float v117 = v116 * v105;
+                    l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v86, v31, v97, l104, 1, 256ll, l98, d_H, 1, l92, d_H, 1);
+            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i125 = v21; i125 < v86; i125++) {
-            const int64_t v126 = v83 + i125;
-            for (int64_t i127 = v21; i127 < v31; i127++) {
-                const float v128 = l92[i125 * d_H + i127];
-                const float v129 = v128;
-                p_weight_grad[v126 * st_weight_grad_0 + i127 * st_weight_grad_1] = opgen_f32_to_bf16(v129);
+        for (int64_t i118 = v15; i118 < v79; i118++) {
+            const int64_t v119 = v76 + i118;
+            for (int64_t i120 = v15; i120 < d_H; i120++) {
+                const float v121 = l85[i118 * d_H + i120];
+                const float v122 = v121;
+                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
             }
         }
     }
@@ -2131,16 +2075,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2194,139 +2135,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -2371,16 +2308,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2434,139 +2368,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -2611,16 +2541,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2674,139 +2601,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -2851,16 +2774,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2914,139 +2834,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -3091,16 +3007,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3154,139 +3067,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -3331,16 +3240,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3394,139 +3300,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -3571,16 +3473,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3634,139 +3533,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -3811,16 +3706,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -3874,139 +3766,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -4051,16 +3939,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4114,139 +3999,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -4291,16 +4172,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4354,139 +4232,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_f16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_f16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_f16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_f16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
             }
         }
     }
@@ -4531,16 +4405,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 8ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 8ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4594,139 +4465,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 8ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = (bool)((p_target_mask[(i22 >> 3) * st_target_mask_0] >> (i22 & 7)) & 1);
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 8ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = (bool)((p_target_mask[(i16 >> 3) * st_target_mask_0] >> (i16 & 7)) & 1);
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = (bool)((p_target_mask[(v47 >> 3) * st_target_mask_0] >> (v47 & 7)) & 1);
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = (bool)((p_target_mask[(v84 >> 3) * st_target_mask_0] >> (v84 & 7)) & 1);
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }
@@ -4771,16 +4638,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const float v1 = 0.0f;
     const bool v2 = p_label_smoothing == v1;
     if (!(v2)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v3 = d_V;
-    const int64_t v4 = 128ll;
-    const bool v5 = v3 >= v4;
-    if (!(v5)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v6 = 1ll;
-    const int64_t v7 = d_L;
-    const int64_t v8 = v7 * v6;
-    const int64_t v9 = d_BT;
-    const bool v10 = v8 >= v9;
-    if (!(v10)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v3 = 128ll;
+    const bool v4 = d_V >= v3;
+    if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v5 = 1ll;
+    const int64_t v6 = d_L * v5;
+    const bool v7 = v6 >= d_BT;
+    if (!(v7)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -4834,139 +4698,135 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l39_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l82_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    const float v11 = 0.0f;
-    const bool v12 = p_label_smoothing == v11;
-    if (!(v12)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
-    const int64_t v13 = d_V;
-    const int64_t v14 = 128ll;
-    const bool v15 = v13 >= v14;
-    if (!(v15)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
-    const int64_t v16 = 1ll;
-    const int64_t v17 = d_L;
-    const int64_t v18 = v17 * v16;
-    const int64_t v19 = d_BT;
-    const bool v20 = v18 >= v19;
-    if (!(v20)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
-    const int64_t v21 = 0ll;
-    for (int64_t i22 = v21; i22 < v19; i22++) {
-        const bool v23 = p_target_mask[i22 * st_target_mask_0];
-        const int64_t v24 = p_masked_target[i22];
-        const bool v25 = v24 >= v21;
-        const bool v26 = v24 < v13;
-        const bool v27 = v25 && v26;
-        const bool v28 = v23 || v27;
-        if (!(v28)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const float v8 = 0.0f;
+    const bool v9 = p_label_smoothing == v8;
+    if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
+    const int64_t v10 = 128ll;
+    const bool v11 = d_V >= v10;
+    if (!(v11)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: weight must have at least 128 rows (V >= 128)");
+    const int64_t v12 = 1ll;
+    const int64_t v13 = d_L * v12;
+    const bool v14 = v13 >= d_BT;
+    if (!(v14)) return opgen_fail(OPGEN_ERR_SHAPE, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: mask must hold at least BT flags");
+    const int64_t v15 = 0ll;
+    for (int64_t i16 = v15; i16 < d_BT; i16++) {
+        const bool v17 = p_target_mask[i16 * st_target_mask_0];
+        const int64_t v18 = p_masked_target[i16];
+        const bool v19 = v18 >= v15;
+        const bool v20 = v18 < d_V;
+        const bool v21 = v19 && v20;
+        const bool v22 = v17 || v21;
+        if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
-    const int64_t v29 = 256ll;
-    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v31 = d_H;
-    const int64_t v32 = (d_V / 256 + (d_V % 256 != 0));
-    const float v33 = 1.0f;
+    const int64_t v23 = 256ll;
+    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
+    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
+    const float v26 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i34 = v21; i34 < v30; i34++) {
-        const int64_t v35 = i34 * v29;
-        const int64_t v36 = v35 + v29;
-        const int64_t v37 = ((v36 < v19 || v36 != v36) ? v36 : v19);
-        const int64_t v38 = v37 - v35;
-        float *restrict l39 = l39_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l39, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i40 = v21; i40 < v32; i40++) {
-            const int64_t v41 = i40 * v29;
-            const int64_t v42 = v41 + v29;
-            const int64_t v43 = ((v42 < v13 || v42 != v42) ? v42 : v13);
-            const int64_t v44 = v43 - v41;
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i46 = v21; i46 < v38; i46++) {
-                const int64_t v47 = v35 + i46;
-                const int64_t v48 = p_masked_target[v47];
-                const bool v49 = p_target_mask[v47 * st_target_mask_0];
-                const bool v50 = !v49;
-                const float v51 = p_grad[v47 * st_grad_0];
-                for (int64_t i52 = v21; i52 < v44; i52++) {
-                    const int64_t v53 = v41 + i52;
-                    const float v54 = p_softmax[v47 * st_softmax_0 + v53 * st_softmax_1];
-                    const bool v55 = v53 == v48;
-                    const bool v56 = v55 && v50;
-                    const float v57 = v56 ? v33 : v11;
-                    const float v58 = v54 - v57;
-                    const float v59 = v58 * v51;
-                    l45[i46 * 256ll + i52] = v59;
+    for (int64_t i27 = v15; i27 < v24; i27++) {
+        const int64_t v28 = i27 * v23;
+        const int64_t v29 = v28 + v23;
+        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
+        const int64_t v31 = v30 - v28;
+        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i33 = v15; i33 < v25; i33++) {
+            const int64_t v34 = i33 * v23;
+            const int64_t v35 = v34 + v23;
+            const int64_t v36 = ((v35 < d_V || v35 != v35) ? v35 : d_V);
+            const int64_t v37 = v36 - v34;
+            float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i39 = v15; i39 < v31; i39++) {
+                const int64_t v40 = v28 + i39;
+                const int64_t v41 = p_masked_target[v40];
+                const bool v42 = p_target_mask[v40 * st_target_mask_0];
+                const bool v43 = !v42;
+                const float v44 = p_grad[v40 * st_grad_0];
+                for (int64_t i45 = v15; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
+                    const bool v48 = v46 == v41;
+                    const bool v49 = v48 && v43;
+                    const float v50 = v49 ? v26 : v8;
+                    const float v51 = v47 - v50;
+                    const float v52 = v51 * v44;
+                    l38[i39 * 256ll + i45] = v52;
                 }
             }
-            float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i61 = v21; i61 < v44; i61++) {
-                const int64_t v62 = v41 + i61;
-                for (int64_t i63 = v21; i63 < v31; i63++) {
-                    const float v64 = opgen_bf16_to_f32(p_weight[v62 * st_weight_0 + i63 * st_weight_1]);
-                    const float v65 = v64;
-                    l60[i61 * d_H + i63] = v65;
+            float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i54 = v15; i54 < v37; i54++) {
+                const int64_t v55 = v34 + i54;
+                for (int64_t i56 = v15; i56 < d_H; i56++) {
+                    const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
+                    const float v58 = v57;
+                    l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v38, v31, v44, l45, 256ll, 1, l60, d_H, 1, l39, d_H, 1);
+            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
-        for (int64_t i66 = v21; i66 < v38; i66++) {
-            const int64_t v67 = v35 + i66;
-            for (int64_t i68 = v21; i68 < v31; i68++) {
-                const float v69 = l39[i66 * d_H + i68];
-                const float v70 = v69;
-                p_input_grad[v67 * st_input_grad_0 + i68 * st_input_grad_1] = opgen_f32_to_bf16(v70);
+        for (int64_t i59 = v15; i59 < v31; i59++) {
+            const int64_t v60 = v28 + i59;
+            for (int64_t i61 = v15; i61 < d_H; i61++) {
+                const float v62 = l32[i59 * d_H + i61];
+                const float v63 = v62;
+                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v21; i71 < v32; i71++) {
-        const int64_t v72 = i71 * v29;
-        const int64_t v73 = v72 + v29;
-        const int64_t v74 = ((v73 < v13 || v73 != v73) ? v73 : v13);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v21; i77 < v30; i77++) {
-            const int64_t v78 = i77 * v29;
-            const int64_t v79 = v78 + v29;
-            const int64_t v80 = ((v79 < v19 || v79 != v79) ? v79 : v19);
-            const int64_t v81 = v80 - v78;
-            float *restrict l82 = l82_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i83 = v21; i83 < v81; i83++) {
-                const int64_t v84 = v78 + i83;
-                const int64_t v85 = p_masked_target[v84];
-                const bool v86 = p_target_mask[v84 * st_target_mask_0];
-                const bool v87 = !v86;
-                const float v88 = p_grad[v84 * st_grad_0];
-                for (int64_t i89 = v21; i89 < v75; i89++) {
-                    const int64_t v90 = v72 + i89;
-                    const float v91 = p_softmax[v84 * st_softmax_0 + v90 * st_softmax_1];
-                    const bool v92 = v90 == v85;
-                    const bool v93 = v92 && v87;
-                    const float v94 = v93 ? v33 : v11;
-                    const float v95 = v91 - v94;
-                    const float v96 = v95 * v88;
-                    l82[i83 * 256ll + i89] = v96;
+    for (int64_t i64 = v15; i64 < v25; i64++) {
+        const int64_t v65 = i64 * v23;
+        const int64_t v66 = v65 + v23;
+        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
+        const int64_t v68 = v67 - v65;
+        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i70 = v15; i70 < v24; i70++) {
+            const int64_t v71 = i70 * v23;
+            const int64_t v72 = v71 + v23;
+            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
+            const int64_t v74 = v73 - v71;
+            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i76 = v15; i76 < v74; i76++) {
+                const int64_t v77 = v71 + i76;
+                const int64_t v78 = p_masked_target[v77];
+                const bool v79 = p_target_mask[v77 * st_target_mask_0];
+                const bool v80 = !v79;
+                const float v81 = p_grad[v77 * st_grad_0];
+                for (int64_t i82 = v15; i82 < v68; i82++) {
+                    const int64_t v83 = v65 + i82;
+                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
+                    const bool v85 = v83 == v78;
+                    const bool v86 = v85 && v80;
+                    const float v87 = v86 ? v26 : v8;
+                    const float v88 = v84 - v87;
+                    const float v89 = v88 * v81;
+                    l75[i76 * 256ll + i82] = v89;
                 }
             }
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i98 = v21; i98 < v81; i98++) {
-                const int64_t v99 = v78 + i98;
-                for (int64_t i100 = v21; i100 < v31; i100++) {
-                    const float v101 = opgen_bf16_to_f32(p_input[v99 * st_input_0 + i100 * st_input_1]);
-                    const float v102 = v101;
-                    l97[i98 * d_H + i100] = v102;
+            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i91 = v15; i91 < v74; i91++) {
+                const int64_t v92 = v71 + i91;
+                for (int64_t i93 = v15; i93 < d_H; i93++) {
+                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
+                    const float v95 = v94;
+                    l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v75, v31, v81, l82, 1, 256ll, l97, d_H, 1, l76, d_H, 1);
+            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
-        for (int64_t i103 = v21; i103 < v75; i103++) {
-            const int64_t v104 = v72 + i103;
-            for (int64_t i105 = v21; i105 < v31; i105++) {
-                const float v106 = l76[i103 * d_H + i105];
-                const float v107 = v106;
-                p_weight_grad[v104 * st_weight_grad_0 + i105 * st_weight_grad_1] = opgen_f32_to_bf16(v107);
+        for (int64_t i96 = v15; i96 < v68; i96++) {
+            const int64_t v97 = v65 + i96;
+            for (int64_t i98 = v15; i98 < d_H; i98++) {
+                const float v99 = l69[i96 * d_H + i98];
+                const float v100 = v99;
+                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
             }
         }
     }

@@ -63,115 +63,113 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v28 = opgen_f16_to_f32(p_w[i21 * st_w_0]);
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v29 = v27 * v28;
-                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v35 = opgen_f16_to_f32(p_w[i21 * st_w_0]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v36 = v34 * v35;
-                        const float v37 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
-                const float v43 = opgen_f16_to_f32(p_x[ro_x[i16] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = opgen_f16_to_f32(p_w[i41 * st_w_0]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_f16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_f16_to_f32(p_x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_f16_to_f32(p_w[i39 * st_w_0]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62 * st_grad_w_0] = opgen_f32_to_f16(v66);
+        const float v64 = l61;
+        p_grad_w[i60 * st_grad_w_0] = opgen_f32_to_f16(v64);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -199,115 +197,113 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v28 = opgen_f16_to_f32(p_w[i21]);
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(p_w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v29 = v27 * v28;
-                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v35 = opgen_f16_to_f32(p_w[i21]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(p_w[i19]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v36 = v34 * v35;
-                        const float v37 = opgen_f16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
-                const float v43 = opgen_f16_to_f32(p_x[ro_x[i16] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = opgen_f16_to_f32(p_w[i41]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_f16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_f16_to_f32(p_x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_f16_to_f32(p_w[i39]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62] = opgen_f32_to_f16(v66);
+        const float v64 = l61;
+        p_grad_w[i60] = opgen_f32_to_f16(v64);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -376,115 +372,113 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = p_x[ro_x[i16] + i21];
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = p_grad_y[ro_grad_y[i16] + i21];
-                        const float v28 = p_w[i21 * st_w_0];
+                        const int64_t i19 = r22 + l;
+                        const float v23 = p_x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = p_w[i19 * st_w_0];
+                        const float v27 = v25 * v26;
+                        const float v28 = p_x[ro_x[i14] + i19];
                         const float v29 = v27 * v28;
-                        const float v30 = p_x[ro_x[i16] + i21];
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = p_x[ro_x[i16] + i21];
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = p_grad_y[ro_grad_y[i16] + i21];
-                        const float v35 = p_w[i21 * st_w_0];
+                        const int64_t i19 = r22 + l;
+                        const float v30 = p_x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = p_w[i19 * st_w_0];
+                        const float v34 = v32 * v33;
+                        const float v35 = p_x[ro_x[i14] + i19];
                         const float v36 = v34 * v35;
-                        const float v37 = p_x[ro_x[i16] + i21];
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = p_grad_y[ro_grad_y[i16] + i41];
-                const float v43 = p_x[ro_x[i16] + i41];
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = p_w[i41 * st_w_0];
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = v59;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = p_grad_y[ro_grad_y[i14] + i39];
+                const float v41 = p_x[ro_x[i14] + i39];
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = p_w[i39 * st_w_0];
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = v57;
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62 * st_grad_w_0] = v66;
+        const float v64 = l61;
+        p_grad_w[i60 * st_grad_w_0] = v64;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -512,115 +506,113 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = p_x[ro_x[i16] + i21];
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = p_grad_y[ro_grad_y[i16] + i21];
-                        const float v28 = p_w[i21];
+                        const int64_t i19 = r22 + l;
+                        const float v23 = p_x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = p_w[i19];
+                        const float v27 = v25 * v26;
+                        const float v28 = p_x[ro_x[i14] + i19];
                         const float v29 = v27 * v28;
-                        const float v30 = p_x[ro_x[i16] + i21];
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = p_x[ro_x[i16] + i21];
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = p_grad_y[ro_grad_y[i16] + i21];
-                        const float v35 = p_w[i21];
+                        const int64_t i19 = r22 + l;
+                        const float v30 = p_x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = p_w[i19];
+                        const float v34 = v32 * v33;
+                        const float v35 = p_x[ro_x[i14] + i19];
                         const float v36 = v34 * v35;
-                        const float v37 = p_x[ro_x[i16] + i21];
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = p_grad_y[ro_grad_y[i16] + i41];
-                const float v43 = p_x[ro_x[i16] + i41];
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = p_w[i41];
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = v59;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = p_grad_y[ro_grad_y[i14] + i39];
+                const float v41 = p_x[ro_x[i14] + i39];
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = p_w[i39];
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = v57;
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62] = v66;
+        const float v64 = l61;
+        p_grad_w[i60] = v64;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -689,115 +681,113 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v28 = opgen_bf16_to_f32(p_w[i21 * st_w_0]);
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v29 = v27 * v28;
-                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v35 = opgen_bf16_to_f32(p_w[i21 * st_w_0]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v36 = v34 * v35;
-                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
-                const float v43 = opgen_bf16_to_f32(p_x[ro_x[i16] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = opgen_bf16_to_f32(p_w[i41 * st_w_0]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_bf16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_bf16_to_f32(p_x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_bf16_to_f32(p_w[i39 * st_w_0]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62 * st_grad_w_0] = opgen_f32_to_bf16(v66);
+        const float v64 = l61;
+        p_grad_w[i60 * st_grad_w_0] = opgen_f32_to_bf16(v64);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -825,115 +815,113 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t d_D = dims[1]; (void)d_D;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t7 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
-    float *l12_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    const int64_t v1 = d_D;
-    const int64_t v2 = 0ll;
-    const bool v3 = v1 == v2;
-    const int64_t v4 = d_N;
-    const int64_t v5 = 32ll;
-    const int64_t v6 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v8 = v3 ? v2 : v6;
-    const float v9 = (float)(v1);
-    const float v10 = p_eps;
+    float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
+    float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int64_t v1 = 0ll;
+    const bool v2 = d_D == v1;
+    const int64_t v3 = 32ll;
+    const int64_t v4 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = v2 ? v1 : v4;
+    const float v7 = (float)(d_D);
+    const float v8 = p_eps;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i11 = v2; i11 < v8; i11++) {
-        float *restrict l12 = l12_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l12, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v13 = i11 * v5;
-        const int64_t v14 = v13 + v5;
-        const int64_t v15 = ((v14 < v4 || v14 != v14) ? v14 : v4);
-        for (int64_t i16 = v13; i16 < v15; i16++) {
+    for (int64_t i9 = v1; i9 < v6; i9++) {
+        float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v11 = i9 * v3;
+        const int64_t v12 = v11 + v3;
+        const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
+        for (int64_t i14 = v11; i14 < v13; i14++) {
+            float l15 = 0;
+            float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            float l19 = 0;
-            float l20 = 0;
             {
-                float lane22[16];
-                for (int l = 0; l < 16; l++) lane22[l] = l ? 0 : l18;
-                float lane23[16];
-                for (int l = 0; l < 16; l++) lane23[l] = l ? 0 : l20;
-                int64_t r24 = v2;
-                for (; r24 + 16 <= v1; r24 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r24 + l;
-                        const float v25 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v26 = v25 * v25;
-                        lane22[l] += v26;
-                        const float v27 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v28 = opgen_bf16_to_f32(p_w[i21]);
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(p_w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v29 = v27 * v28;
-                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v31 = v29 * v30;
-                        lane23[l] += v31;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r24 + l < v1; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i21 = r24 + l;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v33 = v32 * v32;
-                        lane22[l] += v33;
-                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i21]);
-                        const float v35 = opgen_bf16_to_f32(p_w[i21]);
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(p_w[i19]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
                         const float v36 = v34 * v35;
-                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[i16] + i21]);
-                        const float v38 = v36 * v37;
-                        lane23[l] += v38;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane22[l] += lane22[l + 8];
-                for (int l = 0; l < 4; l++) lane22[l] += lane22[l + 4];
-                for (int l = 0; l < 2; l++) lane22[l] += lane22[l + 2];
-                for (int l = 0; l < 1; l++) lane22[l] += lane22[l + 1];
-                l18 = lane22[0];
-                for (int l = 0; l < 8; l++) lane23[l] += lane23[l + 8];
-                for (int l = 0; l < 4; l++) lane23[l] += lane23[l + 4];
-                for (int l = 0; l < 2; l++) lane23[l] += lane23[l + 2];
-                for (int l = 0; l < 1; l++) lane23[l] += lane23[l + 1];
-                l20 = lane23[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v39 = l18;
-            l17 = v39;
-            const float v40 = l20;
-            l19 = v40;
-            for (int64_t i41 = v2; i41 < v1; i41++) {
-                const float v42 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i16] + i41]);
-                const float v43 = opgen_bf16_to_f32(p_x[ro_x[i16] + i41]);
-                const float v44 = v42 * v43;
-                const float v45 = l17;
-                const float v46 = v45 / v9;
-                const float v47 = v46 + v10;
-                const float v48 = 1.0f / sqrtf(v47);
-                const float v49 = v44 * v48;
-                l12[i41] += v49;
-                const float v50 = opgen_bf16_to_f32(p_w[i41]);
-                const float v51 = v42 * v50;
-                const float v52 = v51 * v48;
-                const float v53 = l19;
-                const float v54 = v53 / v9;
-                const float v55 = v54 * v48;
-                const float v56 = v55 * v48;
-                const float v57 = v56 * v48;
-                const float v58 = v43 * v57;
-                const float v59 = v52 - v58;
-                p_grad_x[ro_grad_x[i16] + i41] = opgen_f32_to_bf16(v59);
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            for (int64_t i39 = v1; i39 < d_D; i39++) {
+                const float v40 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
+                const float v41 = opgen_bf16_to_f32(p_x[ro_x[i14] + i39]);
+                const float v42 = v40 * v41;
+                const float v43 = l15;
+                const float v44 = v43 / v7;
+                const float v45 = v44 + v8;
+                const float v46 = 1.0f / sqrtf(v45);
+                const float v47 = v42 * v46;
+                l10[i39] += v47;
+                const float v48 = opgen_bf16_to_f32(p_w[i39]);
+                const float v49 = v40 * v48;
+                const float v50 = v49 * v46;
+                const float v51 = l17;
+                const float v52 = v51 / v7;
+                const float v53 = v52 * v46;
+                const float v54 = v53 * v46;
+                const float v55 = v54 * v46;
+                const float v56 = v41 * v55;
+                const float v57 = v50 - v56;
+                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
             }
         }
-        for (int64_t i60 = v2; i60 < v1; i60++) {
-            const float v61 = l12[i60];
-            t7[i11 * d_D + i60] = v61;
+        for (int64_t i58 = v1; i58 < d_D; i58++) {
+            const float v59 = l10[i58];
+            t5[i9 * d_D + i58] = v59;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v2; i62 < v1; i62++) {
-        float l63 = 0;
-        for (int64_t i64 = v2; i64 < v6; i64++) {
-            const float v65 = t7[i64 * d_D + i62];
-            l63 += v65;
+    for (int64_t i60 = v1; i60 < d_D; i60++) {
+        float l61 = 0;
+        for (int64_t i62 = v1; i62 < v4; i62++) {
+            const float v63 = t5[i62 * d_D + i60];
+            l61 += v63;
         }
-        const float v66 = l63;
-        p_grad_w[i62] = opgen_f32_to_bf16(v66);
+        const float v64 = l61;
+        p_grad_w[i60] = opgen_f32_to_bf16(v64);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

@@ -17,6 +17,7 @@ from opgen.dsl.primitives import (
     bincount,
     cast,
     check,
+    concat,
     erf,
     exp,
     full,
@@ -42,7 +43,7 @@ from opgen.dsl.primitives import (
     where,
     zeros,
 )
-from opgen.dsl.spec import Batch, Dim, DSLError, DTypeVar, Output, Tensor, dims, dtype_var
+from opgen.dsl.spec import Batch, Dim, DimExpr, DSLError, DTypeVar, Output, Tensor, dims, dtype_var
 from opgen.dsl.trace import Value
 from opgen.dtypes import BF16, BOOL, F16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64
 
@@ -60,6 +61,7 @@ __all__ = [
     "DSLError",
     "DTypeVar",
     "Dim",
+    "DimExpr",
     "OpDef",
     "Output",
     "Rejected",
@@ -71,6 +73,7 @@ __all__ = [
     "boolean",
     "cast",
     "check",
+    "concat",
     "dims",
     "dtype_var",
     "erf",

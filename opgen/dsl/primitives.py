@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from opgen import dtypes
-from opgen.dsl.spec import Batch, Dim, DTypeVar
+from opgen.dsl.shapes import concat
+from opgen.dsl.spec import Batch, Dim, DimArith, DTypeVar
 from opgen.dsl.trace import (
     Value,
     Variant,
@@ -34,6 +35,7 @@ __all__ = [
     "bincount",
     "cast",
     "check",
+    "concat",
     "erf",
     "exp",
     "full",
@@ -64,7 +66,7 @@ DimLike = Dim | Batch | int | str
 
 
 def _dim_name(d: DimLike) -> str:
-    if isinstance(d, Dim | Batch):
+    if isinstance(d, DimArith | Batch):
         return d.name
     if isinstance(d, int) and not isinstance(d, bool):
         return str(d)

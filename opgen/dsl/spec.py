@@ -23,14 +23,71 @@ class DSLError(Exception):
     """A malformed op definition; the message names the op file and line."""
 
 
-@dataclass(frozen=True)
-class Dim:
+class DimArith:
+    """Integer arithmetic of dims in an op's body: ``D // 2``, ``D - D // 2``, ``H * D``,
+    ``A + B``, ``2 * D`` give a :class:`DimExpr` (used in slices, ``reshape``, ``size``,
+    ``full``). Derived dims are kept canonical (opgen.ir.dims), so ``D // 2 + (D - D // 2)``
+    is ``D``."""
+
+    name: str
+
+    def _other(self, o: object) -> str:
+        if isinstance(o, DimArith):
+            return o.name
+        if isinstance(o, int) and not isinstance(o, bool) and o >= 0:
+            return str(o)
+        raise DSLError(f"dim arithmetic needs dims or non-negative ints, got {o!r}")
+
+    def _make(self, f, *args) -> DimExpr:
+        try:
+            return DimExpr(f(*args))
+        except ValueError as e:
+            raise DSLError(f"dim arithmetic: {e}") from None
+
+    def __add__(self, o: object) -> DimExpr:
+        return self._make(_dims().add, self.name, self._other(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: object) -> DimExpr:
+        return self._make(_dims().sub, self.name, self._other(o))
+
+    def __rsub__(self, o: object) -> DimExpr:
+        return self._make(_dims().sub, self._other(o), self.name)
+
+    def __mul__(self, o: object) -> DimExpr:
+        return self._make(_dims().mul, self.name, self._other(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o: object) -> DimExpr:
+        if not isinstance(o, int) or isinstance(o, bool):
+            raise DSLError(f"a dim can only be divided by a positive int, got {o!r}")
+        return self._make(_dims().floordiv, self.name, o)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _dims():
+    from opgen.ir import dims
+
+    return dims
+
+
+@dataclass(frozen=True, repr=False)
+class Dim(DimArith):
     """A symbolic dimension, bound to a size when the op is called."""
 
     name: str
 
-    def __repr__(self) -> str:
-        return self.name
+
+@dataclass(frozen=True, repr=False)
+class DimExpr(DimArith):
+    """A dim derived from others (``D // 2``); only an op's body uses it (signatures name
+    :class:`Dim` s). ``name`` is its canonical spelling."""
+
+    name: str
 
 
 @dataclass(frozen=True)

@@ -202,30 +202,18 @@ class Value:
         return mean(self, axis, keepdims)
 
     def __getitem__(self, key: Any) -> Value:
-        """Only axis insertion is supported: ``x[:, None]``, ``x[None]``, ``x[..., None]``."""
-        keys = key if isinstance(key, tuple) else (key,)
-        if Ellipsis in keys:
-            i = keys.index(Ellipsis)
-            n_real = sum(k is not None and k is not Ellipsis for k in keys)
-            keys = keys[:i] + (slice(None),) * (self.ndim - n_real) + keys[i + 1:]
-        for k in keys:
-            if not (k is None or (isinstance(k, slice) and k == slice(None))):
-                raise tracer().error(f"indexing supports only ':' and None (got {k!r}); "
-                                     f"use gather() to select rows")
-        n_colon = sum(k is not None for k in keys)
-        if n_colon > self.ndim:
-            raise tracer().error(f"too many indices for a rank-{self.ndim} tensor")
-        keys = keys + (slice(None),) * (self.ndim - n_colon)
-        shape: list[str] = []
-        dim_map: list[int] = []
-        src = iter(self.shape)
-        for k in keys:
-            if k is None:
-                shape.append("1")
-            else:
-                dim_map.append(len(shape))
-                shape.append(next(src))
-        return broadcast_to(self, shape, dim_map)
+        """``x[:, None]`` (new axes), ``x[..., a:b]`` (bounded slices; see opgen.dsl.shapes)."""
+        from opgen.dsl.shapes import getitem
+
+        return getitem(self, key)
+
+    def reshape(self, *shape: Any) -> Value:
+        """Row-major reshape: ``x.reshape(N, H * D)`` or ``x.reshape((N, H, D))``."""
+        from opgen.dsl.shapes import reshape
+
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        return reshape(self, shape)
 
 
 # ------------------------------------------------------------------ building helpers
@@ -367,6 +355,10 @@ def size(d: Any) -> Value:
     if not isinstance(d, str) and not hasattr(d, "name"):
         raise tracer().error(f"size(): {d!r} is not a dim")
     name = d if isinstance(d, str) else d.name
+    if not name.isidentifier():  # a derived dim (D // 2)
+        from opgen.dsl.shapes import size_of
+
+        return size_of(name)
     return _emit1(ir.DimOp(name), weak=True)
 
 

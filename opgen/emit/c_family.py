@@ -154,7 +154,8 @@ class CPrinter:
         return self.mention(f"d_{d}")
 
     #: ops whose value a size expression prints in place (their operands are never named)
-    SIZE_OPS: ClassVar[tuple[type, ...]] = (ir.CeilDivOp, s.SegWordsOp)
+    SIZE_OPS: ClassVar[tuple[type, ...]] = (ir.CeilDivOp, s.SegWordsOp, ir.SizeAddOp, ir.SizeSubOp,
+                                             ir.SizeMulOp, ir.SizeDivOp)
 
     def size(self, v: SSAValue, plain: bool = False) -> str:
         """A size value (an allocated buffer's dim, a size op's operand) as an expression of the
@@ -172,7 +173,17 @@ class CPrinter:
             return f"opgen_seg_words({self.size(op.rows)}, {self.size(op.n)})"
         if isinstance(op, ir.AddOp) and ir.constant_int(op.rhs) is not None:
             return f"({self.size(op.lhs)} + {ir.constant_int(op.rhs)})"
-        raise NotImplementedError(f"C printer: {op} is not a size (dims, constants, ceil_div, seg_words, + k)")
+        if isinstance(op, ir.SizeDivOp):  # by a positive constant
+            return f"({self.size(op.lhs)} / {self.size(op.rhs, plain=True)})"
+        if isinstance(op, ir.SizeSubOp | ir.SizeAddOp | ir.SizeMulOp):  # saturating, never overflowing
+            a, b = self.size(op.lhs), self.size(op.rhs)
+            if isinstance(op, ir.SizeSubOp):
+                return f"({a} > {b} ? {a} - {b} : 0ll)"
+            if isinstance(op, ir.SizeAddOp):
+                return f"({a} > INT64_MAX - {b} ? INT64_MAX : {a} + {b})"
+            return f"({b} != 0 && {a} > INT64_MAX / {b} ? INT64_MAX : {a} * {b})"
+        raise NotImplementedError(f"C printer: {op} is not a size (dims, constants, ceil_div, seg_words, "
+                                  f"size_*, + k)")
 
     def extents(self, buf: SSAValue) -> list[str]:
         """An allocated buffer's dims (``sched.alloc``'s sizes) as expressions."""
@@ -396,6 +407,8 @@ class CPrinter:
                       f"{self.name(op.seg)}, {self.name(op.order)});")
         elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
+        elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
+            self.names[op.result] = self.dim(op.dim.data)
         elif op.results:
             self.define(op.results[0], self.scalar_expr(op))
         else:

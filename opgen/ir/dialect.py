@@ -116,9 +116,10 @@ def _i64s(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, [int(v) for v in values])
 
 
-#: dim functions of the lowered levels' symbolic sizes: ``cdiv(N,32)`` (ceil(N / 32)) and
-#: ``segs(V,N)`` (the words of a segment table, sched.segments)
-DIM_FUNCTIONS = ("cdiv", "segs")
+#: dim functions of symbolic sizes: ``cdiv(N,32)`` (ceil(N / 32)) and ``segs(V,N)`` (the words
+#: of a segment table, sched.segments) of the lowered levels; ``div``, ``sub``, ``add``, ``mul``
+#: of derived dims (opgen.ir.dims)
+DIM_FUNCTIONS = ("cdiv", "segs", "div", "sub", "add", "mul")
 
 
 def parse_dim(parser: AttrParser) -> str:
@@ -719,6 +720,49 @@ class CeilDivOp(BinaryOp):
         return None if a < 0 or b <= 0 else -(-a // b)
 
 
+class _SizeOp(BinaryOp):
+    """Arithmetic on sizes (non-negative i64 scalars) that never wraps: the derived dims of
+    slices, concatenations and reshapes (opgen.ir.dims)."""
+
+    OPERAND_KINDS: ClassVar[set[str]] = {"int"}
+
+
+@irdl_op_definition
+class SizeAddOp(_SizeOp):
+    """``min(lhs + rhs, 2**63 - 1)`` of sizes."""
+
+    name = "opgen.size_add"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: min(a + b, 2**63 - 1))
+
+
+@irdl_op_definition
+class SizeSubOp(_SizeOp):
+    """``max(lhs - rhs, 0)`` of sizes."""
+
+    name = "opgen.size_sub"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: max(a - b, 0))
+
+
+@irdl_op_definition
+class SizeMulOp(_SizeOp):
+    """``min(lhs * rhs, 2**63 - 1)`` of sizes."""
+
+    name = "opgen.size_mul"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: min(a * b, 2**63 - 1))
+
+
+@irdl_op_definition
+class SizeDivOp(_SizeOp):
+    """``floor(lhs / rhs)`` of a size by a positive constant (0 for ``rhs <= 0``)."""
+
+    name = "opgen.size_div"
+    EVAL: ClassVar[Callable[[int, int], int]] = staticmethod(lambda a, b: a // b if b > 0 else 0)
+
+
+#: the size op of each arithmetic dim function (opgen.ir.dims)
+SIZE_OPS: dict[str, type[BinaryOp]] = {"add": SizeAddOp, "sub": SizeSubOp, "mul": SizeMulOp, "div": SizeDivOp}
+
+
 @irdl_op_definition
 class MaxOp(BinaryOp):
     name = "opgen.max"
@@ -925,6 +969,90 @@ class TransposeOp(IRDLOperation):
             raise VerifyException("opgen.transpose: wrong result type")
 
 
+@irdl_op_definition
+class SliceOp(IRDLOperation):
+    """``x[..., start : start + length, ...]`` along ``axis``: the result's dim at ``axis`` is
+    the length; ``start`` is a spelled dim (opgen.ir.dims). The DSL checks the bounds at run time."""
+
+    name = "opgen.slice"
+    x = operand_def(TensorType)
+    axis = prop_def(IntAttr)
+    start = prop_def(StringAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, x: SSAValue, axis: int, start: str, length: str):
+        t = tensor_type(x)
+        shape = list(t.shape)
+        shape[axis] = length
+        super().__init__(operands=[x], properties={"axis": IntAttr(axis), "start": StringAttr(start)},
+                         result_types=[TensorType.make(shape, t.dtype)])
+
+    def verify_(self) -> None:
+        t, r = tensor_type(self.x), tensor_type(self.result)
+        a = self.axis.data
+        if not 0 <= a < t.rank or r.rank != t.rank or r.dtype != t.dtype:
+            raise VerifyException(f"opgen.slice: axis {a} of a rank-{t.rank} tensor, same rank and dtype")
+        if any(x != y for i, (x, y) in enumerate(zip(t.shape, r.shape, strict=True)) if i != a):
+            raise VerifyException("opgen.slice: only the sliced dim may change")
+
+
+@irdl_op_definition
+class ConcatOp(IRDLOperation):
+    """The operands joined along ``axis`` (all other dims equal; the result's dim is their sum,
+    spelled canonically)."""
+
+    name = "opgen.concat"
+    parts = var_operand_def(TensorType)
+    axis = prop_def(IntAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, parts: Sequence[SSAValue], axis: int):
+        super().__init__(operands=[list(parts)], properties={"axis": IntAttr(axis)},
+                         result_types=[self.type_for(parts, axis)])
+
+    @staticmethod
+    def type_for(parts: Sequence[SSAValue], axis: int) -> TensorType:
+        from opgen.ir import dims
+
+        ts = [tensor_type(p) for p in parts]
+        shape = list(ts[0].shape)
+        for t in ts[1:]:
+            shape[axis] = dims.add(shape[axis], t.shape[axis])
+        return TensorType.make(shape, ts[0].dtype)
+
+    def verify_(self) -> None:
+        ts = [tensor_type(p) for p in self.parts]
+        a = self.axis.data
+        if len(ts) < 2 or not 0 <= a < ts[0].rank:
+            raise VerifyException("opgen.concat: at least two operands and an axis of theirs")
+        for t in ts[1:]:
+            if t.rank != ts[0].rank or t.dtype != ts[0].dtype or any(
+                    x != y for i, (x, y) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != a):
+                raise VerifyException("opgen.concat: operands differ in rank, dtype or a dim other than the axis")
+        if tensor_type(self.result) != self.type_for(list(self.parts), a):
+            raise VerifyException("opgen.concat: wrong result type")
+
+
+@irdl_op_definition
+class ReshapeOp(IRDLOperation):
+    """A row-major reshape: consecutive axes regroup (opgen.ir.dims.reshape_groups); the DSL
+    checks each group's element count at run time."""
+
+    name = "opgen.reshape"
+    x = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, x: SSAValue, shape: Sequence[str]):
+        super().__init__(operands=[x], result_types=[TensorType.make(list(shape), tensor_type(x).dtype)])
+
+    def verify_(self) -> None:
+        if tensor_type(self.x).dtype != tensor_type(self.result).dtype:
+            raise VerifyException("opgen.reshape: dtype must not change")
+
+
 class ReduceKind(StrEnum):
     """How ``opgen.reduce`` (and the lowered levels' accumulations) combine values."""
 
@@ -1122,7 +1250,8 @@ Opgen = Dialect(
     [FuncOp, ReturnOp, CheckOp, ConstantOp, DimOp, FullOp, IotaOp,
      NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, RecipOp, TanhOp, SigmoidOp, ErfOp, NotOp,
      AddOp, SubOp, MulOp, DivOp, CeilDivOp, MaxOp, MinOp, PowOp, AndOp, OrOp, CmpOp, SelectOp, CastOp,
-     BroadcastOp, TransposeOp, ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
+     SizeAddOp, SizeSubOp, SizeMulOp, SizeDivOp, BroadcastOp, TransposeOp, SliceOp, ConcatOp, ReshapeOp,
+     ReduceOp, GatherOp, ScatterAddOp, BincountOp, MatmulOp, UnpackBitsOp],
     [TensorType, StatusAttr, CmpPredicateAttr, ReduceKindAttr],
     [_MaterializeConstant()],
 )

@@ -97,7 +97,7 @@ class RowGroupLowering(_Lowering):
             if op is not None:
                 x = ir.tensor_type(op.x).shape[0]
                 groups.setdefault(x, RowGroup(x)).colreds.append((name, op))
-            elif t.rank >= 1 and not isinstance(op, ir.MatmulOp):
+            elif t.rank >= 1 and not isinstance(v.owner, ir.MatmulOp | ir.ConcatOp):
                 groups.setdefault(t.shape[0], RowGroup(t.shape[0])).outputs.append((name, v))
             else:
                 raise NotFusable("output outside any row group")

@@ -62,6 +62,10 @@ from opgen.ir.dialect import (
     CeilDivOp,
     ReduceKind,
     ReduceKindAttr,
+    SizeAddOp,
+    SizeDivOp,
+    SizeMulOp,
+    SizeSubOp,
     Status,
     StatusAttr,
     SymbolicShape,
@@ -300,8 +304,9 @@ def sizes_of(buf: SSAValue) -> list[SSAValue]:
 
 def sizes_in_place(op: Operation) -> bool:
     """An op whose operands the printers write out as expressions of the caller's dims, never by
-    name: an allocation (its sizes) and the size ops (``opgen.ceil_div``, ``sched.seg_words``)."""
-    return isinstance(op, AllocOp | SegWordsOp | CeilDivOp)
+    name: an allocation (its sizes) and the size ops (``opgen.ceil_div``, ``sched.seg_words``,
+    the derived dims' ``opgen.size_*``)."""
+    return isinstance(op, AllocOp | SegWordsOp | CeilDivOp | SizeAddOp | SizeSubOp | SizeMulOp | SizeDivOp)
 
 
 @irdl_op_definition

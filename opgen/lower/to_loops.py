@@ -1,10 +1,11 @@
 """``lower-to-loops``: L0 tensor functions -> ``sched`` kernels in destination-passing style.
 
 Values that must live in memory ("materialised") are the results of reductions, scatter-adds,
-bincounts and matmuls, matmul operands, and every index tensor used by gather/scatter/bincount
+bincounts, matmuls and concatenations (each part written by its own loop nest, so no load is
+ever guarded), matmul operands, and every index tensor used by gather/scatter/bincount
 (which is range-checked while it is materialised). Everything else — elementwise math,
-broadcasts, transposes, casts, iota, gather, unpacked masks — is inlined as scalar code at each
-use and hoisted to the outermost loop where its indices are known.
+broadcasts, transposes, slices, reshapes, casts, iota, gather, unpacked masks — is inlined as
+scalar code at each use and hoisted to the outermost loop where its indices are known.
 
 Kernel order: run-time checks, index tensors (range-checked: an error returns before any output
 is touched), intermediate values, then outputs; outputs that may alias an input come last.
@@ -23,9 +24,10 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from opgen.ir import dialect as ir
+from opgen.ir import dims
 from opgen.lower import sched as s
 
-MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp)
+MATERIALISED = (ir.ReduceOp, ir.ScatterAddOp, ir.BincountOp, ir.MatmulOp, ir.ConcatOp)
 
 
 class NotFusable(Exception):
@@ -79,12 +81,15 @@ class _Builder:
 
     def dim(self, d: str) -> SSAValue:
         """The value of a spelled dim: a constant, ``opgen.dim``, or the ops a derived size is
-        (``cdiv(a,b)``: ``opgen.ceil_div``; ``segs(rows,n)``: ``sched.seg_words``; ``+ k``)."""
+        (``cdiv(a,b)``: ``opgen.ceil_div``; ``segs(rows,n)``: ``sched.seg_words``; a derived
+        dim's ``div``/``sub``/``add``/``mul``: ``opgen.size_*``; ``+ k``)."""
         if d.isdigit():
             return self.const(int(d), "i64")
         head, args, plus = ir.split_dim(d)
         if head == "cdiv":
             v = self.scalar(ir.CeilDivOp(self.dim(args[0]), self.dim(args[1])), key=("cdiv", *args))
+        elif head in ir.SIZE_OPS:  # a derived dim (opgen.ir.dims)
+            v = self.scalar(ir.SIZE_OPS[head](self.dim(args[0]), self.dim(args[1])), key=(head, *args))
         elif head == "segs":
             v = self.scalar(s.SegWordsOp(self.dim(args[0]), self.dim(args[1])), key=("segs", *args))
         else:
@@ -272,6 +277,15 @@ class _Lowering:
         if isinstance(op, ir.TransposeOp):
             perm = op.permutation
             return self.emit(b, op.x, [idx[perm.index(i)] for i in range(len(perm))])
+        if isinstance(op, ir.SliceOp):
+            a, start = op.axis.data, op.start.data
+            sub = list(idx)
+            if start != "0":
+                sub[a] = b.scalar(ir.AddOp(idx[a], b.dim(start)))
+            return self.emit(b, op.x, sub)
+        if isinstance(op, ir.ReshapeOp):
+            return self.emit(b, op.x, reshape_index(b, ir.tensor_type(op.x).shape,
+                                                    ir.tensor_type(op.result).shape, idx))
         if isinstance(op, ir.GatherOp):
             row = b.scalar(s.LoadOp(self.ibuf[op.idx], list(idx[:1])), key=("idx", op.idx, idx[0]))
             if self.counted_by_segments(op.table.owner):  # type: ignore[arg-type]
@@ -314,6 +328,8 @@ class _Lowering:
             self._bincount(b, op, dst)
         elif isinstance(op, ir.MatmulOp):
             self._matmul(op, dst)
+        elif isinstance(op, ir.ConcatOp):
+            self._concat(op, dst)
         else:
             ivs = b.loops(t.shape, "parallel", skip_if=b.empty(t.shape[1:]))
             owner = v.owner
@@ -360,6 +376,21 @@ class _Lowering:
         b.close_n(len(inner))
         b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, outer))
         b.close_n(len(outer))
+
+    def _concat(self, op: ir.ConcatOp, dst: SSAValue) -> None:
+        """Each part into its span of the axis, one loop nest per part."""
+        a = op.axis.data
+        offset = "0"
+        for part in op.parts:
+            b = _Builder(self.kblock)
+            shape = ir.tensor_type(part).shape
+            ivs = b.loops(shape, "parallel", skip_if=b.empty(shape[1:]))
+            at = list(ivs)
+            if offset != "0":
+                at[a] = b.scalar(ir.AddOp(ivs[a], b.dim(offset)))
+            b.stmt(s.StoreOp(self.emit(b, part, ivs), dst, at))
+            b.close_n(len(ivs))
+            offset = dims.add(offset, shape[a])
 
     def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
         rt = ir.tensor_type(op.result)
@@ -541,6 +572,33 @@ class _Lowering:
         have = b.scalar(ir.MulOp(b.dim(p.shape[0]), flags))
         ok = b.scalar(ir.CmpOp("ge", have, b.dim(n)))
         b.stmt(s.RequireOp(ok, "shape", f"mask must hold at least {n} flags"))
+
+
+def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequence[SSAValue]) -> list[SSAValue]:
+    """The source indices of element ``idx`` of a row-major reshape ``src -> dst``, group by
+    group (opgen.ir.dims.reshape_groups): a group's result indices make a linear index, which
+    its source dims split again (innermost first)."""
+    out: list[SSAValue] = [b.const(0, "i64")] * len(src)
+    for gs, gd in dims.reshape_groups(src, dst):
+        if len(gs) == 1 and len(gd) == 1:
+            out[gs[0]] = idx[gd[0]]
+            continue
+        lin: SSAValue | None = None
+        for j in gd:
+            if dst[j] == "1":
+                continue
+            lin = idx[j] if lin is None else b.scalar(ir.AddOp(b.scalar(ir.MulOp(lin, b.dim(dst[j]))), idx[j]))
+        if lin is None:
+            continue
+        real = [i for i in gs if src[i] != "1"]
+        for k, i in enumerate(reversed(real)):
+            if k == len(real) - 1:
+                out[i] = lin
+                break
+            q = b.scalar(ir.DivOp(lin, b.dim(src[i])))
+            out[i] = b.scalar(ir.SubOp(lin, b.scalar(ir.MulOp(q, b.dim(src[i])))))
+            lin = q
+    return out
 
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
