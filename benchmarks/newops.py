@@ -1,8 +1,9 @@
 """The "new ops" rows of benchmarks/cpu.py: ops written only in DSL files, as a user would.
 
-The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward, a linear
-layer with bias and ReLU, LayerNorm backward from saved f32 statistics; tests/test_ascendc.py:
-SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py: rotary-embedding backward). They are written into build/bench-ops/ and built there
+The DSL files are the tests' (tests/test_new_op_backends.py: the exact and the tanh GELU backward,
+a linear layer with bias and ReLU, LayerNorm backward from saved f32 statistics;
+tests/test_ascendc.py: SiLU, softmax and LayerNorm backward; tests/test_shapes_dsl.py:
+rotary-embedding backward). They are written into build/bench-ops/ and built there
 with ``opgen build --out`` (incremental), and each row runs against the faster of PyTorch
 autograd and the explicit aten kernel a user would call.
 """

@@ -230,7 +230,7 @@ def test_bad_shapes_are_refused_by_oracle_and_library(built, name, args, what):
 
 def _strided(a: np.ndarray) -> np.ndarray:
     """``a``'s values in a buffer with padded rows (a non-contiguous view)."""
-    big = np.zeros(a.shape[:-1] + (a.shape[-1] + 3,), a.dtype)
+    big = np.zeros((*a.shape[:-1], a.shape[-1] + 3), a.dtype)
     big[..., : a.shape[-1]] = a
     return big[..., : a.shape[-1]]
 

@@ -189,6 +189,42 @@ static inline float opgen_tanhf(float x) {
     return x != x ? x : y;
 }
 
+/* The bits of b where cond holds, else those of a: a mask blend rather than a select, so that the
+ * compiler does not turn it into a branch and sink the work before it into one side (a division
+ * there may trap, so it would not be speculated again and the calling loop would stay scalar). */
+static inline uint32_t opgen_pick(int cond, uint32_t b, uint32_t a) {
+    const uint32_t m = (uint32_t)0 - (uint32_t)(cond != 0);
+    return (b & m) | (a & ~m);
+}
+
+/* log(x) in f32, branch-free like opgen_expf: x = 2^k m with m in [sqrt(1/2), sqrt(2)) read from
+ * the bits (subnormals scaled by 2^23 first), log(m) = log(1 + f) = f - f^2/2 + s (f^2/2 + R(s^2)),
+ * s = f / (2 + f), R of degree 4 in s^2 (the classic fdlibm coefficients), k ln2 in two parts.
+ * +inf for +inf, -inf for +-0, NaN for NaN and x < 0. Maximum error measured over every f32 input:
+ * docs/backend_cpu.md (tests/test_vector_math.py). */
+static inline float opgen_logf(float x) {
+    uint32_t ix, is, mb, yb;
+    memcpy(&ix, &x, sizeof ix);
+    const int sub = ix < 0x00800000u; /* +0 and the positive subnormals */
+    const float xs = sub ? x * 8388608.0f : x;
+    memcpy(&is, &xs, sizeof is);
+    const uint32_t t = is - 0x3f3504f3u; /* 0x3f3504f3: sqrt(1/2) */
+    const int32_t k = (int32_t)(t >> 23) - (int32_t)((t >> 31) << 9) - (sub ? 23 : 0); /* t >> 23 signed */
+    mb = (t & 0x007fffffu) + 0x3f3504f3u;
+    float m;
+    memcpy(&m, &mb, sizeof m);
+    const float f = m - 1.0f, s = f / (2.0f + f), z = s * s, w = z * z;
+    const float r = fmaf(w, fmaf(w, 0.24279078841f, 0.40000972152f), z * fmaf(w, 0.28498786688f, 0.66666662693f));
+    const float hfsq = 0.5f * f * f, kf = (float)k;
+    const float y = fmaf(kf, 0.693145751953125f, -((hfsq - fmaf(s, hfsq + r, kf * 1.428606765330187045e-06f)) - f));
+    memcpy(&yb, &y, sizeof yb);
+    uint32_t rb = opgen_pick(ix >= 0x7f800000u, opgen_pick(ix == 0x7f800000u, ix, 0x7fc00000u), yb);
+    rb = opgen_pick((ix << 1) == 0, 0xff800000u, rb);
+    float out;
+    memcpy(&out, &rb, sizeof out);
+    return out;
+}
+
 /* x rounded up to a multiple of 64 (workspace temporaries start at such offsets); saturating:
  * SIZE_MAX for x > SIZE_MAX - 63, never a wrap. */
 static inline size_t opgen_align(size_t x) { return x > SIZE_MAX - 63 ? SIZE_MAX : (x + 63) & ~(size_t)63; }

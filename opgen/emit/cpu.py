@@ -25,7 +25,8 @@ class CpuPrinter(CPrinter):
 
     OMP_FOR = "#pragma omp parallel for schedule(static) num_threads(opgen_team())"
     #: the runtime's vectorisable exp, erf and tanh (opgen_rt.h: branch-free; 0.94, 1.61 and 1.59 ulp at most)
-    MATH_F32: ClassVar[dict[str, str]] = {"expf": "opgen_expf", "erff": "opgen_erff", "tanhf": "opgen_tanhf"}
+    MATH_F32: ClassVar[dict[str, str]] = {"expf": "opgen_expf", "erff": "opgen_erff", "tanhf": "opgen_tanhf",
+                                          "logf": "opgen_logf"}
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         if cpu_mapping(op) == CpuMapping.OMP_FOR:
