@@ -76,6 +76,12 @@ def halves(x: Tensor[f32, N, D], *, swapped: Output[f32, N, D], s: Output[f32, N
 
 
 @op
+def cat_sum(x: Tensor[f32, N, D], *, s: Output[f32, N]):
+    """A concat read by a reduction: kept in memory, written part by part."""
+    return {"s": sum(concat([x, x * 2], axis=1), axis=1)}
+
+
+@op
 def trim(x: Tensor[f32, N, D], *, y: Output[f32, N, H]):
     """Drop the first and last column (H must be D - 2: checked)."""
     return {"y": x[:, 1:-1].reshape(N, H)}
@@ -195,6 +201,9 @@ def test_shape_ops_oracle_matches_torch(op_files, rng):
         t = torch.tensor(xd)
         assert np.array_equal(r["swapped"], torch.cat((t[:, d // 2:], t[:, : d // 2]), 1).numpy())
         assert np.allclose(r["s"], (t[:, : d // 2].double().sum(1) + d // 2).numpy(), rtol=1e-6)
+    t = torch.tensor(x, dtype=torch.float64)
+    got = oracle.run(ops["cat_sum"], x=x)["s"]
+    assert np.allclose(got, torch.cat((t, t * 2), 1).sum(1).numpy(), rtol=1e-5, atol=1e-5)
     xt = rng.standard_normal((3, 9)).astype(np.float32)
     assert np.array_equal(oracle.run(ops["trim"], x=xt, y=np.zeros((3, 7), np.float32))["y"], xt[:, 1:-1])
     got = oracle.run(ops["window"], x=xt, start=2, y=np.zeros((3, 5), np.float32))["y"]
@@ -235,6 +244,15 @@ def _strided(a: np.ndarray) -> np.ndarray:
     return big[..., : a.shape[-1]]
 
 
+def test_rope_backward_reads_the_concat_in_place(built):
+    """The concat feeding rope's output is not stored: the output's nest is split at the parts'
+    boundary, each half reading its part directly (one pass over grad, no workspace)."""
+    src = (built["out"] / "cpu" / "rope_backward.c").read_text()  # type: ignore[operator]
+    assert "(wp + off)" not in src, "a temporary buffer was allocated"
+    cat = (built["out"] / "cpu" / "cat_sum.c").read_text()  # type: ignore[operator]
+    assert "(wp + off)" in cat, "a concat read by a reduction lives in memory"
+
+
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 def test_rope_backward_cpu_library_matches_oracle(built, rng, T):
     for shape in [(7, 3, 64), (4, 2, 9), (0, 2, 4), (3, 1, 1), (2, 3, 2)]:
@@ -257,6 +275,8 @@ def test_shape_ops_cpu_library_match_oracle(built, rng):
         ("trim", {"x": rng.standard_normal((4, 2)), "y": np.zeros((4, 0))}),
         ("window", {"x": rng.standard_normal((3, 9)), "start": 4, "y": np.zeros((3, 5))}),
         ("window", {"x": rng.standard_normal((3, 9)), "start": 9, "y": np.zeros((3, 0))}),
+        ("cat_sum", {"x": rng.standard_normal((5, 7))}),
+        ("cat_sum", {"x": rng.standard_normal((5, 0))}),
     ] + [("halves", {"x": rng.standard_normal((4, d))}) for d in (0, 1, 2, 7, 33)]
     for name, args in cases:
         args = {k: v.astype(np.float32) if isinstance(v, np.ndarray) else v for k, v in args.items()}

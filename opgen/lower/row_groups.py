@@ -200,12 +200,17 @@ class RowGroupLowering(_Lowering):
         for name, v in outs:
             members.append(("out", (name, v)))
         by_rest: dict[tuple[str, ...], list[tuple[str, object]]] = {}
+        split: list[tuple[str, SSAValue]] = []
         for kind, item in members:
             if kind == "acc":
                 r = item[0]  # type: ignore[index]
                 rest = tuple(ir.tensor_type(r.x).shape[1:])
             else:
-                rest = tuple(ir.tensor_type(item[1]).shape[1:])  # type: ignore[index]
+                v = item[1]  # type: ignore[index]
+                rest = tuple(ir.tensor_type(v).shape[1:])
+                if v in self.split:  # its own nests (below), one per part of the concat it reads
+                    split.append(item)  # type: ignore[arg-type]
+                    continue
             by_rest.setdefault(rest, []).append((kind, item))
         for rest, items in by_rest.items():
             inner = b.loops(list(rest), "parallel", "d")
@@ -217,6 +222,9 @@ class RowGroupLowering(_Lowering):
                     name, v = item  # type: ignore[misc]
                     b.stmt(s.StoreOp(self.emit(b, v, [x, *inner]), self.arg(name), [x, *inner]))
             b.close_n(len(inner))
+        for name, v in split:
+            self.split_nests(b, v, ir.tensor_type(v).shape[1:], [x], "d", lambda at, name=name, v=v: b.stmt(
+                s.StoreOp(self.emit(b, v, at), self.arg(name), at)))
         b.close()  # x
         if g.colreds:
             for (_, r, p, _), acc in zip(partials, accs, strict=True):

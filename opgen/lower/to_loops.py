@@ -15,7 +15,7 @@ its contributions in increasing input order, so the result is deterministic on a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -184,6 +184,8 @@ class _Lowering:
         self.rowlocal: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}  # value -> (local row, row iv)
         self.scalars: dict[SSAValue, SSAValue] = {}
         self.segs: dict[tuple[SSAValue, str], tuple[SSAValue, SSAValue]] = {}  # see segments()
+        self.split = self.split_concats()  # returned value -> the concat its nest splits over
+        self.part: dict[ir.ConcatOp, tuple[int, str]] = {}  # concat -> (part, offset) being emitted
         for a, ka in zip(func.body.block.args, self.kblock.args, strict=True):
             (self.buf if isinstance(ka.type, s.BufType) else self.scalars)[a] = ka
 
@@ -199,7 +201,86 @@ class _Lowering:
 
     def materialises(self, op: Operation | None) -> bool:
         """``op``'s result lives in memory (see the module docstring)."""
-        return isinstance(op, MATERIALISED) and not self.counted_by_segments(op)
+        return isinstance(op, MATERIALISED) and not self.counted_by_segments(op) \
+            and op not in getattr(self, "split", {}).values()
+
+    @staticmethod
+    def _elementwise_concats(v: SSAValue) -> set[ir.ConcatOp]:
+        """The concats ``v`` reads at its own indices, through elementwise ops only."""
+        out: set[ir.ConcatOp] = set()
+        todo, seen = [v], set()
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            op = x.owner
+            if isinstance(op, ir.ConcatOp):
+                out.add(op)
+            elif isinstance(op, ir.ElementwiseOp):
+                todo.extend(op.operands)
+        return out
+
+    def split_concats(self) -> dict[SSAValue, ir.ConcatOp]:
+        """Returned values whose loop nest is split over the parts of a concat (on an axis other
+        than the first) instead of reading it from memory: each part's span of the axis gets its
+        own loop, where the concat is that part, inlined. A concat qualifies when it is the only
+        one its returned values read that way and nothing else reads it, and no output may alias
+        an input (a split nest is written after the others of its row)."""
+        if self.aliases:
+            return {}
+        roots: dict[ir.ConcatOp, list[SSAValue]] = {}
+        for v in self.ret.values:
+            cs = self._elementwise_concats(v)
+            for c in cs:
+                roots.setdefault(c, []).append(v if len(cs) == 1 else None)  # type: ignore[arg-type]
+        out: dict[SSAValue, ir.ConcatOp] = {}
+        for c, vs in roots.items():
+            if c.axis.data == 0 or None in vs:
+                continue
+            reached: set[SSAValue] = set()
+            todo = [c.result]
+            ok = True
+            while todo and ok:
+                x = todo.pop()
+                if x in reached:
+                    continue
+                reached.add(x)
+                for use in x.uses:
+                    u = use.operation
+                    if isinstance(u, ir.ReturnOp):
+                        ok = x in vs
+                    elif isinstance(u, ir.ElementwiseOp):
+                        todo.extend(u.results)
+                    else:
+                        ok = False
+            if ok:
+                out.update({v: c for v in vs})
+        return out
+
+    def split_nests(self, b: _Builder, v: SSAValue, shape: Sequence[str], lead: Sequence[SSAValue],
+                    hint: str, store: Callable[[list[SSAValue]], None]) -> None:
+        """Loop nests over ``shape`` (after the ``lead`` indices already open) calling ``store``
+        with each element's full indices: one nest, or one per part of ``v``'s split concat."""
+        c = self.split.get(v)
+        if c is None:
+            ivs = b.loops(list(shape), "parallel", hint)
+            store([*lead, *ivs])
+            b.close_n(len(ivs))
+            return
+        a = c.axis.data - len(lead)
+        offset = "0"
+        for k, part in enumerate(c.parts):
+            length = ir.tensor_type(part).shape[c.axis.data]
+            ivs = b.loops([length if i == a else d for i, d in enumerate(shape)], "parallel", hint)
+            at = list(ivs)
+            if offset != "0":
+                at[a] = b.scalar(ir.AddOp(ivs[a], b.dim(offset)))
+            self.part[c] = (k, offset)
+            store([*lead, *at])
+            del self.part[c]
+            b.close_n(len(ivs))
+            offset = dims.add(offset, length)
 
     def materialised(self) -> list[SSAValue]:
         need: dict[SSAValue, None] = {}
@@ -283,6 +364,13 @@ class _Lowering:
             if start != "0":
                 sub[a] = b.scalar(ir.AddOp(idx[a], b.dim(start)))
             return self.emit(b, op.x, sub)
+        if isinstance(op, ir.ConcatOp) and op in self.part:  # inside one part's span (split_nests)
+            k, offset = self.part[op]
+            sub = list(idx)
+            a = op.axis.data
+            if offset != "0":
+                sub[a] = b.scalar(ir.SubOp(idx[a], b.dim(offset)))
+            return self.emit(b, op.parts[k], sub)
         if isinstance(op, ir.ReshapeOp):
             return self.emit(b, op.x, reshape_index(b, ir.tensor_type(op.x).shape,
                                                     ir.tensor_type(op.result).shape, idx))
@@ -330,6 +418,11 @@ class _Lowering:
             self._matmul(op, dst)
         elif isinstance(op, ir.ConcatOp):
             self._concat(op, dst)
+        elif v in self.split and t.rank:
+            (i,) = b.loops(t.shape[:1], "parallel", skip_if=b.empty(t.shape[1:]))
+            self.split_nests(b, v, t.shape[1:], [i], "i",
+                             lambda at: b.stmt(s.StoreOp(self._emit_op(b, v.owner, at), dst, at)))  # type: ignore[arg-type]
+            b.close()
         else:
             ivs = b.loops(t.shape, "parallel", skip_if=b.empty(t.shape[1:]))
             owner = v.owner
