@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def ops_dir() -> Path:
     """The ops_dsl directory: ``$OPGEN_OPS_DIR`` or the one beside the opgen package."""
     return Path(os.environ.get("OPGEN_OPS_DIR", REPO_ROOT / "ops_dsl")).resolve()
+
+
+#: the prefixes of an op's public C symbols per target (``opgen_<op>``, ``opgen_cuda_<op>``, ...),
+#: each also with ``_workspace_size``
+SYMBOL_PREFIXES = ("", "cuda_", "ascendc_", "tt_")
+
+
+@cache
+def runtime_symbols() -> frozenset[str]:
+    """The ``opgen_*`` identifiers the generated runtimes and headers define or use (scanned
+    from templates/): an op whose public symbols are among them would not compile or link."""
+    words: set[str] = set()
+    for f in (REPO_ROOT / "templates").rglob("*.j2"):
+        words.update(re.findall(r"\bopgen_\w+", f.read_text()))
+    return frozenset(words)
+
+
+def public_symbols(name: str) -> set[str]:
+    """The C symbols op ``name`` gets (conservatively, on every target)."""
+    return {f"opgen_{p}{name}{s}" for p in SYMBOL_PREFIXES for s in ("", "_workspace_size")}
 
 
 def _import(path: Path) -> object:
@@ -54,6 +75,12 @@ def load_each(directory: str | None = None) -> tuple[dict[str, OpDef], list[tupl
             for o in ops:
                 if o.name in found:
                     raise DSLError(f"{f}: op '{o.name}' is already defined in {found[o.name].where}")
+                taken = public_symbols(o.name) & runtime_symbols()
+                for other in [*found.values(), *ops[:ops.index(o)]]:
+                    taken |= public_symbols(o.name) & public_symbols(other.name)
+                if taken:
+                    raise DSLError(f"{f}: op '{o.name}' would define the C symbol(s) {', '.join(sorted(taken))}, "
+                                   f"which opgen's runtime or another op already uses; rename the op")
         except Exception as e:
             errors.append((f, e))
             continue

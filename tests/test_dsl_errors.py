@@ -213,6 +213,35 @@ def test_duplicate_op_names_are_an_error(op_files):
         op_files({"a_twin.py": one, "b_twin.py": one})
 
 
+@pytest.mark.parametrize(("name", "symbol"), [("fail", "opgen_fail"), ("expf", "opgen_expf"),
+                                            ("run", "opgen_cuda_run"), ("seg_words", "opgen_seg_words")])
+def test_op_names_clashing_with_runtime_symbols_are_an_error(op_files, name, symbol):
+    """An op's C entry points are opgen_<op> (and opgen_cuda_<op>, ...): a name the runtime
+    already uses would not compile or link, so it is refused when the op is loaded."""
+    text = HEADER + textwrap.dedent(f"""
+        @op
+        def {name}(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+            return {{"y": x}}
+        """)
+    with pytest.raises(DSLError, match=rf"op .{name}. would define the C symbol\(s\) .*\b{symbol}\b.*rename the op"):
+        op_files({"clash.py": text})
+
+
+def test_op_names_whose_symbols_clash_with_each_other_are_an_error(op_files):
+    text = HEADER + textwrap.dedent("""
+        @op
+        def norm(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+            return {"y": x}
+
+        @op
+        def norm_workspace_size(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+            return {"y": x}
+        """)
+    with pytest.raises(DSLError, match=r"op 'norm_workspace_size' would define the C symbol\(s\) "
+                                        r".*\bopgen_norm_workspace_size\b"):
+        op_files({"two.py": text})
+
+
 def test_primitives_outside_an_op_body():
     from opgen.dsl import exp
 

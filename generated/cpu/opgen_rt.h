@@ -192,7 +192,7 @@ static inline float opgen_tanhf(float x) {
 /* The bits of b where cond holds, else those of a: a mask blend rather than a select, so that the
  * compiler does not turn it into a branch and sink the work before it into one side (a division
  * there may trap, so it would not be speculated again and the calling loop would stay scalar). */
-static inline uint32_t opgen_pick(int cond, uint32_t b, uint32_t a) {
+static inline uint32_t opgen_bits_select(int cond, uint32_t b, uint32_t a) {
     const uint32_t m = (uint32_t)0 - (uint32_t)(cond != 0);
     return (b & m) | (a & ~m);
 }
@@ -218,8 +218,8 @@ static inline float opgen_logf(float x) {
     const float hfsq = 0.5f * f * f, kf = (float)k;
     const float y = fmaf(kf, 0.693145751953125f, -((hfsq - fmaf(s, hfsq + r, kf * 1.428606765330187045e-06f)) - f));
     memcpy(&yb, &y, sizeof yb);
-    uint32_t rb = opgen_pick(ix >= 0x7f800000u, opgen_pick(ix == 0x7f800000u, ix, 0x7fc00000u), yb);
-    rb = opgen_pick((ix << 1) == 0, 0xff800000u, rb);
+    uint32_t rb = opgen_bits_select(ix >= 0x7f800000u, opgen_bits_select(ix == 0x7f800000u, ix, 0x7fc00000u), yb);
+    rb = opgen_bits_select((ix << 1) == 0, 0xff800000u, rb);
     float out;
     memcpy(&out, &rb, sizeof out);
     return out;

@@ -2,10 +2,12 @@
 
 Values that must live in memory ("materialised") are the results of reductions, scatter-adds,
 bincounts, matmuls and concatenations (each part written by its own loop nest, so no load is
-ever guarded), matmul operands, and every index tensor used by gather/scatter/bincount
-(which is range-checked while it is materialised). Everything else — elementwise math,
-broadcasts, transposes, slices, reshapes, casts, iota, gather, unpacked masks — is inlined as
-scalar code at each use and hoisted to the outermost loop where its indices are known.
+ever guarded; a concat read only by outputs through elementwise ops is instead inlined into
+their nests, split at its parts: ``split_concats``), matmul operands, and every index tensor
+used by gather/scatter/bincount (which is range-checked while it is materialised). Everything
+else — elementwise math, broadcasts, transposes, slices, reshapes, casts, iota, gather, unpacked
+masks — is inlined as scalar code at each use and hoisted to the outermost loop where its
+indices are known.
 
 Kernel order: run-time checks, index tensors (range-checked: an error returns before any output
 is touched), intermediate values, then outputs; outputs that may alias an input come last.
@@ -202,7 +204,7 @@ class _Lowering:
     def materialises(self, op: Operation | None) -> bool:
         """``op``'s result lives in memory (see the module docstring)."""
         return isinstance(op, MATERIALISED) and not self.counted_by_segments(op) \
-            and op not in getattr(self, "split", {}).values()
+            and op not in self.split.values()
 
     @staticmethod
     def _elementwise_concats(v: SSAValue) -> set[ir.ConcatOp]:
