@@ -155,6 +155,8 @@ class Binding:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # logical shape views
     scalars: dict[str, float | int | bool] = field(default_factory=dict)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)  # caller's arrays (full shape)
+    #: shape and dtype of each output the call would allocate (bind(..., allocate=False))
+    output_meta: dict[str, tuple[tuple[int, ...], dtypes.DType]] = field(default_factory=dict)
 
     def resolve(self, name: str) -> dtypes.DType:
         return dtypes.BY_NAME[name] if name in dtypes.BY_NAME else self.dtypes[name]
@@ -212,8 +214,10 @@ def _bind_tensor(b: Binding, pname: str, spec: TensorSpec, arr: np.ndarray) -> n
     return logical
 
 
-def bind(op: OpDef, args: dict[str, Any]) -> Binding:
-    """Validate ``args`` (by parameter name) against ``op``'s signature and pick the variant."""
+def bind(op: OpDef, args: dict[str, Any], allocate: bool = True) -> Binding:
+    """Validate ``args`` (by parameter name) against ``op``'s signature and pick the variant.
+    Outputs not passed are allocated, or with ``allocate=False`` only described
+    (:attr:`Binding.output_meta`: what a caller tracing shapes, e.g. a torch fake tensor, needs)."""
     sig = op.signature
     unknown = set(args) - {p.name for p in sig.params}
     if unknown:
@@ -271,6 +275,9 @@ def bind(op: OpDef, args: dict[str, Any]) -> Binding:
             raise OpError("null", f"{op.name}: output '{p.name}' must be given (its shape is "
                                   f"not bound by the inputs)")
         dt = spec.dtype if isinstance(spec.dtype, dtypes.DType) else b.dtypes[spec.dtype.name]
+        b.output_meta[p.name] = (tuple(shape), dt)
+        if not allocate:
+            continue
         arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt)
         b.outputs[p.name] = arr
         b.arrays[p.name] = _bind_tensor(b, p.name, spec, arr)

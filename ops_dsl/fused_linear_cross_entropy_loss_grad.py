@@ -6,23 +6,20 @@ from opgen.dsl import (
     Tensor,
     bf16,
     boolean,
-    cast,
     check,
     dims,
     dtype_var,
-    exp,
     f16,
     f32,
     i32,
     i64,
-    iota,
     op,
     reject,
     size,
     u8,
     unpack_bits,
-    where,
 )
+from ops_dsl._cross_entropy import linear_ce_grad
 
 BT, H, V, L = dims("BT H V L")
 T = dtype_var("T", f16, bf16)
@@ -59,16 +56,7 @@ def fused_linear_cross_entropy_loss_grad(
     ``input_grad = G W`` and ``weight_grad = G^T X``."""
     check(label_smoothing == 0.0, "labelSmoothing must be 0")
     check(size(V) >= 128, "weight must have at least 128 rows (V >= 128)")
-    if softmax is not None:
-        probs = softmax
-    elif logits_max is None or sum_exp_logits is None:
+    if softmax is None and (logits_max is None or sum_exp_logits is None):
         reject("memory-saving mode (no softmax) needs logitsMax and sumExpLogits", status="null")
-    else:
-        probs = exp(input @ weight.T - logits_max[:, None]) / sum_exp_logits[:, None]
-    outside = unpack_bits(target_mask, BT)
-    t = cast(masked_target, i64)  # compared with V in 64 bits: no wrap for any V
-    check(outside | ((t >= 0) & (t < size(V))), "maskedTarget out of [0, V) on a row whose target is in this shard",
-          status="index")
-    is_target = (iota((BT, V), axis=1) == masked_target[:, None]) & ~outside[:, None]
-    g = (probs - where(is_target, 1.0, 0.0)) * grad[:, None]
-    return {"input_grad": g @ weight, "weight_grad": g.T @ input}
+    return linear_ce_grad(grad, input, weight, unpack_bits(target_mask, BT), masked_target, BT, V, probs=softmax,
+                          logits_max=logits_max, sum_exp=sum_exp_logits)

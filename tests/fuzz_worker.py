@@ -86,9 +86,13 @@ class Target:
 
 
 def targets() -> list[Target]:
-    """The plain ABI of every registered op, then every infiniop / aclnn facade an op declares."""
+    """The plain ABI of every seed op, then every infiniop / aclnn facade it declares. (The case
+    builders below know each seed op's math; other ops share the same generated entry points,
+    argument checks and facades, so fuzzing the seeds covers that code.)"""
     out = []
     for name, o in sorted(registry.load_all().items()):
+        if name not in (EB, EDB, EBW, FLCE, RMS):
+            continue
         out.append(Target("plain", name))
         out += [Target(f.kind, name, f.name) for f in o.abis if isinstance(f, (Infiniop, Aclnn))]
     return out

@@ -139,6 +139,24 @@ OPGEN_API opgen_status_t opgen_fused_linear_cross_entropy_loss_grad(const opgen_
  * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
 OPGEN_API opgen_status_t opgen_fused_linear_cross_entropy_loss_grad_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *target_mask, const opgen_tensor_t *masked_target, float label_smoothing, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *softmax, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, size_t *size);
 
+/* linear_cross_entropy_grad: ``G = exp(X W^T - logits_max) / sum_exp``, minus 1 at ``target[i]`` on rows where
+ *   grad: Tensor[f32, BT]
+ *   input: Tensor[T, BT, H]
+ *   weight: Tensor[T, V, H]
+ *   no_target: Tensor[bool, BT]
+ *   target: Tensor[TI, BT]
+ *   logits_max: Tensor[f32, BT]
+ *   sum_exp_logits: Tensor[f32, BT]
+ *   input_grad: Output[T, BT, H]
+ *   weight_grad: Output[T, V, H]
+ * workspace: at least opgen_linear_cross_entropy_grad_workspace_size bytes at any address (the call aligns it
+ * itself), or NULL with workspace_size 0 (the call then allocates what it needs); NULL with a
+ * non-zero size is OPGEN_ERR_NULL, a smaller size OPGEN_ERR_WORKSPACE. */
+OPGEN_API opgen_status_t opgen_linear_cross_entropy_grad(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *no_target, const opgen_tensor_t *target, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, void *workspace, size_t workspace_size);
+/* Bytes of workspace opgen_linear_cross_entropy_grad needs for these arguments (data pointers unused); the
+ * same on every thread. A size that does not fit in size_t is OPGEN_ERR_SHAPE. */
+OPGEN_API opgen_status_t opgen_linear_cross_entropy_grad_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *no_target, const opgen_tensor_t *target, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, size_t *size);
+
 /* rms_norm_backward: Backward of ``y = x / r * w`` with ``r = sqrt(mean(x^2) + eps)`` over the last dim:
  *   grad_y: Tensor[T, Batch(N), D].contiguous_last()
  *   x: Tensor[T, Batch(N), D].contiguous_last()

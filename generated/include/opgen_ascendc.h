@@ -44,6 +44,11 @@ OPGEN_API opgen_status_t opgen_ascendc_fused_linear_cross_entropy_loss_grad(cons
 /* Bytes of device workspace opgen_ascendc_fused_linear_cross_entropy_loss_grad needs for these arguments (data pointers unused). */
 OPGEN_API opgen_status_t opgen_ascendc_fused_linear_cross_entropy_loss_grad_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *target_mask, const opgen_tensor_t *masked_target, float label_smoothing, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *softmax, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, size_t *size);
 
+/* linear_cross_entropy_grad: ``G = exp(X W^T - logits_max) / sum_exp``, minus 1 at ``target[i]`` on rows where (see opgen_linear_cross_entropy_grad in opgen.h) */
+OPGEN_API opgen_status_t opgen_ascendc_linear_cross_entropy_grad(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *no_target, const opgen_tensor_t *target, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, void *workspace, size_t workspace_size, void *stream);
+/* Bytes of device workspace opgen_ascendc_linear_cross_entropy_grad needs for these arguments (data pointers unused). */
+OPGEN_API opgen_status_t opgen_ascendc_linear_cross_entropy_grad_workspace_size(const opgen_tensor_t *grad, const opgen_tensor_t *input, const opgen_tensor_t *weight, const opgen_tensor_t *no_target, const opgen_tensor_t *target, const opgen_tensor_t *logits_max, const opgen_tensor_t *sum_exp_logits, const opgen_tensor_t *input_grad, const opgen_tensor_t *weight_grad, size_t *size);
+
 /* rms_norm_backward: Backward of ``y = x / r * w`` with ``r = sqrt(mean(x^2) + eps)`` over the last dim: (see opgen_rms_norm_backward in opgen.h) */
 OPGEN_API opgen_status_t opgen_ascendc_rms_norm_backward(const opgen_tensor_t *grad_y, const opgen_tensor_t *x, const opgen_tensor_t *w, float eps, const opgen_tensor_t *grad_x, const opgen_tensor_t *grad_w, void *workspace, size_t workspace_size, void *stream);
 /* Bytes of device workspace opgen_ascendc_rms_norm_backward needs for these arguments (data pointers unused). */

@@ -53,15 +53,15 @@ builtin.module {
     %3 = "opgen.constant"() <{value = 128 : i64}> : () -> !opgen.tensor<[], i64>
     %4 = opgen.cmp ge %2, %3 : !opgen.tensor<[], i64> -> !opgen.tensor<[], bool>
     "opgen.check"(%4) <{message = "weight must have at least 128 rows (V >= 128)", status = #opgen<status param>}> : (!opgen.tensor<[], bool>) -> ()
-    %5 = "opgen.transpose"(%weight) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[H, V], T>
-    %6 = "opgen.matmul"(%input, %5) : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[H, V], T>) -> !opgen.tensor<[BT, V], T>
-    %7 = opgen.cast %6 : !opgen.tensor<[BT, V], T> -> !opgen.tensor<[BT, V], f32>
-    %8 = "opgen.broadcast"(%logits_max) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %9 = opgen.sub %7, %8 : !opgen.tensor<[BT, V], f32>
-    %10 = opgen.exp %9 : !opgen.tensor<[BT, V], f32>
-    %11 = "opgen.broadcast"(%sum_exp_logits) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
-    %12 = opgen.div %10, %11 : !opgen.tensor<[BT, V], f32>
-    %13 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
+    %5 = "opgen.unpack_bits"(%target_mask) : (!opgen.tensor<[L], M>) -> !opgen.tensor<[BT], bool>
+    %6 = "opgen.transpose"(%weight) <{perm = array<i64: 1, 0>}> : (!opgen.tensor<[V, H], T>) -> !opgen.tensor<[H, V], T>
+    %7 = "opgen.matmul"(%input, %6) : (!opgen.tensor<[BT, H], T>, !opgen.tensor<[H, V], T>) -> !opgen.tensor<[BT, V], T>
+    %8 = opgen.cast %7 : !opgen.tensor<[BT, V], T> -> !opgen.tensor<[BT, V], f32>
+    %9 = "opgen.broadcast"(%logits_max) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
+    %10 = opgen.sub %8, %9 : !opgen.tensor<[BT, V], f32>
+    %11 = opgen.exp %10 : !opgen.tensor<[BT, V], f32>
+    %12 = "opgen.broadcast"(%sum_exp_logits) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
+    %13 = opgen.div %11, %12 : !opgen.tensor<[BT, V], f32>
     %14 = opgen.cast %masked_target : !opgen.tensor<[BT], TI> -> !opgen.tensor<[BT], i64>
     %15 = "opgen.constant"() <{value = 0 : i64}> : () -> !opgen.tensor<[], i64>
     %16 = "opgen.broadcast"(%15) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
@@ -69,14 +69,14 @@ builtin.module {
     %18 = "opgen.broadcast"(%2) <{dims = array<i64>}> : (!opgen.tensor<[], i64>) -> !opgen.tensor<[BT], i64>
     %19 = opgen.cmp lt %14, %18 : !opgen.tensor<[BT], i64> -> !opgen.tensor<[BT], bool>
     %20 = opgen.and %17, %19 : !opgen.tensor<[BT], bool>
-    %21 = opgen.or %13, %20 : !opgen.tensor<[BT], bool>
+    %21 = opgen.or %5, %20 : !opgen.tensor<[BT], bool>
     "opgen.check"(%21) <{message = "maskedTarget out of [0, V) on a row whose target is in this shard", status = #opgen<status index>}> : (!opgen.tensor<[BT], bool>) -> ()
     %22 = "opgen.iota"() <{axis = #builtin.int<1>}> : () -> !opgen.tensor<[BT, V], i64>
     %23 = "opgen.broadcast"(%masked_target) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], TI>) -> !opgen.tensor<[BT, 1], TI>
     %24 = opgen.cast %23 : !opgen.tensor<[BT, 1], TI> -> !opgen.tensor<[BT, 1], i64>
     %25 = "opgen.broadcast"(%24) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], i64>) -> !opgen.tensor<[BT, V], i64>
     %26 = opgen.cmp eq %22, %25 : !opgen.tensor<[BT, V], i64> -> !opgen.tensor<[BT, V], bool>
-    %27 = "opgen.broadcast"(%13) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
+    %27 = "opgen.broadcast"(%5) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], bool>) -> !opgen.tensor<[BT, 1], bool>
     %28 = opgen.not %27 : !opgen.tensor<[BT, 1], bool>
     %29 = "opgen.broadcast"(%28) <{dims = array<i64: 0, 1>}> : (!opgen.tensor<[BT, 1], bool>) -> !opgen.tensor<[BT, V], bool>
     %30 = opgen.and %26, %29 : !opgen.tensor<[BT, V], bool>
@@ -84,7 +84,7 @@ builtin.module {
     %32 = "opgen.broadcast"(%31) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %33 = "opgen.broadcast"(%0) <{dims = array<i64>}> : (!opgen.tensor<[], f32>) -> !opgen.tensor<[BT, V], f32>
     %34 = opgen.select %30, %32, %33 : !opgen.tensor<[BT, V], bool>, !opgen.tensor<[BT, V], f32>
-    %35 = opgen.sub %12, %34 : !opgen.tensor<[BT, V], f32>
+    %35 = opgen.sub %13, %34 : !opgen.tensor<[BT, V], f32>
     %36 = "opgen.broadcast"(%grad) <{dims = array<i64: 0>}> : (!opgen.tensor<[BT], f32>) -> !opgen.tensor<[BT, V], f32>
     %37 = opgen.mul %35, %36 : !opgen.tensor<[BT, V], f32>
     %38 = opgen.cast %weight : !opgen.tensor<[V, H], T> -> !opgen.tensor<[V, H], f32>

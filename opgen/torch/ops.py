@@ -1,0 +1,163 @@
+"""Every op of the ops directory as a PyTorch custom op, ``torch.ops.opgen.<op>``.
+
+The schema follows the DSL signature: tensor inputs (``Tensor?`` when optional), attributes
+(``float``/``int``/``bool`` with their defaults) and size parameters (``int``), in signature
+order; the op returns its required outputs, allocated by the call (optional outputs are not
+exposed). CPU tensors run on the CPU library (``opgen.runtime``); a fake implementation gives
+the outputs' shapes and dtypes from the inputs' (the binding's own shape rules), so
+``torch.compile`` traces calls without graph breaks. Failures raise
+:class:`opgen.binding.OpError` (status and message, nothing written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from opgen import binding, dtypes, registry, runtime
+from opgen.dsl.opdef import OpDef
+from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
+
+NAMESPACE = "opgen"
+
+#: opgen dtype name -> torch dtype
+TORCH_DTYPES = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
+                "u8": torch.uint8, "u16": torch.uint16, "u32": torch.uint32, "u64": torch.uint64,
+                "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+_FROM_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def _default(spec: AttrSpec) -> str:
+    v = spec.default
+    if spec.dtype == dtypes.BOOL:
+        return "True" if v else "False"
+    if spec.dtype == dtypes.F32:
+        return repr(float(v))  # type: ignore[arg-type]
+    return str(int(v))  # type: ignore[arg-type]
+
+
+def schema(o: OpDef) -> str:
+    """The op's torch schema (without its name): ``(Tensor grad_y, ..., float eps=0.0) -> (Tensor, Tensor)``."""
+    args = []
+    for p in o.signature.params:
+        if isinstance(p.spec, TensorSpec):
+            if p.is_output:
+                continue
+            args.append(f"Tensor? {p.name}=None" if p.optional else f"Tensor {p.name}")
+        elif isinstance(p.spec, AttrSpec):
+            t = {"f32": "float", "i64": "int", "bool": "bool"}[p.spec.dtype.name]
+            args.append(f"{t} {p.name}" + (f"={_default(p.spec)}" if p.spec.has_default else ""))
+        else:
+            assert isinstance(p.spec, SizeSpec)
+            args.append(f"int {p.name}")
+    outs = returned(o)
+    ret = "Tensor" if len(outs) == 1 else f"({', '.join('Tensor' for _ in outs)})"
+    return f"({', '.join(args)}) -> {ret}"
+
+
+def returned(o: OpDef) -> list[str]:
+    """The outputs the custom op returns (the required ones, signature order)."""
+    return [p.name for p in o.signature.outputs if not p.optional]
+
+
+def _inputs(o: OpDef) -> list[str]:
+    return [p.name for p in o.signature.params if not p.is_output]
+
+
+def reads_prior_contents(o: OpDef, name: str) -> bool:
+    """Whether some variant of ``o`` reads output ``name`` before writing it (it then starts
+    from zeros; otherwise the call allocates it uninitialised: every element is written)."""
+    for f in o.variants.values():
+        names = [a.data for a in f.arg_names.data]
+        if name in names and f.body.block.args[names.index(name)].uses:
+            return True
+    return False
+
+
+def _standin(t: torch.Tensor) -> np.ndarray:
+    """A numpy array with ``t``'s shape and dtype and no memory of its size (for binding shapes):
+    strides 0 except the last axis'."""
+    if t.dtype not in _FROM_TORCH:
+        raise binding.OpError("dtype", f"unsupported torch dtype {t.dtype}")
+    dt = dtypes.BY_NAME[_FROM_TORCH[t.dtype]].np_dtype
+    if t.dim() == 0:
+        return np.zeros((), dt)
+    base = np.zeros(max(t.shape[-1], 1), dt)
+    strides = (0,) * (t.dim() - 1) + (dt.itemsize,)
+    return np.lib.stride_tricks.as_strided(base, tuple(t.shape), strides, writeable=False)
+
+
+def _bind(o: OpDef, kw: dict[str, Any], meta: bool) -> binding.Binding:
+    args = {k: (_standin(v) if meta and isinstance(v, torch.Tensor) else v) for k, v in kw.items() if v is not None}
+    return binding.bind(o, args, allocate=False)
+
+
+def _outputs(o: OpDef, b: binding.Binding, device: torch.device, fake: bool) -> dict[str, torch.Tensor]:
+    out = {}
+    for name in returned(o):
+        shape, dt = b.output_meta[name]
+        make = torch.zeros if not fake and reads_prior_contents(o, name) else torch.empty
+        out[name] = make(shape, dtype=TORCH_DTYPES[dt.name], device=device)
+    return out
+
+
+def _device(kw: dict[str, Any]) -> torch.device:
+    for v in kw.values():
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def _cpu_impl(o: OpDef) -> Callable[..., Any]:
+    names = _inputs(o)
+
+    def impl(*args: Any) -> Any:
+        kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
+        outs = _outputs(o, _bind(o, kw, meta=False), torch.device("cpu"), fake=False)
+        runtime.call(o.name, lib=library(), **{k: v for k, v in kw.items() if v is not None}, **outs)
+        vals = tuple(outs[n] for n in returned(o))
+        return vals[0] if len(vals) == 1 else vals
+
+    return impl
+
+
+def _fake_impl(o: OpDef) -> Callable[..., Any]:
+    names = _inputs(o)
+
+    def fake(*args: Any) -> Any:
+        kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
+        outs = _outputs(o, _bind(o, kw, meta=True), _device(kw), fake=True)
+        vals = tuple(outs[n] for n in returned(o))
+        return vals[0] if len(vals) == 1 else vals
+
+    return fake
+
+
+@cache
+def library() -> Any:
+    """The CPU library the custom ops run on (``opgen.runtime.load()``: build/cpu/libopgen.so or
+    ``$OPGEN_LIB``)."""
+    return runtime.load()
+
+
+_LIBS: list[torch.library.Library] = []
+
+
+@cache
+def register() -> tuple[str, ...]:
+    """Define ``torch.ops.opgen.<op>`` for every op of the ops directory (once per process);
+    returns the op names."""
+    lib = torch.library.Library(NAMESPACE, "DEF")
+    _LIBS.append(lib)  # (a Library must stay alive for its definitions to stay registered)
+    names = []
+    for name, o in registry.load_all().items():
+        qual = f"{NAMESPACE}::{name}"
+        lib.define(name + schema(o))
+        torch.library.impl(qual, "cpu", lib=lib)(_cpu_impl(o))
+        torch.library.register_fake(qual, lib=lib)(_fake_impl(o))
+        names.append(name)
+    return tuple(names)
