@@ -37,6 +37,12 @@ def test_every_op_is_a_torch_custom_op():
         assert args == [p.name for p in o.signature.params if not p.is_output], name
 
 
+def test_cpu_and_cuda_kernels_are_registered():
+    for name in registry.load_all():
+        for key in ("CPU", "CUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opgen::{name}", key), (name, key)
+
+
 def _rms_args(dt: torch.dtype) -> tuple:
     return (torch.randn(3, 4, 33, dtype=dt), torch.randn(3, 4, 33, dtype=dt), torch.randn(33, dtype=dt), 1e-5)
 

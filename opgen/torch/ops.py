@@ -3,7 +3,8 @@
 The schema follows the DSL signature: tensor inputs (``Tensor?`` when optional), attributes
 (``float``/``int``/``bool`` with their defaults) and size parameters (``int``), in signature
 order; the op returns its required outputs, allocated by the call (optional outputs are not
-exposed). CPU tensors run on the CPU library (``opgen.runtime``); a fake implementation gives
+exposed). CPU tensors run on the CPU library (``opgen.runtime``), CUDA tensors on the CUDA
+library on torch's current stream (``opgen.runtime_cuda``); a fake implementation gives
 the outputs' shapes and dtypes from the inputs' (the binding's own shape rules), so
 ``torch.compile`` traces calls without graph breaks. Failures raise
 :class:`opgen.binding.OpError` (status and message, nothing written).
@@ -125,6 +126,24 @@ def _cpu_impl(o: OpDef) -> Callable[..., Any]:
     return impl
 
 
+def _cuda_impl(o: OpDef) -> Callable[..., Any]:
+    """CUDA tensors: the CUDA library (``opgen build --cuda``; ``opgen.runtime_cuda``), enqueued
+    on torch's current stream without synchronising. Output shapes come from the inputs'
+    metadata (no copy to the host)."""
+    names = _inputs(o)
+
+    def impl(*args: Any) -> Any:
+        from opgen import runtime_cuda
+
+        kw = dict(zip(names, args, strict=False))
+        outs = _outputs(o, _bind(o, kw, meta=True), _device(kw), fake=False)
+        runtime_cuda.call(o.name, **{k: v for k, v in kw.items() if v is not None}, **outs)
+        vals = tuple(outs[n] for n in returned(o))
+        return vals[0] if len(vals) == 1 else vals
+
+    return impl
+
+
 def _fake_impl(o: OpDef) -> Callable[..., Any]:
     names = _inputs(o)
 
@@ -158,6 +177,7 @@ def register() -> tuple[str, ...]:
         qual = f"{NAMESPACE}::{name}"
         lib.define(name + schema(o))
         torch.library.impl(qual, "cpu", lib=lib)(_cpu_impl(o))
+        torch.library.impl(qual, "cuda", lib=lib)(_cuda_impl(o))
         torch.library.register_fake(qual, lib=lib)(_fake_impl(o))
         names.append(name)
     return tuple(names)
