@@ -77,10 +77,22 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
     pthread_atfork(NULL, NULL, opgen_atfork_child);
 }
 
-/* ---- f32 GEMM: packed panels and an MR x NR register tile (auto-vectorised) ---- */
+/* ---- f32 GEMM: packed panels and an MR x NR register tile ----
+ * Loops (as BLIS): k blocks of OPGEN_KC; B's block packed in NR-column panels; row blocks of
+ * OPGEN_MC packed in MR-row panels; then for each B panel (kept in L1) every A panel of the row
+ * block. Every element of C sums its k terms in increasing k within a block (one fused
+ * multiply-add each) and adds the blocks in order, whatever the tile sizes, the loop order or the
+ * instruction set: results are bitwise the same on every path and thread count. With AVX-512 the
+ * register tile is 14 x 32 (28 accumulators, intrinsics); otherwise 8 x 32, auto-vectorised. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define OPGEN_MR 14
+#else
 #define OPGEN_MR 8
+#endif
 #define OPGEN_NR 32
 #define OPGEN_KC 256
+#define OPGEN_MC 256
 
 static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
     if (mr < OPGEN_MR) memset(p, 0, sizeof(float) * OPGEN_MR * (size_t)kc);
@@ -104,9 +116,49 @@ static void pack_b(int64_t nr, int64_t kc, const float *B, int64_t brs, int64_t 
     }
 }
 
+/* C (mr x nr of the tile, leading dimension ldc) = or += t (an OPGEN_MR x OPGEN_NR tile) */
+static void store_tile(float t[OPGEN_MR][OPGEN_NR], float *restrict c, int64_t ldc, int64_t mr, int64_t nr,
+                       int acc) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = acc ? c[i * ldc + j] + t[i][j] : t[i][j];
+}
+
 #if defined(__AVX512F__)
-__attribute__((target("prefer-vector-width=512")))
-#endif
+static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    int64_t ldc, int64_t mr, int64_t nr, int acc) {
+    __m512 t0[OPGEN_MR], t1[OPGEN_MR];
+    for (int i = 0; i < OPGEN_MR; i++) {
+        t0[i] = _mm512_setzero_ps();
+        t1[i] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * OPGEN_NR), b1 = _mm512_loadu_ps(b + k * OPGEN_NR + 16);
+        _Pragma("GCC unroll 14") for (int i = 0; i < OPGEN_MR; i++) {
+            const __m512 ai = _mm512_set1_ps(a[k * OPGEN_MR + i]);
+            t0[i] = _mm512_fmadd_ps(ai, b0, t0[i]);
+            t1[i] = _mm512_fmadd_ps(ai, b1, t1[i]);
+        }
+    }
+    if (mr == OPGEN_MR && nr == OPGEN_NR) {
+        for (int i = 0; i < OPGEN_MR; i++) {
+            float *ci = c + i * ldc;
+            if (acc) {
+                t0[i] = _mm512_add_ps(_mm512_loadu_ps(ci), t0[i]);
+                t1[i] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), t1[i]);
+            }
+            _mm512_storeu_ps(ci, t0[i]);
+            _mm512_storeu_ps(ci + 16, t1[i]);
+        }
+        return;
+    }
+    float t[OPGEN_MR][OPGEN_NR];
+    for (int i = 0; i < OPGEN_MR; i++) {
+        _mm512_storeu_ps(t[i], t0[i]);
+        _mm512_storeu_ps(t[i] + 16, t1[i]);
+    }
+    store_tile(t, c, ldc, mr, nr, acc);
+}
+#else
 static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                     int64_t ldc, int64_t mr, int64_t nr, int acc) {
     float t[OPGEN_MR][OPGEN_NR];
@@ -119,9 +171,9 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
             _Pragma("GCC unroll 32") for (int j = 0; j < OPGEN_NR; j++) t[i][j] = fmaf(ai, bk[j], t[i][j]);
         }
     }
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = acc ? c[i * ldc + j] + t[i][j] : t[i][j];
+    store_tile(t, c, ldc, mr, nr, acc);
 }
+#endif
 
 void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
@@ -133,8 +185,9 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     }
     int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
     int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
+    int64_t mpan = ((m < OPGEN_MC ? m : OPGEN_MC) + OPGEN_MR - 1) / OPGEN_MR;
     /* saturating sizes: panels that do not fit fall back to the triple loop */
-    size_t na = opgen_sz_mul(sizeof(float) * OPGEN_MR, (size_t)kc_max);
+    size_t na = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_MR, (size_t)kc_max), (size_t)mpan);
     size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_NR, (size_t)kc_max), (size_t)npan);
     float *pa = na == SIZE_MAX ? NULL : (float *)malloc(na);
     float *pb = nb == SIZE_MAX ? NULL : (float *)malloc(nb);
@@ -155,12 +208,16 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
         for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
             pack_b(n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, kc, B + k0 * brs + j0 * bcs, brs, bcs,
                    pb + (j0 / OPGEN_NR) * OPGEN_NR * kc);
-        for (int64_t i0 = 0; i0 < m; i0 += OPGEN_MR) {
-            int64_t mr = m - i0 < OPGEN_MR ? m - i0 : OPGEN_MR;
-            pack_a(mr, kc, A + i0 * ars + k0 * acs, ars, acs, pa);
+        for (int64_t m0 = 0; m0 < m; m0 += OPGEN_MC) {
+            int64_t mc = m - m0 < OPGEN_MC ? m - m0 : OPGEN_MC;
+            for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
+                pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + (m0 + i0) * ars + k0 * acs, ars, acs,
+                       pa + (i0 / OPGEN_MR) * OPGEN_MR * kc);
             for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
-                ukernel(kc, pa, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc, C + i0 * ldc + j0, ldc, mr,
-                        n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
+                for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
+                    ukernel(kc, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc,
+                            C + (m0 + i0) * ldc + j0, ldc, mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR,
+                            n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
         }
     }
     free(pa);

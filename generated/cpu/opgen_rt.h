@@ -107,7 +107,7 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 /* Rows of C per task when a matmul's rows run in parallel (one opgen_sgemm call each; B is
  * packed again per task, so a task must hold enough rows to amortise it). */
-#define OPGEN_SGEMM_ROWS 256
+#define OPGEN_SGEMM_ROWS 512
 
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7
