@@ -258,6 +258,32 @@ def check_torch(torch: Any) -> int:
             ok = err <= tol
             failures += not ok
             print(f"  rms_norm_backward.{k} {T} vs torch autograd: rel err {err:.2e} {'ok' if ok else 'FAIL'}")
+    return failures + check_torch_ops(torch, g)
+
+
+def check_torch_ops(torch: Any, g: Any) -> int:
+    """opgen.torch on CUDA tensors (torch.ops.opgen.* dispatching to the CUDA library on the
+    current stream): the drop-ins' gradients against PyTorch's own, f32 and bf16."""
+    import opgen.torch as otorch
+
+    failures = 0
+    F = torch.nn.functional
+    for dt, T in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        x = torch.randn(6, 40, 128, device="cuda", generator=g).to(dt).requires_grad_()
+        w = torch.randn(128, device="cuda", generator=g).to(dt).requires_grad_()
+        h = (torch.randn(64, 128, device="cuda", generator=g) * 0.5).to(dt).requires_grad_()
+        W = (torch.randn(512, 128, device="cuda", generator=g) * 0.1).to(dt).requires_grad_()
+        t = torch.randint(0, 512, (64,), device="cuda", generator=g)
+        t[::7] = -100
+        got = torch.autograd.grad(otorch.rms_norm(x, w, 1e-6).sum() + otorch.fused_linear_cross_entropy(h, W, t),
+                                  (x, w, h, W))
+        want = torch.autograd.grad(F.rms_norm(x.float(), (128,), w.float(), 1e-6).sum()
+                                   + F.cross_entropy(h.float() @ W.float().T, t), (x, w, h, W))
+        for name, a, b in zip(("rms x", "rms w", "flce hidden", "flce weight"), got, want, strict=True):
+            err = (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-30)
+            ok = err <= SPEC_TOL[T] * 4
+            failures += not ok
+            print(f"  opgen.torch {name} grad {T} on CUDA vs torch: rel err {err:.2e} {'ok' if ok else 'FAIL'}")
     return failures
 
 

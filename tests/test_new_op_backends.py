@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from opgen import build, oracle, registry, runtime
 from opgen import compile as cc
+from opgen import oracle, runtime
 from opgen.binding import OpError
 from opgen.lower import sched as s
 from tests.cuda_emu import emu_build, emu_worker
+from tests.ops_dirs import built_ops
 from tests.reference import NP, assert_close_policy, assert_f64_close, f64, rounded, t64, tt
 
 RANK0 = '''
@@ -239,25 +240,8 @@ SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """The ops above built by ``opgen build`` (CPU library) from their own ops directory."""
-    root = tmp_path_factory.mktemp("newops")
-    ops = root / "opgen_test_newops"
-    ops.mkdir()
-    for name, text in SOURCES.items():
-        (ops / name).write_text(text)
-    saved = os.environ.get("OPGEN_OPS_DIR")
-    os.environ["OPGEN_OPS_DIR"] = str(ops)
-    registry.load_all.cache_clear()
-    try:
-        out = root / "generated"
-        assert build.main(out=str(out), verbose=False) == 0
-        lib = runtime.load(str(root / "generated.build" / "cpu" / "libopgen.so"))
-        yield {"lib": lib, "out": out, "ops": registry.load_all(), "root": root}
-    finally:
-        if saved is None:
-            os.environ.pop("OPGEN_OPS_DIR", None)
-        else:
-            os.environ["OPGEN_OPS_DIR"] = saved
-        registry.load_all.cache_clear()
+    with built_ops(tmp_path_factory.mktemp("newops"), "opgen_test_newops", SOURCES) as b:
+        yield b
 
 
 def run_both(built: dict, name: str, **args: object) -> tuple[dict, dict]:

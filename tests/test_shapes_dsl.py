@@ -9,7 +9,6 @@ CUDA kernels (nvcc; the CPU model of CUDA) against the oracle; bad shapes are re
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from opgen import build, oracle, registry, runtime
 from opgen import compile as cc
+from opgen import oracle, runtime
 from opgen.binding import OpError
 from opgen.dsl import DSLError, dims
 from opgen.ir import dims as symdims
 from opgen.tile.lower import TileUnsupported
 from tests.cuda_emu import emu_build, emu_worker
+from tests.ops_dirs import built_ops
 from tests.reference import NP, assert_close_policy, assert_f64_close, rounded, t64, tt
 
 ROPE = '''
@@ -99,25 +99,8 @@ SOURCES = {"rope_ops.py": ROPE, "shape_ops.py": SHAPES}
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """The ops above built by ``opgen build --out`` (CPU library) from their own ops directory."""
-    root = tmp_path_factory.mktemp("shapeops")
-    ops = root / "opgen_test_shapeops"
-    ops.mkdir()
-    for name, text in SOURCES.items():
-        (ops / name).write_text(text)
-    saved = os.environ.get("OPGEN_OPS_DIR")
-    os.environ["OPGEN_OPS_DIR"] = str(ops)
-    registry.load_all.cache_clear()
-    try:
-        out = root / "generated"
-        assert build.main(out=str(out), verbose=False) == 0
-        lib = runtime.load(str(root / "generated.build" / "cpu" / "libopgen.so"))
-        yield {"lib": lib, "out": out, "ops": registry.load_all(), "root": root}
-    finally:
-        if saved is None:
-            os.environ.pop("OPGEN_OPS_DIR", None)
-        else:
-            os.environ["OPGEN_OPS_DIR"] = saved
-        registry.load_all.cache_clear()
+    with built_ops(tmp_path_factory.mktemp("shapeops"), "opgen_test_shapeops", SOURCES) as b:
+        yield b
 
 
 # ------------------------------------------------------------------ dim arithmetic

@@ -1,0 +1,36 @@
+"""Ops written in their own ops directory, built the way a user builds them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from opgen import build, registry, runtime
+
+
+@contextmanager
+def built_ops(root: Path, package: str, sources: dict[str, str]) -> Iterator[dict[str, object]]:
+    """``sources`` (file name -> DSL text) written into ``root/package``, built by ``opgen build
+    --out root/generated`` with ``$OPGEN_OPS_DIR`` pointing there; yields the CPU library
+    (``lib``), the generated tree (``out``), the ops (``ops``) and ``root``. The environment and
+    the registry's cache are restored afterwards."""
+    ops = root / package
+    ops.mkdir()
+    for name, text in sources.items():
+        (ops / name).write_text(text)
+    saved = os.environ.get("OPGEN_OPS_DIR")
+    os.environ["OPGEN_OPS_DIR"] = str(ops)
+    registry.load_all.cache_clear()
+    try:
+        out = root / "generated"
+        assert build.main(out=str(out), verbose=False) == 0
+        lib = runtime.load(str(root / "generated.build" / "cpu" / "libopgen.so"))
+        yield {"lib": lib, "out": out, "ops": registry.load_all(), "root": root}
+    finally:
+        if saved is None:
+            os.environ.pop("OPGEN_OPS_DIR", None)
+        else:
+            os.environ["OPGEN_OPS_DIR"] = saved
+        registry.load_all.cache_clear()
