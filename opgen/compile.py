@@ -21,7 +21,8 @@ WARN = ["-Wall", "-Wextra", "-Werror"]
 #: asks for its fused multiply-adds explicitly (fmaf). -mprefer-vector-width=512: GCC keeps to
 #: 256-bit vectors on AVX-512 machines by default; 512 bits make the bf16 elementwise kernels
 #: 1.2-1.4x faster (docs/performance.md) and change no result (no reassociation either way)
-CFLAGS = ["-std=c11", "-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fopenmp", "-fPIC", "-fno-math-errno", *WARN]
+CFLAGS = ["-std=c11", "-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fopenmp", "-fPIC",
+          "-fno-math-errno", *WARN]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1", "-g"]
 
 
