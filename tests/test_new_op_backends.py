@@ -316,7 +316,7 @@ def test_standalone_matmul_runs_on_the_packed_gemm(built, rng):
     parallel tasks (not a naive i-j-k loop); right for contiguous and strided operands against the
     oracle and PyTorch, and bitwise the same on 1 and 3 threads."""
     src = (built["out"] / "cpu" / "linear_relu.c").read_text()
-    assert "opgen_sgemm(" in src and "OPGEN_SGEMM_ROWS" in src
+    assert "opgen_sgemm_par(" in src
     for xt in (False, True):
         x = rounded(rng.standard_normal((300, 70)), "f32")
         x = np.ascontiguousarray(x.T).T if xt else x  # (column-major: a strided matrix)

@@ -175,8 +175,33 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
 }
 #endif
 
-void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
-                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+/* The plain triple loop: when panels cannot be allocated */
+static void sgemm_loop(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float s = accumulate ? C[i * ldc + j] : 0.0f;
+            for (int64_t q = 0; q < k; q++) s = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], s);
+            C[i * ldc + j] = s;
+        }
+}
+
+/* One row block (mc <= OPGEN_MC rows) of C against the packed B block pb (kc x n): A's panels
+ * packed into pa, then every B panel meets every A panel. */
+static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const float *A, int64_t ars, int64_t acs,
+                        const float *pb, float *C, int64_t ldc, int acc, float *pa) {
+    for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
+        pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + i0 * ars, ars, acs, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc);
+    for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
+        for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
+            ukernel(kc, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc, C + i0 * ldc + j0,
+                    ldc, mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
+}
+
+/* opgen_sgemm, its row blocks spread over `threads` OpenMP threads (1: none): for each k block,
+ * B is packed once (its panels in parallel), then each row block is computed by one thread. */
+static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                  int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
     if (k <= 0) {
         if (!accumulate)
@@ -185,43 +210,56 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     }
     int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
     int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
+    int64_t nblk = (m + OPGEN_MC - 1) / OPGEN_MC;
     int64_t mpan = ((m < OPGEN_MC ? m : OPGEN_MC) + OPGEN_MR - 1) / OPGEN_MR;
+    if (threads > nblk) threads = (int)nblk;
     /* saturating sizes: panels that do not fit fall back to the triple loop */
     size_t na = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_MR, (size_t)kc_max), (size_t)mpan);
     size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_NR, (size_t)kc_max), (size_t)npan);
-    float *pa = na == SIZE_MAX ? NULL : (float *)malloc(na);
+    size_t na_all = opgen_sz_mul(na, (size_t)threads);
+    float *pa = na_all == SIZE_MAX ? NULL : (float *)malloc(na_all);
     float *pb = nb == SIZE_MAX ? NULL : (float *)malloc(nb);
-    if (!pa || !pb) { /* fall back to the plain triple loop */
+    if (!pa || !pb) {
         free(pa);
         free(pb);
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                float s = accumulate ? C[i * ldc + j] : 0.0f;
-                for (int64_t q = 0; q < k; q++) s = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], s);
-                C[i * ldc + j] = s;
-            }
+        sgemm_loop(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate);
         return;
     }
+    const size_t pa_stride = na / sizeof(float);
     for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
         int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
         int acc = accumulate || k0 > 0;
-        for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
-            pack_b(n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, kc, B + k0 * brs + j0 * bcs, brs, bcs,
-                   pb + (j0 / OPGEN_NR) * OPGEN_NR * kc);
-        for (int64_t m0 = 0; m0 < m; m0 += OPGEN_MC) {
-            int64_t mc = m - m0 < OPGEN_MC ? m - m0 : OPGEN_MC;
-            for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
-                pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + (m0 + i0) * ars + k0 * acs, ars, acs,
-                       pa + (i0 / OPGEN_MR) * OPGEN_MR * kc);
-            for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
-                for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
-                    ukernel(kc, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc,
-                            C + (m0 + i0) * ldc + j0, ldc, mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR,
-                            n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
+#define OPGEN_PACK_B(p) \
+    pack_b(n - (p) * OPGEN_NR < OPGEN_NR ? n - (p) * OPGEN_NR : OPGEN_NR, kc, B + k0 * brs + (p) * OPGEN_NR * bcs, brs, \
+           bcs, pb + (p) * OPGEN_NR * kc)
+#define OPGEN_BLOCK(blk, t) \
+    sgemm_block(m - (blk) * OPGEN_MC < OPGEN_MC ? m - (blk) * OPGEN_MC : OPGEN_MC, n, kc, \
+                A + (blk) * OPGEN_MC * ars + k0 * acs, ars, acs, pb, C + (blk) * OPGEN_MC * ldc, ldc, acc, \
+                pa + (size_t)(t) * pa_stride)
+        if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
+            #pragma omp parallel for schedule(static) num_threads(threads)
+            for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
+            #pragma omp parallel for schedule(static) num_threads(threads)
+            for (int64_t blk = 0; blk < nblk; blk++) OPGEN_BLOCK(blk, omp_get_thread_num());
+        } else {
+            for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
+            for (int64_t blk = 0; blk < nblk; blk++) OPGEN_BLOCK(blk, 0);
         }
+#undef OPGEN_PACK_B
+#undef OPGEN_BLOCK
     }
     free(pa);
     free(pb);
+}
+
+void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+}
+
+void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
 }
 /* The element offset of row r of a tensor's leading n axes (shape, strides st), rows counted
    in row-major order: a row-offset table's entry, or the start of a row to convert. */

@@ -105,9 +105,10 @@ opgen_status_t opgen_fail(opgen_status_t st, const char *fmt, ...);
  * in a fixed order (blocks of OPGEN_KC), so results do not depend on threads or alignment. */
 void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
-/* Rows of C per task when a matmul's rows run in parallel (one opgen_sgemm call each; B is
- * packed again per task, so a task must hold enough rows to amortise it). */
-#define OPGEN_SGEMM_ROWS 512
+/* opgen_sgemm with its blocks of rows spread over the threads of a parallel region it opens
+ * (opgen_team()): B is packed once per k block for all of them. Bitwise the same result. */
+void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7

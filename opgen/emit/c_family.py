@@ -503,19 +503,11 @@ class CPrinter:
         sa, sb, sc = self.sgemm_strides(a, ta), self.sgemm_strides(b, tb), self.sgemm_strides(c, 0)
         if sa and sb and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
             (ars, acs), (brs, bcs), ldc = sa, sb, sc[0]
-            if cpu_mapping(op) != CpuMapping.OMP_FOR:
-                self.line(f"opgen_sgemm({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
-                          f"{bcs}, {self.name(c)}, {ldc}, {acc_flag});")
-                return
-            # rows of C in parallel (map-cpu), OPGEN_SGEMM_ROWS per task: each element is computed
-            # by one call, its k in the same order whatever the split (the bits do not depend on it)
-            r0, mb = self.fresh("r"), self.fresh("mb")
-            self.matmul_pragma_hook(op)
-            self.line(f"for (int64_t {r0} = 0; {r0} < {m}; {r0} += OPGEN_SGEMM_ROWS) {{")
-            self.line(f"    const int64_t {mb} = {m} - {r0} < OPGEN_SGEMM_ROWS ? {m} - {r0} : OPGEN_SGEMM_ROWS;")
-            self.line(f"    opgen_sgemm({mb}, {n}, {k}, {self.name(a)} + {r0} * {ars}, {ars}, {acs}, {self.name(b)}, "
-                      f"{brs}, {bcs}, {self.name(c)} + {r0} * {ldc}, {ldc}, {acc_flag});")
-            self.line("}")
+            # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
+            # each element's k in the same order whatever the split (the bits do not depend on it)
+            fn = "opgen_sgemm_par" if cpu_mapping(op) == CpuMapping.OMP_FOR else "opgen_sgemm"
+            self.line(f"{fn}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
+                      f"{bcs}, {self.name(c)}, {ldc}, {acc_flag});")
             return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
