@@ -56,3 +56,17 @@ def test_dependent_reductions_stay_apart(op_files):
     assert [accumulators(lp) for lp in loops] == [{"max"}, {"sum"}]
     assert sum(isinstance(x, s.AccumOp) for x in loops[1].walk()) == 3
     k.verify()
+
+
+def test_reductions_reading_a_rows_saved_statistics_fuse(op_files):
+    """LayerNorm backward from saved statistics: the row's mean and rstd are loaded between the
+    two row sums (sum dy*w and sum dy*w*xhat); those loads move above the first loop, so the sums
+    fuse (one read of the row)."""
+    from tests.test_new_op_backends import LN_CAST
+
+    o = op_files({"ln.py": LN_CAST})["ln_cast_backward"]
+    for k in cpu.kernels(o, "cpu").values():
+        loops = reduce_loops(k)
+        assert len(loops) == 1, "the two row sums should be one loop"
+        assert sum(isinstance(x, s.AccumOp) for x in loops[0].walk()) == 2
+        k.verify()

@@ -12,9 +12,10 @@ lanes unchanged), so fusing never changes a result bit. Two loops ``A`` and ``B`
   ``local`` buffer allocated outside the loop;
 * ``B`` neither reads nor updates what ``A`` updates, and ``A`` does not read what ``B``
   updates;
-* the operations between them can be moved: allocations and pure scalar code over values
-  defined before ``A`` go above ``A``; everything else goes below ``B``, which must not use its
-  results nor touch what it stores, nor store into what it reads.
+* the operations between them can be moved: allocations, pure scalar code and loads from
+  buffers that neither ``A`` nor any of them writes (a row's saved statistics), over values
+  defined before ``A``, go above ``A``; everything else goes below ``B``, which must not use
+  its results nor touch what it stores, nor store into what it reads.
 """
 
 from __future__ import annotations
@@ -66,8 +67,12 @@ def _try_fuse(a: s.ForOp, b: s.ForOp, between: list[Operation]) -> bool:
     above: list[Operation] = []
     below: list[Operation] = []
     moved_below: set[SSAValue] = set()
+    written = wa | {x for op in between for x in s.effects(op)[1]}
+    # loads move up only while nothing here writes a caller's buffer (an output may alias an input)
+    loads_move = all(isinstance(x.owner, s.AllocOp) for x in written)
     for op in between:
-        if isinstance(op, s.AllocOp) or (_scalar_code(op) and not set(op.operands) & moved_below):
+        hoistable = _scalar_code(op) or (loads_move and isinstance(op, s.LoadOp) and op.buf not in written)
+        if isinstance(op, s.AllocOp) or (hoistable and not set(op.operands) & moved_below):
             above.append(op)
             continue
         if op.regions or isinstance(op, s.RequireOp | s.BufferMatmulOp | s.SegmentsOp):
