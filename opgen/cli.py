@@ -63,17 +63,23 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _targets_line(o: OpDef) -> str:
-    """Per target: the dtypes it has kernels for (cpu and cuda: every binding). On ascendc, from
-    its kernels' bindings; a dtype variable of index tensors is served by converting them at the
-    boundary (opgen/tile/indices.py), one of tensors never read by any member."""
+    """Per target: the dtypes it has kernels for (cpu and cuda: every binding; ascendc and
+    ttmetal: see their helpers), or why the target cannot take the op."""
+    from opgen.emit import ascendc
+
+    why = ascendc.unsupported_reason(o)
+    parts = ["cpu: all", "cuda: all", f"ascendc: not supported ({why})" if why else "ascendc: " + _ascendc_support(o),
+             "ttmetal: " + _ttmetal_support(o)]
+    return " | ".join(parts)
+
+
+def _ascendc_support(o: OpDef) -> str:
+    """The dtypes ascendc has kernels for, from its kernels' bindings; a dtype variable of index
+    tensors is served by converting them at the boundary (opgen/tile/indices.py), one of tensors
+    never read by any member."""
     from opgen.emit import ascendc
     from opgen.tile.indices import INDEX_DTYPES, free_dtype_vars, index_params
 
-    parts = ["cpu: all", "cuda: all"]
-    why = ascendc.unsupported_reason(o)
-    if why:
-        parts.append(f"ascendc: not supported ({why})")
-        return " | ".join(parts)
     func = next(iter(o.variants.values()))
     free = free_dtype_vars(func)
     params = {p.name: p for p in o.signature.params}
@@ -100,9 +106,7 @@ def _targets_line(o: OpDef) -> str:
             ok = built.get(v.name, set())
         missing += [f"{v.name}={m.name}" for m in v.members if m.name not in ok]
     text = "all" if not missing else f"all but {', '.join(missing)} (no 64-bit arithmetic on the NPU)"
-    parts.append(f"ascendc: {text}" + (f"; {'; '.join(notes)}" if notes else ""))
-    parts.append("ttmetal: " + _ttmetal_support(o))
-    return " | ".join(parts)
+    return text + (f"; {'; '.join(notes)}" if notes else "")
 
 
 def _ttmetal_support(o: OpDef) -> str:

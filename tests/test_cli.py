@@ -246,3 +246,14 @@ def test_ttmetal_report_on_the_command_line(capsys):
     assert f"report 1/1 {flce}__softmax.bf16.u8" in err, err
     rc, out, err = run(capsys, "show", flce, "--target", "ttmetal", "--report", "--variant", "f64")
     assert rc != 0 and "--variant 'f64' selects none" in err, err
+
+
+def test_list_names_every_target_when_ascendc_lacks_the_op(op_files):
+    """An exact GELU backward (erf: no Ascend C form yet) still lists what TT-Metal has; before,
+    the line stopped at Ascend C's refusal."""
+    from opgen.cli import _targets_line
+    from tests.test_new_op_backends import GELU
+
+    line = _targets_line(op_files({"gelu.py": GELU})["gelu_backward"])
+    assert "ascendc: not supported (erf)" in line
+    assert "ttmetal: T=bf16; T=f32" in line, line
