@@ -153,10 +153,6 @@ class CPrinter:
             raise NotImplementedError(f"C printer: '{d}' is not a dim name (a derived size is a value)")
         return self.mention(f"d_{d}")
 
-    #: ops whose value a size expression prints in place (their operands are never named)
-    SIZE_OPS: ClassVar[tuple[type, ...]] = (ir.CeilDivOp, s.SegWordsOp, ir.SizeAddOp, ir.SizeSubOp,
-                                             ir.SizeMulOp, ir.SizeDivOp)
-
     def size(self, v: SSAValue, plain: bool = False) -> str:
         """A size value (an allocated buffer's dim, a size op's operand) as an expression of the
         caller's dims, in place: the same text in every function that needs it (``plain``: a
@@ -310,7 +306,7 @@ class CPrinter:
             return c_literal(op.number, self.dtype(ir.tensor_type(op.result).dtype))
         if isinstance(op, ir.DimOp):
             return self.dim(op.dim.data)
-        if isinstance(op, self.SIZE_OPS):
+        if isinstance(op, s.SIZE_EXPR_OPS):  # printed in place, their operands never named
             return self.size(op.results[0])
         rt = ir.tensor_type(op.results[0]).dtype
         if isinstance(op, s.LoadOp):

@@ -19,11 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opgen.ir.dialect import split_dim
+from opgen.ir.dialect import SIZE_OPS, split_dim
 
 I64_MAX = 2**63 - 1
-#: the dim functions a derived dim may use (beyond the lowered levels' cdiv/segs)
-ARITH = ("div", "sub", "add", "mul")
 
 
 @dataclass(frozen=True)
@@ -158,14 +156,8 @@ def evaluate(d: str, sizes: Mapping[str, int]) -> int:
         return int(d)
     head, args, plus = split_dim(d)
     v = [evaluate(a, sizes) for a in args]
-    if head == "div":
-        r = v[0] // v[1]
-    elif head == "sub":
-        r = max(v[0] - v[1], 0)
-    elif head == "add":
-        r = min(v[0] + v[1], I64_MAX)
-    elif head == "mul":
-        r = min(v[0] * v[1], I64_MAX)
+    if head in SIZE_OPS:  # the size ops' own semantics (saturating, floor division)
+        r = SIZE_OPS[head].EVAL(v[0], v[1])  # type: ignore[misc]
     elif head == "cdiv":
         r = -(-v[0] // v[1])
     elif head in sizes:

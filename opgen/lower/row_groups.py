@@ -223,7 +223,7 @@ class RowGroupLowering(_Lowering):
                     b.stmt(s.StoreOp(self.emit(b, v, [x, *inner]), self.arg(name), [x, *inner]))
             b.close_n(len(inner))
         for name, v in split:
-            self.split_nests(b, v, ir.tensor_type(v).shape[1:], [x], "d", lambda at, name=name, v=v: b.stmt(
+            self.split_nests(b, self.split[v], ir.tensor_type(v).shape[1:], [x], "d", lambda at, name=name, v=v: b.stmt(
                 s.StoreOp(self.emit(b, v, at), self.arg(name), at)))
         b.close()  # x
         if g.colreds:

@@ -59,13 +59,10 @@ from xdsl.utils.str_enum import StrEnum
 
 from opgen import dtypes
 from opgen.ir.dialect import (
+    SIZE_OPS,
     CeilDivOp,
     ReduceKind,
     ReduceKindAttr,
-    SizeAddOp,
-    SizeDivOp,
-    SizeMulOp,
-    SizeSubOp,
     Status,
     StatusAttr,
     SymbolicShape,
@@ -304,9 +301,8 @@ def sizes_of(buf: SSAValue) -> list[SSAValue]:
 
 def sizes_in_place(op: Operation) -> bool:
     """An op whose operands the printers write out as expressions of the caller's dims, never by
-    name: an allocation (its sizes) and the size ops (``opgen.ceil_div``, ``sched.seg_words``,
-    the derived dims' ``opgen.size_*``)."""
-    return isinstance(op, AllocOp | SegWordsOp | CeilDivOp | SizeAddOp | SizeSubOp | SizeMulOp | SizeDivOp)
+    name: an allocation (its sizes) and the :data:`SIZE_EXPR_OPS`."""
+    return isinstance(op, (AllocOp, *SIZE_EXPR_OPS))
 
 
 @irdl_op_definition
@@ -323,6 +319,11 @@ class SegWordsOp(IRDLOperation):
 
     def __init__(self, rows: SSAValue, n: SSAValue):
         super().__init__(operands=[rows, n], result_types=[INDEX])
+
+
+#: the size ops: a size expression prints each in place, its operands never by name
+#: (``opgen.ceil_div``, ``sched.seg_words``, the derived dims' ``opgen.size_*``)
+SIZE_EXPR_OPS: tuple[type[Operation], ...] = (CeilDivOp, SegWordsOp, *SIZE_OPS.values())
 
 
 @irdl_op_definition

@@ -260,21 +260,18 @@ class _Lowering:
                 out.update({v: c for v in vs})
         return out
 
-    def split_nests(self, b: _Builder, v: SSAValue, shape: Sequence[str], lead: Sequence[SSAValue],
+    def split_nests(self, b: _Builder, c: ir.ConcatOp, shape: Sequence[str], lead: Sequence[SSAValue],
                     hint: str, store: Callable[[list[SSAValue]], None]) -> None:
-        """Loop nests over ``shape`` (after the ``lead`` indices already open) calling ``store``
-        with each element's full indices: one nest, or one per part of ``v``'s split concat."""
-        c = self.split.get(v)
-        if c is None:
-            ivs = b.loops(list(shape), "parallel", hint)
-            store([*lead, *ivs])
-            b.close_n(len(ivs))
-            return
+        """One loop nest over ``shape`` (after the ``lead`` indices already open) per part of
+        concat ``c``, over that part's span of the axis, calling ``store`` with each element's
+        full indices while ``c`` reads as that part (without ``lead``, a part's nest skips its
+        rows when their rest is empty)."""
         a = c.axis.data - len(lead)
         offset = "0"
         for k, part in enumerate(c.parts):
             length = ir.tensor_type(part).shape[c.axis.data]
-            ivs = b.loops([length if i == a else d for i, d in enumerate(shape)], "parallel", hint)
+            dims_k = [length if i == a else d for i, d in enumerate(shape)]
+            ivs = b.loops(dims_k, "parallel", hint, skip_if=None if lead else b.empty(dims_k[1:]))
             at = list(ivs)
             if offset != "0":
                 at[a] = b.scalar(ir.AddOp(ivs[a], b.dim(offset)))
@@ -418,13 +415,14 @@ class _Lowering:
             self._bincount(b, op, dst)
         elif isinstance(op, ir.MatmulOp):
             self._matmul(op, dst)
-        elif isinstance(op, ir.ConcatOp):
-            self._concat(op, dst)
-        elif v in self.split and t.rank:
-            (i,) = b.loops(t.shape[:1], "parallel", skip_if=b.empty(t.shape[1:]))
-            self.split_nests(b, v, t.shape[1:], [i], "i",
-                             lambda at: b.stmt(s.StoreOp(self._emit_op(b, v.owner, at), dst, at)))  # type: ignore[arg-type]
-            b.close()
+        elif isinstance(op, ir.ConcatOp) or v in self.split:
+            # each part of the concat into its span of the axis (a split value: the whole value,
+            # the concat it reads being that part there); under one row loop unless split on rows
+            c = op if isinstance(op, ir.ConcatOp) else self.split[v]
+            lead = b.loops(t.shape[:1], "parallel", skip_if=b.empty(t.shape[1:])) if c.axis.data else []
+            self.split_nests(b, c, t.shape[len(lead):], lead, "i",
+                             lambda at: b.stmt(s.StoreOp(self._emit_op(b, op, at), dst, at)))  # type: ignore[arg-type]
+            b.close_n(len(lead))
         else:
             ivs = b.loops(t.shape, "parallel", skip_if=b.empty(t.shape[1:]))
             owner = v.owner
@@ -471,21 +469,6 @@ class _Lowering:
         b.close_n(len(inner))
         b.stmt(s.StoreOp(b.scalar(s.LoadOp(acc.result, []), pinned=True), dst, outer))
         b.close_n(len(outer))
-
-    def _concat(self, op: ir.ConcatOp, dst: SSAValue) -> None:
-        """Each part into its span of the axis, one loop nest per part."""
-        a = op.axis.data
-        offset = "0"
-        for part in op.parts:
-            b = _Builder(self.kblock)
-            shape = ir.tensor_type(part).shape
-            ivs = b.loops(shape, "parallel", skip_if=b.empty(shape[1:]))
-            at = list(ivs)
-            if offset != "0":
-                at[a] = b.scalar(ir.AddOp(ivs[a], b.dim(offset)))
-            b.stmt(s.StoreOp(self.emit(b, part, ivs), dst, at))
-            b.close_n(len(ivs))
-            offset = dims.add(offset, shape[a])
 
     def _scatter(self, b: _Builder, op: ir.ScatterAddOp, dst: SSAValue) -> None:
         rt = ir.tensor_type(op.result)

@@ -113,47 +113,33 @@ def _device(kw: dict[str, Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _cpu_impl(o: OpDef) -> Callable[..., Any]:
-    names = _inputs(o)
-
-    def impl(*args: Any) -> Any:
-        kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
-        outs = _outputs(o, _bind(o, kw, meta=False), torch.device("cpu"), fake=False)
-        runtime.call(o.name, lib=library(), **{k: v for k, v in kw.items() if v is not None}, **outs)
-        vals = tuple(outs[n] for n in returned(o))
-        return vals[0] if len(vals) == 1 else vals
-
-    return impl
+def _run_cpu(name: str, **kw: Any) -> None:
+    runtime.call(name, lib=library(), **kw)
 
 
-def _cuda_impl(o: OpDef) -> Callable[..., Any]:
+def _run_cuda(name: str, **kw: Any) -> None:
     """CUDA tensors: the CUDA library (``opgen build --cuda``; ``opgen.runtime_cuda``), enqueued
-    on torch's current stream without synchronising. Output shapes come from the inputs'
-    metadata (no copy to the host)."""
+    on torch's current stream without synchronising."""
+    from opgen import runtime_cuda
+
+    runtime_cuda.call(name, **kw)
+
+
+def _impl(o: OpDef, run: Callable[..., None] | None, meta: bool) -> Callable[..., Any]:
+    """An implementation of ``o``'s custom op: bind the arguments (``meta``: from their shapes
+    and dtypes alone, no copy to the host), allocate the outputs, and ``run`` the library on them
+    (None: the fake implementation, which only allocates)."""
     names = _inputs(o)
 
     def impl(*args: Any) -> Any:
-        from opgen import runtime_cuda
-
-        kw = dict(zip(names, args, strict=False))
-        outs = _outputs(o, _bind(o, kw, meta=True), _device(kw), fake=False)
-        runtime_cuda.call(o.name, **{k: v for k, v in kw.items() if v is not None}, **outs)
+        kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
+        outs = _outputs(o, _bind(o, kw, meta=meta), _device(kw), fake=run is None)
+        if run is not None:
+            run(o.name, **{k: v for k, v in kw.items() if v is not None}, **outs)
         vals = tuple(outs[n] for n in returned(o))
         return vals[0] if len(vals) == 1 else vals
 
     return impl
-
-
-def _fake_impl(o: OpDef) -> Callable[..., Any]:
-    names = _inputs(o)
-
-    def fake(*args: Any) -> Any:
-        kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
-        outs = _outputs(o, _bind(o, kw, meta=True), _device(kw), fake=True)
-        vals = tuple(outs[n] for n in returned(o))
-        return vals[0] if len(vals) == 1 else vals
-
-    return fake
 
 
 @cache
@@ -176,8 +162,8 @@ def register() -> tuple[str, ...]:
     for name, o in registry.load_all().items():
         qual = f"{NAMESPACE}::{name}"
         lib.define(name + schema(o))
-        torch.library.impl(qual, "cpu", lib=lib)(_cpu_impl(o))
-        torch.library.impl(qual, "cuda", lib=lib)(_cuda_impl(o))
-        torch.library.register_fake(qual, lib=lib)(_fake_impl(o))
+        torch.library.impl(qual, "cpu", lib=lib)(_impl(o, _run_cpu, meta=False))
+        torch.library.impl(qual, "cuda", lib=lib)(_impl(o, _run_cuda, meta=True))
+        torch.library.register_fake(qual, lib=lib)(_impl(o, None, meta=True))
         names.append(name)
     return tuple(names)
