@@ -29,7 +29,7 @@ from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-tests"
-CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
+CHECKER = runner.CHECKER
 FLCE = "fused_linear_cross_entropy_loss_grad"
 SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward", "embedding_backward", FLCE)
 

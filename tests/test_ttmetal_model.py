@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from tests.ttmetal_model import build as model_build
+from tests.ttmetal_runner import CHECKER
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-model-tests"
@@ -383,10 +384,6 @@ def test_rules(host, tmp_path):
     assert "[core (0,0) reader kernel reader.cpp:" in results[31].stderr
     assert "waits in cb_wait_front(16, 1)" in results[7].stderr
     assert "reader (reader.cpp:0) finished" in results[7].stderr
-
-
-CHECKER = REPO.parent / "shared" / "tools" / "tt-kernel-check"
-CHECKER = CHECKER if CHECKER.is_file() else Path("/work/shared/tools/tt-kernel-check")
 
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")

@@ -26,6 +26,21 @@ from opgen.emit import ttmetal
 from tests.ttmetal_model import build as model_build
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _checker() -> Path:
+    """shared/tools/tt-kernel-check: ``$OPGEN_TT_KERNEL_CHECK``, else beside the repository
+    (``../shared``), else the workplace's ``/work/shared`` (a clone made elsewhere)."""
+    env = os.environ.get("OPGEN_TT_KERNEL_CHECK")
+    for p in ([Path(env)] if env else []) + [REPO.parent / "shared" / "tools" / "tt-kernel-check",
+                                              Path("/work/shared/tools/tt-kernel-check")]:
+        if p.is_file():
+            return p
+    return REPO.parent / "shared" / "tools" / "tt-kernel-check"
+
+
+#: tt-kernel-check (the real tt-metal 0.81.1 kernel headers); the tests that need it skip without it
+CHECKER = _checker()
 NP = {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "u8": np.uint8, "bool": np.bool_, "i32": np.int32,
       "i64": np.int64}
 #: opgen_tt::IndexType of a numpy index dtype
