@@ -39,6 +39,14 @@ def generate_cpu(o: OpDef) -> dict[str, str]:
     return {f"cpu/{o.name}.c": cpu.op_source(o)}
 
 
+def generate_mlir(o: OpDef) -> dict[str, str]:
+    """``mlir/<op>.mlir``: the CPU loops in upstream MLIR's dialects, one ``func.func`` per variant
+    x dtype binding (opgen/lower/to_std.py; what ``opgen show OP --target mlir`` prints)."""
+    from opgen import mlir
+
+    return {f"mlir/{o.name}.mlir": mlir.module_text(o)}
+
+
 def generate_cuda(o: OpDef) -> dict[str, str]:
     """``cuda/<op>.cu``: CUDA kernels and host launchers of every variant x dtype binding plus
     the plain C entry points ``opgen_cuda_<op>`` (declared in ``include/opgen_cuda.h``)."""
@@ -109,8 +117,10 @@ def generate_facades(o: OpDef) -> dict[str, str]:
 
 
 GENERATORS: list[tuple[str, Generator]] = [("ir", generate_ir), ("cpu", generate_cpu), ("facades", generate_facades),
-                                           ("cuda", generate_cuda), ("ascendc", generate_ascendc),
-                                           ("ttmetal", generate_ttmetal)]
+                                           ("mlir", generate_mlir), ("cuda", generate_cuda),
+                                           ("ascendc", generate_ascendc), ("ttmetal", generate_ttmetal)]
+#: targets ``opgen build --target`` generates alone (their folder of the output directory)
+ALONE = {"mlir": "mlir/"}
 #: targets whose failure leaves the op out of the CPU library (and its headers and facades)
 CPU_TARGETS = ("ir", "cpu", "facades")
 
@@ -168,11 +178,12 @@ def _sources_digest() -> str:
 
 
 def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
-                 tracebacks: bool = False) -> dict[str, str]:
+                 tracebacks: bool = False, only: str | None = None) -> dict[str, str]:
     """Every file of ``generated/``. An op file that does not load, or an op that one target cannot
     generate, is recorded in ``failures`` (and printed) while everything else is still generated;
     an op that fails a CPU target is left out of the CPU library's headers and facades, one that
-    fails CUDA out of the CUDA header. Without ``failures`` the first failure raises."""
+    fails CUDA out of the CUDA header. Without ``failures`` the first failure raises. ``only``: just
+    that target's files (one of :data:`ALONE`)."""
     import traceback
 
     found: list[Failure] = []
@@ -184,6 +195,8 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
     notes: list[tuple[str, str, str]] = []
     for name, o in ops.items():
         for target, gen in GENERATORS:
+            if only and target != only:
+                continue
             if any(f.op == name and f.stage == "trace" for f in found):
                 continue  # the op does not trace: one report is enough
             t0 = time.perf_counter()
@@ -210,10 +223,11 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
     asc_ops = [o for o in cpu_ops if "ascendc" not in failed.get(o.name, set())]
     for o in ops.values():  # a CPU failure drops the op everywhere: remove what it did produce
         if o not in cpu_ops:
-            for p in [f"ir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu", f"ascendc/{o.name}_tiling.h",
-                      f"ascendc/{o.name}_kernel.cpp", f"ascendc/{o.name}_host.cpp"]:
+            for p in [f"ir/{o.name}.mlir", f"mlir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu",
+                      f"ascendc/{o.name}_tiling.h", f"ascendc/{o.name}_kernel.cpp", f"ascendc/{o.name}_host.cpp"]:
                 files.pop(p, None)
-    files.update(generate_common(cpu_ops, cuda_ops, asc_ops))
+    if not only:
+        files.update(generate_common(cpu_ops, cuda_ops, asc_ops))
     sys.stdout.flush()
     for f in found:
         print(f"opgen build: error: {f.message()}", file=sys.stderr)
@@ -323,17 +337,21 @@ def default_build_dir(out_dir: Path) -> Path:
 
 def main(check: bool = False, out: str | None = None, verbose: bool = True,
          compile_lib: bool = True, cuda: bool | None = None, build_dir: str | None = None,
-         tracebacks: bool = False) -> int:
+         tracebacks: bool = False, only: str | None = None) -> int:
     """Regenerate (or ``check``) ``out`` and compile the libraries. Returns the exit status: 1 when
     some op or target failed (everything else is still generated and built) or ``check`` found
-    stale files."""
+    stale files. ``only`` (a key of :data:`ALONE`): regenerate that target's folder alone, compile
+    nothing."""
+    if only is not None and only not in ALONE:
+        raise ValueError(f"--target {only!r}: the targets built alone are {', '.join(ALONE)} (a plain "
+                         "'opgen build' builds every target)")
     out_dir = Path(out).resolve() if out else registry.REPO_ROOT / "generated"
     bdir = Path(build_dir).resolve() if build_dir else default_build_dir(out_dir)
     if bdir == out_dir or bdir.is_relative_to(out_dir):
         raise ValueError(f"the build directory {bdir} must not be inside the output directory {out_dir}")
     stamp_file = bdir / ("generate." + hashlib.sha256(str(out_dir).encode()).hexdigest()[:12] + ".stamp")
     digest = _sources_digest()
-    if not check and stamp_file.exists():
+    if not check and not only and stamp_file.exists():
         try:
             stamp = json.loads(stamp_file.read_text())
         except ValueError:
@@ -350,9 +368,11 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
     if verbose:
         print(f"opgen build: generating into {out_dir}" + (" (check only)" if check else ""))
     failures: list[Failure] = []
-    files = generate_all(verbose, failures, tracebacks)
+    files = generate_all(verbose, failures, tracebacks, only)
     existing = {str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()} \
         if out_dir.is_dir() else set()
+    if only:
+        existing = {p for p in existing if p.startswith(ALONE[only])}
     stale = sorted(existing - set(files))
     changed = sorted(p for p, text in files.items()
                      if not (out_dir / p).is_file() or (out_dir / p).read_bytes() != text.encode())
@@ -381,7 +401,7 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
             parent.rmdir()
             parent = parent.parent
     stamp_file.parent.mkdir(parents=True, exist_ok=True)
-    if failures:  # the next build tries again
+    if failures or only:  # the next full build tries again (or checks every target)
         stamp_file.unlink(missing_ok=True)
     else:
         stamp_file.write_text(json.dumps({
@@ -390,7 +410,7 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
     if verbose:
         print(f"opgen build: {len(changed)} file(s) written, {len(stale)} removed, "
               f"{len(files) - len(changed)} unchanged")
-    if compile_lib:
+    if compile_lib and not only:
         compile_cpu(out_dir, bdir, verbose)
         compile_cuda(out_dir, bdir, verbose, cuda_wanted(cuda))
     return _summary(failures) if failures else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -143,7 +144,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     o = registry.get(args.op)
     if args.report:
         return _show_report(o, args)
-    if not (args.ir or args.stage):
+    target = args.target or "l0"
+    if not (args.ir or args.stage or args.target):
         print(f"{o.name}  [{o.where}]\n")
         print(o.doc + "\n" if o.doc else "", end="")
         print("\nparameters:")
@@ -157,10 +159,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             print("\nmay alias: " + ", ".join(f"{a} = {b}" for a, b in o.may_alias))
         print("\nABIs: " + (", ".join(_abi_line(f) for f in o.abis) or "(plain C only)"))
         return 0
-    stage = args.stage or pipeline.stages(args.target)[-1]
+    stage = args.stage or pipeline.stages(target)[-1]
     m = o.module()
-    pipeline.run(m, args.target, until=stage)
-    print(f"// {o.name}: stage '{stage}' of pipeline '{args.target}'")
+    pipeline.run(m, target, until=stage)
+    print(f"// {o.name}: stage '{stage}' of pipeline '{target}'")
     print(m)
     return 0
 
@@ -176,7 +178,8 @@ def _show_report(o: OpDef, args: argparse.Namespace) -> int:
     from opgen.tile import report
 
     if args.target not in ("ascendc", "ttmetal"):
-        raise ValueError(f"--report is for the tile-level targets (ascendc, ttmetal), not {args.target!r}")
+        raise ValueError(f"--report is for the tile-level targets: --target ascendc or --target ttmetal (got "
+                         f"{args.target or 'no --target'})")
     dims = {d: int(v) for d, v in _parse_kv(args.dims).items()}
     for d in o.signature.dims():
         dims.setdefault(d, REPORT_DEFAULT_DIM)
@@ -238,7 +241,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         return build.main(check=args.check, out=args.out, verbose=not args.quiet,
                           compile_lib=not args.no_compile, cuda=args.cuda, build_dir=args.build_dir,
-                          tracebacks=args.traceback)
+                          tracebacks=args.traceback, only=args.target)
     except CompileError as e:
         print(f"opgen build: compilation failed:\n{e}\n    what to do: generated code that does not compile is a "
               "compiler bug; please report it with this output (the source named above is kept)", file=sys.stderr)
@@ -344,7 +347,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("op", help="op name (see 'opgen list')")
     p.add_argument("--ir", action="store_true", help="print the IR after the whole pipeline")
     p.add_argument("--stage", help="print the IR after this stage of the pipeline")
-    p.add_argument("--target", default="l0", help="pipeline to run (default: l0)")
+    p.add_argument("--target", default=None,
+                   help="pipeline to run: l0, cpu, cuda, ascendc, ttmetal or mlir (upstream MLIR's func/scf/memref/"
+                        "arith/math, which mlir-opt parses); alone, prints the IR after the whole pipeline "
+                        "(default: l0)")
     p.add_argument("--report", action="store_true",
                    help="tile-level targets: the static report of each kernel (tiling, on-chip bytes, global "
                         "bytes moved vs the minimum, cores) at --dims")
@@ -366,6 +372,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="where the libraries are compiled (default: <repo>/build for the default --out, "
                         "else OUT.build beside OUT)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--target", default=None, choices=["mlir"],
+                   help="regenerate only this target's folder and compile nothing: 'mlir' writes OUT/mlir/OP.mlir "
+                        "(upstream MLIR's func/scf/memref/arith/math; a plain build writes it too)")
     p.add_argument("--no-compile", action="store_true",
                    help="only write generated/, do not compile build/cpu/libopgen.so")
     p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=None,
@@ -399,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:  # (the reader went away, as `opgen show OP --target mlir | head` does)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (DSLError, KeyError, OpError, StageFailed, ValueError) as e:
         if args.traceback:
             traceback.print_exc()

@@ -91,7 +91,7 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
 #define OPGEN_MR 8
 #endif
 #define OPGEN_NR 32
-#define OPGEN_KC 256
+#define OPGEN_KC 256 /* sched.matmul's k blocks (opgen/lower/sched.py: GEMM_KC) */
 #define OPGEN_MC 256
 
 static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
@@ -175,13 +175,17 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
 }
 #endif
 
-/* The plain triple loop: when panels cannot be allocated */
+/* The plain triple loop when panels cannot be allocated: the same k blocks, so the same bits */
 static void sgemm_loop(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                        int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float s = accumulate ? C[i * ldc + j] : 0.0f;
-            for (int64_t q = 0; q < k; q++) s = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], s);
+            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+                float t = 0.0f;
+                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++) t = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], t);
+                s = (k0 == 0 && !accumulate) ? t : s + t;
+            }
             C[i * ldc + j] = s;
         }
 }

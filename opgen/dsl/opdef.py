@@ -130,6 +130,9 @@ class OpDef:
         batched = [p.name for p in params if isinstance(p.spec, TensorSpec) and isinstance(p.spec.batch, Batch)]
         if batched:
             func.properties["batched"] = ArrayAttr([StringAttr(n) for n in batched])
+        sizes = {p.name: StringAttr(p.spec.dim.name) for p in params if isinstance(p.spec, SizeSpec)}
+        if sizes:
+            func.properties["sizes"] = DictionaryAttr(sizes)
         rank0 = [p.name for p in params if isinstance(p.spec, TensorSpec) and not p.spec.shape]
         if rank0:
             func.properties["rank0_tensors"] = ArrayAttr([StringAttr(n) for n in rank0])

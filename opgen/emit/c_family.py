@@ -512,11 +512,20 @@ class CPrinter:
         self.line(f"for (int64_t {i} = 0; {i} < {m}; {i}++) {{")
         self.line(f"    for (int64_t {j} = 0; {j} < {n}; {j}++) {{")
         init = self.load_expr_named(c, (i, j)) if acc_flag else "0"
+        k0, part = self.fresh("k"), self.fresh("part")
         self.line(f"        {ct} {acc} = {init};")
-        self.line(f"        for (int64_t {kk} = 0; {kk} < {k}; {kk}++)")
+        # sched.matmul's k order: blocks of GEMM_KC fused multiply-adds from 0, added in order
+        self.line(f"        for (int64_t {k0} = 0; {k0} < {k}; {k0} += {s.GEMM_KC}) {{")
+        self.line(f"            {ct} {part} = 0;")
+        self.line(f"            for (int64_t {kk} = {k0}; {kk} < {k} && {kk} < {k0} + {s.GEMM_KC}; {kk}++)")
         ea = self._elem(a, (kk, i) if ta else (i, kk))
         eb = self._elem(b, (j, kk) if tb else (kk, j))
-        self.line(f"            {acc} += ({ct}){ea} * ({ct}){eb};")
+        fma = {"float": "fmaf", "double": "fma"}.get(ct)
+        step = f"{fma}(({ct}){ea}, ({ct}){eb}, {part})" if fma else f"{part} + ({ct}){ea} * ({ct}){eb}"
+        self.line(f"                {part} = {step};")
+        first = "" if acc_flag else f"{k0} == 0 ? {part} : "
+        self.line(f"            {acc} = {first}{acc} + {part};")
+        self.line("        }")
         self.line(f"        {self.name(c)}[{self._raw_offset(c, (i, j))}] = "
                   f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("    }")

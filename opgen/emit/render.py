@@ -35,5 +35,8 @@ def env() -> jinja2.Environment:
 
 
 def render(name: str, **ctx: Any) -> str:
-    """Render ``templates/<name>`` with the common context (statuses, dtypes) added."""
-    return env().get_template(name).render(statuses=STATUSES, dtypes=dtypes.ALL, **ctx)
+    """Render ``templates/<name>`` with the common context (statuses, dtypes, the GEMM's k block)
+    added."""
+    from opgen.lower.sched import GEMM_KC
+
+    return env().get_template(name).render(statuses=STATUSES, dtypes=dtypes.ALL, gemm_kc=GEMM_KC, **ctx)

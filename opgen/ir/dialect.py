@@ -291,6 +291,8 @@ class FuncOp(IRDLOperation):
     #: parameters the caller's tensor is converted to another dtype for, once, by the binder
     #: (``{name: dtype}``; opgen/lower/boundary.py)
     boundary_casts = opt_prop_def(DictionaryAttr)
+    #: size parameters (``{name: dim}``): a by-value ``i64`` giving the size of ``dim``
+    sizes = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
 
     traits = traits_def(IsolatedFromAbove())

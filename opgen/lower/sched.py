@@ -228,6 +228,8 @@ class KernelOp(IRDLOperation):
     may_alias = opt_prop_def(DictionaryAttr)
     #: parameters whose rows are addressed through a row table (``opgen.func``'s, kept)
     batched = opt_prop_def(ArrayAttr[StringAttr])
+    #: size parameters as ``{name: dim}`` (``opgen.func``'s, kept)
+    sizes = opt_prop_def(DictionaryAttr)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), NoTerminator())
 
@@ -548,10 +550,17 @@ class AdjacentBarrier(RewritePattern):
 
 
 
+#: the k order of ``sched.matmul``: every element sums its k terms in blocks of GEMM_KC, each block
+#: by fused multiply-adds starting from 0, and adds the blocks to C in increasing k (the first one
+#: replaces C unless ``accumulate``); the CPU runtime's GEMM blocks k by the same constant
+GEMM_KC = 256
+
+
 @irdl_op_definition
 class BufferMatmulOp(IRDLOperation):
     """``C[:m, :n] (= | +=) op(A)[:m, :k] @ op(B)[:k, :n]`` on 2-D buffers (``trans`` per operand;
-    ``accumulate`` adds to C). Accumulation is in the compute type, in a fixed k order."""
+    ``accumulate`` adds to C). Accumulation is in the compute type, in the fixed k order of
+    :data:`GEMM_KC` whatever the tiling, the thread count or the target's instruction set."""
 
     name = "sched.matmul"
     a = operand_def(BufType)

@@ -177,7 +177,7 @@ class _Lowering:
             else:
                 arg_types.append(s.BufType.make(t.shape, t.dtype, "out" if n in out_names else "in"))
         self.kernel = s.KernelOp(func.sym_name.data, names, arg_types, func.dtype_vars)
-        for kept in ("boundary_casts", "may_alias", "batched"):
+        for kept in ("boundary_casts", "may_alias", "batched", "sizes"):
             if kept in func.properties:
                 self.kernel.properties[kept] = func.properties[kept]
         self.kblock = self.kernel.body.block

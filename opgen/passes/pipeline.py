@@ -10,7 +10,12 @@ import os
 from collections.abc import Callable
 
 from xdsl.context import Context
+from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.dialects.func import Func
+from xdsl.dialects.math import Math
+from xdsl.dialects.memref import MemRef
+from xdsl.dialects.scf import Scf
 from xdsl.passes import ModulePass
 from xdsl.transforms.canonicalize import CanonicalizePass
 from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
@@ -25,6 +30,7 @@ from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
 from opgen.lower.sched import Sched
 from opgen.lower.to_loops import LowerToLoops
+from opgen.lower.to_std import LowerToStd
 from opgen.tile.boundary import ConvertAtBoundaryTiles
 from opgen.tile.buffers import PlanBuffers
 from opgen.tile.casts import SplitCasts
@@ -60,6 +66,11 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
     "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
              CanonicalizePass(), *GPU_MAPPING],
+    # Upstream MLIR: the CPU pipeline's loops, then func/scf/memref/arith/math, one function per
+    # dtype binding (opgen/lower/to_std.py); printed in MLIR's textual syntax, which mlir-opt and
+    # MLIR's Python bindings parse (generated/mlir/; opgen/mlir.py runs it).
+    "mlir": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
+             CanonicalizePass(), MapCpu(), LowerToStd(), CommonSubexpressionElimination()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
@@ -95,6 +106,8 @@ def context() -> Context:
     ctx.load_dialect(Sched)
     ctx.load_dialect(Tile)
     ctx.load_dialect(Ttk)
+    for d in (Arith, Func, Math, MemRef, Scf):
+        ctx.load_dialect(d)
     return ctx
 
 

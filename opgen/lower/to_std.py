@@ -1,0 +1,746 @@
+"""lower-to-std: the CPU loop level (``sched`` after map-cpu) as upstream MLIR's own dialects.
+
+Each ``sched.kernel`` becomes one ``func.func`` per dtype binding (``<kernel>_<dtype>...``) over
+``func``, ``scf``, ``memref``, ``arith`` and ``math``, which ``mlir-opt`` and MLIR's Python bindings
+parse, verify, lower and run (tests/test_mlir.py). The function:
+
+- takes each tensor parameter the kernel reads or writes as a strided memref of its storage type
+  (``memref<?x?xbf16, strided<[?, ?], offset: ?>>``; ``bool`` and ``u8`` as ``i8``; a batched
+  parameter with its batch dims flattened into the first), attributes and sizes by value (``f32``,
+  ``i64``, ``i1``), and, last, an ``i64`` per dim no tensor parameter carries;
+- checks that the memrefs agree on every dim (and a size parameter with its dim), then runs the
+  kernel, and returns the C ABI's status (``0``, or ``OPGEN_ERR_SHAPE`` / ``_INDEX`` / ``_PARAM``
+  when a check fails: then no output is written);
+- computes exactly as the CPU library does where the math is the same: values in the compute
+  type, rounding once per store, reductions split into map-cpu's lanes and combined in the same
+  order, matmuls in :data:`~opgen.lower.sched.GEMM_KC` blocks of fused multiply-adds. Transcendental
+  functions are ``math`` ops (the C library uses its own polynomials: results differ in the last
+  bits). Parallel loops are ``scf.parallel``.
+
+A segment table (``sched.segments``) is a counting sort into ``rows + 1`` words here (the C runtime
+chooses between layouts); ``sched.segment_start`` reads it accordingly. Per-iteration scratch is
+``memref.alloca`` inside ``memref.alloca_scope``; workspace buffers are ``memref.alloc``/``dealloc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, math, memref, scf
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    ArrayAttr,
+    BFloat16Type,
+    DictionaryAttr,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    ModuleOp,
+    StridedLayoutAttr,
+    StringAttr,
+    UnitAttr,
+    i1,
+    i8,
+    i32,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from opgen import dtypes
+from opgen.dtypes import DType
+from opgen.emit.render import STATUSES
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+from opgen.lower.cpu_map import cpu_mapping
+from opgen.lower.sched import GEMM_KC, CpuMapping, bindings
+
+#: the lanes map-cpu's reductions are split into (as the C printer: opgen/emit/c_family.py)
+LANES = 16
+#: the function attribute naming its parameters in order (``dim:<D>`` for a trailing dim argument)
+PARAMS_ATTR = "opgen.params"
+#: the variant (the kernel's symbol), the dtype binding ``{var: dtype}``, and the parameters the
+#: C binder converts to another dtype first (``{name: dtype}``: this function takes them converted)
+VARIANT_ATTR, DTYPES_ATTR, CONVERTED_ATTR = "opgen.variant", "opgen.dtypes", "opgen.converted"
+STATUS = {st["abstract"]: st["value"] for st in STATUSES if "abstract" in st}
+INDEX = IndexType()
+FLOAT_TYPES: dict[str, Attribute] = {"f16": Float16Type(), "bf16": BFloat16Type(), "f32": Float32Type(),
+                                     "f64": Float64Type()}
+
+
+def scalar_type(d: DType) -> Attribute:
+    """The MLIR type a value of dtype ``d`` is computed in (f16/bf16 in f32; bool as i1)."""
+    c = d.compute
+    if c.is_float:
+        return FLOAT_TYPES[c.name]
+    return i1 if c.is_bool else IntegerType(c.bits)
+
+
+def storage_type(d: DType, caller: bool) -> Attribute:
+    """The element type of a buffer of dtype ``d``: a caller's tensor stores ``d`` itself, a
+    workspace or scratch buffer its compute type; bools are bytes."""
+    if d.is_bool:
+        return i8
+    if d.is_float:
+        return FLOAT_TYPES[d.name if caller else d.compute.name]
+    return IntegerType(d.bits)
+
+
+def func_name(kernel: s.KernelOp, binding: dict[str, DType]) -> str:
+    """``<kernel>_<dtype>...``: one function per dtype binding (as the C library's instances)."""
+    return kernel.sym_name.data + "".join(f"_{d.name}" for d in binding.values())
+
+
+@dataclass(frozen=True)
+class LowerToStd(ModulePass):
+    """Replace every ``sched.kernel`` by its ``func.func`` instances (see the module doc)."""
+
+    name = "lower-to-std"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for k in list(op.body.block.ops):
+            if not isinstance(k, s.KernelOp):
+                continue
+            for b in bindings(k):
+                op.body.block.insert_op_before(_Kernel(k, b).build(), k)
+            op.body.block.erase_op(k)
+
+
+class _Kernel:
+    """Builds one instance: ``values`` maps the kernel's scalars to MLIR values, ``bufs`` its
+    buffers to memrefs; ``lanes`` the accumulators of the lane loop being built to (lanes, l)."""
+
+    def __init__(self, k: s.KernelOp, binding: dict[str, DType]):
+        self.k = k
+        self.binding = binding
+        self.values: dict[SSAValue, SSAValue] = {}
+        self.bufs: dict[SSAValue, SSAValue] = {}
+        self.lanes: dict[SSAValue, tuple[SSAValue, list[SSAValue]]] = {}
+        self.block = Block()
+        self.dims: dict[str, SSAValue] = {}
+        self.status: SSAValue | None = None
+        self.fallible = {op for r in k.walk() if isinstance(r, s.RequireOp) for op in _ancestors(r, k)}
+
+    # ------------------------------------------------------------------ helpers
+    def dtype(self, name: str) -> DType:
+        return dtypes.BY_NAME[name] if name in dtypes.BY_NAME else self.binding[name]
+
+    def add(self, op: Operation) -> SSAValue:
+        self.block.add_op(op)
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def const(self, value: float | int | bool, t: Attribute) -> SSAValue:
+        if isinstance(t, IntegerType | IndexType):
+            if t == i1:
+                value = int(bool(value))
+            elif isinstance(t, IntegerType) and value >= 2 ** (t.width.data - 1):
+                value -= 2 ** t.width.data  # (an unsigned constant: the same bits, signless)
+            return self.add(arith.ConstantOp(IntegerAttr(int(value), t)))
+        return self.add(arith.ConstantOp(FloatAttr(float(value), t)))  # type: ignore[arg-type]
+
+    def index(self, v: SSAValue) -> SSAValue:
+        return self.add(arith.IndexCastOp(v, INDEX))
+
+    def nested(self, block: Block) -> _Nested:
+        return _Nested(self, block)
+
+    # ------------------------------------------------------------------ the function
+    def build(self) -> func.FuncOp:
+        k = self.k
+        names = [a.data for a in k.arg_names.data]
+        sizes = {n: v.data for n, v in k.sizes.data.items()} if k.sizes else {}  # type: ignore[attr-defined]
+        params: list[tuple[SSAValue, Attribute, str]] = []
+        for n, a in zip(names, k.body.block.args, strict=True):
+            t = a.type
+            if isinstance(t, s.BufType) and s.unread(a):
+                continue  # (a tensor giving sizes only: its dims come from another or a dim argument)
+            if isinstance(t, s.BufType):
+                layout = StridedLayoutAttr([None] * t.rank, None)
+                mt = MemRefType(storage_type(self.dtype(t.dtype), True), [DYNAMIC_INDEX] * t.rank, layout)
+                params.append((a, mt, n))
+            else:
+                params.append((a, scalar_type(self.dtype(ir.tensor_type(a).dtype)), n))
+        carried = {d for a, _, _ in params if isinstance(a.type, s.BufType) for d in a.type.shape if d.isidentifier()}
+        size_dims = set(sizes.values())
+        wanted = sorted({op.dim.data for op in k.walk() if isinstance(op, ir.DimOp)} | size_dims)
+        extra = [d for d in wanted if d not in carried and d not in size_dims]
+        types = [t for _, t, _ in params] + [i64] * len(extra)
+        self.block = Block(arg_types=types)
+        fn_args = list(self.block.args)
+        for (a, _, n), v in zip(params, fn_args, strict=False):
+            v.name_hint = n
+            (self.bufs if isinstance(a.type, s.BufType) else self.values)[a] = v
+        for d, v in zip(extra, fn_args[len(params):], strict=True):
+            v.name_hint = f"dim_{d}"
+            self.dims[d] = v
+        entry = self.block
+        status = self.add(memref.AllocaOp.get(i32, shape=[]))
+        self.status = status
+        self.add(memref.StoreOp.get(self.const(0, i32), status, []))
+        ok = self.entry_checks(params, sizes)
+        self.require(ok, "shape")
+        with self.nested(self.guarded()) as guard:
+            self.convert(list(k.body.block.ops))
+            guard.close(scf.YieldOp())
+        self.block = entry
+        self.add(func.ReturnOp(self.add(memref.LoadOp.get(status, []))))
+        fn = func.FuncOp(func_name(k, self.binding), func.FunctionType.from_lists(types, [i32]), Region(entry))
+        fn.attributes["llvm.emit_c_interface"] = UnitAttr()
+        fn.attributes[PARAMS_ATTR] = ArrayAttr([StringAttr(n) for _, _, n in params] +
+                                               [StringAttr(f"dim:{d}") for d in extra])
+        fn.attributes[VARIANT_ATTR] = StringAttr(k.sym_name.data)
+        fn.attributes[DTYPES_ATTR] = DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()})
+        if k.boundary_casts:
+            fn.attributes[CONVERTED_ATTR] = k.boundary_casts
+        return fn
+
+    def entry_checks(self, params: list[tuple[SSAValue, Attribute, str]], sizes: dict[str, str]) -> SSAValue:
+        """Every dim from the first memref carrying it; true when all memrefs (and size
+        parameters) agree with them and with their literal dims."""
+        ok = self.const(1, i1)
+        for a, _, _ in params:
+            t = a.type
+            if not isinstance(t, s.BufType):
+                continue
+            for axis, d in enumerate(t.shape):
+                got = self.add(arith.IndexCastOp(self.add(memref.DimOp(self.bufs[a], self.const(axis, INDEX))), i64))
+                if d.isidentifier() and d not in self.dims:
+                    self.dims[d] = got
+                    continue
+                want = self.dims[d] if d.isidentifier() else self.const(int(d), i64)
+                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(got, want, "eq"))))
+        for a, _, n in params:
+            if n in sizes:
+                v = self.values[a]
+                nonneg = self.add(arith.CmpiOp(v, self.const(0, i64), "sge"))
+                ok = self.add(arith.AndIOp(ok, nonneg))
+                if sizes[n] in self.dims:
+                    ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.dims[sizes[n]], "eq"))))
+                else:
+                    self.dims[sizes[n]] = v
+        return ok
+
+    # ------------------------------------------------------------------ checks
+    def require(self, cond: SSAValue, status: str) -> None:
+        """Record ``status`` unless ``cond`` holds or an earlier check failed."""
+        assert self.status is not None
+        cur = self.add(memref.LoadOp.get(self.status, []))
+        first = self.add(arith.CmpiOp(cur, self.const(0, i32), "eq"))
+        fail = self.add(arith.AndIOp(first, self.add(arith.XOrIOp(cond, self.const(1, i1)))))
+        new = self.add(arith.SelectOp(fail, self.const(STATUS[status], i32), cur))
+        self.add(memref.StoreOp.get(new, self.status, []))
+
+    def guarded(self) -> Block:
+        """An ``scf.if`` running what follows only while no check has failed: its block."""
+        assert self.status is not None
+        cur = self.add(memref.LoadOp.get(self.status, []))
+        clean = self.add(arith.CmpiOp(cur, self.const(0, i32), "eq"))
+        body = Block()
+        self.add(scf.IfOp(clean, [], Region(body)))
+        return body
+
+    # ------------------------------------------------------------------ statements
+    def convert(self, ops: Sequence[Operation]) -> None:
+        """Convert ``ops`` into the current block; after an op that may fail a check, the rest
+        runs under :meth:`guarded`. Workspace buffers allocated here are freed at the end."""
+        temps: list[SSAValue] = []
+        for i, op in enumerate(ops):
+            self.stmt(op, temps)
+            if op in self.fallible and i + 1 < len(ops):
+                with self.nested(self.guarded()) as inner:
+                    self.convert(ops[i + 1:])
+                    inner.close(scf.YieldOp())
+                break
+        for t in reversed(temps):
+            self.add(memref.DeallocOp.get(t))
+
+    def stmt(self, op: Operation, temps: list[SSAValue]) -> None:
+        if isinstance(op, s.ForOp):
+            self.loop(op)
+        elif isinstance(op, s.AllocOp):
+            self.alloc(op, temps)
+        elif isinstance(op, s.StoreOp):
+            b = s.buf_type(op.buf)
+            ref, idx = self.ref(op.buf, list(op.idx))
+            self.add(memref.StoreOp.get(self.to_storage(self.values[op.value], ir.tensor_type(op.value).dtype, b),
+                                        ref, idx))
+        elif isinstance(op, s.AccumOp):
+            self.accum(op)
+        elif isinstance(op, s.RequireOp):
+            self.require(self.values[op.cond], op.status.data)
+        elif isinstance(op, s.SegmentsOp):
+            self.segments(op)
+        elif isinstance(op, s.BufferMatmulOp):
+            self.matmul(op)
+        elif isinstance(op, ir.DimOp):
+            self.values[op.result] = self.dims[op.dim.data]
+        elif len(op.results) == 1:
+            self.values[op.results[0]] = self.scalar(op)
+        else:
+            raise NotImplementedError(f"lower-to-std: no rule for {op.name}")
+
+    def alloc(self, op: s.AllocOp, temps: list[SSAValue]) -> None:
+        b = s.buf_type(op.result)
+        et = storage_type(self.dtype(b.dtype), False)
+        sizes = [self.index(self.values[v]) for v in op.sizes]
+        if b.role.data == "temp":
+            ref = self.add(memref.AllocOp.get(et, shape=[DYNAMIC_INDEX] * b.rank, dynamic_sizes=sizes))
+            temps.append(ref)
+        else:
+            ref = self.add(memref.AllocaOp.get(et, shape=[DYNAMIC_INDEX] * b.rank, dynamic_sizes=sizes))
+        self.bufs[op.result] = ref
+        if op.zero is not None and op.zero.data:
+            zero = self.const(0, et)
+            self.nest_loops(sizes, lambda ivs: self.add(memref.StoreOp.get(zero, ref, ivs)))
+
+    def nest_loops(self, sizes: list[SSAValue], body: object) -> None:
+        """``for ivs in sizes: body(ivs)`` (index loops)."""
+        if not sizes:
+            body([])  # type: ignore[operator]
+            return
+        lo, one = self.const(0, INDEX), self.const(1, INDEX)
+        ivs: list[SSAValue] = []
+        outer = self.block
+        for n in sizes:
+            blk = Block(arg_types=[INDEX])
+            self.add(scf.ForOp(lo, n, one, [], blk))
+            ivs.append(blk.args[0])
+            self.block = blk
+        body(ivs)  # type: ignore[operator]
+        for iv in reversed(ivs):
+            iv.owner.add_op(scf.YieldOp())  # type: ignore[union-attr]
+        self.block = outer
+
+    def ref(self, buf: SSAValue, idx: list[SSAValue]) -> tuple[SSAValue, list[SSAValue]]:
+        """The memref and index operands addressing ``buf[idx]`` (an accumulator of the lane
+        loop being built: its lane)."""
+        if buf in self.lanes:
+            return self.lanes[buf]
+        return self.bufs[buf], [self.index(self.values[v]) for v in idx]
+
+    def load(self, buf: SSAValue, idx: list[SSAValue]) -> SSAValue:
+        """``buf[idx]`` in its compute type (f16/bf16 widened, bytes of bools compared to 0)."""
+        ref, ix = self.ref(buf, idx)
+        raw = self.add(memref.LoadOp.get(ref, ix))
+        d = self.dtype(s.buf_type(buf).dtype)
+        if d.is_bool:
+            return self.add(arith.CmpiOp(raw, self.const(0, i8), "ne"))
+        if d in (dtypes.F16, dtypes.BF16) and raw.type != Float32Type():
+            return self.add(arith.ExtFOp(raw, Float32Type()))
+        return raw
+
+    def to_storage(self, v: SSAValue, vdtype: str, b: s.BufType) -> SSAValue:
+        """Value ``v`` (compute type of ``vdtype``) as an element of buffer ``b``."""
+        d = self.dtype(b.dtype)
+        v = self.cast(v, self.dtype(vdtype), d)
+        if d.is_bool:
+            return self.add(arith.ExtUIOp(v, i8))
+        et = storage_type(d, b.role.data in ("in", "out"))
+        return self.add(arith.TruncFOp(v, et)) if v.type != et else v
+
+    def accum(self, op: s.AccumOp) -> None:
+        ref, idx = self.ref(op.buf, list(op.idx))
+        d = self.dtype(s.buf_type(op.buf).dtype)
+        cur = self.load(op.buf, list(op.idx))
+        v = self.cast(self.values[op.value], self.dtype(ir.tensor_type(op.value).dtype), d)
+        new = self.combine(op.kind.data, cur, v, d)
+        self.add(memref.StoreOp.get(self.to_storage(new, d.name, s.buf_type(op.buf)), ref, idx))
+
+    def combine(self, kind: str, cur: SSAValue, v: SSAValue, d: DType) -> SSAValue:
+        """``cur (kind) v`` as the C library: a sum, or ``v`` when it is larger (smaller) or NaN."""
+        if kind == "sum":
+            return self.add(arith.AddfOp(cur, v) if d.compute.is_float else arith.AddiOp(cur, v))
+        return self.pick(kind, v, cur, d)
+
+    def pick(self, kind: str, a: SSAValue, b: SSAValue, d: DType) -> SSAValue:
+        """C's ``(a > b || a != a) ? a : b`` (``<`` for min)."""
+        c = d.compute
+        if c.is_float:
+            beats = self.add(arith.CmpfOp(a, b, "ogt" if kind == "max" else "olt"))
+            nan = self.add(arith.CmpfOp(a, a, "une"))
+            beats = self.add(arith.OrIOp(beats, nan))
+        else:
+            pred = ("s" if c.kind == "int" else "u") + ("gt" if kind == "max" else "lt")
+            beats = self.add(arith.CmpiOp(a, b, pred))
+        return self.add(arith.SelectOp(beats, a, b))
+
+    # ------------------------------------------------------------------ loops
+    def loop(self, op: s.ForOp) -> None:
+        lo, hi = self.values[op.lo], self.values[op.hi]
+        if cpu_mapping(op) == CpuMapping.LANES:
+            self.lane_loop(op, lo, hi)
+            return
+        if op.kind.data == "parallel":
+            body = Block(arg_types=[INDEX])
+            self.add(scf.ParallelOp([self.index(lo)], [self.index(hi)], [self.const(1, INDEX)], Region(body)))
+            with self.nested(body) as inner:
+                self.values[op.iv] = self.add(arith.IndexCastOp(body.args[0], i64))
+                self.scoped(list(op.body.block.ops))
+                inner.close(scf.ReduceOp())
+            return
+        body = Block(arg_types=[i64])
+        self.add(scf.ForOp(lo, hi, self.const(1, i64), [], body))
+        with self.nested(body) as inner:
+            self.values[op.iv] = body.args[0]
+            self.scoped(list(op.body.block.ops))
+            inner.close(scf.YieldOp())
+
+    def scoped(self, ops: list[Operation]) -> None:
+        """A loop body: in an ``alloca_scope`` when it allocates scratch (freed every iteration)."""
+        if not any(isinstance(o, s.AllocOp) for o in ops):
+            self.convert(ops)
+            return
+        body = Block()
+        self.add(memref.AllocaScopeOp(result_types=[[]], regions=[Region(body)]))
+        with self.nested(body) as inner:
+            self.convert(ops)
+            inner.close(memref.AllocaScopeReturnOp(operands=[[]]))
+
+    def lane_loop(self, op: s.ForOp, lo: SSAValue, hi: SSAValue) -> None:
+        """map-cpu's reduction: LANES lanes per accumulator (lane 0 starts from it, the others
+        from 0 for a sum), iterations ``base + l`` in steps of LANES, then the tail; the lanes
+        combined pairwise (``l += l + width`` for width 8, 4, 2, 1)."""
+        accs = s.scalar_accums(op)
+        lanes: dict[SSAValue, SSAValue] = {}
+        for a in accs:
+            b = s.buf_type(a.buf)
+            et = storage_type(self.dtype(b.dtype), False)
+            ln = self.add(memref.AllocaOp.get(et, shape=[LANES]))
+            lanes[a.buf] = ln
+            acc = self.add(memref.LoadOp.get(self.bufs[a.buf], []))
+            zero = self.const(0, et)
+            for lane in range(LANES):
+                init = zero if a.kind.data == "sum" and lane else acc
+                self.add(memref.StoreOp.get(init, ln, [self.const(lane, INDEX)]))
+        n = self.add(arith.MaxSIOp(self.add(arith.SubiOp(hi, lo)), self.const(0, i64)))
+        width = self.const(LANES, i64)
+        main_end = self.add(arith.AddiOp(lo, self.add(arith.MuliOp(self.add(arith.DivSIOp(n, width)), width))))
+
+        def body(base: SSAValue, count: SSAValue) -> None:
+            inner_blk = Block(arg_types=[INDEX])
+            self.add(scf.ForOp(self.const(0, INDEX), count, self.const(1, INDEX), [], inner_blk))
+            with self.nested(inner_blk) as inner:
+                lane = inner_blk.args[0]
+                self.values[op.iv] = self.add(arith.AddiOp(base, self.add(arith.IndexCastOp(lane, i64))))
+                saved = dict(self.lanes)
+                self.lanes.update({b: (ln, [lane]) for b, ln in lanes.items()})
+                self.scoped(list(op.body.block.ops))
+                self.lanes = saved
+                inner.close(scf.YieldOp())
+
+        main = Block(arg_types=[i64])
+        self.add(scf.ForOp(lo, main_end, width, [], main))
+        with self.nested(main) as inner:
+            body(main.args[0], self.const(LANES, INDEX))
+            inner.close(scf.YieldOp())
+        body(main_end, self.index(self.add(arith.SubiOp(hi, main_end))))
+        for a in accs:
+            ln = lanes[a.buf]
+            d = self.dtype(s.buf_type(a.buf).dtype)
+            w = LANES // 2
+            while w >= 1:
+                for lane in range(w):
+                    i0, i1_ = self.const(lane, INDEX), self.const(lane + w, INDEX)
+                    x = self.add(memref.LoadOp.get(ln, [i0]))
+                    y = self.add(memref.LoadOp.get(ln, [i1_]))
+                    self.add(memref.StoreOp.get(self.combine(a.kind.data, x, y, d), ln, [i0]))
+                w //= 2
+            self.add(memref.StoreOp.get(self.add(memref.LoadOp.get(ln, [self.const(0, INDEX)])), self.bufs[a.buf], []))
+
+    # ------------------------------------------------------------------ segments, matmul
+    def segments(self, op: s.SegmentsOp) -> None:
+        """A stable counting sort of ``idx`` (values in [0, rows)) into ``order``; afterwards
+        ``seg[v]`` is where segment ``v + 1`` starts (see :meth:`segment_start`)."""
+        idx, seg, order = self.bufs[op.idx], self.bufs[op.seg], self.bufs[op.order]
+        rows = self.values[op.rows]
+        words = self.add(memref.DimOp(seg, self.const(0, INDEX)))
+        n = self.add(memref.DimOp(idx, self.const(0, INDEX)))
+        zero, one = self.const(0, i64), self.const(1, i64)
+        self.nest_loops([words], lambda iv: self.add(memref.StoreOp.get(zero, seg, iv)))
+
+        def count(iv: list[SSAValue]) -> None:
+            at = self.index(self.add(arith.AddiOp(self.add(memref.LoadOp.get(idx, iv)), one)))
+            self.add(memref.StoreOp.get(self.add(arith.AddiOp(self.add(memref.LoadOp.get(seg, [at])), one)), seg, [at]))
+
+        self.nest_loops([n], count)
+
+        def prefix(iv: list[SSAValue]) -> None:
+            nxt = self.add(arith.AddiOp(iv[0], self.const(1, INDEX)))
+            here, there = self.add(memref.LoadOp.get(seg, iv)), self.add(memref.LoadOp.get(seg, [nxt]))
+            total = self.add(arith.AddiOp(there, here))
+            self.add(memref.StoreOp.get(total, seg, [nxt]))
+
+        self.nest_loops([self.index(rows)], prefix)
+
+        def scatter(iv: list[SSAValue]) -> None:
+            at = self.index(self.add(memref.LoadOp.get(idx, iv)))
+            pos = self.add(memref.LoadOp.get(seg, [at]))
+            self.add(memref.StoreOp.get(self.add(arith.IndexCastOp(iv[0], i64)), order, [self.index(pos)]))
+            self.add(memref.StoreOp.get(self.add(arith.AddiOp(pos, one)), seg, [at]))
+
+        self.nest_loops([n], scatter)
+
+    def segment_start(self, op: s.SegmentStartOp) -> SSAValue:
+        v = self.values[op.v]
+        zero = self.const(0, i64)
+        first = self.add(arith.CmpiOp(v, zero, "eq"))
+        prev = self.add(arith.MaxSIOp(self.add(arith.SubiOp(v, self.const(1, i64))), zero))
+        at = self.add(memref.LoadOp.get(self.bufs[op.seg], [self.index(prev)]))
+        return self.add(arith.SelectOp(first, zero, at))
+
+    def matmul(self, op: s.BufferMatmulOp) -> None:
+        """``C (= | +=) op(A) @ op(B)``, every element in the fixed order of ``sched.matmul``:
+        blocks of GEMM_KC k terms, each summed by fused multiply-adds from 0, added in order."""
+        ta, tb = (t.data for t in op.trans.data)
+        acc_flag = bool(op.accumulate.data)
+        m, n, kk = (self.values[v] for v in (op.m, op.n, op.k))
+        cd = self.dtype(s.buf_type(op.c).dtype)
+        ct = scalar_type(cd)
+        zero64, one64 = self.const(0, i64), self.const(1, i64)
+        kc = self.const(GEMM_KC, i64)
+        outer = self.block
+
+        def loop(lo: SSAValue, hi: SSAValue, step: SSAValue, inits: list[SSAValue]) -> tuple[Block, scf.ForOp]:
+            blk = Block(arg_types=[i64, *(v.type for v in inits)])
+            f = scf.ForOp(lo, hi, step, inits, blk)
+            self.add(f)
+            self.block = blk
+            return blk, f
+
+        bi, _ = loop(zero64, m, one64, [])
+        bj, _ = loop(zero64, n, one64, [])
+        i, j = bi.args[0], bj.args[0]
+        start = self.load_at(op.c, [i, j]) if acc_flag else self.const(0, ct)
+        bk, fk = loop(zero64, kk, kc, [start])
+        k0, cur = bk.args
+        end = self.add(arith.MinSIOp(self.add(arith.AddiOp(k0, kc)), kk))
+        bq, fq = loop(k0, end, one64, [self.const(0, ct)])
+        q, t = bq.args
+        a = self.load_at(op.a, [q, i] if ta else [i, q])
+        b = self.load_at(op.b, [j, q] if tb else [q, j])
+        if cd.compute.is_float:
+            prod = self.add(math.FmaOp(self.cast(a, self.dtype(s.buf_type(op.a).dtype), cd),
+                                       self.cast(b, self.dtype(s.buf_type(op.b).dtype), cd), t))
+        else:
+            prod = self.add(arith.AddiOp(t, self.add(arith.MuliOp(a, b))))
+        self.add(scf.YieldOp(prod))
+        self.block = bk
+        blocksum = fq.results[0]
+        if acc_flag:
+            new = self.add(arith.AddfOp(cur, blocksum) if cd.compute.is_float else arith.AddiOp(cur, blocksum))
+        else:
+            first = self.add(arith.CmpiOp(k0, zero64, "eq"))
+            added = self.add(arith.AddfOp(cur, blocksum) if cd.compute.is_float else arith.AddiOp(cur, blocksum))
+            new = self.add(arith.SelectOp(first, blocksum, added))
+        self.add(scf.YieldOp(new))
+        self.block = bj
+        ix = [self.add(arith.IndexCastOp(v, INDEX)) for v in (i, j)]
+        self.add(memref.StoreOp.get(self.to_storage(fk.results[0], cd.name, s.buf_type(op.c)), self.bufs[op.c], ix))
+        self.add(scf.YieldOp())
+        self.block = bi
+        self.add(scf.YieldOp())
+        self.block = outer
+
+    def load_at(self, buf: SSAValue, idx: list[SSAValue]) -> SSAValue:
+        """``load`` at i64 MLIR values (not kernel values)."""
+        ref = self.bufs[buf]
+        raw = self.add(memref.LoadOp.get(ref, [self.add(arith.IndexCastOp(v, INDEX)) for v in idx]))
+        d = self.dtype(s.buf_type(buf).dtype)
+        if d in (dtypes.F16, dtypes.BF16) and raw.type != Float32Type():
+            return self.add(arith.ExtFOp(raw, Float32Type()))
+        return raw
+
+    # ------------------------------------------------------------------ scalars
+    def scalar(self, op: Operation) -> SSAValue:
+        rt = self.dtype(ir.tensor_type(op.results[0]).dtype)
+        t = scalar_type(rt)
+        if isinstance(op, ir.ConstantOp):
+            return self.const(op.number, t)
+        if isinstance(op, s.LoadOp):
+            return self.load(op.buf, list(op.idx))
+        if isinstance(op, s.LoadBitOp):
+            return self.load_bit(op)
+        if isinstance(op, s.FlagsPerElemOp):
+            return self.const(8 if self.dtype(s.buf_type(op.buf).dtype) == dtypes.U8 else 1, i64)
+        if isinstance(op, s.SegmentStartOp):
+            return self.segment_start(op)
+        if isinstance(op, s.SegWordsOp):  # this target's segment table: rows + 1 words
+            return self.sat_add(self.values[op.rows], self.const(1, i64))
+        args = [self.values[v] for v in op.operands]
+        if isinstance(op, ir.CastOp):
+            return self.cast(args[0], self.dtype(ir.tensor_type(op.x).dtype), rt)
+        if isinstance(op, ir.CmpOp):
+            return self.compare(op.predicate.data, args[0], args[1], self.dtype(ir.tensor_type(op.lhs).dtype))
+        if isinstance(op, ir.SelectOp):
+            return self.add(arith.SelectOp(*args))
+        if isinstance(op, ir.CeilDivOp):  # a / k + (a % k != 0): no overflow near INT64_MAX
+            q = self.add(arith.DivSIOp(*args))
+            r = self.add(arith.RemSIOp(*args))
+            return self.add(arith.AddiOp(q, self.add(arith.ExtUIOp(self.add(arith.CmpiOp(
+                r, self.const(0, i64), "ne")), i64))))
+        if isinstance(op, ir.SizeAddOp):
+            return self.sat_add(*args)
+        if isinstance(op, ir.SizeSubOp):
+            a, b = args
+            return self.add(arith.SelectOp(self.add(arith.CmpiOp(a, b, "sgt")), self.add(arith.SubiOp(a, b)),
+                                           self.const(0, i64)))
+        if isinstance(op, ir.SizeMulOp):
+            a, b = args
+            big = self.const(2**63 - 1, i64)
+            safe_b = self.add(arith.MaxSIOp(b, self.const(1, i64)))
+            over = self.add(arith.AndIOp(self.add(arith.CmpiOp(b, self.const(0, i64), "ne")),
+                                         self.add(arith.CmpiOp(a, self.add(arith.DivSIOp(big, safe_b)), "sgt"))))
+            return self.add(arith.SelectOp(over, big, self.add(arith.MuliOp(a, b))))
+        if isinstance(op, ir.SizeDivOp):  # by a positive constant
+            return self.add(arith.DivSIOp(*args))
+        return self.math(op, args, rt, t)
+
+    def sat_add(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        big = self.const(2**63 - 1, i64)
+        over = self.add(arith.CmpiOp(a, self.add(arith.SubiOp(big, b)), "sgt"))
+        return self.add(arith.SelectOp(over, big, self.add(arith.AddiOp(a, b))))
+
+    def load_bit(self, op: s.LoadBitOp) -> SSAValue:
+        """Flag ``i`` of a mask: a bool element, or bit ``i & 7`` of byte ``i >> 3``."""
+        if self.dtype(s.buf_type(op.buf).dtype) == dtypes.BOOL:
+            return self.load(op.buf, [op.i])
+        i = self.values[op.i]
+        byte_at = self.index(self.add(arith.ShRSIOp(i, self.const(3, i64))))
+        byte = self.add(arith.ExtUIOp(self.add(memref.LoadOp.get(self.bufs[op.buf], [byte_at])), i64))
+        bit = self.add(arith.AndIOp(self.add(arith.ShRUIOp(byte, self.add(arith.AndIOp(i, self.const(7, i64))))),
+                                    self.const(1, i64)))
+        return self.add(arith.TruncIOp(bit, i1))
+
+    def compare(self, pred: str, a: SSAValue, b: SSAValue, d: DType) -> SSAValue:
+        c = d.compute
+        if c.is_float:  # C's comparisons: all false on NaN but !=
+            return self.add(arith.CmpfOp(a, b, {"eq": "oeq", "ne": "une", "lt": "olt", "le": "ole", "gt": "ogt",
+                                                "ge": "oge"}[pred]))
+        if pred in ("eq", "ne"):
+            return self.add(arith.CmpiOp(a, b, pred))
+        return self.add(arith.CmpiOp(a, b, ("s" if c.kind == "int" else "u") + pred))
+
+    def cast(self, x: SSAValue, src: DType, dst: DType) -> SSAValue:
+        """``opgen.cast`` as the C library's (``c_cast``): saturating-to-sentinel float -> int,
+        ``!= 0`` to bool, C's conversions otherwise."""
+        a, b = src.compute, dst.compute
+        if a == b:
+            return x
+        tb = scalar_type(b)
+        if b.is_bool:
+            if a.is_float:
+                return self.add(arith.CmpfOp(x, self.const(0.0, x.type), "une"))
+            return self.add(arith.CmpiOp(x, self.const(0, x.type), "ne"))
+        if a.is_float and b.is_float:
+            return self.add(arith.ExtFOp(x, tb) if b.bits > a.bits else arith.TruncFOp(x, tb))
+        if a.is_float:  # OPGEN_F2I: NaN and out-of-range values give the sentinel
+            lo, hi = b.int_range
+            f64 = Float64Type()
+            xd = self.add(arith.ExtFOp(x, f64)) if a != dtypes.F64 else x
+            ok = self.add(arith.AndIOp(self.add(arith.CmpfOp(xd, self.const(float(lo) - 1.0, f64), "ogt")),
+                                       self.add(arith.CmpfOp(xd, self.const(float(hi) + 1.0, f64), "olt"))))
+            safe = self.add(arith.SelectOp(ok, x, self.const(0.0, x.type)))
+            conv = self.add(arith.FPToUIOp(safe, tb) if b.kind == "uint" else arith.FPToSIOp(safe, tb))
+            return self.add(arith.SelectOp(ok, conv, self.const(hi if b.kind == "uint" else lo, tb)))
+        if b.is_float:
+            return self.add(arith.SIToFPOp(x, tb) if a.kind == "int" else arith.UIToFPOp(x, tb))
+        wa, wb = (1 if a.is_bool else a.bits), b.bits
+        if wb > wa:
+            return self.add(arith.ExtSIOp(x, tb) if a.kind == "int" else arith.ExtUIOp(x, tb))
+        return self.add(arith.TruncIOp(x, tb)) if wb < wa else x
+
+    UNARY: ClassVar[dict[type, type]] = {ir.ExpOp: math.ExpOp, ir.LogOp: math.LogOp, ir.SqrtOp: math.SqrtOp,
+                                         ir.TanhOp: math.TanhOp, ir.ErfOp: math.ErfOp}
+
+    def math(self, op: Operation, args: list[SSAValue], rt: DType, t: Attribute) -> SSAValue:
+        c = rt.compute
+        if type(op) in self.UNARY:
+            return self.add(self.UNARY[type(op)](args[0]))
+        if isinstance(op, ir.RsqrtOp):  # 1 / sqrt(x), as the C library (not an approximation)
+            return self.add(arith.DivfOp(self.const(1.0, t), self.add(math.SqrtOp(args[0]))))
+        if isinstance(op, ir.RecipOp):
+            return self.add(arith.DivfOp(self.const(1.0, t), args[0]))
+        if isinstance(op, ir.SigmoidOp):
+            one = self.const(1.0, t)
+            e = self.add(math.ExpOp(self.add(arith.NegfOp(args[0]))))
+            return self.add(arith.DivfOp(one, self.add(arith.AddfOp(one, e))))
+        if isinstance(op, ir.PowOp):
+            return self.add(math.PowFOp(*args))
+        if isinstance(op, ir.NegOp):
+            return self.add(arith.NegfOp(args[0]) if c.is_float else arith.SubiOp(self.const(0, t), args[0]))
+        if isinstance(op, ir.AbsOp):  # (x < 0 ? -x : x): -0.0 stays -0.0
+            x = args[0]
+            if c.kind == "uint":
+                return x
+            neg = self.add(arith.CmpfOp(x, self.const(0.0, t), "olt") if c.is_float
+                           else arith.CmpiOp(x, self.const(0, t), "slt"))
+            return self.add(arith.SelectOp(neg, self.scalar_neg(x, c), x))
+        if isinstance(op, ir.NotOp):
+            return self.add(arith.XOrIOp(args[0], self.const(1, i1)))
+        if isinstance(op, ir.MaxOp | ir.MinOp):
+            return self.pick("max" if isinstance(op, ir.MaxOp) else "min", args[0], args[1], rt)
+        if isinstance(op, ir.AndOp | ir.OrOp):
+            return self.add(arith.AndIOp(*args) if isinstance(op, ir.AndOp) else arith.OrIOp(*args))
+        if isinstance(op, ir.DivOp) and not c.is_float:
+            return self.int_div(args[0], args[1], c, t)
+        float_ops = {ir.AddOp: arith.AddfOp, ir.SubOp: arith.SubfOp, ir.MulOp: arith.MulfOp, ir.DivOp: arith.DivfOp}
+        int_ops = {ir.AddOp: arith.AddiOp, ir.SubOp: arith.SubiOp, ir.MulOp: arith.MuliOp}
+        table = float_ops if c.is_float else int_ops
+        if type(op) in table:
+            return self.add(table[type(op)](*args))
+        raise NotImplementedError(f"lower-to-std: no rule for {op.name}")
+
+    def scalar_neg(self, x: SSAValue, c: DType) -> SSAValue:
+        return self.add(arith.NegfOp(x) if c.is_float else arith.SubiOp(self.const(0, x.type), x))
+
+    def int_div(self, a: SSAValue, b: SSAValue, c: DType, t: Attribute) -> SSAValue:
+        """The C library's integer division: ``x / 0`` is 0, ``MIN / -1`` wraps (never a trap)."""
+        zero, one = self.const(0, t), self.const(1, t)
+        by_zero = self.add(arith.CmpiOp(b, zero, "eq"))
+        if c.kind == "uint" or c.is_bool:
+            q = self.add(arith.DivUIOp(a, self.add(arith.SelectOp(by_zero, one, b))))
+            return self.add(arith.SelectOp(by_zero, zero, q))
+        by_m1 = self.add(arith.CmpiOp(b, self.const(-1, t), "eq"))
+        safe = self.add(arith.SelectOp(self.add(arith.OrIOp(by_zero, by_m1)), one, b))
+        q = self.add(arith.DivSIOp(a, safe))
+        q = self.add(arith.SelectOp(by_m1, self.add(arith.SubiOp(zero, a)), q))
+        return self.add(arith.SelectOp(by_zero, zero, q))
+
+
+class _Nested:
+    """``with builder.nested(block) as inner:`` builds into ``block``, then returns to where it
+    was; ``inner.close(term)`` ends the block with its terminator."""
+
+    def __init__(self, k: _Kernel, block: Block):
+        self.k, self.block = k, block
+
+    def __enter__(self) -> _Nested:
+        self.saved = self.k.block
+        self.k.block = self.block
+        return self
+
+    def close(self, term: Operation) -> None:
+        self.k.block.add_op(term)
+
+    def __exit__(self, *exc: object) -> None:
+        self.k.block = self.saved
+
+
+def _ancestors(op: Operation, stop: Operation) -> list[Operation]:
+    """``op`` and every op containing it, up to (not including) ``stop``."""
+    out: list[Operation] = []
+    cur: Operation | None = op
+    while cur is not None and cur is not stop:
+        out.append(cur)
+        cur = cur.parent_op()
+    return out
+
+

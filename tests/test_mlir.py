@@ -1,0 +1,281 @@
+"""Upstream MLIR as a second, independent implementation of the CPU loop level.
+
+Every op's ``mlir`` pipeline output (func/scf/memref/arith/math, opgen/lower/to_std.py) is parsed
+and verified by MLIR's own Python bindings, run through upstream passes (canonicalize, lowering to
+the LLVM dialect), and executed by MLIR's ExecutionEngine. The differential tests compare those
+results with the C library on random inputs of awkward shapes (sizes 0 and 1, odd sizes, more k
+terms than one GEMM block, strided and batched tensors): **bitwise** where the function uses no
+transcendental ``math`` op (the C library computes exp/log/tanh/erf with its own polynomials),
+else within the C library's own tolerance against the oracle. Failed checks return the C ABI's
+status and write nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from opgen import mlir as om
+from opgen import registry, runtime
+from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, TensorSpec
+from opgen.lower.sched import GEMM_KC
+from tests import cpu_cases as cc
+from tests.ops_dirs import built_ops
+
+TRANSCENDENTAL = ("math.exp", "math.log", "math.tanh", "math.erf", "math.powf")
+
+_JITS: dict[tuple[str, int], om.Jit] = {}
+
+
+def jit(o: Any) -> om.Jit:
+    key = (o.name, id(o))
+    if key not in _JITS:
+        _JITS[key] = om.Jit(o)
+    return _JITS[key]
+
+
+def uses_transcendental(o: Any, fn: str) -> bool:
+    """Whether function ``fn`` of ``o``'s module calls a math function the C library computes
+    with its own polynomial (then the two agree to a few ulp, not bitwise)."""
+    text = om.module_text(o)
+    start = text.index(f"func.func @{fn}(")
+    end = text.find("func.func @", start + 1)
+    return any(t in text[start:end if end > 0 else None] for t in TRANSCENDENTAL)
+
+
+def run_both(o: Any, args: dict[str, Any], lib: Any = None) -> None:
+    """The op through the C library and through MLIR's JIT on copies of the same arguments;
+    every output compared (bitwise unless transcendental)."""
+    sig = o.signature
+    present = tuple(p.name for p in sig.optionals if args.get(p.name) is not None)
+    dtype_of: dict[str, str] = {}
+    for p in sig.params:
+        if isinstance(p.spec, TensorSpec) and isinstance(p.spec.dtype, DTypeVar) and args.get(p.name) is not None:
+            dtype_of[p.spec.dtype.name] = cc.name_of(np.asarray(args[p.name]))
+    j = jit(o)
+    fn = j.function(present, dtype_of)
+    c_args = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    m_args = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+    for p in sig.params:  # scalars the caller left to their defaults
+        if isinstance(p.spec, AttrSpec) and p.name not in m_args:
+            m_args[p.name] = p.spec.default
+    c_out = runtime.call(o.name, lib=lib, **c_args)
+    assert j.call(fn, **m_args) == 0
+    exact = not uses_transcendental(o, fn)
+    for name, ref in c_out.items():
+        got = m_args[name]
+        assert got.shape == ref.shape, name
+        if exact:
+            assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(ref).view(np.uint8)), \
+                f"{fn}: '{name}' differs from the C library's bits"
+        else:
+            cc.assert_c_close(got, ref, f"{fn}: '{name}'")
+
+
+# ----------------------------------------------------------------------------- every op parses
+
+
+def test_every_op_parses_verifies_lowers_and_compiles() -> None:
+    """The generated module of every op: upstream MLIR parses and verifies it, the lowering to
+    the LLVM dialect succeeds, the ExecutionEngine compiles it; one function per variant and
+    dtype binding of the C library."""
+    for name, o in registry.load_all().items():
+        text = om.module_text(o)
+        m = om.parse(text)
+        fns = [op for op in m.body.operations if op.operation.name == "func.func"]
+        n_inst = sum(1 for _ in om.module(o).body.block.ops)
+        assert len(fns) == n_inst >= 1, name
+        jit(o)
+
+
+def test_show_prints_what_upstream_parses() -> None:
+    r = subprocess.run([sys.executable, "-m", "opgen.cli", "show", "rms_norm_backward", "--target", "mlir", "--ir"],
+                       capture_output=True, text=True, check=True)
+    m = om.parse(r.stdout)
+    names = {op.attributes["sym_name"].value for op in m.body.operations}
+    assert names == {"rms_norm_backward_f16", "rms_norm_backward_f32", "rms_norm_backward_bf16"}
+
+
+# ----------------------------------------------------------------------------- seed ops vs the C library
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [(6, 40), (1, 1), (0, 7), (17, 1000), (2, 3, 33)])
+def test_rms_norm_backward(T: str, shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(sum(shape))
+    run_both(registry.get("rms_norm_backward"), cc.rms_args(rng, T, shape))
+
+
+def test_rms_norm_backward_strided_rows() -> None:
+    rng = np.random.default_rng(1)
+    a = cc.rms_args(rng, "f32", (9, 21))
+    a["x"] = cc.row_strided(a["x"])
+    a["grad_y"] = cc.reversed_rows(a["grad_y"])
+    run_both(registry.get("rms_norm_backward"), a)
+
+
+@pytest.mark.parametrize("T,IDX", [("f32", "i64"), ("bf16", "i32"), ("f16", "i64"), ("f32", "u8")])
+@pytest.mark.parametrize("lead,D,V,scale", [((3, 5), 9, 11, True), ((40,), 33, 7, False), ((0,), 4, 5, True),
+                                            ((1,), 1, 1, True)])
+def test_embedding_dense_backward(T: str, IDX: str, lead: tuple[int, ...], D: int, V: int, scale: bool) -> None:
+    rng = np.random.default_rng(D + V)
+    a = cc.edb_args(rng, T, IDX, lead=lead, D=D, V=V, padding_idx=min(3, V - 1), scale=scale)
+    run_both(registry.get("embedding_dense_backward"), a)
+
+
+@pytest.mark.parametrize("T,IT", [("f32", "i64"), ("bf16", "i32"), ("f16", "i64")])
+@pytest.mark.parametrize("table2", [True, False])
+def test_embedding_backward(T: str, IT: str, table2: bool) -> None:
+    rng = np.random.default_rng(7)
+    run_both(registry.get("embedding_backward"), cc.eb_args(rng, T, IT, table2=table2))
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("N,V", [(29, 9), (1, 1), (0, 3)])
+def test_embedding_bw(T: str, N: int, V: int) -> None:
+    rng = np.random.default_rng(N)
+    o = registry.get("embedding_bw")
+    W = T
+    run_both(o, cc.ebw_args(rng, "i32", W, T, N=N, V=V))
+
+
+@pytest.mark.parametrize("mode", ["softmax", "memory_saving"])
+@pytest.mark.parametrize("T,M", [("bf16", "u8"), ("f16", "bool")])
+@pytest.mark.parametrize("BT,H,V", [(70, 20, 300), (5, GEMM_KC + 3, 130), (1, 1, 128)])
+def test_fused_linear_cross_entropy_loss_grad(mode: str, T: str, M: str, BT: int, H: int, V: int) -> None:
+    """k runs past one GEMM block (V = 300 for input_grad, H = KC + 3 for the logits); V >= 128
+    as SPEC.md requires."""
+    rng = np.random.default_rng(BT + H)
+    a = cc.flce_args(rng, T, M, "i64", mode, BT=BT, H=H, V=V)
+    run_both(registry.get(cc.FLCE), a)
+
+
+@pytest.mark.parametrize("BT,H,V", [(33, 20, GEMM_KC + 44), (1, 3, 2)])
+def test_linear_cross_entropy_grad(BT: int, H: int, V: int) -> None:
+    rng = np.random.default_rng(BT)
+    a = cc.flce_args(rng, "f32", "bool", "i64", "memory_saving", BT=BT, H=H, V=V, mask_p=0.3)
+    no_target = a.pop("target_mask")[:BT]
+    a["no_target"] = no_target
+    a["target"] = a.pop("masked_target")
+    run_both(registry.get("linear_cross_entropy_grad"), a)
+
+
+# ----------------------------------------------------------------------------- checks and statuses
+
+
+def _rms(T: str = "f32") -> tuple[om.Jit, str, dict[str, Any]]:
+    o = registry.get("rms_norm_backward")
+    j = jit(o)
+    return j, j.function((), {"T": T}), cc.rms_args(np.random.default_rng(0), T, (4, 8))
+
+
+def test_shape_mismatch_is_status_shape_and_writes_nothing() -> None:
+    j, fn, a = _rms()
+    a["w"] = a["w"][:7].copy()
+    before = cc.snapshot(a)
+    assert j.call(fn, **a) == cc.CODE["shape"]
+    assert cc.snapshot(a) == before
+
+
+def test_index_out_of_range_is_status_index_and_writes_nothing() -> None:
+    o = registry.get("embedding_dense_backward")
+    a = cc.edb_args(np.random.default_rng(0), "f32", "i64", lead=(6,), V=5)
+    a["indices"][4] = 5
+    j = jit(o)
+    fn = j.function((), {"T": "f32"})
+    before = cc.snapshot(a)
+    assert j.call(fn, **a) == cc.CODE["index"]
+    assert cc.snapshot(a) == before
+    a["indices"][4] = -1
+    before = cc.snapshot(a)
+    assert j.call(fn, **a) == cc.CODE["index"]
+    assert cc.snapshot(a) == before
+
+
+def test_flce_needs_128_rows_status_param() -> None:
+    a = cc.flce_args(np.random.default_rng(0), "bf16", "u8", "i64", "softmax", BT=4, H=8, V=100)
+    j = jit(registry.get(cc.FLCE))
+    fn = j.function(("softmax",), {"T": "bf16", "M": "u8", "TI": "i64"})
+    before = cc.snapshot(a)
+    assert j.call(fn, label_smoothing=0.0, **a) == cc.CODE["param"]
+    assert cc.snapshot(a) == before
+
+
+def test_size_parameter_must_match_its_dim() -> None:
+    o = registry.get("embedding_dense_backward")
+    a = cc.edb_args(np.random.default_rng(0), "f32", "i64", lead=(6,), V=5)
+    j = jit(o)
+    fn = j.function((), {"T": "f32"})
+    a["num_weights"] = 4
+    before = cc.snapshot(a)
+    assert j.call(fn, **a) == cc.CODE["shape"]
+    assert cc.snapshot(a) == before
+
+
+# ----------------------------------------------------------------------------- DSL-only ops
+
+
+def _dsl_sources() -> dict[str, str]:
+    from tests.test_ascendc import NEW_OPS
+    from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST
+    from tests.test_shapes_dsl import ROPE
+
+    return {"newops.py": NEW_OPS, "gelu.py": GELU, "gelu_tanh.py": GELU_TANH, "linear.py": LINEAR,
+            "ln_cast.py": LN_CAST, "rope.py": ROPE}
+
+
+@pytest.fixture(scope="module")
+def dsl_ops(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with built_ops(tmp_path_factory.mktemp("mlirops"), "opgen_test_mlirops", _dsl_sources()) as b:
+        yield b
+
+
+def random_args(o: Any, sizes: dict[str, int], dtype_of: dict[str, str], rng: np.random.Generator,
+                batch: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Random inputs for a DSL op (``batch``: how a batch dim spreads over leading axes)."""
+    out: dict[str, Any] = {}
+    for p in o.signature.params:
+        spec = p.spec
+        if not isinstance(spec, TensorSpec):
+            continue
+        shape: list[int] = []
+        for d in spec.shape:
+            if isinstance(d, Batch):
+                shape += list(batch) if batch else [sizes[d.name]]
+            else:
+                shape.append(d if isinstance(d, int) else sizes[d.name])
+        T = dtype_of[spec.dtype.name] if isinstance(spec.dtype, DTypeVar) else spec.dtype.name
+        out[p.name] = cc.filled(tuple(shape), T) if p.is_output else cc.floats(rng, tuple(shape), T)
+    return out
+
+
+DSL_CASES = [
+    ("softmax_backward", {"N": 37, "D": 129}, ("f32", "bf16", "f16")),
+    ("layer_norm_backward", {"N": 17, "D": 100}, ("f32", "bf16")),
+    ("ln_cast_backward", {"N": 9, "D": 65}, ("f32", "bf16")),
+    ("silu_backward", {"N": 5, "D": 77}, ("f32", "bf16")),
+    ("gelu_backward", {"N": 7, "D": 50}, ("f32", "bf16")),
+    ("gelu_tanh_backward", {"N": 7, "D": 50}, ("f32", "bf16")),
+    ("rope_backward", {"N": 6, "H": 3, "D": 10}, ("f32", "bf16")),
+    ("rope_backward", {"N": 2, "H": 1, "D": 7}, ("f32",)),
+    ("linear_relu", {"N": 19, "K": GEMM_KC + 30, "M": 45}, ("f32",)),
+    ("linear_relu", {"N": 1, "K": 1, "M": 1}, ("f32",)),
+]
+
+
+@pytest.mark.parametrize("name,sizes,Ts", DSL_CASES, ids=lambda x: x if isinstance(x, str) else "")
+def test_dsl_op(dsl_ops: Any, name: str, sizes: dict[str, int], Ts: tuple[str, ...]) -> None:
+    o = dsl_ops["ops"][name]
+    for T, batch in itertools.product(Ts, (None, (1, sizes.get("N", 1)))):
+        rng = np.random.default_rng(len(name))
+        run_both(o, random_args(o, sizes, {"T": T}, rng, batch), lib=dsl_ops["lib"])
+
+
+def test_dsl_ops_parse_and_lower(dsl_ops: Any) -> None:
+    for o in dsl_ops["ops"].values():
+        om.lower(om.parse(om.module_text(o)))
