@@ -41,10 +41,12 @@ def generate_cpu(o: OpDef) -> dict[str, str]:
 
 def generate_mlir(o: OpDef) -> dict[str, str]:
     """``mlir/<op>.mlir``: the CPU loops in upstream MLIR's dialects, one ``func.func`` per variant
-    x dtype binding (opgen/lower/to_std.py; what ``opgen show OP --target mlir`` prints)."""
+    x dtype binding (opgen/lower/to_std.py; ``opgen show OP --target mlir``), and
+    ``mlir/<op>.linalg.mlir``: the L0 IR as linalg/tensor (opgen/lower/to_linalg.py; ``--target
+    linalg``)."""
     from opgen import mlir
 
-    return {f"mlir/{o.name}.mlir": mlir.module_text(o)}
+    return {f"mlir/{o.name}.mlir": mlir.module_text(o), f"mlir/{o.name}.linalg.mlir": mlir.module_text(o, "linalg")}
 
 
 def generate_cuda(o: OpDef) -> dict[str, str]:
@@ -223,8 +225,9 @@ def generate_all(verbose: bool = True, failures: list[Failure] | None = None,
     asc_ops = [o for o in cpu_ops if "ascendc" not in failed.get(o.name, set())]
     for o in ops.values():  # a CPU failure drops the op everywhere: remove what it did produce
         if o not in cpu_ops:
-            for p in [f"ir/{o.name}.mlir", f"mlir/{o.name}.mlir", f"cpu/{o.name}.c", f"cuda/{o.name}.cu",
-                      f"ascendc/{o.name}_tiling.h", f"ascendc/{o.name}_kernel.cpp", f"ascendc/{o.name}_host.cpp"]:
+            for p in [f"ir/{o.name}.mlir", f"mlir/{o.name}.mlir", f"mlir/{o.name}.linalg.mlir", f"cpu/{o.name}.c",
+                      f"cuda/{o.name}.cu", f"ascendc/{o.name}_tiling.h", f"ascendc/{o.name}_kernel.cpp",
+                      f"ascendc/{o.name}_host.cpp"]:
                 files.pop(p, None)
     if not only:
         files.update(generate_common(cpu_ops, cuda_ops, asc_ops))

@@ -13,9 +13,11 @@ from xdsl.context import Context
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.dialects.func import Func
+from xdsl.dialects.linalg import Linalg
 from xdsl.dialects.math import Math
 from xdsl.dialects.memref import MemRef
 from xdsl.dialects.scf import Scf
+from xdsl.dialects.tensor import Tensor as TensorDialect
 from xdsl.passes import ModulePass
 from xdsl.transforms.canonicalize import CanonicalizePass
 from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
@@ -29,6 +31,7 @@ from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
 from opgen.lower.sched import Sched
+from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
 from opgen.lower.to_std import LowerToStd
 from opgen.tile.boundary import ConvertAtBoundaryTiles
@@ -71,6 +74,9 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # MLIR's Python bindings parse (generated/mlir/; opgen/mlir.py runs it).
     "mlir": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
              CanonicalizePass(), MapCpu(), LowerToStd(), CommonSubexpressionElimination()],
+    # Upstream MLIR at the tensor level: the L0 IR as linalg/tensor (value semantics), one function
+    # per dtype binding (opgen/lower/to_linalg.py); generated/mlir/<op>.linalg.mlir.
+    "linalg": [*L0, ConvertAtBoundary(), LowerToLinalg(), CommonSubexpressionElimination()],
     # Ascend C: the tile level (opgen/tile/): row tiles walked block-cyclically over the vector
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
@@ -106,7 +112,7 @@ def context() -> Context:
     ctx.load_dialect(Sched)
     ctx.load_dialect(Tile)
     ctx.load_dialect(Ttk)
-    for d in (Arith, Func, Math, MemRef, Scf):
+    for d in (Arith, Func, Linalg, Math, MemRef, Scf, TensorDialect):
         ctx.load_dialect(d)
     return ctx
 
