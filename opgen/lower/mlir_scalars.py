@@ -8,6 +8,7 @@ ops. :class:`Scalars` appends the ops it makes to ``block``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects import arith, math
@@ -59,6 +60,8 @@ class Scalars:
     def __init__(self, binding: dict[str, DType]):
         self.binding = binding
         self.block = Block()
+        #: the caller's dims (i64 values) by name
+        self.dims: dict[str, SSAValue] = {}
 
     def dtype(self, name: str) -> DType:
         return dtypes.BY_NAME[name] if name in dtypes.BY_NAME else self.binding[name]
@@ -78,6 +81,29 @@ class Scalars:
 
     def index(self, v: SSAValue) -> SSAValue:
         return self.add(arith.IndexCastOp(v, INDEX))
+
+    def agree(self, shaped: Sequence[tuple[SSAValue, Sequence[str]]], dim_op: type,
+              sizes: Sequence[tuple[SSAValue, str]]) -> SSAValue:
+        """Each caller dim from the first of the ``shaped`` values (memrefs or tensors, with their
+        spelled shapes; ``dim_op`` reads an extent) carrying it, or from a size parameter (an i64
+        value with its dim) when none does, into :attr:`dims`. Returns an i1 that is true when
+        every other extent agrees with them and with the literal dims, and no size is negative."""
+        ok = self.const(1, i1)
+        for v, shape in shaped:
+            for axis, d in enumerate(shape):
+                got = self.add(arith.IndexCastOp(self.add(dim_op(v, self.const(axis, INDEX))), i64))
+                if d.isidentifier() and d not in self.dims:
+                    self.dims[d] = got
+                    continue
+                want = self.dims[d] if d.isidentifier() else self.const(int(d), i64)
+                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(got, want, "eq"))))
+        for v, d in sizes:
+            ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.const(0, i64), "sge"))))
+            if d in self.dims:
+                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.dims[d], "eq"))))
+            else:
+                self.dims[d] = v
+        return ok
 
     def nested(self, block: Block) -> Nested:
         return Nested(self, block)

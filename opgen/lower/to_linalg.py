@@ -107,7 +107,6 @@ class _Export(Scalars):
         super().__init__(binding)
         self.f = f
         self.values: dict[SSAValue, SSAValue] = {}
-        self.dims: dict[str, SSAValue] = {}
         self.status: SSAValue | None = None
 
     # ------------------------------------------------------------------ types and sizes
@@ -220,7 +219,10 @@ class _Export(Scalars):
         for d, v in zip(extra, args[len(params):], strict=True):
             v.name_hint = f"dim_{d}"
             self.dims[d] = v
-        self.fail_unless(self.entry_checks(params, sizes, args), "shape")
+        given = list(zip(params, args, strict=False))
+        shaped = [(v, ir.tensor_type(a).shape) for (a, t, _), v in given if isinstance(t, TensorType)]
+        self.fail_unless(self.agree(shaped, tensor.DimOp, [(v, sizes[n]) for (_, _, n), v in given if n in sizes]),
+                         "shape")
         self.out_types = [self.ttype(ir.tensor_type(v), True) for v in ret.operands]
         body = [op for op in f.body.block.ops if not isinstance(op, ir.ReturnOp)]
 
@@ -305,29 +307,6 @@ class _Export(Scalars):
             return v
         return self.generic([v], [_identity(lt.rank)], lt, [PAR] * lt.rank,
                             lambda e: self.cast_storage(e[0], d, True), storage=True)
-
-    def entry_checks(self, params: list[tuple[SSAValue, Attribute, str]], sizes: dict[str, str],
-                     args: list[SSAValue]) -> SSAValue:
-        """Every dim from the first tensor carrying it; true when the others agree."""
-        ok = self.const(1, i1)
-        for (a, t, _), v in zip(params, args, strict=False):
-            if not isinstance(t, TensorType):
-                continue
-            for axis, d in enumerate(ir.tensor_type(a).shape):
-                got = self.add(arith.IndexCastOp(self.add(tensor.DimOp(v, self.const(axis, INDEX))), i64))
-                if d.isidentifier() and d not in self.dims:
-                    self.dims[d] = got
-                    continue
-                want = self.dims[d] if d.isidentifier() else self.const(int(d), i64)
-                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(got, want, "eq"))))
-        for (_, _, n), v in zip(params, args, strict=False):
-            if n in sizes:
-                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.const(0, i64), "sge"))))
-                if sizes[n] in self.dims:
-                    ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.dims[sizes[n]], "eq"))))
-                else:
-                    self.dims[sizes[n]] = v
-        return ok
 
     # ------------------------------------------------------------------ ops
     def convert(self, op: Operation) -> None:

@@ -94,7 +94,6 @@ class _Kernel(Scalars):
         self.values: dict[SSAValue, SSAValue] = {}
         self.bufs: dict[SSAValue, SSAValue] = {}
         self.lanes: dict[SSAValue, tuple[SSAValue, list[SSAValue]]] = {}
-        self.dims: dict[str, SSAValue] = {}
         self.status: SSAValue | None = None
         self.fallible = {op for r in k.walk() if isinstance(r, s.RequireOp) for op in _ancestors(r, k)}
 
@@ -132,7 +131,8 @@ class _Kernel(Scalars):
         status = self.add(memref.AllocaOp.get(i32, shape=[]))
         self.status = status
         self.add(memref.StoreOp.get(self.const(0, i32), status, []))
-        ok = self.entry_checks(params, sizes)
+        ok = self.agree([(self.bufs[a], a.type.shape) for a, _, _ in params if isinstance(a.type, s.BufType)],
+                        memref.DimOp, [(self.values[a], sizes[n]) for a, _, n in params if n in sizes])
         self.require(ok, "shape")
         with self.nested(self.guarded()) as guard:
             self.convert(list(k.body.block.ops))
@@ -148,32 +148,6 @@ class _Kernel(Scalars):
         if k.boundary_casts:
             fn.attributes[CONVERTED_ATTR] = k.boundary_casts
         return fn
-
-    def entry_checks(self, params: list[tuple[SSAValue, Attribute, str]], sizes: dict[str, str]) -> SSAValue:
-        """Every dim from the first memref carrying it; true when all memrefs (and size
-        parameters) agree with them and with their literal dims."""
-        ok = self.const(1, i1)
-        for a, _, _ in params:
-            t = a.type
-            if not isinstance(t, s.BufType):
-                continue
-            for axis, d in enumerate(t.shape):
-                got = self.add(arith.IndexCastOp(self.add(memref.DimOp(self.bufs[a], self.const(axis, INDEX))), i64))
-                if d.isidentifier() and d not in self.dims:
-                    self.dims[d] = got
-                    continue
-                want = self.dims[d] if d.isidentifier() else self.const(int(d), i64)
-                ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(got, want, "eq"))))
-        for a, _, n in params:
-            if n in sizes:
-                v = self.values[a]
-                nonneg = self.add(arith.CmpiOp(v, self.const(0, i64), "sge"))
-                ok = self.add(arith.AndIOp(ok, nonneg))
-                if sizes[n] in self.dims:
-                    ok = self.add(arith.AndIOp(ok, self.add(arith.CmpiOp(v, self.dims[sizes[n]], "eq"))))
-                else:
-                    self.dims[sizes[n]] = v
-        return ok
 
     # ------------------------------------------------------------------ checks
     def require(self, cond: SSAValue, status: str) -> None:
