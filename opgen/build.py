@@ -403,10 +403,10 @@ def main(check: bool = False, out: str | None = None, verbose: bool = True,
         while parent != out_dir and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
-    stamp_file.parent.mkdir(parents=True, exist_ok=True)
     if failures or only:  # the next full build tries again (or checks every target)
         stamp_file.unlink(missing_ok=True)
     else:
+        stamp_file.parent.mkdir(parents=True, exist_ok=True)
         stamp_file.write_text(json.dumps({
             "digest": digest, "out": str(out_dir),
             "files": {p: hashlib.sha256(t.encode()).hexdigest() for p, t in files.items()}}))

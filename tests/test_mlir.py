@@ -309,3 +309,25 @@ def test_dsl_ops_parse_and_lower(dsl_ops: Any) -> None:
     for o in dsl_ops["ops"].values():
         om.lower(om.parse(om.module_text(o)))
         om.lower(om.lower(om.parse(om.module_text(o, "linalg")), om.BUFFERIZE))
+
+
+def test_build_target_mlir_writes_only_its_folder(tmp_path: Any) -> None:
+    """``opgen build --target mlir`` writes OUT/mlir/ (both levels of every op), compiles nothing,
+    leaves other files alone; ``--check`` then finds it up to date; the texts are the ones
+    :func:`opgen.mlir.module_text` makes."""
+    out = tmp_path / "gen"
+    (out / "cpu").mkdir(parents=True)
+    (out / "cpu" / "keep.c").write_text("/* not the build's */\n")
+    cmd = [sys.executable, "-m", "opgen.cli", "build", "--target", "mlir", "--out", str(out), "-q"]
+    subprocess.run(cmd, check=True)
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    names = sorted(registry.load_all())
+    assert written == sorted(["cpu/keep.c", *(f"mlir/{n}.mlir" for n in names),
+                              *(f"mlir/{n}.linalg.mlir" for n in names)])
+    assert not (tmp_path / "gen.build").exists()
+    o = registry.get("rms_norm_backward")
+    assert (out / "mlir" / "rms_norm_backward.linalg.mlir").read_text() == om.module_text(o, "linalg")
+    assert subprocess.run([*cmd, "--check"]).returncode == 0
+    bad = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--target", "cuda"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
