@@ -227,6 +227,10 @@ class Jit:
                 return fn
         raise KeyError(f"{self.op.name}: no function for variant {want!r} and dtypes {dtype_of}")
 
+    def is_output(self, name: str) -> bool:
+        """Whether parameter ``name`` is one of the op's outputs."""
+        return any(p.name == name and p.is_output for p in self.op.signature.params)
+
     def dims_of(self, args: dict[str, Any]) -> dict[str, int]:
         """The dims the given arrays carry (a batch dim: the product of its axes), for the
         ``dim:<D>`` arguments a call leaves out."""
@@ -277,8 +281,10 @@ class Jit:
                     arr = arr.astype(dtypes.by_name(conv).np_dtype)
                 if arr.ndim > rank >= 1:
                     flat = arr.reshape(-1, *arr.shape[arr.ndim - rank + 1:])
-                    if not np.shares_memory(flat, arr):
-                        raise ValueError(f"{fn}: '{name}' cannot be flattened to rank {rank} without a copy")
+                    if self.is_output(key):
+                        if arr.size and not np.shares_memory(flat, arr):
+                            raise ValueError(f"{fn}: output '{key}' cannot be flattened to rank {rank} without a "
+                                             "copy")
                     arr = flat
                 if arr.dtype.itemsize == 2 and arr.dtype.kind not in "iu":
                     arr = arr.view(np.uint16)  # (bf16, f16: ctypes knows neither)

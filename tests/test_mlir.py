@@ -134,6 +134,17 @@ def test_rms_norm_backward_strided_rows(level: str) -> None:
     a = cc.rms_args(rng, "f32", (9, 21))
     a["x"] = cc.row_strided(a["x"])
     a["grad_y"] = cc.reversed_rows(a["grad_y"])
+    if level == "loops":  # (the tensor level takes dense outputs)
+        a["grad_x"] = cc.row_strided(a["grad_x"])
+    run_both(registry.get("rms_norm_backward"), a, level=level)
+
+
+def test_rms_norm_backward_permuted_batch_axes(level: str) -> None:
+    """(N1, N2, D) inputs whose batch axes are permuted: not one stride apart, so they are
+    flattened through a copy (inputs only)."""
+    rng = np.random.default_rng(2)
+    a = cc.rms_args(rng, "bf16", (4, 5, 33))
+    a["x"] = cc.permuted_leading(a["x"])
     run_both(registry.get("rms_norm_backward"), a, level=level)
 
 
@@ -240,6 +251,28 @@ def test_size_parameter_must_match_its_dim(level: str) -> None:
         expect_status(o, a, "shape", level)
 
 
+def test_build_target_mlir_writes_only_its_folder(tmp_path: Any) -> None:
+    """``opgen build --target mlir`` writes OUT/mlir/ (both levels of every op), compiles nothing,
+    leaves other files alone; ``--check`` then finds it up to date; the texts are the ones
+    :func:`opgen.mlir.module_text` makes."""
+    out = tmp_path / "gen"
+    (out / "cpu").mkdir(parents=True)
+    (out / "cpu" / "keep.c").write_text("/* not the build's */\n")
+    cmd = [sys.executable, "-m", "opgen.cli", "build", "--target", "mlir", "--out", str(out), "-q"]
+    subprocess.run(cmd, check=True)
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    names = sorted(registry.load_all())
+    assert written == sorted(["cpu/keep.c", *(f"mlir/{n}.mlir" for n in names),
+                              *(f"mlir/{n}.linalg.mlir" for n in names)])
+    assert not (tmp_path / "gen.build").exists()
+    o = registry.get("rms_norm_backward")
+    assert (out / "mlir" / "rms_norm_backward.linalg.mlir").read_text() == om.module_text(o, "linalg")
+    assert subprocess.run([*cmd, "--check"]).returncode == 0
+    bad = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--target", "cuda"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
 # ----------------------------------------------------------------------------- DSL-only ops
 
 
@@ -310,24 +343,3 @@ def test_dsl_ops_parse_and_lower(dsl_ops: Any) -> None:
         om.lower(om.parse(om.module_text(o)))
         om.lower(om.lower(om.parse(om.module_text(o, "linalg")), om.BUFFERIZE))
 
-
-def test_build_target_mlir_writes_only_its_folder(tmp_path: Any) -> None:
-    """``opgen build --target mlir`` writes OUT/mlir/ (both levels of every op), compiles nothing,
-    leaves other files alone; ``--check`` then finds it up to date; the texts are the ones
-    :func:`opgen.mlir.module_text` makes."""
-    out = tmp_path / "gen"
-    (out / "cpu").mkdir(parents=True)
-    (out / "cpu" / "keep.c").write_text("/* not the build's */\n")
-    cmd = [sys.executable, "-m", "opgen.cli", "build", "--target", "mlir", "--out", str(out), "-q"]
-    subprocess.run(cmd, check=True)
-    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    names = sorted(registry.load_all())
-    assert written == sorted(["cpu/keep.c", *(f"mlir/{n}.mlir" for n in names),
-                              *(f"mlir/{n}.linalg.mlir" for n in names)])
-    assert not (tmp_path / "gen.build").exists()
-    o = registry.get("rms_norm_backward")
-    assert (out / "mlir" / "rms_norm_backward.linalg.mlir").read_text() == om.module_text(o, "linalg")
-    assert subprocess.run([*cmd, "--check"]).returncode == 0
-    bad = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--target", "cuda"], capture_output=True,
-                         text=True)
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
