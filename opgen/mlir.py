@@ -32,7 +32,7 @@ from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import Batch
 from opgen.dsl.spec import TensorSpec as SigTensor
-from opgen.lower.to_std import CONVERTED_ATTR, DTYPES_ATTR, PARAMS_ATTR, VARIANT_ATTR
+from opgen.lower.to_std import CONVERTED_ATTR, DTYPES_ATTR, PARAMS_ATTR, RESULTS_ATTR, VARIANT_ATTR
 from opgen.passes import pipeline
 
 #: upstream passes from the generated module to the LLVM dialect (bf16 conversions expanded to
@@ -70,15 +70,6 @@ def signatures(m: ModuleOp) -> dict[str, list[str]]:
         if isinstance(f, func.FuncOp):
             out[f.sym_name.data] = [a.data for a in f.attributes[PARAMS_ATTR].data]  # type: ignore[attr-defined]
     return out
-
-
-def available() -> bool:
-    """MLIR's Python bindings can be imported (the ``opgen[mlir]`` extra)."""
-    try:
-        import mlir.ir  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _mlir() -> Any:
@@ -189,6 +180,8 @@ class Jit:
         xm = module(self.op, "mlir" if self.level == "loops" else "linalg")
         self.params = signatures(xm)
         fns = [f for f in xm.body.block.ops if isinstance(f, func.FuncOp)]
+        #: the generated functions (xDSL), by name
+        self.funcs = {f.sym_name.data: f for f in fns}
         #: per function: its variant, dtype binding and converted parameters
         self.variant = {f.sym_name.data: f.attributes[VARIANT_ATTR].data for f in fns}  # type: ignore[attr-defined]
         self.dtypes = {f.sym_name.data: {k: v.data for k, v in f.attributes[DTYPES_ATTR].data.items()}  # type: ignore[attr-defined]
@@ -204,7 +197,7 @@ class Jit:
             drivers = []
             for f in fns:
                 fn = f.sym_name.data
-                outs = [a.data for a in f.attributes["opgen.results"].data[1:]]  # type: ignore[attr-defined]
+                outs = [a.data for a in f.attributes[RESULTS_ATTR].data[1:]]  # type: ignore[attr-defined]
                 res = [str(t) for t in f.function_type.outputs.data]
                 drivers.append(driver(fn, [k[1] for k in self.kinds[fn]], res))
                 self.entry[fn] = f"drive_{fn}"

@@ -21,10 +21,9 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping
+from opgen.lower.cpu_map import LANES, cpu_mapping
 from opgen.lower.sched import CpuMapping
 
-LANES = 16
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
 SCALAR_FIELD = {"f32": "f", "i64": "i", "bool": "b"}
 

@@ -24,6 +24,9 @@ from opgen.lower import sched as s
 from opgen.lower.sched import CpuMapping, CpuMappingAttr
 
 MAPPING = "cpu_mapping"
+#: the fixed lanes of a ``lanes`` reduction (lane l takes iterations l, l + LANES, ...; combined
+#: pairwise 8-4-2-1): the C printer and lower-to-std print the same split
+LANES = 16
 
 
 def cpu_mapping(op: Operation) -> str | None:

@@ -23,15 +23,19 @@ from xdsl.dialects.builtin import (
     IntegerType,
     i1,
     i8,
+    i32,
     i64,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from opgen import dtypes
 from opgen.dtypes import DType
+from opgen.emit.render import STATUSES
 from opgen.ir import dialect as ir
 
 INDEX = IndexType()
+#: an abstract status (``param``, ``shape``, ``index``) -> the C ABI's code
+STATUS = {st["abstract"]: st["value"] for st in STATUSES if "abstract" in st}
 FLOAT_TYPES: dict[str, Attribute] = {"f16": Float16Type(), "bf16": BFloat16Type(), "f32": Float32Type(),
                                      "f64": Float64Type()}
 
@@ -104,6 +108,13 @@ class Scalars:
             else:
                 self.dims[d] = v
         return ok
+
+    def next_status(self, cur: SSAValue, ok: SSAValue, status: str) -> SSAValue:
+        """The i32 status after a check: ``status`` when ``ok`` is false and ``cur`` is 0 (no
+        earlier check failed), else ``cur``."""
+        first = self.add(arith.CmpiOp(cur, self.const(0, i32), "eq"))
+        fail = self.add(arith.AndIOp(first, self.add(arith.XOrIOp(ok, self.const(1, i1)))))
+        return self.add(arith.SelectOp(fail, self.const(STATUS[status], i32), cur))
 
     def nested(self, block: Block) -> Nested:
         return Nested(self, block)

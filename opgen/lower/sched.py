@@ -61,6 +61,7 @@ from opgen import dtypes
 from opgen.ir.dialect import (
     SIZE_OPS,
     CeilDivOp,
+    FuncOp,
     ReduceKind,
     ReduceKindAttr,
     Status,
@@ -285,9 +286,9 @@ class AllocOp(IRDLOperation):
                                   "buffer")
 
 
-def bindings(k: KernelOp) -> Iterator[dict[str, dtypes.DType]]:
-    """Every binding of the dtype variables a kernel is instantiated over (its compute types;
-    index and mask dtypes are converted at the boundary and are not among them)."""
+def bindings(k: KernelOp | FuncOp) -> Iterator[dict[str, dtypes.DType]]:
+    """Every binding of the dtype variables a kernel (or an ``opgen.func``) is instantiated over
+    (its compute types; index and mask dtypes converted at the boundary are not among them)."""
     dvars = k.dtype_var_map()
     for combo in itertools.product(*dvars.values()):
         yield dict(zip(dvars, combo, strict=True))

@@ -5,7 +5,7 @@ per dtype binding, ``<variant>_<dtype>...``, over ``func``, ``linalg``, ``tensor
 ``arith`` and ``math``:
 
 - parameters: every input tensor (and an output whose prior contents the op reads) as a ranked
-  tensor of its dtype with ``?`` for symbolic dims (``bool`` as ``i1``; a tensor the binder
+  tensor of its dtype with ``?`` for symbolic dims (``bool`` as ``i8``; a tensor the binder
   converts, as the loop level takes it); attributes and sizes by value; an ``i64`` per dim no
   parameter gives (``opgen.params`` names them, ``dim:<D>``);
 - results: the C ABI's status (``i32``), then the outputs the variant writes, in its return order.
@@ -26,7 +26,6 @@ summation order (``linalg``'s semantics); the loop level (opgen/lower/to_std.py)
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,12 +35,9 @@ from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     AffineMapAttr,
     ArrayAttr,
-    DictionaryAttr,
-    IntegerType,
     ModuleOp,
     StringAttr,
     TensorType,
-    UnitAttr,
     i1,
     i8,
     i32,
@@ -56,24 +52,11 @@ from xdsl.passes import ModulePass
 from opgen import dtypes
 from opgen.dtypes import DType
 from opgen.ir import dialect as ir
-from opgen.lower.mlir_scalars import FLOAT_TYPES, INDEX, Scalars, scalar_type
-from opgen.lower.to_std import CONVERTED_ATTR, DTYPES_ATTR, PARAMS_ATTR, STATUS, VARIANT_ATTR
+from opgen.lower.mlir_scalars import INDEX, Scalars, scalar_type, storage_type
+from opgen.lower.sched import bindings
+from opgen.lower.to_std import RESULTS_ATTR, instance
 
 PAR, RED = linalg_attrs.IteratorTypeAttr.parallel(), linalg_attrs.IteratorTypeAttr.reduction()
-
-
-def element_type(d: DType, storage: bool) -> Attribute:
-    """A tensor element: the dtype itself at the function's boundary (``storage``), its compute
-    type inside; bools are bytes (``i8``: upstream cannot store ``i1`` memrefs once bufferized)."""
-    if d.is_float:
-        return FLOAT_TYPES[d.name if storage else d.compute.name]
-    return i8 if d.is_bool else IntegerType(d.bits)
-
-
-def func_bindings(f: ir.FuncOp) -> list[dict[str, DType]]:
-    """Every binding of the dtype variables ``f`` is instantiated over."""
-    dvars = {k: [dtypes.by_name(x.data) for x in v.data] for k, v in f.dtype_vars.data.items()}  # type: ignore[attr-defined]
-    return [dict(zip(dvars, combo, strict=True)) for combo in itertools.product(*dvars.values())]
 
 
 @dataclass(frozen=True)
@@ -85,7 +68,7 @@ class LowerToLinalg(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                for b in func_bindings(f):
+                for b in bindings(f):
                     op.body.block.insert_op_before(_Export(f, b).build(), f)
                 op.body.block.erase_op(f)
 
@@ -112,7 +95,7 @@ class _Export(Scalars):
     # ------------------------------------------------------------------ types and sizes
     def ttype(self, t: ir.TensorType, storage: bool = False) -> TensorType:
         shape = [int(d) if d.isdigit() else DYNAMIC_INDEX for d in t.shape]
-        return TensorType(element_type(self.dtype(t.dtype), storage), shape)
+        return TensorType(storage_type(self.dtype(t.dtype), storage), shape)
 
     def dim_value(self, d: str) -> SSAValue:
         """The i64 size spelled ``d`` (a caller's dim, a literal, or a derived dim: the size ops'
@@ -165,9 +148,7 @@ class _Export(Scalars):
     def fail_unless(self, ok: SSAValue, status: str) -> None:
         """The status becomes ``status`` when ``ok`` is false and no earlier check failed."""
         assert self.status is not None
-        first = self.add(arith.CmpiOp(self.status, self.const(0, i32), "eq"))
-        bad = self.add(arith.AndIOp(first, self.add(arith.XOrIOp(ok, self.const(1, i1)))))
-        self.status = self.add(arith.SelectOp(bad, self.const(STATUS[status], i32), self.status))
+        self.status = self.next_status(self.status, ok, status)
 
     def all_of(self, x: SSAValue, xt: ir.TensorType, pred: Callable[[SSAValue], SSAValue]) -> SSAValue:
         """Whether ``pred`` holds for every element of tensor ``x`` (an i1 scalar)."""
@@ -235,15 +216,9 @@ class _Export(Scalars):
         results = self.guard(run)
         rtypes: list[Attribute] = [i32, *self.out_types]
         self.add(func.ReturnOp(*results))
-        fn = func.FuncOp(_name(f, self.binding), func.FunctionType.from_lists(types, rtypes), Region(self.block))
-        fn.attributes[PARAMS_ATTR] = ArrayAttr([StringAttr(n) for _, _, n in params] +
-                                               [StringAttr(f"dim:{d}") for d in extra])
-        fn.attributes["opgen.results"] = ArrayAttr([StringAttr("status"), *(StringAttr(n) for n in out_names)])
-        fn.attributes[VARIANT_ATTR] = StringAttr(f.sym_name.data)
-        fn.attributes[DTYPES_ATTR] = DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()})
-        if f.boundary_casts:
-            fn.attributes[CONVERTED_ATTR] = f.boundary_casts
-        fn.attributes["llvm.emit_c_interface"] = UnitAttr()
+        fn = instance(f.sym_name.data, self.binding, types, rtypes, self.block, [n for _, _, n in params], extra,
+                      f.boundary_casts)
+        fn.attributes[RESULTS_ATTR] = ArrayAttr([StringAttr("status"), *(StringAttr(n) for n in out_names)])
         return fn
 
     def emit(self, ops: list[Operation], ret: ir.ReturnOp) -> list[SSAValue]:
@@ -287,13 +262,13 @@ class _Export(Scalars):
         if lt.rank == 0:
             x = self.add(tensor.ExtractOp(v, [], t.element_type))
             return self.flag(self.cast_storage(x, d, to_storage=False), d)
-        if t.element_type == element_type(d, False):
+        if t.element_type == storage_type(d, False):
             return v
         return self.generic([v], [_identity(lt.rank)], lt, [PAR] * lt.rank,
                             lambda e: self.cast_storage(e[0], d, to_storage=False))
 
     def cast_storage(self, x: SSAValue, d: DType, to_storage: bool) -> SSAValue:
-        want = element_type(d, to_storage)
+        want = storage_type(d, to_storage)
         if x.type == want:
             return x
         return self.add(arith.TruncFOp(x, want) if to_storage else arith.ExtFOp(x, want))
@@ -330,7 +305,7 @@ class _Export(Scalars):
             return self.fill(rt, args[0])
         if isinstance(op, ir.IotaOp):
             ax = op.axis.data
-            et = element_type(self.dtype(rt.dtype), False)
+            et = storage_type(self.dtype(rt.dtype), False)
             return self.generic([], [], rt, [PAR] * r,
                                 lambda _: self.add(arith.IndexCastOp(self.add(linalg.IndexOp(ax)), et)))
         if isinstance(op, ir.BroadcastOp):
@@ -385,7 +360,7 @@ class _Export(Scalars):
         with two run-time sizes in one group by an assertion failure, so it is not used)."""
         src = [self.index(self.dim_value(d)) for d in xt.shape]
         dst = [self.index(self.dim_value(d)) for d in rt.shape]
-        et = element_type(self.dtype(rt.dtype), False)
+        et = storage_type(self.dtype(rt.dtype), False)
 
         def body(_: list[SSAValue]) -> SSAValue:
             pos = self.const(0, INDEX)
@@ -405,7 +380,7 @@ class _Export(Scalars):
         kind = op.kind.data
         d = self.dtype(xt.dtype)
         c = d.compute
-        et = element_type(d, False)
+        et = storage_type(d, False)
         if kind == "sum":
             start: float | int = 0
         elif c.is_float:
@@ -421,7 +396,7 @@ class _Export(Scalars):
 
     def matmul(self, rt: ir.TensorType, args: list[SSAValue]) -> SSAValue:
         d = self.dtype(rt.dtype)
-        zero = self.fill(rt, self.const(0, element_type(d, False)))
+        zero = self.fill(rt, self.const(0, storage_type(d, False)))
 
         def body(e: list[SSAValue]) -> SSAValue:
             if d.compute.is_float:
@@ -436,7 +411,7 @@ class _Export(Scalars):
         rows = self.add(arith.IndexCastOp(self.add(tensor.DimOp(table, self.const(0, INDEX))), i64))
         it = ir.tensor_type(op.idx)
         self.fail_unless(self.all_of(idx, it, lambda i: self.in_range(i, rows)), "index")
-        et = element_type(self.dtype(rt.dtype), False)
+        et = storage_type(self.dtype(rt.dtype), False)
 
         def body(e: list[SSAValue]) -> SSAValue:
             rest = [self.add(linalg.IndexOp(k)) for k in range(1, rt.rank)]
@@ -461,7 +436,7 @@ class _Export(Scalars):
         rows = self.dim_value(rt.shape[0])
         self.fail_unless(self.all_of(idx, it, lambda i: self.in_range(i, rows)), "index")
         d = self.dtype(rt.dtype)
-        et = element_type(d, False)
+        et = storage_type(d, False)
         acc0 = self.fill(rt, self.const(0, et))
         n = self.add(tensor.DimOp(idx, self.const(0, INDEX)))
         rest = [self.add(tensor.DimOp(acc0, self.const(k, INDEX))) for k in range(1, rt.rank)]
@@ -541,6 +516,3 @@ def _atoms(shape: Sequence[str]) -> list[str]:
         out += _atoms(args) if args else [head]
     return out
 
-
-def _name(f: ir.FuncOp, binding: dict[str, DType]) -> str:
-    return f.sym_name.data + "".join(f"_{d.name}" for d in binding.values())

@@ -49,24 +49,36 @@ from xdsl.passes import ModulePass
 
 from opgen import dtypes
 from opgen.dtypes import DType
-from opgen.emit.render import STATUSES
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping
+from opgen.lower.cpu_map import LANES, cpu_mapping
 from opgen.lower.mlir_scalars import INDEX, Scalars, scalar_type, storage_type
 from opgen.lower.sched import GEMM_KC, CpuMapping, bindings
 
-#: the lanes map-cpu's reductions are split into (as the C printer: opgen/emit/c_family.py)
-LANES = 16
 #: the function attribute naming its parameters in order (``dim:<D>`` for a trailing dim argument)
 PARAMS_ATTR = "opgen.params"
 #: the variant (the kernel's symbol), the dtype binding ``{var: dtype}``, and the parameters the
 #: C binder converts to another dtype first (``{name: dtype}``: this function takes them converted)
 VARIANT_ATTR, DTYPES_ATTR, CONVERTED_ATTR = "opgen.variant", "opgen.dtypes", "opgen.converted"
-STATUS = {st["abstract"]: st["value"] for st in STATUSES if "abstract" in st}
-def func_name(kernel: s.KernelOp, binding: dict[str, DType]) -> str:
-    """``<kernel>_<dtype>...``: one function per dtype binding (as the C library's instances)."""
-    return kernel.sym_name.data + "".join(f"_{d.name}" for d in binding.values())
+#: the tensor level's result names (``status``, then the outputs)
+RESULTS_ATTR = "opgen.results"
+
+
+def instance(variant: str, binding: dict[str, DType], types: Sequence[Attribute], results: Sequence[Attribute],
+             body: Block, params: Sequence[str], extra: Sequence[str], converted: DictionaryAttr | None) -> func.FuncOp:
+    """The ``func.func`` of one variant and dtype binding, ``<variant>_<dtype>...`` (as the C
+    library's instances), with the attributes callers read: parameter names (``dim:<D>`` for the
+    trailing dim arguments), variant, binding, converted parameters, the C interface."""
+    name = variant + "".join(f"_{d.name}" for d in binding.values())
+    fn = func.FuncOp(name, func.FunctionType.from_lists(list(types), list(results)), Region(body))
+    fn.attributes["llvm.emit_c_interface"] = UnitAttr()
+    fn.attributes[PARAMS_ATTR] = ArrayAttr([StringAttr(n) for n in params] + [StringAttr(f"dim:{d}") for d in extra])
+    fn.attributes[VARIANT_ATTR] = StringAttr(variant)
+    fn.attributes[DTYPES_ATTR] = DictionaryAttr({v: StringAttr(d.name) for v, d in binding.items()})
+    if converted:
+        fn.attributes[CONVERTED_ATTR] = converted
+    return fn
+
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,6 @@ class _Kernel(Scalars):
         self.status: SSAValue | None = None
         self.fallible = {op for r in k.walk() if isinstance(r, s.RequireOp) for op in _ancestors(r, k)}
 
-    # ------------------------------------------------------------------ helpers
     # ------------------------------------------------------------------ the function
     def build(self) -> func.FuncOp:
         k = self.k
@@ -139,25 +150,15 @@ class _Kernel(Scalars):
             guard.close(scf.YieldOp())
         self.block = entry
         self.add(func.ReturnOp(self.add(memref.LoadOp.get(status, []))))
-        fn = func.FuncOp(func_name(k, self.binding), func.FunctionType.from_lists(types, [i32]), Region(entry))
-        fn.attributes["llvm.emit_c_interface"] = UnitAttr()
-        fn.attributes[PARAMS_ATTR] = ArrayAttr([StringAttr(n) for _, _, n in params] +
-                                               [StringAttr(f"dim:{d}") for d in extra])
-        fn.attributes[VARIANT_ATTR] = StringAttr(k.sym_name.data)
-        fn.attributes[DTYPES_ATTR] = DictionaryAttr({v: StringAttr(d.name) for v, d in self.binding.items()})
-        if k.boundary_casts:
-            fn.attributes[CONVERTED_ATTR] = k.boundary_casts
-        return fn
+        return instance(k.sym_name.data, self.binding, types, [i32], entry, [n for _, _, n in params], extra,
+                        k.boundary_casts)
 
     # ------------------------------------------------------------------ checks
     def require(self, cond: SSAValue, status: str) -> None:
         """Record ``status`` unless ``cond`` holds or an earlier check failed."""
         assert self.status is not None
         cur = self.add(memref.LoadOp.get(self.status, []))
-        first = self.add(arith.CmpiOp(cur, self.const(0, i32), "eq"))
-        fail = self.add(arith.AndIOp(first, self.add(arith.XOrIOp(cond, self.const(1, i1)))))
-        new = self.add(arith.SelectOp(fail, self.const(STATUS[status], i32), cur))
-        self.add(memref.StoreOp.get(new, self.status, []))
+        self.add(memref.StoreOp.get(self.next_status(cur, cond, status), self.status, []))
 
     def guarded(self) -> Block:
         """An ``scf.if`` running what follows only while no check has failed: its block."""
