@@ -337,6 +337,69 @@ def test_standalone_matmul_runs_on_the_packed_gemm(built, rng):
     assert len(outs) == 1, "the result depends on the thread count"
 
 
+# ---------------------------------------------------------------------- streams (software prefetch)
+
+
+def _after(op: s.ForOp) -> list[object]:
+    """The ops after ``op`` in its block."""
+    ops = list(op.parent_block().ops)
+    return ops[ops.index(op) + 1:]
+
+
+def test_stream_loops_prefetch_rows_read_first(built):
+    """map-cpu's ``stream`` loops: an inner elementwise loop over rows prefetches exactly the
+    caller rows it reads first (not its output, not a row a sibling loop has just read), in strips
+    of one 64-byte line per instance (16 f32, 32 bf16 elements), then a tail."""
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+    from opgen.passes import pipeline
+
+    def stream_loops(name: str) -> list[s.ForOp]:
+        m = built["ops"][name].module()
+        pipeline.run(m, "cpu")
+        loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
+        for o in loops:  # prefetches sit in stream loops only, before the body's work
+            hints = [x for x in o.body.block.ops if isinstance(x, s.PrefetchOp)]
+            assert bool(hints) == (cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM)
+            assert all(x.ahead.data == cpu_map.PREFETCH_AHEAD and x.idx[-1] is o.iv for x in hints)
+        return [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+
+    (loop,) = stream_loops("gelu_backward")
+    k = loop.parent_op()
+    while not isinstance(k, s.KernelOp):
+        k = k.parent_op()
+    names = dict(zip(k.body.block.args, (a.data for a in k.arg_names.data), strict=True))
+    hinted = sorted(names[x.buf] for x in loop.body.block.ops if isinstance(x, s.PrefetchOp))
+    assert hinted == ["grad", "x"]  # read rows, once each; never dx
+    # LayerNorm: the row sums (a lanes loop) read grad_y and x first; the sibling loop computing
+    # grad_x re-reads them from cache, so it stays a plain loop, and nothing else streams
+    assert stream_loops("ln_cast_backward") == []
+    m = built["ops"]["ln_cast_backward"].module()
+    pipeline.run(m, "cpu")
+    rows = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
+    assert rows and any(isinstance(x, s.ForOp) and x.kind.data == "parallel" for x in _after(rows[0]))
+    text = cpu.op_source(built["ops"]["gelu_backward"])
+    f32 = text[text.index("k_gelu_backward_f32_u("):]
+    bf16 = text[text.index("k_gelu_backward_bf16_u("):]
+    assert "+ 16 <= d_D; " in f32[:f32.index("return OPGEN_SUCCESS")]
+    assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
+    assert text.count("OPGEN_PREFETCH(p_grad, ") == text.count("OPGEN_PREFETCH(p_x, ") > 0
+    assert "OPGEN_PREFETCH(p_dx" not in text
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_stream_loops_at_every_strip_boundary(built, rng, T):
+    """Rows of every length around the strips (16 f32, 32 bf16 elements: whole strips, a tail, a
+    tail alone), contiguous and strided (the general flavour), against the oracle."""
+    for d in (1, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100):
+        g = rounded(rng.standard_normal((3, d)), T)
+        x = rounded(rng.standard_normal((3, 2 * d)) * 3, T)
+        for xs in (np.ascontiguousarray(x[:, :d]), x[:, ::2]):
+            got, ref = run_both(built, "gelu_tanh_backward", grad=g, x=xs)
+            assert got["dx"].shape == (3, d)
+            assert np.allclose(f64(got["dx"]), f64(ref["dx"]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-5), d
+
+
 # ---------------------------------------------------------------------- fusion through casts
 
 

@@ -77,6 +77,7 @@ def test_every_op_declares_its_memory_effects():
     mask = buf(["L"], "u8")
     assert kinds(s.LoadBitOp(mask, i)) == {MemoryEffectKind.READ}
     assert kinds(s.FlagsPerElemOp(mask)) == set()
+    assert kinds(s.PrefetchOp(src, [i], 2048)) == {MemoryEffectKind.READ}  # a hint: kept, never reordered past a store
     (ok,) = scalars("bool")
     assert kinds(s.RequireOp(ok, "index", "i out of range")) == {MemoryEffectKind.WRITE}  # may end the kernel
     assert kinds(s.BarrierOp()) == {MemoryEffectKind.READ, MemoryEffectKind.WRITE}  # orders memory accesses
@@ -104,6 +105,8 @@ def test_verifiers():
     rejects(s.LoadBitOp(buf(["L"], "u8"), f), r"sched.load_bit: the flag number must be a rank-0 i64")
     rejects(s.FlagsPerElemOp(buf(["A", "B"], "bool")), r"sched.flags_per_elem: the mask must be a 1-D buffer")
     rejects(s.SegmentStartOp(buf(["segs(V,N)"], "i64", "temp"), f, i, n), r"sched.segment_start: v must be")
+    rejects(s.PrefetchOp(buf(["N", "D"], "f32"), [i], 64), r"sched.prefetch: 1 indices for a rank-2 buffer")
+    rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 0), r"sched.prefetch: ahead must be a positive number of bytes")
     rows = buf(["N"], "i64", "temp")
     rejects(s.SegmentsOp(buf(["N"], "i32", "temp"), buf(["segs(V,N)"], "i64", "temp"), rows, i),
             r"sched.segments: idx must be a 1-D i64 buffer")
@@ -420,6 +423,8 @@ def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
             p = p.parent_op()
         if isinstance(op, s.ForOp) and op.kind.data == "parallel":
             assert (where == s.CpuMapping.OMP_FOR) == (not enclosing), op
+            hints = any(isinstance(x, s.PrefetchOp) for x in op.body.block.ops)
+            assert (where == s.CpuMapping.STREAM) == hints, op  # (streams: tests/test_new_op_backends.py)
         elif isinstance(op, s.ForOp) and op.kind.data == "reduce" and cpu_map.lane_split(op):
             assert where == s.CpuMapping.LANES
         elif not isinstance(op, s.BufferMatmulOp):

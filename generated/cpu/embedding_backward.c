@@ -95,12 +95,27 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        {
+            int64_t r30 = v6;
+            for (; r30 + 32 <= d_D; r30 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v38);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -196,12 +211,27 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        {
+            int64_t r30 = v6;
+            for (; r30 + 32 <= d_D; r30 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v38);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -297,12 +327,27 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = p_dtable1[i19 * st_dtable1_0 + i29];
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
+        {
+            int64_t r30 = v6;
+            for (; r30 + 16 <= d_D; r30 += 16) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -398,12 +443,27 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const double v30 = p_dtable1[i19 * st_dtable1_0 + i29];
-            const double v31 = p_dtable1_acc ? v30 : v18;
-            const double v32 = l20[i29];
-            const double v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
+        {
+            int64_t r30 = v6;
+            for (; r30 + 8 <= d_D; r30 += 8) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 8; l++) {
+                    const int64_t i29 = r30 + l;
+                    const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
+                    const double v32 = p_dtable1_acc ? v31 : v18;
+                    const double v33 = l20[i29];
+                    const double v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
+                const double v36 = p_dtable1_acc ? v35 : v18;
+                const double v37 = l20[i29];
+                const double v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -491,12 +551,27 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
                 l16[i22] += v24;
             }
         }
-        for (int64_t i25 = v2; i25 < d_D; i25++) {
-            const float v26 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-            const float v27 = p_dtable1_acc ? v26 : v14;
-            const float v28 = l16[i25];
-            const float v29 = v27 + v28;
-            p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
+        {
+            int64_t r26 = v2;
+            for (; r26 + 32 <= d_D; r26 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i25 = r26 + l;
+                    const float v27 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                    const float v28 = p_dtable1_acc ? v27 : v14;
+                    const float v29 = l16[i25];
+                    const float v30 = v28 + v29;
+                    p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v30);
+                }
+            }
+            for (int l = 0; r26 + l < d_D; l++) {
+                const int64_t i25 = r26 + l;
+                const float v31 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                const float v32 = p_dtable1_acc ? v31 : v14;
+                const float v33 = l16[i25];
+                const float v34 = v32 + v33;
+                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v34);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -584,12 +659,27 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
                 l16[i22] += v24;
             }
         }
-        for (int64_t i25 = v2; i25 < d_D; i25++) {
-            const float v26 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-            const float v27 = p_dtable1_acc ? v26 : v14;
-            const float v28 = l16[i25];
-            const float v29 = v27 + v28;
-            p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v29);
+        {
+            int64_t r26 = v2;
+            for (; r26 + 32 <= d_D; r26 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i25 = r26 + l;
+                    const float v27 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                    const float v28 = p_dtable1_acc ? v27 : v14;
+                    const float v29 = l16[i25];
+                    const float v30 = v28 + v29;
+                    p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v30);
+                }
+            }
+            for (int l = 0; r26 + l < d_D; l++) {
+                const int64_t i25 = r26 + l;
+                const float v31 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                const float v32 = p_dtable1_acc ? v31 : v14;
+                const float v33 = l16[i25];
+                const float v34 = v32 + v33;
+                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v34);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -677,12 +767,27 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
                 l16[i22] += v24;
             }
         }
-        for (int64_t i25 = v2; i25 < d_D; i25++) {
-            const float v26 = p_dtable1[i15 * st_dtable1_0 + i25];
-            const float v27 = p_dtable1_acc ? v26 : v14;
-            const float v28 = l16[i25];
-            const float v29 = v27 + v28;
-            p_dtable1[i15 * st_dtable1_0 + i25] = v29;
+        {
+            int64_t r26 = v2;
+            for (; r26 + 16 <= d_D; r26 += 16) {
+                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t i25 = r26 + l;
+                    const float v27 = p_dtable1[i15 * st_dtable1_0 + i25];
+                    const float v28 = p_dtable1_acc ? v27 : v14;
+                    const float v29 = l16[i25];
+                    const float v30 = v28 + v29;
+                    p_dtable1[i15 * st_dtable1_0 + i25] = v30;
+                }
+            }
+            for (int l = 0; r26 + l < d_D; l++) {
+                const int64_t i25 = r26 + l;
+                const float v31 = p_dtable1[i15 * st_dtable1_0 + i25];
+                const float v32 = p_dtable1_acc ? v31 : v14;
+                const float v33 = l16[i25];
+                const float v34 = v32 + v33;
+                p_dtable1[i15 * st_dtable1_0 + i25] = v34;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -770,12 +875,27 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
                 l16[i22] += v24;
             }
         }
-        for (int64_t i25 = v2; i25 < d_D; i25++) {
-            const double v26 = p_dtable1[i15 * st_dtable1_0 + i25];
-            const double v27 = p_dtable1_acc ? v26 : v14;
-            const double v28 = l16[i25];
-            const double v29 = v27 + v28;
-            p_dtable1[i15 * st_dtable1_0 + i25] = v29;
+        {
+            int64_t r26 = v2;
+            for (; r26 + 8 <= d_D; r26 += 8) {
+                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                for (int l = 0; l < 8; l++) {
+                    const int64_t i25 = r26 + l;
+                    const double v27 = p_dtable1[i15 * st_dtable1_0 + i25];
+                    const double v28 = p_dtable1_acc ? v27 : v14;
+                    const double v29 = l16[i25];
+                    const double v30 = v28 + v29;
+                    p_dtable1[i15 * st_dtable1_0 + i25] = v30;
+                }
+            }
+            for (int l = 0; r26 + l < d_D; l++) {
+                const int64_t i25 = r26 + l;
+                const double v31 = p_dtable1[i15 * st_dtable1_0 + i25];
+                const double v32 = p_dtable1_acc ? v31 : v14;
+                const double v33 = l16[i25];
+                const double v34 = v32 + v33;
+                p_dtable1[i15 * st_dtable1_0 + i25] = v34;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -871,12 +991,27 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v33);
+        {
+            int64_t r30 = v6;
+            for (; r30 + 32 <= d_D; r30 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v38);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -972,12 +1107,27 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v33);
+        {
+            int64_t r30 = v6;
+            for (; r30 + 32 <= d_D; r30 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v38);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1073,12 +1223,27 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const float v30 = p_dtable1[i19 * st_dtable1_0 + i29];
-            const float v31 = p_dtable1_acc ? v30 : v18;
-            const float v32 = l20[i29];
-            const float v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
+        {
+            int64_t r30 = v6;
+            for (; r30 + 16 <= d_D; r30 += 16) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t i29 = r30 + l;
+                    const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = l20[i29];
+                    const float v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
+                const float v36 = p_dtable1_acc ? v35 : v18;
+                const float v37 = l20[i29];
+                const float v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1174,12 +1339,27 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
                 l20[i26] += v28;
             }
         }
-        for (int64_t i29 = v6; i29 < d_D; i29++) {
-            const double v30 = p_dtable1[i19 * st_dtable1_0 + i29];
-            const double v31 = p_dtable1_acc ? v30 : v18;
-            const double v32 = l20[i29];
-            const double v33 = v31 + v32;
-            p_dtable1[i19 * st_dtable1_0 + i29] = v33;
+        {
+            int64_t r30 = v6;
+            for (; r30 + 8 <= d_D; r30 += 8) {
+                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                for (int l = 0; l < 8; l++) {
+                    const int64_t i29 = r30 + l;
+                    const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
+                    const double v32 = p_dtable1_acc ? v31 : v18;
+                    const double v33 = l20[i29];
+                    const double v34 = v32 + v33;
+                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                }
+            }
+            for (int l = 0; r30 + l < d_D; l++) {
+                const int64_t i29 = r30 + l;
+                const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
+                const double v36 = p_dtable1_acc ? v35 : v18;
+                const double v37 = l20[i29];
+                const double v38 = v36 + v37;
+                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1255,10 +1435,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1297,38 +1477,68 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v2; i31 < d_D; i31++) {
-            const float v32 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v35);
-        }
-    }
-    const int64_t v36 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t37, t38);
-    const float v39 = p_alpha2;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v2; i40 < v36; i40++) {
-        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l41, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
-        const int64_t v43 = i40 + v18;
-        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
-        for (int64_t i45 = v42; i45 < v44; i45++) {
-            const int64_t v46 = t38[i45];
-            for (int64_t i47 = v2; i47 < d_D; i47++) {
-                const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
-                const float v49 = v48 * v39;
-                l41[i47] += v49;
+        {
+            int64_t r32 = v2;
+            for (; r32 + 32 <= d_D; r32 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i31 = r32 + l;
+                    const float v33 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                    const float v34 = p_dtable1_acc ? v33 : v20;
+                    const float v35 = l22[i31];
+                    const float v36 = v34 + v35;
+                    p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v36);
+                }
+            }
+            for (int l = 0; r32 + l < d_D; l++) {
+                const int64_t i31 = r32 + l;
+                const float v37 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                const float v38 = p_dtable1_acc ? v37 : v20;
+                const float v39 = l22[i31];
+                const float v40 = v38 + v39;
+                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v40);
             }
         }
-        for (int64_t i50 = v2; i50 < d_D; i50++) {
-            const float v51 = opgen_f16_to_f32(p_dtable2[i40 * st_dtable2_0 + i50]);
-            const float v52 = p_dtable2_acc ? v51 : v20;
-            const float v53 = l41[i50];
-            const float v54 = v52 + v53;
-            p_dtable2[i40 * st_dtable2_0 + i50] = opgen_f32_to_f16(v54);
+    }
+    const int64_t v41 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t42, t43);
+    const float v44 = p_alpha2;
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    for (int64_t i45 = v2; i45 < v41; i45++) {
+        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l46, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
+        const int64_t v48 = i45 + v18;
+        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
+        for (int64_t i50 = v47; i50 < v49; i50++) {
+            const int64_t v51 = t43[i50];
+            for (int64_t i52 = v2; i52 < d_D; i52++) {
+                const float v53 = opgen_f16_to_f32(p_dy[v51 * st_dy_0 + i52]);
+                const float v54 = v53 * v44;
+                l46[i52] += v54;
+            }
+        }
+        {
+            int64_t r56 = v2;
+            for (; r56 + 32 <= d_D; r56 += 32) {
+                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i55 = r56 + l;
+                    const float v57 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
+                    const float v58 = p_dtable2_acc ? v57 : v20;
+                    const float v59 = l46[i55];
+                    const float v60 = v58 + v59;
+                    p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_f16(v60);
+                }
+            }
+            for (int l = 0; r56 + l < d_D; l++) {
+                const int64_t i55 = r56 + l;
+                const float v61 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
+                const float v62 = p_dtable2_acc ? v61 : v20;
+                const float v63 = l46[i55];
+                const float v64 = v62 + v63;
+                p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_f16(v64);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1404,10 +1614,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1446,38 +1656,68 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v2; i31 < d_D; i31++) {
-            const float v32 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v35);
-        }
-    }
-    const int64_t v36 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t37, t38);
-    const float v39 = p_alpha2;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v2; i40 < v36; i40++) {
-        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l41, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
-        const int64_t v43 = i40 + v18;
-        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
-        for (int64_t i45 = v42; i45 < v44; i45++) {
-            const int64_t v46 = t38[i45];
-            for (int64_t i47 = v2; i47 < d_D; i47++) {
-                const float v48 = opgen_bf16_to_f32(p_dy[v46 * st_dy_0 + i47]);
-                const float v49 = v48 * v39;
-                l41[i47] += v49;
+        {
+            int64_t r32 = v2;
+            for (; r32 + 32 <= d_D; r32 += 32) {
+                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i31 = r32 + l;
+                    const float v33 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                    const float v34 = p_dtable1_acc ? v33 : v20;
+                    const float v35 = l22[i31];
+                    const float v36 = v34 + v35;
+                    p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v36);
+                }
+            }
+            for (int l = 0; r32 + l < d_D; l++) {
+                const int64_t i31 = r32 + l;
+                const float v37 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                const float v38 = p_dtable1_acc ? v37 : v20;
+                const float v39 = l22[i31];
+                const float v40 = v38 + v39;
+                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v40);
             }
         }
-        for (int64_t i50 = v2; i50 < d_D; i50++) {
-            const float v51 = opgen_bf16_to_f32(p_dtable2[i40 * st_dtable2_0 + i50]);
-            const float v52 = p_dtable2_acc ? v51 : v20;
-            const float v53 = l41[i50];
-            const float v54 = v52 + v53;
-            p_dtable2[i40 * st_dtable2_0 + i50] = opgen_f32_to_bf16(v54);
+    }
+    const int64_t v41 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t42, t43);
+    const float v44 = p_alpha2;
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    for (int64_t i45 = v2; i45 < v41; i45++) {
+        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l46, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
+        const int64_t v48 = i45 + v18;
+        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
+        for (int64_t i50 = v47; i50 < v49; i50++) {
+            const int64_t v51 = t43[i50];
+            for (int64_t i52 = v2; i52 < d_D; i52++) {
+                const float v53 = opgen_bf16_to_f32(p_dy[v51 * st_dy_0 + i52]);
+                const float v54 = v53 * v44;
+                l46[i52] += v54;
+            }
+        }
+        {
+            int64_t r56 = v2;
+            for (; r56 + 32 <= d_D; r56 += 32) {
+                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t i55 = r56 + l;
+                    const float v57 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
+                    const float v58 = p_dtable2_acc ? v57 : v20;
+                    const float v59 = l46[i55];
+                    const float v60 = v58 + v59;
+                    p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_bf16(v60);
+                }
+            }
+            for (int l = 0; r56 + l < d_D; l++) {
+                const int64_t i55 = r56 + l;
+                const float v61 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
+                const float v62 = p_dtable2_acc ? v61 : v20;
+                const float v63 = l46[i55];
+                const float v64 = v62 + v63;
+                p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_bf16(v64);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1553,10 +1793,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l41_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1595,38 +1835,68 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v2; i31 < d_D; i31++) {
-            const float v32 = p_dtable1[i21 * st_dtable1_0 + i31];
-            const float v33 = p_dtable1_acc ? v32 : v20;
-            const float v34 = l22[i31];
-            const float v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
-        }
-    }
-    const int64_t v36 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t37, t38);
-    const float v39 = p_alpha2;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v2; i40 < v36; i40++) {
-        float *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l41, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
-        const int64_t v43 = i40 + v18;
-        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
-        for (int64_t i45 = v42; i45 < v44; i45++) {
-            const int64_t v46 = t38[i45];
-            for (int64_t i47 = v2; i47 < d_D; i47++) {
-                const float v48 = p_dy[v46 * st_dy_0 + i47];
-                const float v49 = v48 * v39;
-                l41[i47] += v49;
+        {
+            int64_t r32 = v2;
+            for (; r32 + 16 <= d_D; r32 += 16) {
+                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t i31 = r32 + l;
+                    const float v33 = p_dtable1[i21 * st_dtable1_0 + i31];
+                    const float v34 = p_dtable1_acc ? v33 : v20;
+                    const float v35 = l22[i31];
+                    const float v36 = v34 + v35;
+                    p_dtable1[i21 * st_dtable1_0 + i31] = v36;
+                }
+            }
+            for (int l = 0; r32 + l < d_D; l++) {
+                const int64_t i31 = r32 + l;
+                const float v37 = p_dtable1[i21 * st_dtable1_0 + i31];
+                const float v38 = p_dtable1_acc ? v37 : v20;
+                const float v39 = l22[i31];
+                const float v40 = v38 + v39;
+                p_dtable1[i21 * st_dtable1_0 + i31] = v40;
             }
         }
-        for (int64_t i50 = v2; i50 < d_D; i50++) {
-            const float v51 = p_dtable2[i40 * st_dtable2_0 + i50];
-            const float v52 = p_dtable2_acc ? v51 : v20;
-            const float v53 = l41[i50];
-            const float v54 = v52 + v53;
-            p_dtable2[i40 * st_dtable2_0 + i50] = v54;
+    }
+    const int64_t v41 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t42, t43);
+    const float v44 = p_alpha2;
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    for (int64_t i45 = v2; i45 < v41; i45++) {
+        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l46, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
+        const int64_t v48 = i45 + v18;
+        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
+        for (int64_t i50 = v47; i50 < v49; i50++) {
+            const int64_t v51 = t43[i50];
+            for (int64_t i52 = v2; i52 < d_D; i52++) {
+                const float v53 = p_dy[v51 * st_dy_0 + i52];
+                const float v54 = v53 * v44;
+                l46[i52] += v54;
+            }
+        }
+        {
+            int64_t r56 = v2;
+            for (; r56 + 16 <= d_D; r56 += 16) {
+                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                for (int l = 0; l < 16; l++) {
+                    const int64_t i55 = r56 + l;
+                    const float v57 = p_dtable2[i45 * st_dtable2_0 + i55];
+                    const float v58 = p_dtable2_acc ? v57 : v20;
+                    const float v59 = l46[i55];
+                    const float v60 = v58 + v59;
+                    p_dtable2[i45 * st_dtable2_0 + i55] = v60;
+                }
+            }
+            for (int l = 0; r56 + l < d_D; l++) {
+                const int64_t i55 = r56 + l;
+                const float v61 = p_dtable2[i45 * st_dtable2_0 + i55];
+                const float v62 = p_dtable2_acc ? v61 : v20;
+                const float v63 = l46[i55];
+                const float v64 = v62 + v63;
+                p_dtable2[i45 * st_dtable2_0 + i55] = v64;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1702,10 +1972,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t37 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t38 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l41_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l46_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1744,38 +2014,68 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                 l22[i28] += v30;
             }
         }
-        for (int64_t i31 = v2; i31 < d_D; i31++) {
-            const double v32 = p_dtable1[i21 * st_dtable1_0 + i31];
-            const double v33 = p_dtable1_acc ? v32 : v20;
-            const double v34 = l22[i31];
-            const double v35 = v33 + v34;
-            p_dtable1[i21 * st_dtable1_0 + i31] = v35;
-        }
-    }
-    const int64_t v36 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t37, t38);
-    const double v39 = (double)(p_alpha2);
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i40 = v2; i40 < v36; i40++) {
-        double *restrict l41 = l41_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l41, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v42 = opgen_seg_start(t37, i40, d_N2, d_N);
-        const int64_t v43 = i40 + v18;
-        const int64_t v44 = opgen_seg_start(t37, v43, d_N2, d_N);
-        for (int64_t i45 = v42; i45 < v44; i45++) {
-            const int64_t v46 = t38[i45];
-            for (int64_t i47 = v2; i47 < d_D; i47++) {
-                const double v48 = p_dy[v46 * st_dy_0 + i47];
-                const double v49 = v48 * v39;
-                l41[i47] += v49;
+        {
+            int64_t r32 = v2;
+            for (; r32 + 8 <= d_D; r32 += 8) {
+                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                for (int l = 0; l < 8; l++) {
+                    const int64_t i31 = r32 + l;
+                    const double v33 = p_dtable1[i21 * st_dtable1_0 + i31];
+                    const double v34 = p_dtable1_acc ? v33 : v20;
+                    const double v35 = l22[i31];
+                    const double v36 = v34 + v35;
+                    p_dtable1[i21 * st_dtable1_0 + i31] = v36;
+                }
+            }
+            for (int l = 0; r32 + l < d_D; l++) {
+                const int64_t i31 = r32 + l;
+                const double v37 = p_dtable1[i21 * st_dtable1_0 + i31];
+                const double v38 = p_dtable1_acc ? v37 : v20;
+                const double v39 = l22[i31];
+                const double v40 = v38 + v39;
+                p_dtable1[i21 * st_dtable1_0 + i31] = v40;
             }
         }
-        for (int64_t i50 = v2; i50 < d_D; i50++) {
-            const double v51 = p_dtable2[i40 * st_dtable2_0 + i50];
-            const double v52 = p_dtable2_acc ? v51 : v20;
-            const double v53 = l41[i50];
-            const double v54 = v52 + v53;
-            p_dtable2[i40 * st_dtable2_0 + i50] = v54;
+    }
+    const int64_t v41 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t42, t43);
+    const double v44 = (double)(p_alpha2);
+    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    for (int64_t i45 = v2; i45 < v41; i45++) {
+        double *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l46, 0, sizeof(double) * (size_t)d_D);
+        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
+        const int64_t v48 = i45 + v18;
+        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
+        for (int64_t i50 = v47; i50 < v49; i50++) {
+            const int64_t v51 = t43[i50];
+            for (int64_t i52 = v2; i52 < d_D; i52++) {
+                const double v53 = p_dy[v51 * st_dy_0 + i52];
+                const double v54 = v53 * v44;
+                l46[i52] += v54;
+            }
+        }
+        {
+            int64_t r56 = v2;
+            for (; r56 + 8 <= d_D; r56 += 8) {
+                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                for (int l = 0; l < 8; l++) {
+                    const int64_t i55 = r56 + l;
+                    const double v57 = p_dtable2[i45 * st_dtable2_0 + i55];
+                    const double v58 = p_dtable2_acc ? v57 : v20;
+                    const double v59 = l46[i55];
+                    const double v60 = v58 + v59;
+                    p_dtable2[i45 * st_dtable2_0 + i55] = v60;
+                }
+            }
+            for (int l = 0; r56 + l < d_D; l++) {
+                const int64_t i55 = r56 + l;
+                const double v61 = p_dtable2[i45 * st_dtable2_0 + i55];
+                const double v62 = p_dtable2_acc ? v61 : v20;
+                const double v63 = l46[i55];
+                const double v64 = v62 + v63;
+                p_dtable2[i45 * st_dtable2_0 + i55] = v64;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -110,6 +110,12 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 
+/* A hint that the line `ahead` bytes past element `off` of p will be read soon (map-cpu's
+ * `stream` loops). The address is integer arithmetic, so no pointer past an object is formed;
+ * a prefetch reads nothing and never faults. */
+#define OPGEN_PREFETCH(p, off, ahead) \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)))
+
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7
  * Taylor polynomial, 2^n built in two halves (results down to the subnormals); overflow gives

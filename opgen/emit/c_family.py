@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import LANES, cpu_mapping
+from opgen.lower.cpu_map import LANES, cpu_mapping, strip
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -402,6 +402,8 @@ class CPrinter:
                       f"{self.name(op.seg)}, {self.name(op.order)});")
         elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
+        elif isinstance(op, s.PrefetchOp):
+            self.line(f"OPGEN_PREFETCH({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
             self.names[op.result] = self.dim(op.dim.data)
         elif op.results:
@@ -435,6 +437,9 @@ class CPrinter:
         if cpu_mapping(op) == CpuMapping.LANES:  # (decided by map-cpu)
             self.lane_loop(op, iv, lo, hi, s.scalar_accums(op))
             return
+        if cpu_mapping(op) == CpuMapping.STREAM:
+            self.stream_loop(op, iv, lo, hi)
+            return
         self.loop_header_hook(op, iv, lo, hi)
         self.depth += 1
         self.walk(iter(body))
@@ -443,6 +448,38 @@ class CPrinter:
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv}++) {{")
+
+    def stream_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
+        """map-cpu's ``stream`` loop: strips of one line (:func:`~opgen.lower.cpu_map.strip`),
+        each after its prefetches (the loop's ``sched.prefetch`` ops, at the strip's first
+        iteration), then the tail."""
+        body = list(op.body.block.ops)
+        hints = [o for o in body if isinstance(o, s.PrefetchOp)]
+        rest = [o for o in body if not isinstance(o, s.PrefetchOp)]
+        n = strip([self.dtype(s.buf_type(h.buf).dtype).itemsize for h in hints])
+        base = self.fresh("r")
+        self.line("{")
+        self.depth += 1
+        self.line(f"int64_t {base} = {lo};")
+        self.line(f"for (; {base} + {n} <= {hi}; {base} += {n}) {{")
+        self.depth += 1
+        self.names[op.iv] = base
+        self.walk(iter(hints))
+        self.names[op.iv] = iv
+        self.line(f"for (int l = 0; l < {n}; l++) {{")
+        self.depth += 1
+        self.line(f"const int64_t {iv} = {base} + l;")
+        self.walk(iter(rest))
+        self.depth -= 2
+        self.line("    }")
+        self.line("}")
+        self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
+        self.depth += 1
+        self.line(f"const int64_t {iv} = {base} + l;")
+        self.walk(iter(rest))
+        self.depth -= 2
+        self.line("    }")
+        self.line("}")
 
     def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
         """A reduction split into LANES fixed lanes, combined pairwise in a fixed order."""

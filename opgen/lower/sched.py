@@ -96,6 +96,7 @@ class CpuMapping(StrEnum):
 
     OMP_FOR = "omp_for"
     LANES = "lanes"
+    STREAM = "stream"
 
 
 @irdl_attr_definition
@@ -376,6 +377,27 @@ class LoadOp(IRDLOperation):
 
 
 @irdl_op_definition
+class PrefetchOp(IRDLOperation):
+    """A hint that the bytes ``ahead`` past element ``buf[idx...]`` will be read soon (a
+    target's software prefetch; it reads nothing, never faults, and may be dropped)."""
+
+    name = "sched.prefetch"
+    buf = operand_def(BufType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
+    ahead = prop_def(IntAttr)
+    traits = traits_def(MemoryReadEffect())
+    assembly_format = "$buf `[` $idx `]` `ahead` $ahead attr-dict `:` type($buf)"
+
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int):
+        super().__init__(operands=[buf, idx], properties={"ahead": IntAttr(ahead)})
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+        if self.ahead.data <= 0:
+            raise VerifyException("sched.prefetch: ahead must be a positive number of bytes")
+
+
+@irdl_op_definition
 class LoadBitOp(IRDLOperation):
     """Flag ``i`` of a mask buffer: bit ``i % 8`` of byte ``i / 8`` (u8) or element ``i`` (bool)."""
 
@@ -617,6 +639,6 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     return reads, writes
 
 
-Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp,
-                          SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp, SegWordsOp],
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, PrefetchOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp,
+                          SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

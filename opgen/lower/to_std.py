@@ -202,6 +202,8 @@ class _Kernel(Scalars):
             self.segments(op)
         elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
+        elif isinstance(op, s.PrefetchOp):
+            pass  # a hint (map-cpu's streams): upstream's memref.prefetch names an element in bounds, not one ahead
         elif isinstance(op, ir.DimOp):
             self.values[op.result] = self.dims[op.dim.data]
         elif len(op.results) == 1:
