@@ -387,6 +387,40 @@ def test_stream_loops_prefetch_rows_read_first(built):
     assert "OPGEN_PREFETCH(p_dx" not in text
 
 
+def test_independent_inner_loops_are_vector_loops(built):
+    """map-cpu's ``simd`` loops: LayerNorm backward's grad_x loop (each iteration stores grad_x and
+    adds to the column partials at its own index) runs under ``#pragma omp simd`` in the
+    vectorisable flavour, so that GCC vectorises it in f32 too (inside an OpenMP region it loses
+    ``restrict`` and gave up on its alias checks); loops carrying a scalar, or holding a loop, are
+    never marked; the O1 general-stride flavour prints no pragma."""
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+    from opgen.passes import pipeline
+
+    m = built["ops"]["ln_cast_backward"].module()
+    pipeline.run(m, "cpu")
+    loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
+    simd = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.SIMD]
+    stores = {x.buf for o in simd for x in o.body.block.ops if isinstance(x, s.StoreOp)}
+    k = next(o for o in m.walk() if isinstance(o, s.KernelOp))
+    names = dict(zip(k.body.block.args, (a.data for a in k.arg_names.data), strict=True))
+    assert "grad_x" in {names.get(b) for b in stores}
+    for o in loops:
+        marked = cpu_map.cpu_mapping(o) in (s.CpuMapping.SIMD, s.CpuMapping.STREAM)
+        p, in_parallel = o.parent_op(), False
+        while p is not None:
+            in_parallel |= isinstance(p, s.ForOp) and p.kind.data == "parallel"
+            p = p.parent_op()
+        assert marked == (in_parallel and cpu_map.independent(o)), o
+        if marked:
+            assert not any(isinstance(x, s.ForOp) for x in o.body.block.ops)
+            assert all(any(i is o.iv for i in x.idx) for x in o.body.block.ops if isinstance(x, s.StoreOp | s.AccumOp))
+    text = cpu.op_source(built["ops"]["ln_cast_backward"])
+    fast, general = text[text.index("k_ln_cast_backward_f32_u("):], text[text.index("k_ln_cast_backward_f32_g("):]
+    fast, general = fast[:fast.index("return OPGEN_SUCCESS")], general[:general.index("return OPGEN_SUCCESS")]
+    assert fast.count("#pragma omp simd") == len(simd) and "#pragma omp simd" not in general
+
+
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 def test_stream_loops_at_every_strip_boundary(built, rng, T):
     """Rows of every length around the strips (16 f32, 32 bf16 elements: whole strips, a tail, a

@@ -89,6 +89,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
                 const float v28 = v27 * v17;
@@ -99,6 +100,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
@@ -108,8 +110,8 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
                     p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -205,6 +207,7 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
                 const float v28 = v27 * v17;
@@ -215,6 +218,7 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
@@ -224,8 +228,8 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
                     p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -321,6 +325,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = p_dy[v25 * st_dy_0 + i26];
                 const float v28 = v27 * v17;
@@ -331,6 +336,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
             int64_t r30 = v6;
             for (; r30 + 16 <= d_D; r30 += 16) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 16; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
@@ -340,8 +346,8 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
                     p_dtable1[i19 * st_dtable1_0 + i29] = v34;
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -437,6 +443,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const double v27 = p_dy[v25 * st_dy_0 + i26];
                 const double v28 = v27 * v17;
@@ -447,6 +454,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
             int64_t r30 = v6;
             for (; r30 + 8 <= d_D; r30 += 8) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 8; l++) {
                     const int64_t i29 = r30 + l;
                     const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
@@ -456,8 +464,8 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
                     p_dtable1[i19 * st_dtable1_0 + i29] = v34;
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
                 const double v36 = p_dtable1_acc ? v35 : v18;
                 const double v37 = l20[i29];
@@ -545,6 +553,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
         const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
         for (int64_t i20 = v17; i20 < v19; i20++) {
             const int64_t v21 = t11[i20];
+            #pragma omp simd
             for (int64_t i22 = v2; i22 < d_D; i22++) {
                 const float v23 = opgen_f16_to_f32(p_dy[v21 * st_dy_0 + i22]);
                 const float v24 = v23 * v13;
@@ -555,6 +564,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
             int64_t r26 = v2;
             for (; r26 + 32 <= d_D; r26 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i25 = r26 + l;
                     const float v27 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
@@ -564,8 +574,8 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
                     p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v30);
                 }
             }
-            for (int l = 0; r26 + l < d_D; l++) {
-                const int64_t i25 = r26 + l;
+            #pragma omp simd
+            for (int64_t i25 = r26; i25 < d_D; i25++) {
                 const float v31 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
                 const float v32 = p_dtable1_acc ? v31 : v14;
                 const float v33 = l16[i25];
@@ -653,6 +663,7 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
         const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
         for (int64_t i20 = v17; i20 < v19; i20++) {
             const int64_t v21 = t11[i20];
+            #pragma omp simd
             for (int64_t i22 = v2; i22 < d_D; i22++) {
                 const float v23 = opgen_bf16_to_f32(p_dy[v21 * st_dy_0 + i22]);
                 const float v24 = v23 * v13;
@@ -663,6 +674,7 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
             int64_t r26 = v2;
             for (; r26 + 32 <= d_D; r26 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i25 = r26 + l;
                     const float v27 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
@@ -672,8 +684,8 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
                     p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v30);
                 }
             }
-            for (int l = 0; r26 + l < d_D; l++) {
-                const int64_t i25 = r26 + l;
+            #pragma omp simd
+            for (int64_t i25 = r26; i25 < d_D; i25++) {
                 const float v31 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
                 const float v32 = p_dtable1_acc ? v31 : v14;
                 const float v33 = l16[i25];
@@ -761,6 +773,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
         const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
         for (int64_t i20 = v17; i20 < v19; i20++) {
             const int64_t v21 = t11[i20];
+            #pragma omp simd
             for (int64_t i22 = v2; i22 < d_D; i22++) {
                 const float v23 = p_dy[v21 * st_dy_0 + i22];
                 const float v24 = v23 * v13;
@@ -771,6 +784,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
             int64_t r26 = v2;
             for (; r26 + 16 <= d_D; r26 += 16) {
                 OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 16; l++) {
                     const int64_t i25 = r26 + l;
                     const float v27 = p_dtable1[i15 * st_dtable1_0 + i25];
@@ -780,8 +794,8 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
                     p_dtable1[i15 * st_dtable1_0 + i25] = v30;
                 }
             }
-            for (int l = 0; r26 + l < d_D; l++) {
-                const int64_t i25 = r26 + l;
+            #pragma omp simd
+            for (int64_t i25 = r26; i25 < d_D; i25++) {
                 const float v31 = p_dtable1[i15 * st_dtable1_0 + i25];
                 const float v32 = p_dtable1_acc ? v31 : v14;
                 const float v33 = l16[i25];
@@ -869,6 +883,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
         const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
         for (int64_t i20 = v17; i20 < v19; i20++) {
             const int64_t v21 = t11[i20];
+            #pragma omp simd
             for (int64_t i22 = v2; i22 < d_D; i22++) {
                 const double v23 = p_dy[v21 * st_dy_0 + i22];
                 const double v24 = v23 * v13;
@@ -879,6 +894,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
             int64_t r26 = v2;
             for (; r26 + 8 <= d_D; r26 += 8) {
                 OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 8; l++) {
                     const int64_t i25 = r26 + l;
                     const double v27 = p_dtable1[i15 * st_dtable1_0 + i25];
@@ -888,8 +904,8 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
                     p_dtable1[i15 * st_dtable1_0 + i25] = v30;
                 }
             }
-            for (int l = 0; r26 + l < d_D; l++) {
-                const int64_t i25 = r26 + l;
+            #pragma omp simd
+            for (int64_t i25 = r26; i25 < d_D; i25++) {
                 const double v31 = p_dtable1[i15 * st_dtable1_0 + i25];
                 const double v32 = p_dtable1_acc ? v31 : v14;
                 const double v33 = l16[i25];
@@ -985,6 +1001,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
                 const float v28 = v27 * v17;
@@ -995,6 +1012,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
@@ -1004,8 +1022,8 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
                     p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -1101,6 +1119,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
                 const float v28 = v27 * v17;
@@ -1111,6 +1130,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
@@ -1120,8 +1140,8 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
                     p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -1217,6 +1237,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const float v27 = p_dy[v25 * st_dy_0 + i26];
                 const float v28 = v27 * v17;
@@ -1227,6 +1248,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
             int64_t r30 = v6;
             for (; r30 + 16 <= d_D; r30 += 16) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 16; l++) {
                     const int64_t i29 = r30 + l;
                     const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
@@ -1236,8 +1258,8 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
                     p_dtable1[i19 * st_dtable1_0 + i29] = v34;
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
                 const float v36 = p_dtable1_acc ? v35 : v18;
                 const float v37 = l20[i29];
@@ -1333,6 +1355,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
         const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
         for (int64_t i24 = v21; i24 < v23; i24++) {
             const int64_t v25 = t15[i24];
+            #pragma omp simd
             for (int64_t i26 = v6; i26 < d_D; i26++) {
                 const double v27 = p_dy[v25 * st_dy_0 + i26];
                 const double v28 = v27 * v17;
@@ -1343,6 +1366,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
             int64_t r30 = v6;
             for (; r30 + 8 <= d_D; r30 += 8) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 8; l++) {
                     const int64_t i29 = r30 + l;
                     const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
@@ -1352,8 +1376,8 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
                     p_dtable1[i19 * st_dtable1_0 + i29] = v34;
                 }
             }
-            for (int l = 0; r30 + l < d_D; l++) {
-                const int64_t i29 = r30 + l;
+            #pragma omp simd
+            for (int64_t i29 = r30; i29 < d_D; i29++) {
                 const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
                 const double v36 = p_dtable1_acc ? v35 : v18;
                 const double v37 = l20[i29];
@@ -1471,6 +1495,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
         const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
         for (int64_t i26 = v23; i26 < v25; i26++) {
             const int64_t v27 = t17[i26];
+            #pragma omp simd
             for (int64_t i28 = v2; i28 < d_D; i28++) {
                 const float v29 = opgen_f16_to_f32(p_dy[v27 * st_dy_0 + i28]);
                 const float v30 = v29 * v19;
@@ -1481,6 +1506,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             int64_t r32 = v2;
             for (; r32 + 32 <= d_D; r32 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i31 = r32 + l;
                     const float v33 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
@@ -1490,8 +1516,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v36);
                 }
             }
-            for (int l = 0; r32 + l < d_D; l++) {
-                const int64_t i31 = r32 + l;
+            #pragma omp simd
+            for (int64_t i31 = r32; i31 < d_D; i31++) {
                 const float v37 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
                 const float v38 = p_dtable1_acc ? v37 : v20;
                 const float v39 = l22[i31];
@@ -1512,6 +1538,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
         const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
         for (int64_t i50 = v47; i50 < v49; i50++) {
             const int64_t v51 = t43[i50];
+            #pragma omp simd
             for (int64_t i52 = v2; i52 < d_D; i52++) {
                 const float v53 = opgen_f16_to_f32(p_dy[v51 * st_dy_0 + i52]);
                 const float v54 = v53 * v44;
@@ -1522,6 +1549,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             int64_t r56 = v2;
             for (; r56 + 32 <= d_D; r56 += 32) {
                 OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i55 = r56 + l;
                     const float v57 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
@@ -1531,8 +1559,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_f16(v60);
                 }
             }
-            for (int l = 0; r56 + l < d_D; l++) {
-                const int64_t i55 = r56 + l;
+            #pragma omp simd
+            for (int64_t i55 = r56; i55 < d_D; i55++) {
                 const float v61 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
                 const float v62 = p_dtable2_acc ? v61 : v20;
                 const float v63 = l46[i55];
@@ -1650,6 +1678,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
         const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
         for (int64_t i26 = v23; i26 < v25; i26++) {
             const int64_t v27 = t17[i26];
+            #pragma omp simd
             for (int64_t i28 = v2; i28 < d_D; i28++) {
                 const float v29 = opgen_bf16_to_f32(p_dy[v27 * st_dy_0 + i28]);
                 const float v30 = v29 * v19;
@@ -1660,6 +1689,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             int64_t r32 = v2;
             for (; r32 + 32 <= d_D; r32 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i31 = r32 + l;
                     const float v33 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
@@ -1669,8 +1699,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v36);
                 }
             }
-            for (int l = 0; r32 + l < d_D; l++) {
-                const int64_t i31 = r32 + l;
+            #pragma omp simd
+            for (int64_t i31 = r32; i31 < d_D; i31++) {
                 const float v37 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
                 const float v38 = p_dtable1_acc ? v37 : v20;
                 const float v39 = l22[i31];
@@ -1691,6 +1721,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
         const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
         for (int64_t i50 = v47; i50 < v49; i50++) {
             const int64_t v51 = t43[i50];
+            #pragma omp simd
             for (int64_t i52 = v2; i52 < d_D; i52++) {
                 const float v53 = opgen_bf16_to_f32(p_dy[v51 * st_dy_0 + i52]);
                 const float v54 = v53 * v44;
@@ -1701,6 +1732,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             int64_t r56 = v2;
             for (; r56 + 32 <= d_D; r56 += 32) {
                 OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i55 = r56 + l;
                     const float v57 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
@@ -1710,8 +1742,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_bf16(v60);
                 }
             }
-            for (int l = 0; r56 + l < d_D; l++) {
-                const int64_t i55 = r56 + l;
+            #pragma omp simd
+            for (int64_t i55 = r56; i55 < d_D; i55++) {
                 const float v61 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
                 const float v62 = p_dtable2_acc ? v61 : v20;
                 const float v63 = l46[i55];
@@ -1829,6 +1861,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
         const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
         for (int64_t i26 = v23; i26 < v25; i26++) {
             const int64_t v27 = t17[i26];
+            #pragma omp simd
             for (int64_t i28 = v2; i28 < d_D; i28++) {
                 const float v29 = p_dy[v27 * st_dy_0 + i28];
                 const float v30 = v29 * v19;
@@ -1839,6 +1872,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             int64_t r32 = v2;
             for (; r32 + 16 <= d_D; r32 += 16) {
                 OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 16; l++) {
                     const int64_t i31 = r32 + l;
                     const float v33 = p_dtable1[i21 * st_dtable1_0 + i31];
@@ -1848,8 +1882,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     p_dtable1[i21 * st_dtable1_0 + i31] = v36;
                 }
             }
-            for (int l = 0; r32 + l < d_D; l++) {
-                const int64_t i31 = r32 + l;
+            #pragma omp simd
+            for (int64_t i31 = r32; i31 < d_D; i31++) {
                 const float v37 = p_dtable1[i21 * st_dtable1_0 + i31];
                 const float v38 = p_dtable1_acc ? v37 : v20;
                 const float v39 = l22[i31];
@@ -1870,6 +1904,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
         const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
         for (int64_t i50 = v47; i50 < v49; i50++) {
             const int64_t v51 = t43[i50];
+            #pragma omp simd
             for (int64_t i52 = v2; i52 < d_D; i52++) {
                 const float v53 = p_dy[v51 * st_dy_0 + i52];
                 const float v54 = v53 * v44;
@@ -1880,6 +1915,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             int64_t r56 = v2;
             for (; r56 + 16 <= d_D; r56 += 16) {
                 OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 16; l++) {
                     const int64_t i55 = r56 + l;
                     const float v57 = p_dtable2[i45 * st_dtable2_0 + i55];
@@ -1889,8 +1925,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     p_dtable2[i45 * st_dtable2_0 + i55] = v60;
                 }
             }
-            for (int l = 0; r56 + l < d_D; l++) {
-                const int64_t i55 = r56 + l;
+            #pragma omp simd
+            for (int64_t i55 = r56; i55 < d_D; i55++) {
                 const float v61 = p_dtable2[i45 * st_dtable2_0 + i55];
                 const float v62 = p_dtable2_acc ? v61 : v20;
                 const float v63 = l46[i55];
@@ -2008,6 +2044,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
         const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
         for (int64_t i26 = v23; i26 < v25; i26++) {
             const int64_t v27 = t17[i26];
+            #pragma omp simd
             for (int64_t i28 = v2; i28 < d_D; i28++) {
                 const double v29 = p_dy[v27 * st_dy_0 + i28];
                 const double v30 = v29 * v19;
@@ -2018,6 +2055,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             int64_t r32 = v2;
             for (; r32 + 8 <= d_D; r32 += 8) {
                 OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 8; l++) {
                     const int64_t i31 = r32 + l;
                     const double v33 = p_dtable1[i21 * st_dtable1_0 + i31];
@@ -2027,8 +2065,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     p_dtable1[i21 * st_dtable1_0 + i31] = v36;
                 }
             }
-            for (int l = 0; r32 + l < d_D; l++) {
-                const int64_t i31 = r32 + l;
+            #pragma omp simd
+            for (int64_t i31 = r32; i31 < d_D; i31++) {
                 const double v37 = p_dtable1[i21 * st_dtable1_0 + i31];
                 const double v38 = p_dtable1_acc ? v37 : v20;
                 const double v39 = l22[i31];
@@ -2049,6 +2087,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
         const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
         for (int64_t i50 = v47; i50 < v49; i50++) {
             const int64_t v51 = t43[i50];
+            #pragma omp simd
             for (int64_t i52 = v2; i52 < d_D; i52++) {
                 const double v53 = p_dy[v51 * st_dy_0 + i52];
                 const double v54 = v53 * v44;
@@ -2059,6 +2098,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             int64_t r56 = v2;
             for (; r56 + 8 <= d_D; r56 += 8) {
                 OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+                #pragma omp simd
                 for (int l = 0; l < 8; l++) {
                     const int64_t i55 = r56 + l;
                     const double v57 = p_dtable2[i45 * st_dtable2_0 + i55];
@@ -2068,8 +2108,8 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     p_dtable2[i45 * st_dtable2_0 + i55] = v60;
                 }
             }
-            for (int l = 0; r56 + l < d_D; l++) {
-                const int64_t i55 = r56 + l;
+            #pragma omp simd
+            for (int64_t i55 = r56; i55 < d_D; i55++) {
                 const double v61 = p_dtable2[i45 * st_dtable2_0 + i55];
                 const double v62 = p_dtable2_acc ? v61 : v20;
                 const double v63 = l46[i55];

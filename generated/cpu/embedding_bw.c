@@ -130,11 +130,13 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
         const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
         for (int64_t i18 = v15; i18 < v17; i18++) {
             const int64_t v19 = t11[i18];
+            #pragma omp simd
             for (int64_t i20 = v2; i20 < d_D; i20++) {
                 const float v21 = opgen_bf16_to_f32(p_grad[v19 * st_grad_0 + i20]);
                 l14[i20] += v21;
             }
         }
+        #pragma omp simd
         for (int64_t i22 = v2; i22 < d_D; i22++) {
             const float v23 = l14[i22];
             p_out[i13 * st_out_0 + i22] = opgen_f32_to_bf16(v23);
@@ -274,11 +276,13 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
         const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
         for (int64_t i18 = v15; i18 < v17; i18++) {
             const int64_t v19 = t11[i18];
+            #pragma omp simd
             for (int64_t i20 = v2; i20 < d_D; i20++) {
                 const float v21 = p_grad[v19 * st_grad_0 + i20];
                 l14[i20] += v21;
             }
         }
+        #pragma omp simd
         for (int64_t i22 = v2; i22 < d_D; i22++) {
             const float v23 = l14[i22];
             p_out[i13 * st_out_0 + i22] = v23;

@@ -172,6 +172,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
             const float v30 = (float)(v29);
             const float v31 = v13 / v30;
             const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            #pragma omp simd
             for (int64_t i33 = v2; i33 < d_D; i33++) {
                 const float v34 = p_grad[ro_grad[v21] + i33];
                 const float v35 = v34;
@@ -180,6 +181,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
                 l16[i33] += v37;
             }
         }
+        #pragma omp simd
         for (int64_t i38 = v2; i38 < d_D; i38++) {
             const float v39 = l16[i38];
             const float v40 = v39;
@@ -362,6 +364,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
             const float v30 = (float)(v29);
             const float v31 = v13 / v30;
             const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            #pragma omp simd
             for (int64_t i33 = v2; i33 < d_D; i33++) {
                 const float v34 = opgen_f16_to_f32(p_grad[ro_grad[v21] + i33]);
                 const float v35 = v34;
@@ -370,6 +373,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
                 l16[i33] += v37;
             }
         }
+        #pragma omp simd
         for (int64_t i38 = v2; i38 < d_D; i38++) {
             const float v39 = l16[i38];
             const float v40 = v39;
@@ -552,6 +556,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
             const float v30 = (float)(v29);
             const float v31 = v13 / v30;
             const float v32 = p_scale_grad_by_freq ? v31 : v13;
+            #pragma omp simd
             for (int64_t i33 = v2; i33 < d_D; i33++) {
                 const float v34 = opgen_bf16_to_f32(p_grad[ro_grad[v21] + i33]);
                 const float v35 = v34;
@@ -560,6 +565,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
                 l16[i33] += v37;
             }
         }
+        #pragma omp simd
         for (int64_t i38 = v2; i38 < d_D; i38++) {
             const float v39 = l16[i38];
             const float v40 = v39;

@@ -153,6 +153,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -167,6 +168,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -177,6 +179,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -204,6 +207,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -218,6 +222,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -228,6 +233,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -386,6 +392,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -400,6 +407,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -410,6 +418,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -437,6 +446,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -451,6 +461,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -461,6 +472,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -619,6 +631,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -633,6 +646,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -643,6 +657,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -670,6 +685,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -684,6 +700,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -694,6 +711,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -852,6 +870,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -866,6 +885,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -876,6 +896,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -903,6 +924,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -917,6 +939,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -927,6 +950,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -1086,6 +1110,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v31; i33++) {
             const int64_t v34 = v28 + i33;
+            #pragma omp simd
             for (int64_t i35 = v15; i35 < d_H; i35++) {
                 const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
                 l32[i33 * d_H + i35] = v36;
@@ -1101,6 +1126,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i44 = v15; i44 < v42; i44++) {
                 const int64_t v45 = v39 + i44;
+                #pragma omp simd
                 for (int64_t i46 = v15; i46 < d_H; i46++) {
                     const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
                     l43[i44 * d_H + i46] = v47;
@@ -1117,6 +1143,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
                 const bool v56 = !v55;
                 const float v57 = p_grad[v51 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i58 = v15; i58 < v42; i58++) {
                     const int64_t v59 = v39 + i58;
                     const float v60 = l48[i50 * 256ll + i58];
@@ -1136,6 +1163,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
+            #pragma omp simd
             for (int64_t i72 = v15; i72 < d_H; i72++) {
                 const float v73 = l37[i70 * d_H + i72];
                 const float v74 = v73;
@@ -1152,6 +1180,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i81 = v15; i81 < v79; i81++) {
             const int64_t v82 = v76 + i81;
+            #pragma omp simd
             for (int64_t i83 = v15; i83 < d_H; i83++) {
                 const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
                 l80[i81 * d_H + i83] = v84;
@@ -1167,6 +1196,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i92 = v15; i92 < v90; i92++) {
                 const int64_t v93 = v87 + i92;
+                #pragma omp simd
                 for (int64_t i94 = v15; i94 < d_H; i94++) {
                     const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
                     l91[i92 * d_H + i94] = v95;
@@ -1183,6 +1213,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
                 const bool v104 = !v103;
                 const float v105 = p_grad[v99 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i106 = v15; i106 < v79; i106++) {
                     const int64_t v107 = v76 + i106;
                     const float v108 = l96[i98 * 256ll + i106];
@@ -1202,6 +1233,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
+            #pragma omp simd
             for (int64_t i120 = v15; i120 < d_H; i120++) {
                 const float v121 = l85[i118 * d_H + i120];
                 const float v122 = v121;
@@ -1361,6 +1393,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v31; i33++) {
             const int64_t v34 = v28 + i33;
+            #pragma omp simd
             for (int64_t i35 = v15; i35 < d_H; i35++) {
                 const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
                 l32[i33 * d_H + i35] = v36;
@@ -1376,6 +1409,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i44 = v15; i44 < v42; i44++) {
                 const int64_t v45 = v39 + i44;
+                #pragma omp simd
                 for (int64_t i46 = v15; i46 < d_H; i46++) {
                     const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
                     l43[i44 * d_H + i46] = v47;
@@ -1392,6 +1426,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v55 = p_target_mask[v51 * st_target_mask_0];
                 const bool v56 = !v55;
                 const float v57 = p_grad[v51 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i58 = v15; i58 < v42; i58++) {
                     const int64_t v59 = v39 + i58;
                     const float v60 = l48[i50 * 256ll + i58];
@@ -1411,6 +1446,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
+            #pragma omp simd
             for (int64_t i72 = v15; i72 < d_H; i72++) {
                 const float v73 = l37[i70 * d_H + i72];
                 const float v74 = v73;
@@ -1427,6 +1463,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i81 = v15; i81 < v79; i81++) {
             const int64_t v82 = v76 + i81;
+            #pragma omp simd
             for (int64_t i83 = v15; i83 < d_H; i83++) {
                 const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
                 l80[i81 * d_H + i83] = v84;
@@ -1442,6 +1479,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i92 = v15; i92 < v90; i92++) {
                 const int64_t v93 = v87 + i92;
+                #pragma omp simd
                 for (int64_t i94 = v15; i94 < d_H; i94++) {
                     const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
                     l91[i92 * d_H + i94] = v95;
@@ -1458,6 +1496,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v103 = p_target_mask[v99 * st_target_mask_0];
                 const bool v104 = !v103;
                 const float v105 = p_grad[v99 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i106 = v15; i106 < v79; i106++) {
                     const int64_t v107 = v76 + i106;
                     const float v108 = l96[i98 * 256ll + i106];
@@ -1477,6 +1516,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
+            #pragma omp simd
             for (int64_t i120 = v15; i120 < d_H; i120++) {
                 const float v121 = l85[i118 * d_H + i120];
                 const float v122 = v121;
@@ -1636,6 +1676,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v31; i33++) {
             const int64_t v34 = v28 + i33;
+            #pragma omp simd
             for (int64_t i35 = v15; i35 < d_H; i35++) {
                 const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
                 l32[i33 * d_H + i35] = v36;
@@ -1651,6 +1692,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i44 = v15; i44 < v42; i44++) {
                 const int64_t v45 = v39 + i44;
+                #pragma omp simd
                 for (int64_t i46 = v15; i46 < d_H; i46++) {
                     const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
                     l43[i44 * d_H + i46] = v47;
@@ -1667,6 +1709,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
                 const bool v56 = !v55;
                 const float v57 = p_grad[v51 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i58 = v15; i58 < v42; i58++) {
                     const int64_t v59 = v39 + i58;
                     const float v60 = l48[i50 * 256ll + i58];
@@ -1686,6 +1729,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
+            #pragma omp simd
             for (int64_t i72 = v15; i72 < d_H; i72++) {
                 const float v73 = l37[i70 * d_H + i72];
                 const float v74 = v73;
@@ -1702,6 +1746,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i81 = v15; i81 < v79; i81++) {
             const int64_t v82 = v76 + i81;
+            #pragma omp simd
             for (int64_t i83 = v15; i83 < d_H; i83++) {
                 const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
                 l80[i81 * d_H + i83] = v84;
@@ -1717,6 +1762,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i92 = v15; i92 < v90; i92++) {
                 const int64_t v93 = v87 + i92;
+                #pragma omp simd
                 for (int64_t i94 = v15; i94 < d_H; i94++) {
                     const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
                     l91[i92 * d_H + i94] = v95;
@@ -1733,6 +1779,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
                 const bool v104 = !v103;
                 const float v105 = p_grad[v99 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i106 = v15; i106 < v79; i106++) {
                     const int64_t v107 = v76 + i106;
                     const float v108 = l96[i98 * 256ll + i106];
@@ -1752,6 +1799,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
+            #pragma omp simd
             for (int64_t i120 = v15; i120 < d_H; i120++) {
                 const float v121 = l85[i118 * d_H + i120];
                 const float v122 = v121;
@@ -1911,6 +1959,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v31; i33++) {
             const int64_t v34 = v28 + i33;
+            #pragma omp simd
             for (int64_t i35 = v15; i35 < d_H; i35++) {
                 const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
                 l32[i33 * d_H + i35] = v36;
@@ -1926,6 +1975,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i44 = v15; i44 < v42; i44++) {
                 const int64_t v45 = v39 + i44;
+                #pragma omp simd
                 for (int64_t i46 = v15; i46 < d_H; i46++) {
                     const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
                     l43[i44 * d_H + i46] = v47;
@@ -1942,6 +1992,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v55 = p_target_mask[v51 * st_target_mask_0];
                 const bool v56 = !v55;
                 const float v57 = p_grad[v51 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i58 = v15; i58 < v42; i58++) {
                     const int64_t v59 = v39 + i58;
                     const float v60 = l48[i50 * 256ll + i58];
@@ -1961,6 +2012,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
+            #pragma omp simd
             for (int64_t i72 = v15; i72 < d_H; i72++) {
                 const float v73 = l37[i70 * d_H + i72];
                 const float v74 = v73;
@@ -1977,6 +2029,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i81 = v15; i81 < v79; i81++) {
             const int64_t v82 = v76 + i81;
+            #pragma omp simd
             for (int64_t i83 = v15; i83 < d_H; i83++) {
                 const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
                 l80[i81 * d_H + i83] = v84;
@@ -1992,6 +2045,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i92 = v15; i92 < v90; i92++) {
                 const int64_t v93 = v87 + i92;
+                #pragma omp simd
                 for (int64_t i94 = v15; i94 < d_H; i94++) {
                     const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
                     l91[i92 * d_H + i94] = v95;
@@ -2008,6 +2062,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v103 = p_target_mask[v99 * st_target_mask_0];
                 const bool v104 = !v103;
                 const float v105 = p_grad[v99 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i106 = v15; i106 < v79; i106++) {
                     const int64_t v107 = v76 + i106;
                     const float v108 = l96[i98 * 256ll + i106];
@@ -2027,6 +2082,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
+            #pragma omp simd
             for (int64_t i120 = v15; i120 < d_H; i120++) {
                 const float v121 = l85[i118 * d_H + i120];
                 const float v122 = v121;
@@ -2185,6 +2241,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -2199,6 +2256,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -2209,6 +2267,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -2236,6 +2295,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -2250,6 +2310,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -2260,6 +2321,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -2418,6 +2480,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -2432,6 +2495,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -2442,6 +2506,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -2469,6 +2534,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -2483,6 +2549,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -2493,6 +2560,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -2651,6 +2719,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -2665,6 +2734,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -2675,6 +2745,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -2702,6 +2773,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -2716,6 +2788,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -2726,6 +2799,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -2884,6 +2958,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -2898,6 +2973,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -2908,6 +2984,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -2935,6 +3012,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -2949,6 +3027,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -2959,6 +3038,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -3117,6 +3197,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -3131,6 +3212,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -3141,6 +3223,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -3168,6 +3251,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -3182,6 +3266,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -3192,6 +3277,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -3350,6 +3436,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -3364,6 +3451,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -3374,6 +3462,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -3401,6 +3490,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -3415,6 +3505,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -3425,6 +3516,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -3583,6 +3675,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -3597,6 +3690,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -3607,6 +3701,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -3634,6 +3729,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -3648,6 +3744,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -3658,6 +3755,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -3816,6 +3914,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -3830,6 +3929,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -3840,6 +3940,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -3867,6 +3968,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -3881,6 +3983,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -3891,6 +3994,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -4049,6 +4153,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -4063,6 +4168,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -4073,6 +4179,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -4100,6 +4207,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -4114,6 +4222,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -4124,6 +4233,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -4282,6 +4392,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -4296,6 +4407,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_f16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -4306,6 +4418,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -4333,6 +4446,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -4347,6 +4461,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -4357,6 +4472,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -4515,6 +4631,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v42 = (bool)((p_target_mask[(v40 >> 3) * st_target_mask_0] >> (v40 & 7)) & 1);
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -4529,6 +4646,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -4539,6 +4657,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -4566,6 +4685,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -4580,6 +4700,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -4590,6 +4711,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;
@@ -4748,6 +4870,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v42 = p_target_mask[v40 * st_target_mask_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v40 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v15; i45 < v37; i45++) {
                     const int64_t v46 = v34 + i45;
                     const float v47 = p_softmax[v40 * st_softmax_0 + v46 * st_softmax_1];
@@ -4762,6 +4885,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i54 = v15; i54 < v37; i54++) {
                 const int64_t v55 = v34 + i54;
+                #pragma omp simd
                 for (int64_t i56 = v15; i56 < d_H; i56++) {
                     const float v57 = opgen_bf16_to_f32(p_weight[v55 * st_weight_0 + i56 * st_weight_1]);
                     const float v58 = v57;
@@ -4772,6 +4896,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
+            #pragma omp simd
             for (int64_t i61 = v15; i61 < d_H; i61++) {
                 const float v62 = l32[i59 * d_H + i61];
                 const float v63 = v62;
@@ -4799,6 +4924,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 const bool v79 = p_target_mask[v77 * st_target_mask_0];
                 const bool v80 = !v79;
                 const float v81 = p_grad[v77 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i82 = v15; i82 < v68; i82++) {
                     const int64_t v83 = v65 + i82;
                     const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
@@ -4813,6 +4939,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i91 = v15; i91 < v74; i91++) {
                 const int64_t v92 = v71 + i91;
+                #pragma omp simd
                 for (int64_t i93 = v15; i93 < d_H; i93++) {
                     const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
                     const float v95 = v94;
@@ -4823,6 +4950,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
+            #pragma omp simd
             for (int64_t i98 = v15; i98 < d_H; i98++) {
                 const float v99 = l69[i96 * d_H + i98];
                 const float v100 = v99;

@@ -130,6 +130,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i20 = v1; i20 < v18; i20++) {
             const int64_t v21 = v15 + i20;
+            #pragma omp simd
             for (int64_t i22 = v1; i22 < d_H; i22++) {
                 const float v23 = opgen_f16_to_f32(p_input[v21 * st_input_0 + i22 * st_input_1]);
                 l19[i20 * d_H + i22] = v23;
@@ -145,6 +146,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i31 = v1; i31 < v29; i31++) {
                 const int64_t v32 = v26 + i31;
+                #pragma omp simd
                 for (int64_t i33 = v1; i33 < d_H; i33++) {
                     const float v34 = opgen_f16_to_f32(p_weight[v32 * st_weight_0 + i33 * st_weight_1]);
                     l30[i31 * d_H + i33] = v34;
@@ -161,6 +163,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                 const bool v42 = p_no_target[v38 * st_no_target_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v38 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v1; i45 < v29; i45++) {
                     const int64_t v46 = v26 + i45;
                     const float v47 = l35[i37 * 256ll + i45];
@@ -180,6 +183,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         }
         for (int64_t i57 = v1; i57 < v18; i57++) {
             const int64_t v58 = v15 + i57;
+            #pragma omp simd
             for (int64_t i59 = v1; i59 < d_H; i59++) {
                 const float v60 = l24[i57 * d_H + i59];
                 const float v61 = v60;
@@ -196,6 +200,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i68 = v1; i68 < v66; i68++) {
             const int64_t v69 = v63 + i68;
+            #pragma omp simd
             for (int64_t i70 = v1; i70 < d_H; i70++) {
                 const float v71 = opgen_f16_to_f32(p_weight[v69 * st_weight_0 + i70 * st_weight_1]);
                 l67[i68 * d_H + i70] = v71;
@@ -211,6 +216,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i79 = v1; i79 < v77; i79++) {
                 const int64_t v80 = v74 + i79;
+                #pragma omp simd
                 for (int64_t i81 = v1; i81 < d_H; i81++) {
                     const float v82 = opgen_f16_to_f32(p_input[v80 * st_input_0 + i81 * st_input_1]);
                     l78[i79 * d_H + i81] = v82;
@@ -227,6 +233,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                 const bool v90 = p_no_target[v86 * st_no_target_0];
                 const bool v91 = !v90;
                 const float v92 = p_grad[v86 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i93 = v1; i93 < v66; i93++) {
                     const int64_t v94 = v63 + i93;
                     const float v95 = l83[i85 * 256ll + i93];
@@ -246,6 +253,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         }
         for (int64_t i105 = v1; i105 < v66; i105++) {
             const int64_t v106 = v63 + i105;
+            #pragma omp simd
             for (int64_t i107 = v1; i107 < d_H; i107++) {
                 const float v108 = l72[i105 * d_H + i107];
                 const float v109 = v108;
@@ -381,6 +389,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i20 = v1; i20 < v18; i20++) {
             const int64_t v21 = v15 + i20;
+            #pragma omp simd
             for (int64_t i22 = v1; i22 < d_H; i22++) {
                 const float v23 = opgen_bf16_to_f32(p_input[v21 * st_input_0 + i22 * st_input_1]);
                 l19[i20 * d_H + i22] = v23;
@@ -396,6 +405,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i31 = v1; i31 < v29; i31++) {
                 const int64_t v32 = v26 + i31;
+                #pragma omp simd
                 for (int64_t i33 = v1; i33 < d_H; i33++) {
                     const float v34 = opgen_bf16_to_f32(p_weight[v32 * st_weight_0 + i33 * st_weight_1]);
                     l30[i31 * d_H + i33] = v34;
@@ -412,6 +422,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                 const bool v42 = p_no_target[v38 * st_no_target_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v38 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v1; i45 < v29; i45++) {
                     const int64_t v46 = v26 + i45;
                     const float v47 = l35[i37 * 256ll + i45];
@@ -431,6 +442,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         }
         for (int64_t i57 = v1; i57 < v18; i57++) {
             const int64_t v58 = v15 + i57;
+            #pragma omp simd
             for (int64_t i59 = v1; i59 < d_H; i59++) {
                 const float v60 = l24[i57 * d_H + i59];
                 const float v61 = v60;
@@ -447,6 +459,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i68 = v1; i68 < v66; i68++) {
             const int64_t v69 = v63 + i68;
+            #pragma omp simd
             for (int64_t i70 = v1; i70 < d_H; i70++) {
                 const float v71 = opgen_bf16_to_f32(p_weight[v69 * st_weight_0 + i70 * st_weight_1]);
                 l67[i68 * d_H + i70] = v71;
@@ -462,6 +475,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i79 = v1; i79 < v77; i79++) {
                 const int64_t v80 = v74 + i79;
+                #pragma omp simd
                 for (int64_t i81 = v1; i81 < d_H; i81++) {
                     const float v82 = opgen_bf16_to_f32(p_input[v80 * st_input_0 + i81 * st_input_1]);
                     l78[i79 * d_H + i81] = v82;
@@ -478,6 +492,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                 const bool v90 = p_no_target[v86 * st_no_target_0];
                 const bool v91 = !v90;
                 const float v92 = p_grad[v86 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i93 = v1; i93 < v66; i93++) {
                     const int64_t v94 = v63 + i93;
                     const float v95 = l83[i85 * 256ll + i93];
@@ -497,6 +512,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         }
         for (int64_t i105 = v1; i105 < v66; i105++) {
             const int64_t v106 = v63 + i105;
+            #pragma omp simd
             for (int64_t i107 = v1; i107 < d_H; i107++) {
                 const float v108 = l72[i105 * d_H + i107];
                 const float v109 = v108;
@@ -632,6 +648,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i20 = v1; i20 < v18; i20++) {
             const int64_t v21 = v15 + i20;
+            #pragma omp simd
             for (int64_t i22 = v1; i22 < d_H; i22++) {
                 const float v23 = p_input[v21 * st_input_0 + i22 * st_input_1];
                 l19[i20 * d_H + i22] = v23;
@@ -647,6 +664,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i31 = v1; i31 < v29; i31++) {
                 const int64_t v32 = v26 + i31;
+                #pragma omp simd
                 for (int64_t i33 = v1; i33 < d_H; i33++) {
                     const float v34 = p_weight[v32 * st_weight_0 + i33 * st_weight_1];
                     l30[i31 * d_H + i33] = v34;
@@ -663,6 +681,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                 const bool v42 = p_no_target[v38 * st_no_target_0];
                 const bool v43 = !v42;
                 const float v44 = p_grad[v38 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i45 = v1; i45 < v29; i45++) {
                     const int64_t v46 = v26 + i45;
                     const float v47 = l35[i37 * 256ll + i45];
@@ -682,6 +701,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         }
         for (int64_t i57 = v1; i57 < v18; i57++) {
             const int64_t v58 = v15 + i57;
+            #pragma omp simd
             for (int64_t i59 = v1; i59 < d_H; i59++) {
                 const float v60 = l24[i57 * d_H + i59];
                 const float v61 = v60;
@@ -698,6 +718,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
         for (int64_t i68 = v1; i68 < v66; i68++) {
             const int64_t v69 = v63 + i68;
+            #pragma omp simd
             for (int64_t i70 = v1; i70 < d_H; i70++) {
                 const float v71 = p_weight[v69 * st_weight_0 + i70 * st_weight_1];
                 l67[i68 * d_H + i70] = v71;
@@ -713,6 +734,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             for (int64_t i79 = v1; i79 < v77; i79++) {
                 const int64_t v80 = v74 + i79;
+                #pragma omp simd
                 for (int64_t i81 = v1; i81 < d_H; i81++) {
                     const float v82 = p_input[v80 * st_input_0 + i81 * st_input_1];
                     l78[i79 * d_H + i81] = v82;
@@ -729,6 +751,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                 const bool v90 = p_no_target[v86 * st_no_target_0];
                 const bool v91 = !v90;
                 const float v92 = p_grad[v86 * st_grad_0];
+                #pragma omp simd
                 for (int64_t i93 = v1; i93 < v66; i93++) {
                     const int64_t v94 = v63 + i93;
                     const float v95 = l83[i85 * 256ll + i93];
@@ -748,6 +771,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         }
         for (int64_t i105 = v1; i105 < v66; i105++) {
             const int64_t v106 = v63 + i105;
+            #pragma omp simd
             for (int64_t i107 = v1; i107 < d_H; i107++) {
                 const float v108 = l72[i105 * d_H + i107];
                 const float v109 = v108;

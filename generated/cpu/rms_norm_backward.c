@@ -267,6 +267,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
+            #pragma omp simd
             for (int64_t i39 = v1; i39 < d_D; i39++) {
                 const float v40 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
                 const float v41 = opgen_f16_to_f32(p_x[ro_x[i14] + i39]);
@@ -290,6 +291,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                 p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
             }
         }
+        #pragma omp simd
         for (int64_t i58 = v1; i58 < d_D; i58++) {
             const float v59 = l10[i58];
             t5[i9 * d_D + i58] = v59;
@@ -576,6 +578,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
+            #pragma omp simd
             for (int64_t i39 = v1; i39 < d_D; i39++) {
                 const float v40 = p_grad_y[ro_grad_y[i14] + i39];
                 const float v41 = p_x[ro_x[i14] + i39];
@@ -599,6 +602,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
                 p_grad_x[ro_grad_x[i14] + i39] = v57;
             }
         }
+        #pragma omp simd
         for (int64_t i58 = v1; i58 < d_D; i58++) {
             const float v59 = l10[i58];
             t5[i9 * d_D + i58] = v59;
@@ -885,6 +889,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
+            #pragma omp simd
             for (int64_t i39 = v1; i39 < d_D; i39++) {
                 const float v40 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
                 const float v41 = opgen_bf16_to_f32(p_x[ro_x[i14] + i39]);
@@ -908,6 +913,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
             }
         }
+        #pragma omp simd
         for (int64_t i58 = v1; i58 < d_D; i58++) {
             const float v59 = l10[i58];
             t5[i9 * d_D + i58] = v59;

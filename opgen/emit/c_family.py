@@ -440,11 +440,17 @@ class CPrinter:
         if cpu_mapping(op) == CpuMapping.STREAM:
             self.stream_loop(op, iv, lo, hi)
             return
+        if cpu_mapping(op) == CpuMapping.SIMD:
+            self.simd_hook()
         self.loop_header_hook(op, iv, lo, hi)
         self.depth += 1
         self.walk(iter(body))
         self.depth -= 1
         self.line("}")
+
+    def simd_hook(self) -> None:
+        """Emitted before a loop whose iterations vector lanes may run side by side (map-cpu's
+        ``simd`` loops and the strips of its ``stream`` loops)."""
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv}++) {{")
@@ -466,6 +472,7 @@ class CPrinter:
         self.names[op.iv] = base
         self.walk(iter(hints))
         self.names[op.iv] = iv
+        self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
         self.line(f"const int64_t {iv} = {base} + l;")
@@ -473,9 +480,9 @@ class CPrinter:
         self.depth -= 2
         self.line("    }")
         self.line("}")
-        self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
+        self.simd_hook()
+        self.line(f"for (int64_t {iv} = {base}; {iv} < {hi}; {iv}++) {{")
         self.depth += 1
-        self.line(f"const int64_t {iv} = {base} + l;")
         self.walk(iter(rest))
         self.depth -= 2
         self.line("    }")

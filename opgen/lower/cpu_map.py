@@ -8,7 +8,12 @@ Each ``sched.for`` (and top-level ``sched.matmul``) the CPU printer treats speci
 * ``lanes``: a ``reduce`` loop whose body accumulates into scalars and holds no loop is split
   into ``LANES`` fixed lanes combined pairwise in a fixed order (opgen/emit/c_family.py), so the
   result never depends on the thread count;
-* ``stream``: an innermost ``parallel`` loop inside a parallel loop that streams rows of caller
+* ``simd``: an innermost ``parallel`` loop inside a parallel loop whose iterations each touch
+  their own elements (:func:`independent`) runs under ``#pragma omp simd``. The C compiler
+  cannot see that itself inside an OpenMP region (the outlined body loses ``restrict``), and
+  with many f32 pointers it gives up on runtime alias checks: LayerNorm backward's grad_x loop
+  stayed scalar in f32 while its bf16 twin was vectorised;
+* ``stream``: such a loop that also streams rows of caller
   tensors (a load indexed by enclosing loops' counters only, this loop's last) which no earlier
   loop of the same body has read. It runs in strips of ``STRIP`` iterations, and each strip
   starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row. Compute-heavy
@@ -64,11 +69,25 @@ def strip(elem_bytes: list[int]) -> int:
     return LINE // max(elem_bytes)
 
 
+def independent(op: s.ForOp) -> bool:
+    """Whether vector lanes may run ``op``'s iterations side by side: a ``parallel`` loop
+    holding no loop, check or segment op, whose stores and accumulations all index with its
+    counter (each iteration writes its own elements; no scalar carried between iterations)."""
+    if op.kind.data != "parallel":
+        return False
+    for o in op.body.block.ops:
+        if isinstance(o, s.ForOp | s.RequireOp | s.SegmentsOp | s.SegmentStartOp | s.BufferMatmulOp | s.AllocOp):
+            return False
+        if isinstance(o, s.StoreOp | s.AccumOp) and not any(i is op.iv for i in o.idx):
+            return False
+    return True
+
+
 def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
     """The loads a ``stream`` loop prefetches (one per buffer and index): rows of caller tensors
     (rank >= 2) indexed by enclosing loops' counters only, ``op``'s last, that no earlier loop
     of the enclosing body (``read_before``) has read."""
-    if op.kind.data != "parallel" or any(isinstance(o, s.ForOp) for o in op.body.block.ops):
+    if not independent(op):
         return []
     out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
     for ld in op.body.block.ops:
@@ -100,6 +119,8 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         first = o.body.block.first_op
                         for ld in loads:
                             o.body.block.insert_op_before(s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD), first)
+                    elif in_parallel and independent(o):
+                        o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.SIMD)
                     inner = in_parallel or o.kind.data == "parallel"
                 elif isinstance(o, s.BufferMatmulOp) and not in_parallel:
                     o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.OMP_FOR)
@@ -108,8 +129,8 @@ def _map(op: Operation, in_parallel: bool) -> None:
 
 
 class MapCpu(ModulePass):
-    """Mark the CPU target's OpenMP loops, lane-split reductions and prefetching streams
-    (module docstring)."""
+    """Mark the CPU target's OpenMP loops, lane-split reductions, vector loops and prefetching
+    streams (module docstring)."""
 
     name = "map-cpu"
 

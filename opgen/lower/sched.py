@@ -97,6 +97,7 @@ class CpuMapping(StrEnum):
     OMP_FOR = "omp_for"
     LANES = "lanes"
     STREAM = "stream"
+    SIMD = "simd"
 
 
 @irdl_attr_definition
