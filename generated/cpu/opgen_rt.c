@@ -78,9 +78,9 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
 }
 
 /* ---- f32 GEMM: packed panels and an MR x NR register tile ----
- * Loops (as BLIS): k blocks of OPGEN_KC; B's block packed in NR-column panels; row blocks of
- * OPGEN_MC packed in MR-row panels; then for each B panel (kept in L1) every A panel of the row
- * block. Every element of C sums its k terms in increasing k within a block (one fused
+ * Loops: k blocks of OPGEN_KC; B's block packed in NR-column panels; row blocks of OPGEN_MC
+ * packed in MR-row panels; then (sgemm_block) column blocks of OPGEN_NC, each A panel, each B
+ * panel. Every element of C sums its k terms in increasing k within a block (one fused
  * multiply-add each) and adds the blocks in order, whatever the tile sizes, the loop order or the
  * instruction set: results are bitwise the same on every path and thread count. With AVX-512 the
  * register tile is 14 x 32 (28 accumulators, intrinsics); otherwise 8 x 32, auto-vectorised. */
@@ -92,16 +92,19 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
 #endif
 #define OPGEN_NR 32
 #define OPGEN_KC 256 /* sched.matmul's k blocks (opgen/lower/sched.py: GEMM_KC) */
-#define OPGEN_MC 256
+#define OPGEN_MC (18 * OPGEN_MR) /* rows of a block: whole panels */
+#define OPGEN_NC 1024
 
+/* A's mr rows (k columns k0.., kc of them) as an OPGEN_MR-row panel: row i at p + i * OPGEN_KC.
+ * Rows a constant OPGEN_KC floats apart, not A's ars, so that the kernel's 14 row streams fall
+ * in different cache sets and are addressed by constant displacements. */
 static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
-    if (mr < OPGEN_MR) memset(p, 0, sizeof(float) * OPGEN_MR * (size_t)kc);
-    if (acs == 1) { /* rows contiguous: stream each row */
-        for (int64_t i = 0; i < mr; i++)
-            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_MR + i] = A[i * ars + k];
+    if (mr < OPGEN_MR) memset(p + mr * OPGEN_KC, 0, sizeof(float) * OPGEN_KC * (size_t)(OPGEN_MR - mr));
+    if (acs == 1) { /* rows contiguous: copies */
+        for (int64_t i = 0; i < mr; i++) memcpy(p + i * OPGEN_KC, A + i * ars, sizeof(float) * (size_t)kc);
     } else {
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t i = 0; i < mr; i++) p[k * OPGEN_MR + i] = A[i * ars + k * acs];
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = A[i * ars + k * acs];
     }
 }
 
@@ -131,10 +134,17 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
         t0[i] = _mm512_setzero_ps();
         t1[i] = _mm512_setzero_ps();
     }
+    for (int64_t i = 0; i < mr; i++) { /* C's tile, needed after the k loop: fetched meanwhile */
+        _mm_prefetch((const char *)(const void *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(const void *)(c + i * ldc + nr - 1), _MM_HINT_T0);
+    }
     for (int64_t k = 0; k < kc; k++) {
+        /* B's panel comes from L2 (the row block's A panel stays in L1): 4 k steps ahead */
+        OPGEN_PREFETCH(b, k * OPGEN_NR, 4 * OPGEN_NR * sizeof(float));
+        OPGEN_PREFETCH(b, k * OPGEN_NR, 4 * OPGEN_NR * sizeof(float) + 64);
         const __m512 b0 = _mm512_loadu_ps(b + k * OPGEN_NR), b1 = _mm512_loadu_ps(b + k * OPGEN_NR + 16);
         _Pragma("GCC unroll 14") for (int i = 0; i < OPGEN_MR; i++) {
-            const __m512 ai = _mm512_set1_ps(a[k * OPGEN_MR + i]);
+            const __m512 ai = _mm512_set1_ps(a[i * OPGEN_KC + k]);
             t0[i] = _mm512_fmadd_ps(ai, b0, t0[i]);
             t1[i] = _mm512_fmadd_ps(ai, b1, t1[i]);
         }
@@ -167,7 +177,7 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
     for (int64_t k = 0; k < kc; k++) {
         const float *bk = b + k * OPGEN_NR;
         _Pragma("GCC unroll 8") for (int i = 0; i < OPGEN_MR; i++) {
-            const float ai = a[k * OPGEN_MR + i];
+            const float ai = a[i * OPGEN_KC + k];
             _Pragma("GCC unroll 32") for (int j = 0; j < OPGEN_NR; j++) t[i][j] = fmaf(ai, bk[j], t[i][j]);
         }
     }
@@ -191,19 +201,25 @@ static void sgemm_loop(int64_t m, int64_t n, int64_t k, const float *A, int64_t 
 }
 
 /* One row block (mc <= OPGEN_MC rows) of C against the packed B block pb (kc x n): A's panels
- * packed into pa, then every B panel meets every A panel. */
+ * packed into pa; then, for each OPGEN_NC columns of B (kept in L2), each A panel (kept in L1)
+ * meets each of their B panels. (B panels outermost, kept in L1 with A's panels streaming from
+ * L2, ran at 0.75x MKL; this order, A packed by rows and B prefetched, at about 0.9x.) */
 static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const float *A, int64_t ars, int64_t acs,
                         const float *pb, float *C, int64_t ldc, int acc, float *pa) {
     for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
-        pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + i0 * ars, ars, acs, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc);
-    for (int64_t j0 = 0; j0 < n; j0 += OPGEN_NR)
+        pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + i0 * ars, ars, acs, pa + (i0 / OPGEN_MR) * OPGEN_MR * OPGEN_KC);
+    for (int64_t jc = 0; jc < n; jc += OPGEN_NC)
         for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
-            ukernel(kc, pa + (i0 / OPGEN_MR) * OPGEN_MR * kc, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc, C + i0 * ldc + j0,
-                    ldc, mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
+            for (int64_t j0 = jc; j0 < n && j0 < jc + OPGEN_NC; j0 += OPGEN_NR)
+                ukernel(kc, pa + (i0 / OPGEN_MR) * OPGEN_MR * OPGEN_KC, pb + (j0 / OPGEN_NR) * OPGEN_NR * kc,
+                        C + i0 * ldc + j0, ldc, mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR,
+                        n - j0 < OPGEN_NR ? n - j0 : OPGEN_NR, acc);
 }
 
-/* opgen_sgemm, its row blocks spread over `threads` OpenMP threads (1: none): for each k block,
- * B is packed once (its panels in parallel), then each row block is computed by one thread. */
+/* opgen_sgemm, its rows spread over `threads` OpenMP threads (1: none): for each k block, B is
+ * packed once (its panels in parallel), then each thread computes an even share of whole MR-row
+ * panels (blocks of OPGEN_MC rows: a block of 256 rows, not a multiple of 14, wasted 4% on a
+ * partial panel per block, and 17 blocks split 9/8 over two threads). */
 static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                   int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
@@ -214,11 +230,11 @@ static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, 
     }
     int64_t kc_max = k < OPGEN_KC ? k : OPGEN_KC;
     int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
-    int64_t nblk = (m + OPGEN_MC - 1) / OPGEN_MC;
+    const int64_t panels = (m + OPGEN_MR - 1) / OPGEN_MR;
     int64_t mpan = ((m < OPGEN_MC ? m : OPGEN_MC) + OPGEN_MR - 1) / OPGEN_MR;
-    if (threads > nblk) threads = (int)nblk;
+    if (threads > panels) threads = (int)panels;
     /* saturating sizes: panels that do not fit fall back to the triple loop */
-    size_t na = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_MR, (size_t)kc_max), (size_t)mpan);
+    size_t na = opgen_sz_mul(sizeof(float) * OPGEN_MR * OPGEN_KC, (size_t)mpan);
     size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(float) * OPGEN_NR, (size_t)kc_max), (size_t)npan);
     size_t na_all = opgen_sz_mul(na, (size_t)threads);
     float *pa = na_all == SIZE_MAX ? NULL : (float *)malloc(na_all);
@@ -236,21 +252,24 @@ static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, 
 #define OPGEN_PACK_B(p) \
     pack_b(n - (p) * OPGEN_NR < OPGEN_NR ? n - (p) * OPGEN_NR : OPGEN_NR, kc, B + k0 * brs + (p) * OPGEN_NR * bcs, brs, \
            bcs, pb + (p) * OPGEN_NR * kc)
-#define OPGEN_BLOCK(blk, t) \
-    sgemm_block(m - (blk) * OPGEN_MC < OPGEN_MC ? m - (blk) * OPGEN_MC : OPGEN_MC, n, kc, \
-                A + (blk) * OPGEN_MC * ars + k0 * acs, ars, acs, pb, C + (blk) * OPGEN_MC * ldc, ldc, acc, \
-                pa + (size_t)(t) * pa_stride)
+#define OPGEN_ROWS(t, T) do { /* thread t of T: its share of whole MR-row panels, in row blocks */ \
+    const int64_t r0 = OPGEN_MR * (panels * (t) / (T)), r1e = OPGEN_MR * (panels * ((t) + 1) / (T)); \
+    const int64_t r1 = r1e < m ? r1e : m; \
+    for (int64_t i = r0; i < r1; i += OPGEN_MC) \
+        sgemm_block(r1 - i < OPGEN_MC ? r1 - i : OPGEN_MC, n, kc, A + i * ars + k0 * acs, ars, acs, pb, \
+                    C + i * ldc, ldc, acc, pa + (size_t)(t) * pa_stride); \
+} while (0)
         if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
             #pragma omp parallel for schedule(static) num_threads(threads)
             for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
-            #pragma omp parallel for schedule(static) num_threads(threads)
-            for (int64_t blk = 0; blk < nblk; blk++) OPGEN_BLOCK(blk, omp_get_thread_num());
+            #pragma omp parallel num_threads(threads)
+            OPGEN_ROWS(omp_get_thread_num(), omp_get_num_threads());
         } else {
             for (int64_t p = 0; p < npan; p++) OPGEN_PACK_B(p);
-            for (int64_t blk = 0; blk < nblk; blk++) OPGEN_BLOCK(blk, 0);
+            OPGEN_ROWS(0, 1);
         }
 #undef OPGEN_PACK_B
-#undef OPGEN_BLOCK
+#undef OPGEN_ROWS
     }
     free(pa);
     free(pb);
