@@ -233,8 +233,24 @@ def ln_cast_args(rng: np.random.Generator, T: str, shape: tuple[int, ...]) -> di
             "mean_": mu.astype(np.float32), "rstd": (1 / np.sqrt(var + 1e-5)).astype(np.float32)}
 
 
+MATMUL_TWICE = '''
+"""A matmul whose result is read by two loops (a row sum, then an elementwise output)."""
+from opgen.dsl import *
+
+N, K, M = dims("N K M")
+
+
+@op
+def matmul_twice(x: Tensor[f32, N, K], w: Tensor[f32, M, K], *, y: Output[f32, N, M], s: Output[f32, N]):
+    """y = 2 (x @ w.T) - rowsum(x @ w.T); s = rowsum(x @ w.T)."""
+    z = x @ w.T
+    t = sum(z, axis=-1)
+    return {"y": z * 2.0 - t[:, None], "s": t}
+'''
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
-           "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST}
+           "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST,
+           "matmul_twice_ops.py": MATMUL_TWICE}
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +351,44 @@ def test_standalone_matmul_runs_on_the_packed_gemm(built, rng):
         assert r.returncode == 0, r.stderr
         outs.add(r.stdout)
     assert len(outs) == 1, "the result depends on the thread count"
+
+
+def test_matmul_writes_its_epilogue_output(built, rng):
+    """matmul-into-output: ``relu(x @ w.T + b)`` keeps no workspace temporary — the GEMM writes
+    ``y`` and the epilogue updates it in place — right for a contiguous ``y`` (the GEMM) and a
+    strided one (the general flavour's loop, the columns between untouched), against the oracle.
+    A matmul whose result a second loop reads (a row sum before the elementwise output) keeps
+    its temporary, and is right too."""
+    from opgen.passes import pipeline
+
+    def kernel(name: str) -> s.KernelOp:
+        m = built["ops"][name].module()
+        pipeline.run(m, "cpu")
+        (k,) = m.body.block.ops
+        return k
+
+    k = kernel("linear_relu")
+    assert not any(isinstance(o, s.AllocOp) for o in k.walk())
+    (mm,) = [o for o in k.walk() if isinstance(o, s.BufferMatmulOp)]
+    assert [a.data for a in k.arg_names.data][k.body.block.args.index(mm.c)] == "y"
+    src = (built["out"] / "cpu" / "linear_relu.c").read_text()
+    assert "opgen_sgemm_par(" in src and "p_y, " in src[src.index("opgen_sgemm_par("):]
+    x, w = rounded(rng.standard_normal((37, 70)), "f32"), rounded(rng.standard_normal((45, 70)), "f32")
+    b = rounded(rng.standard_normal(45), "f32")
+    ref = oracle.run(built["ops"]["linear_relu"], x=x, w=w, b=b)["y"]
+    full = np.full((37, 90), 7.0, dtype=np.float32)
+    for y in (np.zeros((37, 45), np.float32), full[:, ::2]):
+        got = runtime.call("linear_relu", lib=built["lib"], x=x, w=w, b=b, y=y)["y"]
+        assert np.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert np.all(full[:, 1::2] == 7.0)
+    k2 = kernel("matmul_twice")
+    assert any(isinstance(o, s.AllocOp) and any(isinstance(u.operation, s.BufferMatmulOp) for u in o.result.uses)
+               for o in k2.walk())
+    got, ref2 = run_both(built, "matmul_twice", x=x, w=w)
+    z = t64(x) @ t64(w).T
+    for name, want in (("y", 2 * z - z.sum(-1, keepdim=True)), ("s", z.sum(-1))):
+        assert np.allclose(got[name], ref2[name], rtol=1e-4, atol=1e-3), name
+        assert np.allclose(f64(got[name]), want.numpy(), rtol=1e-4, atol=1e-3), name
 
 
 # ---------------------------------------------------------------------- streams (software prefetch)

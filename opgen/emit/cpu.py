@@ -61,9 +61,12 @@ def instance_name(o: OpDef, present: tuple[str, ...], b: dict[str, dtypes.DType]
 def stride_flavours(k: s.KernelOp, unit_check: str) -> str:
     """Which stride flavours an instance of ``k`` gets (``unit_check``: its printer's
     :meth:`~CPrinter.unit_last_check`): ``general`` for a compute-bound kernel (a matmul: the
-    packed GEMM reads any strides), ``unit`` when no read parameter can have a non-unit last
-    stride, else ``both``, chosen per call."""
-    if any(isinstance(x, s.BufferMatmulOp) for x in k.walk()):
+    packed GEMM reads any strides) unless a matmul writes a caller's buffer (the GEMM writes
+    rows of unit stride only: matmul-into-output), ``unit`` when no read parameter can have a
+    non-unit last stride, else ``both``, chosen per call."""
+    args = set(k.body.block.args)
+    mms = [x for x in k.walk() if isinstance(x, s.BufferMatmulOp)]
+    if mms and not any(x.c in args for x in mms):
         return "general"
     return "unit" if unit_check == "1" else "both"
 

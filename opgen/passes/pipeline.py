@@ -30,6 +30,7 @@ from opgen.lower.cpu_map import MapCpu
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
+from opgen.lower.matmul_output import MatmulIntoOutput
 from opgen.lower.sched import Sched
 from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
@@ -55,12 +56,13 @@ GPU_MAPPING: list[ModulePass] = [MapGpu(), PlanGpuWorkspace(), ChunkGpuLoops(), 
 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
-    # C11 + OpenMP: loops over buffers (independent reductions over one range fused); map-cpu
+    # C11 + OpenMP: loops over buffers (independent reductions over one range fused; a matmul
+    # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py); map-cpu
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py). Index and mask parameters are
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
-            CanonicalizePass(), MapCpu()],
+            CanonicalizePass(), MatmulIntoOutput(), MapCpu()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
@@ -73,7 +75,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # dtype binding (opgen/lower/to_std.py); printed in MLIR's textual syntax, which mlir-opt and
     # MLIR's Python bindings parse (generated/mlir/; opgen/mlir.py runs it).
     "mlir": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
-             CanonicalizePass(), MapCpu(), LowerToStd(), CommonSubexpressionElimination()],
+             CanonicalizePass(), MatmulIntoOutput(), MapCpu(), LowerToStd(), CommonSubexpressionElimination()],
     # Upstream MLIR at the tensor level: the L0 IR as linalg/tensor (value semantics), one function
     # per dtype binding (opgen/lower/to_linalg.py); generated/mlir/<op>.linalg.mlir.
     "linalg": [*L0, ConvertAtBoundary(), LowerToLinalg(), CommonSubexpressionElimination()],
