@@ -31,6 +31,7 @@ from opgen import dtypes, registry
 from opgen.binding import (
     I64_RANGE,
     OpError,
+    aligned_zeros,
     attr_value,
     bind,
     dtype_of,
@@ -250,7 +251,7 @@ def ttnn_function(op_name: str) -> Any:
             if out_full.shape not in (tuple(logical), (*lead, *logical)):
                 raise OpError("shape", f"{decl.name}: output_tensor must be {(*lead, *logical)} {want}")
         else:
-            out_full = np.zeros((*lead, *logical), want)
+            out_full = aligned_zeros((*lead, *logical), want)
         # drop the unit leading dims by indexing: always a view, so the library writes out_full
         args[decl.output] = out_full[(0,) * (out_full.ndim - len(logical))]
         call(op_name, **args)

@@ -454,3 +454,26 @@ def test_cuda_runtime_checks_before_any_device_work():
     e = status_of(lambda: runtime_cuda.call(EDB, lib=no_lib, grad=grad, indices=idx, num_weights=2**64))
     assert e.status == "param" and "out of range" in e.message
 
+
+
+@pytest.mark.parametrize("shape", [(7, 13), (300, 520), (0, 8)])
+def test_outputs_it_allocates_start_on_a_cache_line(rng, shape):
+    """Non-empty outputs ``runtime.call`` (and the ttnn facade) allocate start on a 64-byte boundary, as
+    PyTorch's do (numpy's large arrays start 16 bytes into a line, where every vector store of a
+    kernel splits over two lines), are zero-filled C-contiguous arrays of the output's shape and
+    dtype, and hold the oracle's result."""
+    from opgen.binding import ALIGN, aligned_zeros
+
+    for T in ("f32", "bf16"):
+        args = {k: v for k, v in rms_args(rng, T, shape, eps=1e-6).items() if k not in ("grad_x", "grad_w")}
+        got = runtime.call("rms_norm_backward", **args)
+        assert set(got) == {"grad_x", "grad_w"}
+        want = oracle.run(registry.get("rms_norm_backward"), **args)
+        for name, arr in got.items():
+            assert arr.size == 0 or arr.ctypes.data % ALIGN == 0, name  # (an empty array has no data)
+            assert arr.flags.c_contiguous and arr.flags.writeable, name
+            assert arr.shape == want[name].shape and arr.dtype == want[name].dtype, name
+            assert_c_close(arr, want[name], name)
+    for dt in (np.float32, np.uint16, np.int64, np.bool_):
+        z = aligned_zeros((3, 5, 2), dt)
+        assert z.ctypes.data % ALIGN == 0 and z.shape == (3, 5, 2) and z.dtype == dt and not z.any()
