@@ -370,7 +370,7 @@ def test_matmul_writes_its_epilogue_output(built, rng):
     k = kernel("linear_relu")
     assert not any(isinstance(o, s.AllocOp) for o in k.walk())
     (mm,) = [o for o in k.walk() if isinstance(o, s.BufferMatmulOp)]
-    assert [a.data for a in k.arg_names.data][k.body.block.args.index(mm.c)] == "y"
+    assert k.param_names[mm.c] == "y"
     src = (built["out"] / "cpu" / "linear_relu.c").read_text()
     assert "opgen_sgemm_par(" in src and "p_y, " in src[src.index("opgen_sgemm_par("):]
     x, w = rounded(rng.standard_normal((37, 70)), "f32"), rounded(rng.standard_normal((45, 70)), "f32")
@@ -422,7 +422,7 @@ def test_stream_loops_prefetch_rows_read_first(built):
     k = loop.parent_op()
     while not isinstance(k, s.KernelOp):
         k = k.parent_op()
-    names = dict(zip(k.body.block.args, (a.data for a in k.arg_names.data), strict=True))
+    names = k.param_names
     hinted = sorted(names[x.buf] for x in loop.body.block.ops if isinstance(x, s.PrefetchOp))
     assert hinted == ["grad", "x"]  # read rows, once each; never dx
     # LayerNorm: the row sums (a lanes loop) read grad_y and x first; the sibling loop computing
@@ -457,7 +457,7 @@ def test_independent_inner_loops_are_vector_loops(built):
     simd = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.SIMD]
     stores = {x.buf for o in simd for x in o.body.block.ops if isinstance(x, s.StoreOp)}
     k = next(o for o in m.walk() if isinstance(o, s.KernelOp))
-    names = dict(zip(k.body.block.args, (a.data for a in k.arg_names.data), strict=True))
+    names = k.param_names
     assert "grad_x" in {names.get(b) for b in stores}
     for o in loops:
         marked = cpu_map.cpu_mapping(o) in (s.CpuMapping.SIMD, s.CpuMapping.STREAM)

@@ -135,8 +135,8 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
         t1[i] = _mm512_setzero_ps();
     }
     for (int64_t i = 0; i < mr; i++) { /* C's tile, needed after the k loop: fetched meanwhile */
-        _mm_prefetch((const char *)(const void *)(c + i * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(const void *)(c + i * ldc + nr - 1), _MM_HINT_T0);
+        OPGEN_PREFETCH(c, i * ldc, 0);
+        OPGEN_PREFETCH(c, i * ldc + nr - 1, 0);
     }
     for (int64_t k = 0; k < kc; k++) {
         /* B's panel comes from L2 (the row block's A panel stays in L1): 4 k steps ahead */

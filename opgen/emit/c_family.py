@@ -120,8 +120,7 @@ class CPrinter:
         self.dim_ids = dim_ids
         self.names: dict[SSAValue, str] = {}
         #: kernel arguments by DSL parameter name (printed as cnames.local(name))
-        self.arg_of: dict[SSAValue, str] = dict(zip(kernel.body.block.args, (a.data for a in kernel.arg_names.data),
-                                                    strict=True))
+        self.arg_of: dict[SSAValue, str] = kernel.param_names
         self.lines: list[str] = []
         self.mentioned: set[str] = set()  # identifiers the body being printed uses (see mention)
         self.depth = 1

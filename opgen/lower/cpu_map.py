@@ -15,8 +15,8 @@ Each ``sched.for`` (and top-level ``sched.matmul``) the CPU printer treats speci
   stayed scalar in f32 while its bf16 twin was vectorised;
 * ``stream``: such a loop that also streams rows of caller
   tensors (a load indexed by enclosing loops' counters only, this loop's last) which no earlier
-  loop of the same body has read. It runs in strips of ``STRIP`` iterations, and each strip
-  starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row. Compute-heavy
+  loop of the same body has read. It runs in strips of one cache line (:func:`strip`), and each
+  strip starts with a ``sched.prefetch`` ``PREFETCH_AHEAD`` bytes ahead in every such row. Compute-heavy
   loops (``exp``, a division) otherwise keep too few cache misses in flight to overlap their
   arithmetic with memory (SiLU backward, 8192x4096 f32, 2 threads: 20.1 -> 13.4 ms in a C
   harness; docs/backend_cpu.md). A row a sibling loop has just read is in cache already, and

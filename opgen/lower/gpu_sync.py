@@ -89,7 +89,7 @@ def _varies(v: SSAValue, lp: s.ForOp) -> bool:
 def chunkable(k: s.KernelOp, lp: s.ForOp) -> bool:
     """Every access of memory that moves with ``lp`` is contiguous in its last index (module
     docstring)."""
-    names = {a: n.data for a, n in zip(k.body.block.args, k.arg_names.data, strict=True)}
+    names = k.param_names
     aliased, batched = k.aliased, k.batched_params
     stored_shared = False
     any_moving = False

@@ -54,7 +54,7 @@ def target(k: s.KernelOp, alloc: s.AllocOp) -> SSAValue | None:
     mm = mms[0]
     if mm.c is not t or t in (mm.a, mm.b) or mm.accumulate.data:
         return None
-    names = dict(zip(k.body.block.args, (a.data for a in k.arg_names.data), strict=True))
+    names = k.param_names
     body_ops = list(k.body.block.ops)
     ys: set[SSAValue] = set()
     stores: set[Operation] = set()

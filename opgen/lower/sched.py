@@ -256,6 +256,11 @@ class KernelOp(IRDLOperation):
         return frozenset(n for o, i in pairs for n in (o, i.data))  # type: ignore[attr-defined]
 
     @property
+    def param_names(self) -> dict[SSAValue, str]:
+        """Each block argument's parameter name."""
+        return {a: n.data for a, n in zip(self.body.block.args, self.arg_names.data, strict=True)}
+
+    @property
     def batched_params(self) -> frozenset[str]:
         return frozenset(a.data for a in self.batched.data) if self.batched else frozenset()
 
