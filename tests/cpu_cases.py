@@ -13,12 +13,20 @@ with EPS[T] the machine epsilon of the storage dtype (one ulp at that magnitude;
 f64 beyond their own rounding), TINY the smallest subnormal, and REORDER the f32 (f64)
 summation-order noise relative to the largest result. NaN/Inf positions and signs must match.
 
+A kernel whose matmuls take bf16 products on AMX tiles (narrow-products: on an AMX machine,
+the bf16 instances of the cross-entropy gradients) rounds an operand computed in f32 — the
+logits' gradient — to bf16 before its products, as PyTorch's bf16 path does; its bf16 results
+are then held to SPEC §0's margin for bf16 (PRODUCTS, relative to max|oracle|) instead of
+REORDER. tests/test_gemm.py checks those products tightly; test_flce_vs_torch holds the op to
+SPEC §0's policy against PyTorch's own bf16 computation.
+
 This module imports no torch, so the worker can run under an ASan-preloaded interpreter.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import ml_dtypes
@@ -26,6 +34,8 @@ import numpy as np
 
 from opgen import dtypes, oracle, registry, runtime
 from opgen.binding import to_numpy
+from opgen.lower import sched
+from opgen.passes import pipeline
 
 NP = {
     "f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32),
@@ -38,6 +48,8 @@ NP = {
 EPS = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 0.0, "f64": 0.0}
 TINY = {"f16": 2.0**-24, "bf16": 2.0**-133, "f32": 2.0**-149, "f64": 0.0}
 REORDER = {"f16": 1e-5, "bf16": 1e-5, "f32": 1e-5, "f64": 1e-12}
+#: SPEC §0's margin for results of bf16 tile products (module docstring)
+PRODUCTS = {"bf16": 8e-3}
 
 #: plain-ABI status codes (generated/include/opgen.h)
 CODE = {"null": 1, "param": 2, "shape": 3, "dtype": 4, "strides": 5, "index": 6, "workspace": 7}
@@ -186,8 +198,19 @@ def flce_args(rng, T, M, TI, mode, BT=70, H=20, V=300, mask_p=0.4, mask_extra=0)
 # ----------------------------------------------------------------------------- checks
 
 
-def assert_c_close(ours: np.ndarray, ref: np.ndarray, what: str = "") -> None:
-    """The C result against the oracle's (same storage dtype), per the module docstring."""
+@functools.cache
+def bf16_products(name: str) -> bool:
+    """Op ``name``'s C kernels take bf16 products on AMX tiles in this process (module docstring):
+    a matmul marked by narrow-products, and opgen_amx() true."""
+    if not runtime.load().opgen_amx():
+        return False
+    m = pipeline.run(registry.get(name).module(), "cpu", until="narrow-products")
+    return any(isinstance(x, sched.BufferMatmulOp) and x.products is not None for x in m.walk())
+
+
+def assert_c_close(ours: np.ndarray, ref: np.ndarray, what: str = "", products: bool = False) -> None:
+    """The C result against the oracle's (same storage dtype), per the module docstring
+    (``products``: the op's matmuls took bf16 products, :func:`bf16_products`)."""
     assert ours.dtype == ref.dtype, f"{what}: dtype {ours.dtype} vs oracle {ref.dtype}"
     assert ours.shape == ref.shape, f"{what}: shape {ours.shape} vs oracle {ref.shape}"
     T = name_of(ours)
@@ -202,7 +225,8 @@ def assert_c_close(ours: np.ndarray, ref: np.ndarray, what: str = "") -> None:
         return
     scale = float(np.abs(r[fin]).max())
     err = np.abs(o[fin] - r[fin])
-    bound = EPS[T] * np.maximum(np.abs(o[fin]), np.abs(r[fin])) + TINY[T] + REORDER[T] * scale
+    margin = PRODUCTS.get(T, REORDER[T]) if products else REORDER[T]
+    bound = EPS[T] * np.maximum(np.abs(o[fin]), np.abs(r[fin])) + TINY[T] + margin * scale
     bad = err > bound
     if bad.any():
         k = int(np.argmax(err - bound))
@@ -234,7 +258,7 @@ def check_against_oracle(name: str, args: dict[str, Any], aliased: tuple[str, ..
     got = runtime.call(name, **args)
     for k, v in ref.items():
         assert k in got, f"{name}: C returned no {k}"
-        assert_c_close(got[k], v, f"{name}.{k}")
+        assert_c_close(got[k], v, f"{name}.{k}", bf16_products(name))
     for k, v in args.items():
         if not isinstance(v, np.ndarray) or k in ref or k in aliased:
             continue

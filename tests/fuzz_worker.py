@@ -42,6 +42,7 @@ from tests.cpu_cases import (
     FLCE,
     NP,
     assert_c_close,
+    bf16_products,
     c_call,
     eb_args,
     ebw_args,
@@ -850,7 +851,7 @@ def run_case(t: Target, spec: dict[str, Any], last: Path | None = None) -> None:
     writable: dict[int, list[np.ndarray]] = {}
     for k, v in ref.items():
         out = case.args[k]
-        assert_c_close(np.array(out), v, f"{t.name}.{k}")
+        assert_c_close(np.array(out), v, f"{t.name}.{k}", bf16_products(t.op))
         writable.setdefault(id(case.bufs[k].root), []).append(covered_bytes(out, case.bufs[k]))
     for k, b in roots.items():
         changed = b.root != before[k]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from opgen import registry
-from tests.cpu_cases import assert_c_close, oracle_outputs
+from tests.cpu_cases import assert_c_close, bf16_products, oracle_outputs
 from tests.cpu_worker import DET_CASES
 
 THREADS = (1, 2, 3)
@@ -70,4 +70,4 @@ def test_saved_results_match_the_oracle(runs, case):
     for k, v in ref.items():
         raw = np.load(runs[(3, 1)] / f"{case}.{k}.npy")
         got = raw.view(v.dtype).reshape(v.shape)
-        assert_c_close(got, v, f"{case}.{k}")
+        assert_c_close(got, v, f"{case}.{k}", bf16_products(op))

@@ -1,5 +1,6 @@
 """The CPU runtime's packed f32 GEMM (generated/cpu/opgen_rt.c: opgen_sgemm, opgen_sgemm_par)
-driven directly (tests/c/gemm_check.c) on shapes around its blocking — partial MR-row panels and
+and its bf16 tile products (opgen_bgemm, opgen_bgemm_par: AMX) driven directly
+(tests/c/gemm_check.c) on shapes around its blocking — partial MR-row panels and
 NR-column panels, several row blocks and OPGEN_NC column blocks, k within one OPGEN_KC block and
 across several, k = 0, transposed (strided) operands, accumulation, a padded leading dimension:
 
@@ -7,7 +8,9 @@ across several, k = 0, transposed (strided) operands, accumulation, a padded lea
 * bitwise the same built for AVX-512 (the 14x32 intrinsics kernel) and without it (the 8x32
   auto-vectorised kernel), single-threaded and on 1 and 3 OpenMP threads: the k order is fixed
   (blocks of ``GEMM_KC``), whatever the tiles, the instruction set or the threads;
-* the padding columns of C are never written."""
+* the padding columns of C are never written;
+* opgen_bgemm: against float64 products of bf16-rounded operands on AMX machines, the same bits on
+  every thread count, exactly opgen_sgemm without AMX."""
 
 from __future__ import annotations
 
@@ -51,14 +54,22 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
-        tb: int, acc: int, pad: int, par: int, threads: str = "1") -> np.ndarray:
-    src, dst = tmp / "in.bin", tmp / f"out-{exe.name}-{par}-{threads}.bin"
+        tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True) -> np.ndarray:
+    """C from the driver's GEMM ``fn`` (0 opgen_sgemm, 1 opgen_sgemm_par, 2 opgen_bgemm, 3
+    opgen_bgemm_par) on ``threads`` OpenMP threads (``amx`` False: with OPGEN_NO_AMX=1)."""
+    return run_amx(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx)[0]
+
+
+def run_amx(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
+            tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True) -> tuple[np.ndarray, bool]:
+    """:func:`run`, and whether opgen_bgemm ran on AMX tiles in that process."""
+    src, dst = tmp / "in.bin", tmp / f"out-{exe.name}-{fn}-{threads}-{amx}.bin"
     np.concatenate([a.ravel(), b.ravel(), c.ravel()]).astype(np.float32).tofile(src)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false"}
-    r = subprocess.run([str(exe), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, par))],
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "0" if amx else "1"}
+    r = subprocess.run([str(exe), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, fn))],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    return np.fromfile(dst, dtype=np.float32).reshape(m, n + pad)
+    return np.fromfile(dst, dtype=np.float32).reshape(m, n + pad), r.stdout.strip() == "1"
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
@@ -83,3 +94,51 @@ def test_gemm_against_float64_and_bitwise_on_every_path(drivers, tmp_path, m, n,
         for other in results[1:]:
             assert np.array_equal(other.view(np.uint32), got.view(np.uint32)), \
                 f"not bitwise the same on every path ({list(drivers)}, 1 and 3 threads): {(ta, tb, acc, pad)}"
+
+
+def _operand(x: np.ndarray, trans: int) -> np.ndarray:
+    """op(X) as the driver reads it: transposed (1), every other column (2), as is (0)."""
+    return x.T if trans == 1 else x[:, ::2] if trans == 2 else x
+
+
+# bf16 tile products (opgen_bgemm): edge strips of 32 rows and 16/32 columns, k not a multiple of
+# 32, several k blocks, FLCE's tile shapes (logits 256 x 256 x H, dX 256 x H x 256)
+BF16_SHAPES = [(13, 31, 7), (70, 45, 33), (300, 1024 + 40, 2 * GEMM_KC + 9), (29, 65, GEMM_KC), (5, 9, 0),
+               (1, 33, 300), (300, 1, 70), (256, 256, 1024), (256, 1024, 256)]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), BF16_SHAPES)
+def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers, tmp_path, m, n, k):
+    """opgen_bgemm: on an AMX machine, op(A) and op(B) rounded to bf16 (round to nearest even:
+    ml_dtypes, an independent rounding) then multiplied exactly and summed in f32; the same bits
+    single-threaded and from opgen_bgemm_par on 1 and 3 threads; padding columns untouched.
+    Elsewhere (and always with OPGEN_NO_AMX=1) exactly opgen_sgemm's bits."""
+    import ml_dtypes
+
+    exe = drivers["native"]
+    rng = np.random.default_rng(m * 5 + n * 11 + k)
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
+        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
+        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        got, amx = run_amx(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        others = [run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 3, t) for t in ("1", "3")]
+        for other in others:
+            assert np.array_equal(other.view(np.uint32), got.view(np.uint32)), ("threads", ta, tb, acc, pad)
+        assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
+        sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
+        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, amx=False)
+        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), "OPGEN_NO_AMX=1 is not opgen_sgemm"
+        if not amx:
+            assert np.array_equal(got.view(np.uint32), sgemm.view(np.uint32)), "no AMX: not opgen_sgemm"
+            continue
+        opa, opb = _operand(a, ta), _operand(b, tb)
+        ra = opa.astype(ml_dtypes.bfloat16).astype(np.float64)
+        rb = opb.astype(ml_dtypes.bfloat16).astype(np.float64)
+        cc = c[:, :n].astype(np.float64) if acc else 0.0
+        want = ra @ rb + cc
+        bound = 4e-7 * (np.abs(ra) @ np.abs(rb) + np.abs(cc)) * (k + 2) + 1e-30
+        assert np.all(np.abs(got[:, :n].astype(np.float64) - want) <= bound), (ta, tb, acc, pad)
+        if k >= 32:  # the rounding is real: the unrounded f32 product is farther away
+            exact = opa.astype(np.float64) @ opb.astype(np.float64) + cc
+            assert np.abs(got[:, :n] - exact).max() > np.abs(got[:, :n] - want).max()

@@ -54,14 +54,15 @@ def uses_transcendental(j: om.Jit, fn: str) -> bool:
 def function_for(o: Any, args: dict[str, Any], level: str) -> tuple[om.Jit, str]:
     """The JIT of ``o`` at ``level`` and its function for these arguments (the variant of the
     optional tensors given, the dtypes of the tensors)."""
-    sig = o.signature
-    present = tuple(p.name for p in sig.optionals if args.get(p.name) is not None)
-    dtype_of: dict[str, str] = {}
-    for p in sig.params:
-        if isinstance(p.spec, TensorSpec) and isinstance(p.spec.dtype, DTypeVar) and args.get(p.name) is not None:
-            dtype_of[p.spec.dtype.name] = cc.name_of(np.asarray(args[p.name]))
+    present = tuple(p.name for p in o.signature.optionals if args.get(p.name) is not None)
     j = jit(o, level)
-    return j, j.function(present, dtype_of)
+    return j, j.function(present, dtype_bindings(o, args))
+
+
+def dtype_bindings(o: Any, args: dict[str, Any]) -> dict[str, str]:
+    """The dtype each dtype variable of ``o`` takes for these arguments."""
+    return {p.spec.dtype.name: cc.name_of(np.asarray(args[p.name])) for p in o.signature.params
+            if isinstance(p.spec, TensorSpec) and isinstance(p.spec.dtype, DTypeVar) and args.get(p.name) is not None}
 
 
 def run_both(o: Any, args: dict[str, Any], lib: Any = None, level: str = "loops") -> None:
@@ -77,7 +78,9 @@ def run_both(o: Any, args: dict[str, Any], lib: Any = None, level: str = "loops"
             m_args[p.name] = p.spec.default
     c_out = runtime.call(o.name, lib=lib, **c_args)
     assert j.call(fn, **m_args) == 0
-    exact = level == "loops" and not uses_transcendental(j, fn)
+    # (bf16 products on AMX tiles: the units' own bits, which the MLIR loops do not model)
+    tiles = cc.bf16_products(o.name) and "bf16" in dtype_bindings(o, args).values()
+    exact = level == "loops" and not uses_transcendental(j, fn) and not tiles
     for name, ref in c_out.items():
         got = m_args[name]
         assert got.shape == ref.shape, name
@@ -85,7 +88,7 @@ def run_both(o: Any, args: dict[str, Any], lib: Any = None, level: str = "loops"
             assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(ref).view(np.uint8)), \
                 f"{fn}: '{name}' differs from the C library's bits"
         else:
-            cc.assert_c_close(got, ref, f"{fn}: '{name}'")
+            cc.assert_c_close(got, ref, f"{fn}: '{name}'", tiles)
 
 
 # ----------------------------------------------------------------------------- every op parses

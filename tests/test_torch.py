@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 import opgen.torch as otorch
 from opgen import oracle, registry
 from opgen.binding import OpError
+from tests.cpu_cases import assert_c_close, bf16_products
 
 torch.manual_seed(0)
 
@@ -85,8 +86,7 @@ def test_custom_ops_pass_opcheck_and_match_the_oracle(name, make):
     kw = {k: (_np(v) if isinstance(v, torch.Tensor) else v) for k, v in zip(names, args, strict=False)}
     want = oracle.run(o, **kw)
     for out, g in zip((p.name for p in o.signature.outputs if not p.optional), got, strict=True):
-        assert np.array_equal(_np(g), want[out]) or np.allclose(
-            _np(g).astype(np.float64), want[out].astype(np.float64), rtol=1e-5, atol=1e-6), (name, out)
+        assert_c_close(_np(g), want[out], f"{name}.{out}", bf16_products(name))
 
 
 def test_fake_implementation_gives_shapes_without_running():

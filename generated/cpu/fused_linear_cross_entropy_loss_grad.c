@@ -653,7 +653,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -707,7 +707,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -892,7 +892,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -946,7 +946,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -1699,7 +1699,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            opgen_bgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i50 = v15; i50 < v31; i50++) {
                 const int64_t v51 = v28 + i50;
@@ -1725,7 +1725,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
+            opgen_bgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
@@ -1769,7 +1769,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            opgen_bgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i98 = v15; i98 < v90; i98++) {
                 const int64_t v99 = v87 + i98;
@@ -1795,7 +1795,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
+            opgen_bgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
@@ -1982,7 +1982,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
+            opgen_bgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i50 = v15; i50 < v31; i50++) {
                 const int64_t v51 = v28 + i50;
@@ -2008,7 +2008,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l49[i50 * 256ll + i58] = v69;
                 }
             }
-            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
+            opgen_bgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
         }
         for (int64_t i70 = v15; i70 < v31; i70++) {
             const int64_t v71 = v28 + i70;
@@ -2052,7 +2052,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
+            opgen_bgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
             float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i98 = v15; i98 < v90; i98++) {
                 const int64_t v99 = v87 + i98;
@@ -2078,7 +2078,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l97[i98 * 256ll + i106] = v117;
                 }
             }
-            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
+            opgen_bgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
         for (int64_t i118 = v15; i118 < v79; i118++) {
             const int64_t v119 = v76 + i118;
@@ -2741,7 +2741,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -2795,7 +2795,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -2980,7 +2980,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -3034,7 +3034,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -3697,7 +3697,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -3751,7 +3751,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -3936,7 +3936,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -3990,7 +3990,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -4653,7 +4653,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -4707,7 +4707,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;
@@ -4892,7 +4892,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l53[i54 * d_H + i56] = v58;
                 }
             }
-            opgen_sgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
+            opgen_bgemm(v31, d_H, v37, l38, 256ll, 1, l53, d_H, 1, l32, d_H, 1);
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
@@ -4946,7 +4946,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     l90[i91 * d_H + i93] = v95;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
         }
         for (int64_t i96 = v15; i96 < v68; i96++) {
             const int64_t v97 = v65 + i96;

@@ -412,7 +412,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                 }
             }
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v18, v29, d_H, l19, d_H, 1, l30, 1, d_H, l35, 256ll, 0);
+            opgen_bgemm(v18, v29, d_H, l19, d_H, 1, l30, 1, d_H, l35, 256ll, 0);
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i37 = v1; i37 < v18; i37++) {
                 const int64_t v38 = v15 + i37;
@@ -438,7 +438,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                     l36[i37 * 256ll + i45] = v56;
                 }
             }
-            opgen_sgemm(v18, d_H, v29, l36, 256ll, 1, l30, d_H, 1, l24, d_H, 1);
+            opgen_bgemm(v18, d_H, v29, l36, 256ll, 1, l30, d_H, 1, l24, d_H, 1);
         }
         for (int64_t i57 = v1; i57 < v18; i57++) {
             const int64_t v58 = v15 + i57;
@@ -482,7 +482,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                 }
             }
             float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v77, v66, d_H, l78, d_H, 1, l67, 1, d_H, l83, 256ll, 0);
+            opgen_bgemm(v77, v66, d_H, l78, d_H, 1, l67, 1, d_H, l83, 256ll, 0);
             float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
             for (int64_t i85 = v1; i85 < v77; i85++) {
                 const int64_t v86 = v74 + i85;
@@ -508,7 +508,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                     l84[i85 * 256ll + i93] = v104;
                 }
             }
-            opgen_sgemm(v66, d_H, v77, l84, 1, 256ll, l78, d_H, 1, l72, d_H, 1);
+            opgen_bgemm(v66, d_H, v77, l84, 1, 256ll, l78, d_H, 1, l72, d_H, 1);
         }
         for (int64_t i105 = v1; i105 < v66; i105++) {
             const int64_t v106 = v63 + i105;

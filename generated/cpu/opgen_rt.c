@@ -1,4 +1,5 @@
 /* opgen_rt.c — argument binding, validation and dispatch shared by every op. Generated. */
+#define _DEFAULT_SOURCE /* syscall(): the AMX tile-state request */
 #include "opgen_rt.h"
 
 #include <omp.h>
@@ -284,6 +285,266 @@ void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
 }
+/* ---- bf16 tile products (sched.matmul's `products` bf16): AMX where the CPU and the OS have it ----
+ * opgen_bgemm rounds op(A) and op(B) to bf16 (round to nearest even) while packing them and runs
+ * the products on the AMX tile units (TDPBF16PS: 16 x 16 f32 accumulators, k in steps of 32),
+ * C accumulated in f32 in k blocks of OPGEN_KC added in order. The bits are fixed per machine and
+ * do not depend on the threads or the row split (each element sees the same instructions), but
+ * they are not the f32 GEMM's: the tile units' internal rounding is their own. Without AMX
+ * (another CPU, an OS that refuses the tile state, OPGEN_NO_AMX=1) it is opgen_sgemm on the f32
+ * operands, unrounded. Compiled for AMX by a target pragma and chosen at run time (CPUID, then the
+ * kernel's permission for the tile data), so every build of the library has it. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define OPGEN_HAVE_AMX 1
+#define BKC OPGEN_KC /* k block (elements) */
+#define BMC 256      /* rows of A packed at once */
+static atomic_int opgen_amx_state; /* 0 undecided, 1 usable, -1 not */
+
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    const char *no = getenv("OPGEN_NO_AMX");
+    if (no && *no && *no != '0') return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    /* AMX-BF16 (EDX 22), AMX-TILE (24), AVX512F (EBX 16), AVX512BW (30), AVX512VL (31) */
+    if (!(d & (1u << 22)) || !(d & (1u << 24)) || !(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31))) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0; /* AVX512_BF16 */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6u) != 0xe6u) return 0; /* the OS saves the AVX-512 state */
+    /* Linux: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+int opgen_amx(void) {
+    int s = atomic_load_explicit(&opgen_amx_state, memory_order_relaxed);
+    if (!s) {
+        s = amx_usable() ? 1 : -1;
+        atomic_store_explicit(&opgen_amx_state, s, memory_order_relaxed);
+    }
+    return s > 0;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} opgen_tilecfg_t;
+
+/* eight 16 x 64-byte tiles: 0-3 C (2 x 2 of 16 x 16 f32), 4-5 A (16 rows x 32 bf16), 6-7 B */
+static void tile_config(void) {
+    opgen_tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static inline uint16_t b16(float f) { return (uint16_t)_mm_cvtsi128_si32((__m128i)_mm_cvtneps_pbh(_mm_set_ss(f))); }
+
+/* 16 x 16 32-bit words: d[j * dst + i] = s[i * src + j] */
+static inline void tr16(const uint32_t *s, int64_t src, uint32_t *d, int64_t dst) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(s + i * src);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int q = 0; q < 4; q++) {
+            t[8 * h + q] = _mm512_shuffle_i32x4(r[8 * h + q], r[8 * h + q + 4], 0x88);
+            t[8 * h + q + 4] = _mm512_shuffle_i32x4(r[8 * h + q], r[8 * h + q + 4], 0xdd);
+        }
+    for (int q = 0; q < 8; q++) {
+        r[q] = _mm512_shuffle_i32x4(t[q], t[q + 8], 0x88);
+        r[q + 8] = _mm512_shuffle_i32x4(t[q], t[q + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + i * dst, r[i]);
+}
+/* n (<= 16) floats of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n */
+static inline __m512i pairs16(const float *a, const float *b, int64_t n) {
+    const __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 va = _mm512_maskz_loadu_ps(m, a), vb = b ? _mm512_maskz_loadu_ps(m, b) : _mm512_setzero_ps();
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
+}
+/* n (<= 32) floats -> bf16, zero past n, 32 lanes */
+static inline __m512i bf16x32(const float *s, int64_t n) {
+    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
+    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, s + 16), _mm512_maskz_loadu_ps(m0, s));
+}
+/* A (mr x kc; rows padded to 32, k to kcp, with zeros) at p[i * BKC + k] */
+static void bpack_a(int64_t mr, int64_t kc, int64_t kcp, const float *A, int64_t ars, int64_t acs, uint16_t *restrict p) {
+    int64_t mrp = (mr + 31) & ~31;
+    if (acs == 1) {
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t k = 0; k < kcp; k += 32) _mm512_storeu_si512(p + i * BKC + k, bf16x32(A + i * ars + k, kc - k));
+        for (int64_t i = mr; i < mrp; i++) memset(p + i * BKC, 0, 2 * (size_t)kcp);
+    } else if (ars == 1) { /* A's columns contiguous: pairs of k rows, then 16 x 16 word transposes */
+        uint32_t t[BKC / 2 * 16] __attribute__((aligned(64)));
+        for (int64_t i0 = 0; i0 < mrp; i0 += 16) {
+            int64_t ni = mr - i0 < 0 ? 0 : mr - i0 < 16 ? mr - i0 : 16;
+            for (int64_t r = 0; r < kcp / 2; r++) {
+                const float *a = 2 * r < kc ? A + 2 * r * acs + i0 : NULL, *b = 2 * r + 1 < kc ? A + (2 * r + 1) * acs + i0 : NULL;
+                _mm512_store_si512(t + r * 16, a && ni ? pairs16(a, b, ni) : _mm512_setzero_si512());
+            }
+            for (int64_t r = 0; r < kcp / 2; r += 16) tr16(t + r * 16, 16, (uint32_t *)p + i0 * (BKC / 2) + r, BKC / 2);
+        }
+    } else {
+        for (int64_t i = 0; i < mrp; i++)
+            for (int64_t k = 0; k < kcp; k++) p[i * BKC + k] = i < mr && k < kc ? b16(A[i * ars + k * acs]) : 0;
+    }
+}
+/* B (kc x nr) in VNNI groups of 16 columns: group g, pair r: words w[g * kcp * 8 + r * 16 + jj] = (B[2r][j], B[2r+1][j]) */
+static void bpack_b(int64_t nr, int64_t kc, int64_t kcp, const float *B, int64_t brs, int64_t bcs, uint16_t *restrict p) {
+    int64_t groups = (nr + 15) / 16;
+    uint32_t *w = (uint32_t *)p;
+    if (bcs == 1) {
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t r = 0; r < kcp / 2; r++) {
+                const float *a = 2 * r < kc ? B + 2 * r * brs + 16 * g : NULL, *b = 2 * r + 1 < kc ? B + (2 * r + 1) * brs + 16 * g : NULL;
+                _mm512_storeu_si512(w + g * kcp * 8 + r * 16, a ? pairs16(a, b, nr - 16 * g) : _mm512_setzero_si512());
+            }
+    } else if (brs == 1) { /* B's columns contiguous (k runs along them): convert, then 16 x 16 word transposes */
+        uint32_t t[16 * BKC / 2] __attribute__((aligned(64)));
+        for (int64_t g = 0; g < groups; g++) {
+            for (int64_t jj = 0; jj < 16; jj++)
+                for (int64_t k = 0; k < kcp; k += 32)
+                    _mm512_store_si512(t + jj * (BKC / 2) + k / 2, 16 * g + jj < nr ? bf16x32(B + (16 * g + jj) * bcs + k, kc - k) : _mm512_setzero_si512());
+            for (int64_t r = 0; r < kcp / 2; r += 16) tr16(t + r, BKC / 2, w + g * kcp * 8 + r * 16, 16);
+        }
+    } else {
+        memset(p, 0, 2 * (size_t)(groups * kcp * 16));
+        for (int64_t j = 0; j < nr; j++)
+            for (int64_t k = 0; k < kc; k++) p[(j / 16) * kcp * 16 + (k / 2) * 32 + 2 * (j % 16) + (k & 1)] = b16(B[k * brs + j * bcs]);
+    }
+}
+/* C[32 x 32] (= or +=) 32 packed rows of A times two 16-column groups of B, steps of 32 k */
+static void amx_kernel(int64_t steps, const uint16_t *pa, const uint16_t *pb0, const uint16_t *pb1, float *c, int64_t ldc, int load) {
+    if (load) {
+        _tile_loadd(0, c, ldc * 4); _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 16 * ldc, ldc * 4); _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+    for (int64_t s = 0; s < steps; s++) {
+        _tile_loadd(4, pa + s * 32, BKC * 2);
+        _tile_loadd(5, pa + 16 * BKC + s * 32, BKC * 2);
+        _tile_loadd(6, pb0 + s * 512, 64);
+        _tile_loadd(7, pb1 + s * 512, 64);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, ldc * 4); _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4); _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+/* rows [r0, r1) of C over the k block at k0 (B's block packed in pb); pa: this thread's A pack */
+static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const float *A, int64_t ars,
+                       int64_t acs, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
+    const int64_t kcp = (kc + 31) & ~(int64_t)31;
+    float tmp[32 * 32];
+    tile_config();
+    for (int64_t i0 = r0; i0 < r1; i0 += BMC) {
+        const int64_t mc = r1 - i0 < BMC ? r1 - i0 : BMC;
+        bpack_a(mc, kc, kcp, A + i0 * ars + k0 * acs, ars, acs, pa);
+        for (int64_t i = 0; i < mc; i += 32)
+            for (int64_t j = 0; j < n; j += 32) {
+                const uint16_t *pb0 = pb + (j / 16) * kcp * 16, *pb1 = pb0 + kcp * 16;
+                float *c = C + (i0 + i) * ldc + j;
+                if (mc - i >= 32 && n - j >= 32) {
+                    amx_kernel(kcp / 32, pa + i * BKC, pb0, pb1, c, ldc, load);
+                    continue;
+                }
+                /* an edge block: through a 32 x 32 copy (A's and B's padding are zeros) */
+                const int64_t r = mc - i < 32 ? mc - i : 32, q = n - j < 32 ? n - j : 32;
+                if (load)
+                    for (int64_t a = 0; a < r; a++) memcpy(tmp + a * 32, c + a * ldc, sizeof(float) * (size_t)q);
+                amx_kernel(kcp / 32, pa + i * BKC, pb0, pb1, tmp, 32, load);
+                for (int64_t a = 0; a < r; a++) memcpy(c + a * ldc, tmp + a * 32, sizeof(float) * (size_t)q);
+            }
+    }
+    _tile_release();
+}
+#pragma GCC pop_options
+
+/* opgen_bgemm on `threads` threads: B packed once per k block, rows split in whole 32-row strips */
+static int bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                 int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+    const int64_t strips = (m + 31) / 32, kcm = k < BKC ? (k + 31) & ~(int64_t)31 : BKC;
+    if (threads > strips) threads = (int)strips;
+    const size_t na = sizeof(uint16_t) * BMC * BKC;
+    const size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), (size_t)((n + 31) & ~(int64_t)31)), (size_t)kcm);
+    const size_t na_all = opgen_sz_mul(na, (size_t)threads);
+    uint16_t *pa = na_all == SIZE_MAX ? NULL : (uint16_t *)aligned_alloc(64, na_all);
+    uint16_t *pb = nb == SIZE_MAX ? NULL : (uint16_t *)aligned_alloc(64, nb); /* (nb, na: multiples of 64) */
+    if (!pa || !pb) {
+        free(pa);
+        free(pb);
+        return 0;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += BKC) {
+        const int64_t kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
+        const int load = accumulate || k0 > 0;
+#define OPGEN_BROWS(t, T) do { /* thread t of T: its share of whole 32-row strips */ \
+    const int64_t r0 = 32 * (strips * (t) / (T)), r1e = 32 * (strips * ((t) + 1) / (T)); \
+    bgemm_rows(r0, r1e < m ? r1e : m, n, k0, kc, A, ars, acs, pb, C, ldc, load, pa + (size_t)(t) * (na / sizeof(uint16_t))); \
+} while (0)
+        if (threads > 1) {
+            #pragma omp parallel for schedule(static) num_threads(threads)
+            for (int64_t g = 0; g < (n + 15) / 16; g++)
+                bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, B + k0 * brs + 16 * g * bcs, brs, bcs, pb + g * kcp * 16);
+            #pragma omp parallel num_threads(threads)
+            OPGEN_BROWS(omp_get_thread_num(), omp_get_num_threads());
+        } else {
+            bpack_b(n, kc, kcp, B + k0 * brs, brs, bcs, pb);
+            OPGEN_BROWS(0, 1);
+        }
+#undef OPGEN_BROWS
+    }
+    free(pa);
+    free(pb);
+    return 1;
+}
+#undef BKC
+#undef BMC
+#else
+int opgen_amx(void) { return 0; }
+#endif
+
+static void bgemm_any(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                      int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+#ifdef OPGEN_HAVE_AMX
+    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads))
+        return;
+#endif
+    sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads);
+}
+
+void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    bgemm_any(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+}
+
+void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    bgemm_any(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
+}
+
 /* The element offset of row r of a tensor's leading n axes (shape, strides st), rows counted
    in row-major order: a row-offset table's entry, or the start of a row to convert. */
 static inline int64_t opgen_row_offset(const int64_t *shape, const int64_t *st, int n, int64_t r) {

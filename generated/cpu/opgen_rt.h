@@ -110,6 +110,16 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 
+/* opgen_sgemm with op(A) and op(B) rounded to bf16 for the products where the CPU has bf16 tile
+ * units (AMX): sched.matmul's `products` bf16. Per machine deterministic, independent of threads;
+ * not the f32 GEMM's bits on AMX machines; exactly opgen_sgemm elsewhere or with OPGEN_NO_AMX=1. */
+void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* 1 when opgen_bgemm runs on AMX tiles in this process (decided once) */
+int opgen_amx(void);
+
 /* A hint that the line `ahead` bytes past element `off` of p will be read soon (map-cpu's
  * `stream` loops). The address is integer arithmetic, so no pointer past an object is formed;
  * a prefetch reads nothing and never faults. */

@@ -105,6 +105,8 @@ class CPrinter:
 
     restrict = "restrict"
     fn_attr = ""
+    #: the runtime GEMM by the dtype of sched.matmul's products (any other: the f32 one)
+    GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -543,7 +545,9 @@ class CPrinter:
             (ars, acs), (brs, bcs), ldc = sa, sb, sc[0]
             # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
             # each element's k in the same order whatever the split (the bits do not depend on it)
-            fn = "opgen_sgemm_par" if cpu_mapping(op) == CpuMapping.OMP_FOR else "opgen_sgemm"
+            narrow = op.products.data if op.products is not None else "f32"
+            fn = self.GEMM.get(self.dtype(narrow).name, "opgen_sgemm")
+            fn += "_par" if cpu_mapping(op) == CpuMapping.OMP_FOR else ""
             self.line(f"{fn}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
                       f"{bcs}, {self.name(c)}, {ldc}, {acc_flag});")
             return

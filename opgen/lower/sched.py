@@ -589,7 +589,12 @@ GEMM_KC = 256
 class BufferMatmulOp(IRDLOperation):
     """``C[:m, :n] (= | +=) op(A)[:m, :k] @ op(B)[:k, :n]`` on 2-D buffers (``trans`` per operand;
     ``accumulate`` adds to C). Accumulation is in the compute type, in the fixed k order of
-    :data:`GEMM_KC` whatever the tiling, the thread count or the target's instruction set."""
+    :data:`GEMM_KC` whatever the tiling, the thread count or the target's instruction set.
+
+    ``products`` (set by narrow-products: opgen/lower/narrow_products.py) names a storage dtype
+    (or dtype variable) the operands may be rounded to for the products, where the target has
+    units for it (bf16 tile units: the CPU runtime's opgen_bgemm on AMX); the k blocks stay, but
+    the bits within a block are then the units' own, fixed per machine and thread-independent."""
 
     name = "sched.matmul"
     a = operand_def(BufType)
@@ -600,13 +605,16 @@ class BufferMatmulOp(IRDLOperation):
     k = operand_def(TensorType)
     trans = prop_def(ArrayAttr[IntAttr])
     accumulate = prop_def(IntAttr)
+    products = opt_prop_def(StringAttr)
     traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
-                 trans_a: bool, trans_b: bool, accumulate: bool = False):
-        super().__init__(operands=[a, b, c, m, n, k],
-                         properties={"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))]),
-                                     "accumulate": IntAttr(int(accumulate))})
+                 trans_a: bool, trans_b: bool, accumulate: bool = False, products: str | None = None):
+        props: dict[str, Attribute] = {"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))]),
+                                       "accumulate": IntAttr(int(accumulate))}
+        if products is not None:
+            props["products"] = StringAttr(products)
+        super().__init__(operands=[a, b, c, m, n, k], properties=props)
 
     def verify_(self) -> None:
         for v in (self.a, self.b, self.c):

@@ -31,6 +31,7 @@ from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
 from opgen.lower.matmul_output import MatmulIntoOutput
+from opgen.lower.narrow_products import NarrowProducts
 from opgen.lower.sched import Sched
 from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
@@ -57,12 +58,14 @@ GPU_MAPPING: list[ModulePass] = [MapGpu(), PlanGpuWorkspace(), ChunkGpuLoops(), 
 PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
     # C11 + OpenMP: loops over buffers (independent reductions over one range fused; a matmul
-    # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py); map-cpu
+    # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py; a
+    # matmul of bf16 values takes bf16 products, AMX where the machine has it:
+    # opgen/lower/narrow_products.py); map-cpu
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py). Index and mask parameters are
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(), FuseReductions(), CommonSubexpressionElimination(),
-            CanonicalizePass(), MatmulIntoOutput(), MapCpu()],
+            CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), MapCpu()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector

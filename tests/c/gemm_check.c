@@ -1,12 +1,13 @@
-/* Driver for tests/test_gemm.py: runs the CPU runtime's f32 GEMM (opgen_rt.c) on operands read
- * from a file and writes C to another.
+/* Driver for tests/test_gemm.py: runs one of the CPU runtime's GEMMs (opgen_rt.c) on operands
+ * read from a file and writes C to another; prints opgen_amx() (1: opgen_bgemm runs on AMX tiles).
  *
- *   gemm_check IN OUT m n k ta tb accumulate ldc_pad par
+ *   gemm_check IN OUT m n k ta tb accumulate ldc_pad fn
  *
- * IN holds A (m x k, or k x m when ta), B (k x n, or n x k when tb) and C (m x (n + ldc_pad)),
- * f32, row-major, one after the other; op(A) and op(B) are read through strides (a transposed
+ * IN holds A (m x k; k x m when ta is 1; m x 2k when 2), B (k x n; n x k when tb is 1; k x 2n
+ * when 2) and C (m x (n + ldc_pad)), f32, row-major, one after the other; op(A) and op(B) are read through strides (a transposed
  * operand is a strided view), C is updated in place with leading dimension n + ldc_pad and
- * written to OUT whole (the padding columns must come back untouched). par: opgen_sgemm_par. */
+ * written to OUT whole (the padding columns must come back untouched). fn: 0 opgen_sgemm,
+ * 1 opgen_sgemm_par, 2 opgen_bgemm, 3 opgen_bgemm_par. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +16,26 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                 const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+int opgen_amx(void);
+
+typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
+                     float *, int64_t, int);
 
 int main(int argc, char **argv) {
     if (argc != 11) {
-        fprintf(stderr, "usage: gemm_check IN OUT m n k ta tb accumulate ldc_pad par\n");
+        fprintf(stderr, "usage: gemm_check IN OUT m n k ta tb accumulate ldc_pad fn\n");
         return 2;
     }
     const int64_t m = atoll(argv[3]), n = atoll(argv[4]), k = atoll(argv[5]);
-    const int ta = atoi(argv[6]), tb = atoi(argv[7]), acc = atoi(argv[8]), par = atoi(argv[10]);
+    const int ta = atoi(argv[6]), tb = atoi(argv[7]), acc = atoi(argv[8]), fn = atoi(argv[10]);
     const int64_t ldc = n + atoll(argv[9]);
-    const size_t na = (size_t)(m * k), nb = (size_t)(k * n), nc = (size_t)(m * ldc);
+    /* ta/tb 2: every other column of an m x 2k (k x 2n) array, neither stride 1 */
+    const size_t na = (size_t)(m * k * (ta == 2 ? 2 : 1)), nb = (size_t)(k * n * (tb == 2 ? 2 : 1));
+    const size_t nc = (size_t)(m * ldc);
     float *buf = malloc(sizeof(float) * (na + nb + nc + 1));
     FILE *f = fopen(argv[1], "rb");
     if (!buf || !f || fread(buf, sizeof(float), na + nb + nc, f) != na + nb + nc) {
@@ -35,8 +46,15 @@ int main(int argc, char **argv) {
     const float *A = buf, *B = buf + na;
     float *C = buf + na + nb;
     /* op(A)[i][q] = A[i * ars + q * acs]; op(B)[q][j] = B[q * brs + j * bcs] */
-    const int64_t ars = ta ? 1 : k, acs = ta ? m : 1, brs = tb ? 1 : n, bcs = tb ? k : 1;
-    (par ? opgen_sgemm_par : opgen_sgemm)(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, acc);
+    const int64_t ars = ta == 2 ? 2 * k : ta ? 1 : k, acs = ta == 2 ? 2 : ta ? m : 1;
+    const int64_t brs = tb == 2 ? 2 * n : tb ? 1 : n, bcs = tb == 2 ? 2 : tb ? k : 1;
+    gemm_fn *const fns[] = {opgen_sgemm, opgen_sgemm_par, opgen_bgemm, opgen_bgemm_par};
+    if (fn < 0 || fn > 3) {
+        fprintf(stderr, "gemm_check: fn must be 0 to 3\n");
+        return 2;
+    }
+    fns[fn](m, n, k, A, ars, acs, B, brs, bcs, C, ldc, acc);
+    printf("%d\n", opgen_amx());
     f = fopen(argv[2], "wb");
     if (!f || fwrite(C, sizeof(float), nc, f) != nc) {
         fprintf(stderr, "gemm_check: cannot write %s\n", argv[2]);
