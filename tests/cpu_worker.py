@@ -77,6 +77,9 @@ DET_CASES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                                                         BT=200, H=64, V=600)),
     "flce-f16-memory_saving": (FLCE, lambda: flce_args(_seeded(15), "f16", "bool", "i64", "memory_saving",
                                                        BT=200, H=64, V=600)),
+    # the one-pass chain: 6 column blocks in 3 groups of 2, 2 row blocks (the second partial)
+    "flce-bf16-groups": (FLCE, lambda: flce_args(_seeded(16), "bf16", "u8", "i64", "memory_saving",
+                                                 BT=300, H=40, V=5 * 256 + 7)),
 }
 
 

@@ -142,3 +142,28 @@ def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers
         if k >= 32:  # the rounding is real: the unrounded f32 product is farther away
             exact = opa.astype(np.float64) @ opb.astype(np.float64) + cc
             assert np.abs(got[:, :n] - exact).max() > np.abs(got[:, :n] - want).max()
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (300, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0)])
+def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k):
+    """opgen_gemm_bf16 (bf16 caller tensors, any strides): the bits of opgen_bgemm on the same
+    (bf16-valued) operands held as f32 — AMX tiles where they run, else opgen_sgemm — on 1 and 3
+    threads; with OPGEN_NO_AMX=1 exactly opgen_sgemm."""
+    import ml_dtypes
+
+    exe = drivers["native"]
+    rng = np.random.default_rng(m + n + k)
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (2, 2, 0, 1)):
+        def bf(shape: tuple[int, int]) -> np.ndarray:
+            return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+        a = bf((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k))
+        b = bf((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n))
+        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        for fn, threads in ((4, "1"), (5, "1"), (5, "3")):
+            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
+        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 4, amx=False)
+        sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
+        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), (ta, tb, acc, pad)

@@ -248,9 +248,37 @@ def matmul_twice(x: Tensor[f32, N, K], w: Tensor[f32, M, K], *, y: Output[f32, N
     return {"y": z * 2.0 - t[:, None], "s": t}
 '''
 
+NARROW = '''
+"""Matmuls of narrow floats (narrow-products): a linear layer of T inputs (both operands exact:
+bf16 products in the bf16 instance), one with an f32 weight (f32 products), and a chain whose
+second product is kept in f32 (its computed operand would not be rounded: f32 products)."""
+from opgen.dsl import *
+
+N, K, M = dims("N K M")
+T = dtype_var("T", f32, bf16)
+
+
+@op
+def linear_t(x: Tensor[T, N, K], w: Tensor[T, M, K], *, y: Output[T, N, M]):
+    """y = x @ w.T."""
+    return {"y": x @ w.T}
+
+
+@op
+def linear_mixed(x: Tensor[bf16, N, K], w: Tensor[f32, M, K], *, y: Output[f32, N, M]):
+    """y = x @ w.T with an f32 weight."""
+    return {"y": cast(x, f32) @ w.T}
+
+
+@op
+def exp_chain(x: Tensor[T, N, K], w: Tensor[T, M, K], v: Tensor[T, M, K], *, y: Output[f32, N, K]):
+    """y = exp(x @ w.T) @ v, an f32 result."""
+    return {"y": exp(x @ w.T) @ v}
+'''
+
 SOURCES = {"rank0_ops.py": RANK0, "names_ops.py": NAMES, "checks_ops.py": CHECKS, "boundary_ops.py": BOUNDARY,
            "gelu_ops.py": GELU, "gelu_tanh_ops.py": GELU_TANH, "linear_ops.py": LINEAR, "ln_ops.py": LN_CAST,
-           "matmul_twice_ops.py": MATMUL_TWICE}
+           "matmul_twice_ops.py": MATMUL_TWICE, "narrow_ops.py": NARROW}
 
 
 @pytest.fixture(scope="module")
@@ -792,3 +820,52 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
     wide = np.zeros(18)
     wide[::2] = at + 0.5
     assert np.array_equal(runtime.call("pick", lib=lib, table=tab, at=wide[::2])["out"], tab[at])
+
+
+# ---------------------------------------------------------------------- narrow products
+
+
+def test_narrow_products_marks_only_matmuls_of_narrow_values(built):
+    """narrow-products: bf16 products (dtype variable T) where both operands are T inputs, none
+    with an f32 operand or where a computed operand's product is kept in f32. The linear layer's
+    bf16 instance reads the caller's bf16 tensors with opgen_gemm_bf16 (no naive loop, no
+    f32 copies in the kernel), its f32 instance with opgen_sgemm; the chain's bf16 instance
+    takes the bf16-product GEMM for its first product only."""
+    from opgen.passes import pipeline
+
+    def marks(name: str) -> list[str | None]:
+        m = built["ops"][name].module()
+        pipeline.run(m, "cpu", until="narrow-products")
+        return [o.products.data if o.products is not None else None for o in m.walk()
+                if isinstance(o, s.BufferMatmulOp)]
+
+    assert marks("linear_t") == ["T"]
+    assert marks("linear_mixed") == [None]
+    assert marks("exp_chain") == ["T", None]
+    src = (built["out"] / "cpu" / "linear_t.c").read_text()
+    fns = {f.split("(")[0]: f for f in src.split("static opgen_status_t k_linear_t_")[1:]}
+    assert any("opgen_gemm_bf16_par(" in f for n, f in fns.items() if n.startswith("bf16"))
+    assert not any("bgemm" in f or "gemm_bf16" in f for n, f in fns.items() if n.startswith("f32"))
+    assert any("opgen_sgemm_par(" in f for n, f in fns.items() if n.startswith("f32"))
+    src = (built["out"] / "cpu" / "exp_chain.c").read_text()
+    bf16 = [f for f in src.split("static opgen_status_t k_exp_chain_")[1:] if f.startswith("bf16")]
+    assert sum(f.count("opgen_bgemm(") for f in bf16) >= 1 and sum(f.count("opgen_sgemm(") for f in bf16) >= 1
+
+
+def test_bf16_products_are_right(built, rng):
+    """The bf16 linear layer against PyTorch in float64: exact bf16 products summed in f32 and
+    rounded once, so within one bf16 ulp (2^-7 relative at most) of the float64 result and of
+    the oracle's; the chain's
+    f32 result within f32 summation error of float64."""
+    x, w = rounded(rng.standard_normal((70, 300)), "bf16"), rounded(rng.standard_normal((45, 300)), "bf16")
+    got, ref = run_both(built, "linear_t", x=x, w=w)
+    want = (t64(x) @ t64(w).T).numpy()
+    ulp = 2.0**-7 * np.abs(want) + 2.0**-133
+    assert np.all(np.abs(got["y"].astype(np.float64) - want) <= ulp)
+    assert np.all(np.abs(got["y"].astype(np.float64) - ref["y"].astype(np.float64)) <= ulp)
+    v = rounded(rng.standard_normal((45, 300)), "bf16")
+    xs = rounded(rng.standard_normal((70, 300)) * 0.05, "bf16")
+    got, ref = run_both(built, "exp_chain", x=xs, w=w, v=v)
+    want = (torch.exp(t64(xs) @ t64(w).T) @ t64(v)).numpy()
+    scale = (torch.exp(t64(xs) @ t64(w).T) @ t64(v).abs()).numpy()
+    assert np.all(np.abs(got["y"] - want) <= 1e-5 * scale)

@@ -136,20 +136,30 @@ def _size_value(v, dims: dict[str, int]):
         return -(-a // b)
     if isinstance(op, ir.AddOp):
         return _size_value(op.lhs, dims) + _size_value(op.rhs, dims)
+    if isinstance(op, ir.SizeMulOp):
+        return _size_value(op.lhs, dims) * _size_value(op.rhs, dims)
     assert isinstance(op, s.SegWordsOp), op
     return ("segs", _size_value(op.rows, dims), _size_value(op.n, dims))
 
 
 def _spelled_value(d: str, dims: dict[str, int]):
-    """The same, read off the type's spelling (independently of the lowering's parser)."""
+    """The same, read off the type's spelling (independently of the lowering's parser):
+    ``cdiv``/``mul`` nest (the one-pass chain's ``mul(cdiv(cdiv(V,256),...),BT)``)."""
     import re
 
     if d.isdigit():
         return int(d)
-    if m := re.fullmatch(r"cdiv\((\w+),(\d+)\)", d):
-        return -(-dims[m[1]] // int(m[2]))
     if m := re.fullmatch(r"segs\((\w+),(\w+)\)", d):
         return ("segs", dims[m[1]], dims[m[2]])
+    if m := re.fullmatch(r"(cdiv|mul)\((.*)\)", d):
+        depth, cut = 0, None
+        for i, ch in enumerate(m[2]):
+            depth += (ch == "(") - (ch == ")")
+            if ch == "," and depth == 0:
+                cut = i
+        assert cut is not None, d
+        a, b = _spelled_value(m[2][:cut], dims), _spelled_value(m[2][cut + 1:], dims)
+        return -(-a // b) if m[1] == "cdiv" else a * b
     return dims[d]
 
 

@@ -1017,16 +1017,13 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1067,16 +1064,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1098,146 +1092,117 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v23 = 256ll;
-    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const float v26 = 1.0f;
+    const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v29 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i27 = v15; i27 < v24; i27++) {
-        const int64_t v28 = i27 * v23;
-        const int64_t v29 = v28 + v23;
-        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
-        const int64_t v31 = v30 - v28;
-        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i33 = v15; i33 < v31; i33++) {
-            const int64_t v34 = v28 + i33;
-            #pragma omp simd
-            for (int64_t i35 = v15; i35 < d_H; i35++) {
-                const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
-                l32[i33 * d_H + i35] = v36;
-            }
-        }
-        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i38 = v15; i38 < v25; i38++) {
-            const int64_t v39 = i38 * v23;
-            const int64_t v40 = v39 + v23;
-            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
-            const int64_t v42 = v41 - v39;
-            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i44 = v15; i44 < v42; i44++) {
-                const int64_t v45 = v39 + i44;
+    for (int64_t i30 = v15; i30 < v26; i30++) {
+        const int64_t v31 = i30 * v25;
+        const int64_t v32 = v31 + v25;
+        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
+        const int64_t v34 = i30 * d_BT;
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const int64_t v36 = i35 * v23;
+            const int64_t v37 = v36 + v23;
+            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v15; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
                 #pragma omp simd
-                for (int64_t i46 = v15; i46 < d_H; i46++) {
-                    const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
-                    l43[i44 * d_H + i46] = v47;
+                for (int64_t i43 = v15; i43 < d_H; i43++) {
+                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i50 = v15; i50 < v31; i50++) {
-                const int64_t v51 = v28 + i50;
-                const float v52 = p_logits_max[v51 * st_logits_max_0];
-                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
-                const int64_t v54 = p_masked_target[v51];
-                const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v51 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i58 = v15; i58 < v42; i58++) {
-                    const int64_t v59 = v39 + i58;
-                    const float v60 = l48[i50 * 256ll + i58];
-                    const float v61 = v60;
-                    const float v62 = v61 - v52;
-                    const float v63 = opgen_expf(v62);
-                    const float v64 = v63 / v53;
-                    const bool v65 = v59 == v54;
-                    const bool v66 = v65 && v56;
-                    const float v67 = v66 ? v26 : v8;
-                    const float v68 = v64 - v67;
-                    const float v69 = v68 * v57;
-                    l49[i50 * 256ll + i58] = v69;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i46 = v15; i46 < v28; i46++) {
+                const int64_t v47 = i46 * v23;
+                const int64_t v48 = v47 + v23;
+                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
+                const int64_t v50 = v49 - v47;
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i52 = v15; i52 < v50; i52++) {
+                    const int64_t v53 = v47 + i52;
+                    #pragma omp simd
+                    for (int64_t i54 = v15; i54 < d_H; i54++) {
+                        const float v55 = opgen_f16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
+                        l51[i52 * d_H + i54] = v55;
+                    }
                 }
+                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i58 = v15; i58 < v50; i58++) {
+                    const int64_t v59 = v47 + i58;
+                    const float v60 = p_logits_max[v59 * st_logits_max_0];
+                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
+                    const int64_t v62 = p_masked_target[v59];
+                    const bool v63 = (bool)((p_target_mask[(v59 >> 3) * st_target_mask_0] >> (v59 & 7)) & 1);
+                    const bool v64 = !v63;
+                    const float v65 = p_grad[v59 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i66 = v15; i66 < v39; i66++) {
+                        const int64_t v67 = v36 + i66;
+                        const float v68 = l56[i58 * 256ll + i66];
+                        const float v69 = v68;
+                        const float v70 = v69 - v60;
+                        const float v71 = opgen_expf(v70);
+                        const float v72 = v71 / v61;
+                        const bool v73 = v67 == v62;
+                        const bool v74 = v73 && v64;
+                        const float v75 = v74 ? v29 : v8;
+                        const float v76 = v72 - v75;
+                        const float v77 = v76 * v65;
+                        l57[i58 * 256ll + i66] = v77;
+                    }
+                }
+                const int64_t v78 = v34 + v47;
+                opgen_sgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
+                opgen_sgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
             }
-            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
-        }
-        for (int64_t i70 = v15; i70 < v31; i70++) {
-            const int64_t v71 = v28 + i70;
-            #pragma omp simd
-            for (int64_t i72 = v15; i72 < d_H; i72++) {
-                const float v73 = l37[i70 * d_H + i72];
-                const float v74 = v73;
-                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_f16(v74);
+            for (int64_t i79 = v15; i79 < v39; i79++) {
+                const int64_t v80 = v36 + i79;
+                #pragma omp simd
+                for (int64_t i81 = v15; i81 < d_H; i81++) {
+                    const float v82 = l45[i79 * d_H + i81];
+                    const float v83 = v82;
+                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_f16(v83);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v15; i75 < v25; i75++) {
-        const int64_t v76 = i75 * v23;
-        const int64_t v77 = v76 + v23;
-        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v15; i81 < v79; i81++) {
-            const int64_t v82 = v76 + i81;
-            #pragma omp simd
-            for (int64_t i83 = v15; i83 < d_H; i83++) {
-                const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
-                l80[i81 * d_H + i83] = v84;
-            }
-        }
-        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i86 = v15; i86 < v24; i86++) {
-            const int64_t v87 = i86 * v23;
-            const int64_t v88 = v87 + v23;
-            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-            const int64_t v90 = v89 - v87;
-            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i92 = v15; i92 < v90; i92++) {
-                const int64_t v93 = v87 + i92;
+    for (int64_t i84 = v15; i84 < v28; i84++) {
+        const int64_t v85 = i84 * v23;
+        const int64_t v86 = v85 + v23;
+        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
+        const int64_t v88 = v87 - v85;
+        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i90 = v15; i90 < v26; i90++) {
+            const int64_t v91 = i90 * d_BT;
+            const int64_t v92 = v91 + v85;
+            for (int64_t i93 = v15; i93 < v88; i93++) {
+                const int64_t v94 = v92 + i93;
                 #pragma omp simd
-                for (int64_t i94 = v15; i94 < d_H; i94++) {
-                    const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
-                    l91[i92 * d_H + i94] = v95;
+                for (int64_t i95 = v15; i95 < d_H; i95++) {
+                    const float v96 = t27[v94 * d_H + i95];
+                    l89[i93 * d_H + i95] += v96;
                 }
             }
-            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v15; i98 < v90; i98++) {
-                const int64_t v99 = v87 + i98;
-                const float v100 = p_logits_max[v99 * st_logits_max_0];
-                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
-                const int64_t v102 = p_masked_target[v99];
-                const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v104 = !v103;
-                const float v105 = p_grad[v99 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i106 = v15; i106 < v79; i106++) {
-                    const int64_t v107 = v76 + i106;
-                    const float v108 = l96[i98 * 256ll + i106];
-                    const float v109 = v108;
-                    const float v110 = v109 - v100;
-                    const float v111 = opgen_expf(v110);
-                    const float v112 = v111 / v101;
-                    const bool v113 = v107 == v102;
-                    const bool v114 = v113 && v104;
-                    const float v115 = v114 ? v26 : v8;
-                    const float v116 = v112 - v115;
-                    const float v117 = v116 * v105;
-                    l97[i98 * 256ll + i106] = v117;
-                }
-            }
-            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i118 = v15; i118 < v79; i118++) {
-            const int64_t v119 = v76 + i118;
+        for (int64_t i97 = v15; i97 < v88; i97++) {
+            const int64_t v98 = v85 + i97;
             #pragma omp simd
-            for (int64_t i120 = v15; i120 < d_H; i120++) {
-                const float v121 = l85[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+            for (int64_t i99 = v15; i99 < d_H; i99++) {
+                const float v100 = l89[i97 * d_H + i99];
+                const float v101 = v100;
+                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_f16(v101);
             }
         }
     }
@@ -1300,16 +1265,13 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1350,16 +1312,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1381,146 +1340,117 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v23 = 256ll;
-    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const float v26 = 1.0f;
+    const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v29 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i27 = v15; i27 < v24; i27++) {
-        const int64_t v28 = i27 * v23;
-        const int64_t v29 = v28 + v23;
-        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
-        const int64_t v31 = v30 - v28;
-        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i33 = v15; i33 < v31; i33++) {
-            const int64_t v34 = v28 + i33;
-            #pragma omp simd
-            for (int64_t i35 = v15; i35 < d_H; i35++) {
-                const float v36 = opgen_f16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
-                l32[i33 * d_H + i35] = v36;
-            }
-        }
-        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i38 = v15; i38 < v25; i38++) {
-            const int64_t v39 = i38 * v23;
-            const int64_t v40 = v39 + v23;
-            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
-            const int64_t v42 = v41 - v39;
-            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i44 = v15; i44 < v42; i44++) {
-                const int64_t v45 = v39 + i44;
+    for (int64_t i30 = v15; i30 < v26; i30++) {
+        const int64_t v31 = i30 * v25;
+        const int64_t v32 = v31 + v25;
+        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
+        const int64_t v34 = i30 * d_BT;
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const int64_t v36 = i35 * v23;
+            const int64_t v37 = v36 + v23;
+            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v15; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
                 #pragma omp simd
-                for (int64_t i46 = v15; i46 < d_H; i46++) {
-                    const float v47 = opgen_f16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
-                    l43[i44 * d_H + i46] = v47;
+                for (int64_t i43 = v15; i43 < d_H; i43++) {
+                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i50 = v15; i50 < v31; i50++) {
-                const int64_t v51 = v28 + i50;
-                const float v52 = p_logits_max[v51 * st_logits_max_0];
-                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
-                const int64_t v54 = p_masked_target[v51];
-                const bool v55 = p_target_mask[v51 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v51 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i58 = v15; i58 < v42; i58++) {
-                    const int64_t v59 = v39 + i58;
-                    const float v60 = l48[i50 * 256ll + i58];
-                    const float v61 = v60;
-                    const float v62 = v61 - v52;
-                    const float v63 = opgen_expf(v62);
-                    const float v64 = v63 / v53;
-                    const bool v65 = v59 == v54;
-                    const bool v66 = v65 && v56;
-                    const float v67 = v66 ? v26 : v8;
-                    const float v68 = v64 - v67;
-                    const float v69 = v68 * v57;
-                    l49[i50 * 256ll + i58] = v69;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i46 = v15; i46 < v28; i46++) {
+                const int64_t v47 = i46 * v23;
+                const int64_t v48 = v47 + v23;
+                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
+                const int64_t v50 = v49 - v47;
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i52 = v15; i52 < v50; i52++) {
+                    const int64_t v53 = v47 + i52;
+                    #pragma omp simd
+                    for (int64_t i54 = v15; i54 < d_H; i54++) {
+                        const float v55 = opgen_f16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
+                        l51[i52 * d_H + i54] = v55;
+                    }
                 }
+                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i58 = v15; i58 < v50; i58++) {
+                    const int64_t v59 = v47 + i58;
+                    const float v60 = p_logits_max[v59 * st_logits_max_0];
+                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
+                    const int64_t v62 = p_masked_target[v59];
+                    const bool v63 = p_target_mask[v59 * st_target_mask_0];
+                    const bool v64 = !v63;
+                    const float v65 = p_grad[v59 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i66 = v15; i66 < v39; i66++) {
+                        const int64_t v67 = v36 + i66;
+                        const float v68 = l56[i58 * 256ll + i66];
+                        const float v69 = v68;
+                        const float v70 = v69 - v60;
+                        const float v71 = opgen_expf(v70);
+                        const float v72 = v71 / v61;
+                        const bool v73 = v67 == v62;
+                        const bool v74 = v73 && v64;
+                        const float v75 = v74 ? v29 : v8;
+                        const float v76 = v72 - v75;
+                        const float v77 = v76 * v65;
+                        l57[i58 * 256ll + i66] = v77;
+                    }
+                }
+                const int64_t v78 = v34 + v47;
+                opgen_sgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
+                opgen_sgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
             }
-            opgen_sgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
-        }
-        for (int64_t i70 = v15; i70 < v31; i70++) {
-            const int64_t v71 = v28 + i70;
-            #pragma omp simd
-            for (int64_t i72 = v15; i72 < d_H; i72++) {
-                const float v73 = l37[i70 * d_H + i72];
-                const float v74 = v73;
-                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_f16(v74);
+            for (int64_t i79 = v15; i79 < v39; i79++) {
+                const int64_t v80 = v36 + i79;
+                #pragma omp simd
+                for (int64_t i81 = v15; i81 < d_H; i81++) {
+                    const float v82 = l45[i79 * d_H + i81];
+                    const float v83 = v82;
+                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_f16(v83);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v15; i75 < v25; i75++) {
-        const int64_t v76 = i75 * v23;
-        const int64_t v77 = v76 + v23;
-        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v15; i81 < v79; i81++) {
-            const int64_t v82 = v76 + i81;
-            #pragma omp simd
-            for (int64_t i83 = v15; i83 < d_H; i83++) {
-                const float v84 = opgen_f16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
-                l80[i81 * d_H + i83] = v84;
-            }
-        }
-        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i86 = v15; i86 < v24; i86++) {
-            const int64_t v87 = i86 * v23;
-            const int64_t v88 = v87 + v23;
-            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-            const int64_t v90 = v89 - v87;
-            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i92 = v15; i92 < v90; i92++) {
-                const int64_t v93 = v87 + i92;
+    for (int64_t i84 = v15; i84 < v28; i84++) {
+        const int64_t v85 = i84 * v23;
+        const int64_t v86 = v85 + v23;
+        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
+        const int64_t v88 = v87 - v85;
+        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i90 = v15; i90 < v26; i90++) {
+            const int64_t v91 = i90 * d_BT;
+            const int64_t v92 = v91 + v85;
+            for (int64_t i93 = v15; i93 < v88; i93++) {
+                const int64_t v94 = v92 + i93;
                 #pragma omp simd
-                for (int64_t i94 = v15; i94 < d_H; i94++) {
-                    const float v95 = opgen_f16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
-                    l91[i92 * d_H + i94] = v95;
+                for (int64_t i95 = v15; i95 < d_H; i95++) {
+                    const float v96 = t27[v94 * d_H + i95];
+                    l89[i93 * d_H + i95] += v96;
                 }
             }
-            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v15; i98 < v90; i98++) {
-                const int64_t v99 = v87 + i98;
-                const float v100 = p_logits_max[v99 * st_logits_max_0];
-                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
-                const int64_t v102 = p_masked_target[v99];
-                const bool v103 = p_target_mask[v99 * st_target_mask_0];
-                const bool v104 = !v103;
-                const float v105 = p_grad[v99 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i106 = v15; i106 < v79; i106++) {
-                    const int64_t v107 = v76 + i106;
-                    const float v108 = l96[i98 * 256ll + i106];
-                    const float v109 = v108;
-                    const float v110 = v109 - v100;
-                    const float v111 = opgen_expf(v110);
-                    const float v112 = v111 / v101;
-                    const bool v113 = v107 == v102;
-                    const bool v114 = v113 && v104;
-                    const float v115 = v114 ? v26 : v8;
-                    const float v116 = v112 - v115;
-                    const float v117 = v116 * v105;
-                    l97[i98 * 256ll + i106] = v117;
-                }
-            }
-            opgen_sgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i118 = v15; i118 < v79; i118++) {
-            const int64_t v119 = v76 + i118;
+        for (int64_t i97 = v15; i97 < v88; i97++) {
+            const int64_t v98 = v85 + i97;
             #pragma omp simd
-            for (int64_t i120 = v15; i120 < d_H; i120++) {
-                const float v121 = l85[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_f16(v122);
+            for (int64_t i99 = v15; i99 < d_H; i99++) {
+                const float v100 = l89[i97 * d_H + i99];
+                const float v101 = v100;
+                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_f16(v101);
             }
         }
     }
@@ -1583,16 +1513,13 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1633,16 +1560,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1664,146 +1588,117 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v23 = 256ll;
-    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const float v26 = 1.0f;
+    const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v29 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i27 = v15; i27 < v24; i27++) {
-        const int64_t v28 = i27 * v23;
-        const int64_t v29 = v28 + v23;
-        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
-        const int64_t v31 = v30 - v28;
-        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i33 = v15; i33 < v31; i33++) {
-            const int64_t v34 = v28 + i33;
-            #pragma omp simd
-            for (int64_t i35 = v15; i35 < d_H; i35++) {
-                const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
-                l32[i33 * d_H + i35] = v36;
-            }
-        }
-        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i38 = v15; i38 < v25; i38++) {
-            const int64_t v39 = i38 * v23;
-            const int64_t v40 = v39 + v23;
-            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
-            const int64_t v42 = v41 - v39;
-            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i44 = v15; i44 < v42; i44++) {
-                const int64_t v45 = v39 + i44;
+    for (int64_t i30 = v15; i30 < v26; i30++) {
+        const int64_t v31 = i30 * v25;
+        const int64_t v32 = v31 + v25;
+        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
+        const int64_t v34 = i30 * d_BT;
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const int64_t v36 = i35 * v23;
+            const int64_t v37 = v36 + v23;
+            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v15; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
                 #pragma omp simd
-                for (int64_t i46 = v15; i46 < d_H; i46++) {
-                    const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
-                    l43[i44 * d_H + i46] = v47;
+                for (int64_t i43 = v15; i43 < d_H; i43++) {
+                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i50 = v15; i50 < v31; i50++) {
-                const int64_t v51 = v28 + i50;
-                const float v52 = p_logits_max[v51 * st_logits_max_0];
-                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
-                const int64_t v54 = p_masked_target[v51];
-                const bool v55 = (bool)((p_target_mask[(v51 >> 3) * st_target_mask_0] >> (v51 & 7)) & 1);
-                const bool v56 = !v55;
-                const float v57 = p_grad[v51 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i58 = v15; i58 < v42; i58++) {
-                    const int64_t v59 = v39 + i58;
-                    const float v60 = l48[i50 * 256ll + i58];
-                    const float v61 = v60;
-                    const float v62 = v61 - v52;
-                    const float v63 = opgen_expf(v62);
-                    const float v64 = v63 / v53;
-                    const bool v65 = v59 == v54;
-                    const bool v66 = v65 && v56;
-                    const float v67 = v66 ? v26 : v8;
-                    const float v68 = v64 - v67;
-                    const float v69 = v68 * v57;
-                    l49[i50 * 256ll + i58] = v69;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i46 = v15; i46 < v28; i46++) {
+                const int64_t v47 = i46 * v23;
+                const int64_t v48 = v47 + v23;
+                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
+                const int64_t v50 = v49 - v47;
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i52 = v15; i52 < v50; i52++) {
+                    const int64_t v53 = v47 + i52;
+                    #pragma omp simd
+                    for (int64_t i54 = v15; i54 < d_H; i54++) {
+                        const float v55 = opgen_bf16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
+                        l51[i52 * d_H + i54] = v55;
+                    }
                 }
+                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i58 = v15; i58 < v50; i58++) {
+                    const int64_t v59 = v47 + i58;
+                    const float v60 = p_logits_max[v59 * st_logits_max_0];
+                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
+                    const int64_t v62 = p_masked_target[v59];
+                    const bool v63 = (bool)((p_target_mask[(v59 >> 3) * st_target_mask_0] >> (v59 & 7)) & 1);
+                    const bool v64 = !v63;
+                    const float v65 = p_grad[v59 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i66 = v15; i66 < v39; i66++) {
+                        const int64_t v67 = v36 + i66;
+                        const float v68 = l56[i58 * 256ll + i66];
+                        const float v69 = v68;
+                        const float v70 = v69 - v60;
+                        const float v71 = opgen_expf(v70);
+                        const float v72 = v71 / v61;
+                        const bool v73 = v67 == v62;
+                        const bool v74 = v73 && v64;
+                        const float v75 = v74 ? v29 : v8;
+                        const float v76 = v72 - v75;
+                        const float v77 = v76 * v65;
+                        l57[i58 * 256ll + i66] = v77;
+                    }
+                }
+                const int64_t v78 = v34 + v47;
+                opgen_bgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
+                opgen_bgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
             }
-            opgen_bgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
-        }
-        for (int64_t i70 = v15; i70 < v31; i70++) {
-            const int64_t v71 = v28 + i70;
-            #pragma omp simd
-            for (int64_t i72 = v15; i72 < d_H; i72++) {
-                const float v73 = l37[i70 * d_H + i72];
-                const float v74 = v73;
-                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_bf16(v74);
+            for (int64_t i79 = v15; i79 < v39; i79++) {
+                const int64_t v80 = v36 + i79;
+                #pragma omp simd
+                for (int64_t i81 = v15; i81 < d_H; i81++) {
+                    const float v82 = l45[i79 * d_H + i81];
+                    const float v83 = v82;
+                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_bf16(v83);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v15; i75 < v25; i75++) {
-        const int64_t v76 = i75 * v23;
-        const int64_t v77 = v76 + v23;
-        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v15; i81 < v79; i81++) {
-            const int64_t v82 = v76 + i81;
-            #pragma omp simd
-            for (int64_t i83 = v15; i83 < d_H; i83++) {
-                const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
-                l80[i81 * d_H + i83] = v84;
-            }
-        }
-        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i86 = v15; i86 < v24; i86++) {
-            const int64_t v87 = i86 * v23;
-            const int64_t v88 = v87 + v23;
-            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-            const int64_t v90 = v89 - v87;
-            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i92 = v15; i92 < v90; i92++) {
-                const int64_t v93 = v87 + i92;
+    for (int64_t i84 = v15; i84 < v28; i84++) {
+        const int64_t v85 = i84 * v23;
+        const int64_t v86 = v85 + v23;
+        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
+        const int64_t v88 = v87 - v85;
+        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i90 = v15; i90 < v26; i90++) {
+            const int64_t v91 = i90 * d_BT;
+            const int64_t v92 = v91 + v85;
+            for (int64_t i93 = v15; i93 < v88; i93++) {
+                const int64_t v94 = v92 + i93;
                 #pragma omp simd
-                for (int64_t i94 = v15; i94 < d_H; i94++) {
-                    const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
-                    l91[i92 * d_H + i94] = v95;
+                for (int64_t i95 = v15; i95 < d_H; i95++) {
+                    const float v96 = t27[v94 * d_H + i95];
+                    l89[i93 * d_H + i95] += v96;
                 }
             }
-            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v15; i98 < v90; i98++) {
-                const int64_t v99 = v87 + i98;
-                const float v100 = p_logits_max[v99 * st_logits_max_0];
-                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
-                const int64_t v102 = p_masked_target[v99];
-                const bool v103 = (bool)((p_target_mask[(v99 >> 3) * st_target_mask_0] >> (v99 & 7)) & 1);
-                const bool v104 = !v103;
-                const float v105 = p_grad[v99 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i106 = v15; i106 < v79; i106++) {
-                    const int64_t v107 = v76 + i106;
-                    const float v108 = l96[i98 * 256ll + i106];
-                    const float v109 = v108;
-                    const float v110 = v109 - v100;
-                    const float v111 = opgen_expf(v110);
-                    const float v112 = v111 / v101;
-                    const bool v113 = v107 == v102;
-                    const bool v114 = v113 && v104;
-                    const float v115 = v114 ? v26 : v8;
-                    const float v116 = v112 - v115;
-                    const float v117 = v116 * v105;
-                    l97[i98 * 256ll + i106] = v117;
-                }
-            }
-            opgen_bgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i118 = v15; i118 < v79; i118++) {
-            const int64_t v119 = v76 + i118;
+        for (int64_t i97 = v15; i97 < v88; i97++) {
+            const int64_t v98 = v85 + i97;
             #pragma omp simd
-            for (int64_t i120 = v15; i120 < d_H; i120++) {
-                const float v121 = l85[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+            for (int64_t i99 = v15; i99 < d_H; i99++) {
+                const float v100 = l89[i97 * d_H + i99];
+                const float v101 = v100;
+                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_bf16(v101);
             }
         }
     }
@@ -1866,16 +1761,13 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -1916,16 +1808,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l37_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l85_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l96_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1947,146 +1836,117 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         if (!(v22)) return opgen_fail(OPGEN_ERR_INDEX, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v23 = 256ll;
-    const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
-    const float v26 = 1.0f;
+    const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v29 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i27 = v15; i27 < v24; i27++) {
-        const int64_t v28 = i27 * v23;
-        const int64_t v29 = v28 + v23;
-        const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
-        const int64_t v31 = v30 - v28;
-        float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i33 = v15; i33 < v31; i33++) {
-            const int64_t v34 = v28 + i33;
-            #pragma omp simd
-            for (int64_t i35 = v15; i35 < d_H; i35++) {
-                const float v36 = opgen_bf16_to_f32(p_input[v34 * st_input_0 + i35 * st_input_1]);
-                l32[i33 * d_H + i35] = v36;
-            }
-        }
-        float *restrict l37 = l37_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l37, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i38 = v15; i38 < v25; i38++) {
-            const int64_t v39 = i38 * v23;
-            const int64_t v40 = v39 + v23;
-            const int64_t v41 = ((v40 < d_V || v40 != v40) ? v40 : d_V);
-            const int64_t v42 = v41 - v39;
-            float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i44 = v15; i44 < v42; i44++) {
-                const int64_t v45 = v39 + i44;
+    for (int64_t i30 = v15; i30 < v26; i30++) {
+        const int64_t v31 = i30 * v25;
+        const int64_t v32 = v31 + v25;
+        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
+        const int64_t v34 = i30 * d_BT;
+        for (int64_t i35 = v31; i35 < v33; i35++) {
+            const int64_t v36 = i35 * v23;
+            const int64_t v37 = v36 + v23;
+            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
+            const int64_t v39 = v38 - v36;
+            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i41 = v15; i41 < v39; i41++) {
+                const int64_t v42 = v36 + i41;
                 #pragma omp simd
-                for (int64_t i46 = v15; i46 < d_H; i46++) {
-                    const float v47 = opgen_bf16_to_f32(p_weight[v45 * st_weight_0 + i46 * st_weight_1]);
-                    l43[i44 * d_H + i46] = v47;
+                for (int64_t i43 = v15; i43 < d_H; i43++) {
+                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
+                    l40[i41 * d_H + i43] = v44;
                 }
             }
-            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v31, v42, d_H, l32, d_H, 1, l43, 1, d_H, l48, 256ll, 0);
-            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i50 = v15; i50 < v31; i50++) {
-                const int64_t v51 = v28 + i50;
-                const float v52 = p_logits_max[v51 * st_logits_max_0];
-                const float v53 = p_sum_exp_logits[v51 * st_sum_exp_logits_0];
-                const int64_t v54 = p_masked_target[v51];
-                const bool v55 = p_target_mask[v51 * st_target_mask_0];
-                const bool v56 = !v55;
-                const float v57 = p_grad[v51 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i58 = v15; i58 < v42; i58++) {
-                    const int64_t v59 = v39 + i58;
-                    const float v60 = l48[i50 * 256ll + i58];
-                    const float v61 = v60;
-                    const float v62 = v61 - v52;
-                    const float v63 = opgen_expf(v62);
-                    const float v64 = v63 / v53;
-                    const bool v65 = v59 == v54;
-                    const bool v66 = v65 && v56;
-                    const float v67 = v66 ? v26 : v8;
-                    const float v68 = v64 - v67;
-                    const float v69 = v68 * v57;
-                    l49[i50 * 256ll + i58] = v69;
+            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i46 = v15; i46 < v28; i46++) {
+                const int64_t v47 = i46 * v23;
+                const int64_t v48 = v47 + v23;
+                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
+                const int64_t v50 = v49 - v47;
+                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i52 = v15; i52 < v50; i52++) {
+                    const int64_t v53 = v47 + i52;
+                    #pragma omp simd
+                    for (int64_t i54 = v15; i54 < d_H; i54++) {
+                        const float v55 = opgen_bf16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
+                        l51[i52 * d_H + i54] = v55;
+                    }
                 }
+                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
+                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i58 = v15; i58 < v50; i58++) {
+                    const int64_t v59 = v47 + i58;
+                    const float v60 = p_logits_max[v59 * st_logits_max_0];
+                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
+                    const int64_t v62 = p_masked_target[v59];
+                    const bool v63 = p_target_mask[v59 * st_target_mask_0];
+                    const bool v64 = !v63;
+                    const float v65 = p_grad[v59 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i66 = v15; i66 < v39; i66++) {
+                        const int64_t v67 = v36 + i66;
+                        const float v68 = l56[i58 * 256ll + i66];
+                        const float v69 = v68;
+                        const float v70 = v69 - v60;
+                        const float v71 = opgen_expf(v70);
+                        const float v72 = v71 / v61;
+                        const bool v73 = v67 == v62;
+                        const bool v74 = v73 && v64;
+                        const float v75 = v74 ? v29 : v8;
+                        const float v76 = v72 - v75;
+                        const float v77 = v76 * v65;
+                        l57[i58 * 256ll + i66] = v77;
+                    }
+                }
+                const int64_t v78 = v34 + v47;
+                opgen_bgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
+                opgen_bgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
             }
-            opgen_bgemm(v31, d_H, v42, l49, 256ll, 1, l43, d_H, 1, l37, d_H, 1);
-        }
-        for (int64_t i70 = v15; i70 < v31; i70++) {
-            const int64_t v71 = v28 + i70;
-            #pragma omp simd
-            for (int64_t i72 = v15; i72 < d_H; i72++) {
-                const float v73 = l37[i70 * d_H + i72];
-                const float v74 = v73;
-                p_input_grad[v71 * st_input_grad_0 + i72 * st_input_grad_1] = opgen_f32_to_bf16(v74);
+            for (int64_t i79 = v15; i79 < v39; i79++) {
+                const int64_t v80 = v36 + i79;
+                #pragma omp simd
+                for (int64_t i81 = v15; i81 < d_H; i81++) {
+                    const float v82 = l45[i79 * d_H + i81];
+                    const float v83 = v82;
+                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_bf16(v83);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v15; i75 < v25; i75++) {
-        const int64_t v76 = i75 * v23;
-        const int64_t v77 = v76 + v23;
-        const int64_t v78 = ((v77 < d_V || v77 != v77) ? v77 : d_V);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v15; i81 < v79; i81++) {
-            const int64_t v82 = v76 + i81;
-            #pragma omp simd
-            for (int64_t i83 = v15; i83 < d_H; i83++) {
-                const float v84 = opgen_bf16_to_f32(p_weight[v82 * st_weight_0 + i83 * st_weight_1]);
-                l80[i81 * d_H + i83] = v84;
-            }
-        }
-        float *restrict l85 = l85_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l85, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i86 = v15; i86 < v24; i86++) {
-            const int64_t v87 = i86 * v23;
-            const int64_t v88 = v87 + v23;
-            const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-            const int64_t v90 = v89 - v87;
-            float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i92 = v15; i92 < v90; i92++) {
-                const int64_t v93 = v87 + i92;
+    for (int64_t i84 = v15; i84 < v28; i84++) {
+        const int64_t v85 = i84 * v23;
+        const int64_t v86 = v85 + v23;
+        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
+        const int64_t v88 = v87 - v85;
+        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i90 = v15; i90 < v26; i90++) {
+            const int64_t v91 = i90 * d_BT;
+            const int64_t v92 = v91 + v85;
+            for (int64_t i93 = v15; i93 < v88; i93++) {
+                const int64_t v94 = v92 + i93;
                 #pragma omp simd
-                for (int64_t i94 = v15; i94 < d_H; i94++) {
-                    const float v95 = opgen_bf16_to_f32(p_input[v93 * st_input_0 + i94 * st_input_1]);
-                    l91[i92 * d_H + i94] = v95;
+                for (int64_t i95 = v15; i95 < d_H; i95++) {
+                    const float v96 = t27[v94 * d_H + i95];
+                    l89[i93 * d_H + i95] += v96;
                 }
             }
-            float *restrict l96 = l96_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v90, v79, d_H, l91, d_H, 1, l80, 1, d_H, l96, 256ll, 0);
-            float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i98 = v15; i98 < v90; i98++) {
-                const int64_t v99 = v87 + i98;
-                const float v100 = p_logits_max[v99 * st_logits_max_0];
-                const float v101 = p_sum_exp_logits[v99 * st_sum_exp_logits_0];
-                const int64_t v102 = p_masked_target[v99];
-                const bool v103 = p_target_mask[v99 * st_target_mask_0];
-                const bool v104 = !v103;
-                const float v105 = p_grad[v99 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i106 = v15; i106 < v79; i106++) {
-                    const int64_t v107 = v76 + i106;
-                    const float v108 = l96[i98 * 256ll + i106];
-                    const float v109 = v108;
-                    const float v110 = v109 - v100;
-                    const float v111 = opgen_expf(v110);
-                    const float v112 = v111 / v101;
-                    const bool v113 = v107 == v102;
-                    const bool v114 = v113 && v104;
-                    const float v115 = v114 ? v26 : v8;
-                    const float v116 = v112 - v115;
-                    const float v117 = v116 * v105;
-                    l97[i98 * 256ll + i106] = v117;
-                }
-            }
-            opgen_bgemm(v79, d_H, v90, l97, 1, 256ll, l91, d_H, 1, l85, d_H, 1);
         }
-        for (int64_t i118 = v15; i118 < v79; i118++) {
-            const int64_t v119 = v76 + i118;
+        for (int64_t i97 = v15; i97 < v88; i97++) {
+            const int64_t v98 = v85 + i97;
             #pragma omp simd
-            for (int64_t i120 = v15; i120 < d_H; i120++) {
-                const float v121 = l85[i118 * d_H + i120];
-                const float v122 = v121;
-                p_weight_grad[v119 * st_weight_grad_0 + i120 * st_weight_grad_1] = opgen_f32_to_bf16(v122);
+            for (int64_t i99 = v15; i99 < d_H; i99++) {
+                const float v100 = l89[i97 * d_H + i99];
+                const float v101 = v100;
+                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_bf16(v101);
             }
         }
     }

@@ -48,16 +48,13 @@ static size_t k_linear_cross_entropy_grad_f16_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -96,16 +93,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l67_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -117,147 +111,118 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         if (!(v8)) return opgen_fail(OPGEN_ERR_INDEX, "linear_cross_entropy_grad: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v9 = 256ll;
-    const int64_t v10 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v11 = (d_V / 256 + (d_V % 256 != 0));
-    const float v12 = 1.0f;
-    const float v13 = 0.0f;
+    const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i14 = v1; i14 < v10; i14++) {
-        const int64_t v15 = i14 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < d_BT || v16 != v16) ? v16 : d_BT);
-        const int64_t v18 = v17 - v15;
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i20 = v1; i20 < v18; i20++) {
-            const int64_t v21 = v15 + i20;
-            #pragma omp simd
-            for (int64_t i22 = v1; i22 < d_H; i22++) {
-                const float v23 = opgen_f16_to_f32(p_input[v21 * st_input_0 + i22 * st_input_1]);
-                l19[i20 * d_H + i22] = v23;
-            }
-        }
-        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l24, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i25 = v1; i25 < v11; i25++) {
-            const int64_t v26 = i25 * v9;
-            const int64_t v27 = v26 + v9;
-            const int64_t v28 = ((v27 < d_V || v27 != v27) ? v27 : d_V);
-            const int64_t v29 = v28 - v26;
-            float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i31 = v1; i31 < v29; i31++) {
-                const int64_t v32 = v26 + i31;
+    for (int64_t i17 = v1; i17 < v12; i17++) {
+        const int64_t v18 = i17 * v11;
+        const int64_t v19 = v18 + v11;
+        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
+        const int64_t v21 = i17 * d_BT;
+        for (int64_t i22 = v18; i22 < v20; i22++) {
+            const int64_t v23 = i22 * v9;
+            const int64_t v24 = v23 + v9;
+            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
+            const int64_t v26 = v25 - v23;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i28 = v1; i28 < v26; i28++) {
+                const int64_t v29 = v23 + i28;
                 #pragma omp simd
-                for (int64_t i33 = v1; i33 < d_H; i33++) {
-                    const float v34 = opgen_f16_to_f32(p_weight[v32 * st_weight_0 + i33 * st_weight_1]);
-                    l30[i31 * d_H + i33] = v34;
+                for (int64_t i30 = v1; i30 < d_H; i30++) {
+                    const float v31 = opgen_f16_to_f32(p_weight[v29 * st_weight_0 + i30 * st_weight_1]);
+                    l27[i28 * d_H + i30] = v31;
                 }
             }
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v18, v29, d_H, l19, d_H, 1, l30, 1, d_H, l35, 256ll, 0);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i37 = v1; i37 < v18; i37++) {
-                const int64_t v38 = v15 + i37;
-                const float v39 = p_logits_max[v38 * st_logits_max_0];
-                const float v40 = p_sum_exp_logits[v38 * st_sum_exp_logits_0];
-                const int64_t v41 = p_target[v38];
-                const bool v42 = p_no_target[v38 * st_no_target_0];
-                const bool v43 = !v42;
-                const float v44 = p_grad[v38 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i45 = v1; i45 < v29; i45++) {
-                    const int64_t v46 = v26 + i45;
-                    const float v47 = l35[i37 * 256ll + i45];
-                    const float v48 = v47;
-                    const float v49 = v48 - v39;
-                    const float v50 = opgen_expf(v49);
-                    const float v51 = v50 / v40;
-                    const bool v52 = v46 == v41;
-                    const bool v53 = v52 && v43;
-                    const float v54 = v53 ? v12 : v13;
-                    const float v55 = v51 - v54;
-                    const float v56 = v55 * v44;
-                    l36[i37 * 256ll + i45] = v56;
+            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i33 = v1; i33 < v14; i33++) {
+                const int64_t v34 = i33 * v9;
+                const int64_t v35 = v34 + v9;
+                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
+                const int64_t v37 = v36 - v34;
+                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i39 = v1; i39 < v37; i39++) {
+                    const int64_t v40 = v34 + i39;
+                    #pragma omp simd
+                    for (int64_t i41 = v1; i41 < d_H; i41++) {
+                        const float v42 = opgen_f16_to_f32(p_input[v40 * st_input_0 + i41 * st_input_1]);
+                        l38[i39 * d_H + i41] = v42;
+                    }
                 }
+                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i45 = v1; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_logits_max[v46 * st_logits_max_0];
+                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
+                    const int64_t v49 = p_target[v46];
+                    const bool v50 = p_no_target[v46 * st_no_target_0];
+                    const bool v51 = !v50;
+                    const float v52 = p_grad[v46 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i53 = v1; i53 < v26; i53++) {
+                        const int64_t v54 = v23 + i53;
+                        const float v55 = l43[i45 * 256ll + i53];
+                        const float v56 = v55;
+                        const float v57 = v56 - v47;
+                        const float v58 = opgen_expf(v57);
+                        const float v59 = v58 / v48;
+                        const bool v60 = v54 == v49;
+                        const bool v61 = v60 && v51;
+                        const float v62 = v61 ? v15 : v16;
+                        const float v63 = v59 - v62;
+                        const float v64 = v63 * v52;
+                        l44[i45 * 256ll + i53] = v64;
+                    }
+                }
+                const int64_t v65 = v21 + v34;
+                opgen_sgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
+                opgen_sgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
             }
-            opgen_sgemm(v18, d_H, v29, l36, 256ll, 1, l30, d_H, 1, l24, d_H, 1);
-        }
-        for (int64_t i57 = v1; i57 < v18; i57++) {
-            const int64_t v58 = v15 + i57;
-            #pragma omp simd
-            for (int64_t i59 = v1; i59 < d_H; i59++) {
-                const float v60 = l24[i57 * d_H + i59];
-                const float v61 = v60;
-                p_input_grad[v58 * st_input_grad_0 + i59 * st_input_grad_1] = opgen_f32_to_f16(v61);
+            for (int64_t i66 = v1; i66 < v26; i66++) {
+                const int64_t v67 = v23 + i66;
+                #pragma omp simd
+                for (int64_t i68 = v1; i68 < d_H; i68++) {
+                    const float v69 = l32[i66 * d_H + i68];
+                    const float v70 = v69;
+                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = opgen_f32_to_f16(v70);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v1; i62 < v11; i62++) {
-        const int64_t v63 = i62 * v9;
-        const int64_t v64 = v63 + v9;
-        const int64_t v65 = ((v64 < d_V || v64 != v64) ? v64 : d_V);
-        const int64_t v66 = v65 - v63;
-        float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i68 = v1; i68 < v66; i68++) {
-            const int64_t v69 = v63 + i68;
-            #pragma omp simd
-            for (int64_t i70 = v1; i70 < d_H; i70++) {
-                const float v71 = opgen_f16_to_f32(p_weight[v69 * st_weight_0 + i70 * st_weight_1]);
-                l67[i68 * d_H + i70] = v71;
-            }
-        }
-        float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l72, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i73 = v1; i73 < v10; i73++) {
-            const int64_t v74 = i73 * v9;
-            const int64_t v75 = v74 + v9;
-            const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-            const int64_t v77 = v76 - v74;
-            float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i79 = v1; i79 < v77; i79++) {
-                const int64_t v80 = v74 + i79;
+    for (int64_t i71 = v1; i71 < v14; i71++) {
+        const int64_t v72 = i71 * v9;
+        const int64_t v73 = v72 + v9;
+        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v1; i77 < v12; i77++) {
+            const int64_t v78 = i77 * d_BT;
+            const int64_t v79 = v78 + v72;
+            for (int64_t i80 = v1; i80 < v75; i80++) {
+                const int64_t v81 = v79 + i80;
                 #pragma omp simd
-                for (int64_t i81 = v1; i81 < d_H; i81++) {
-                    const float v82 = opgen_f16_to_f32(p_input[v80 * st_input_0 + i81 * st_input_1]);
-                    l78[i79 * d_H + i81] = v82;
+                for (int64_t i82 = v1; i82 < d_H; i82++) {
+                    const float v83 = t13[v81 * d_H + i82];
+                    l76[i80 * d_H + i82] += v83;
                 }
             }
-            float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v77, v66, d_H, l78, d_H, 1, l67, 1, d_H, l83, 256ll, 0);
-            float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i85 = v1; i85 < v77; i85++) {
-                const int64_t v86 = v74 + i85;
-                const float v87 = p_logits_max[v86 * st_logits_max_0];
-                const float v88 = p_sum_exp_logits[v86 * st_sum_exp_logits_0];
-                const int64_t v89 = p_target[v86];
-                const bool v90 = p_no_target[v86 * st_no_target_0];
-                const bool v91 = !v90;
-                const float v92 = p_grad[v86 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i93 = v1; i93 < v66; i93++) {
-                    const int64_t v94 = v63 + i93;
-                    const float v95 = l83[i85 * 256ll + i93];
-                    const float v96 = v95;
-                    const float v97 = v96 - v87;
-                    const float v98 = opgen_expf(v97);
-                    const float v99 = v98 / v88;
-                    const bool v100 = v94 == v89;
-                    const bool v101 = v100 && v91;
-                    const float v102 = v101 ? v12 : v13;
-                    const float v103 = v99 - v102;
-                    const float v104 = v103 * v92;
-                    l84[i85 * 256ll + i93] = v104;
-                }
-            }
-            opgen_sgemm(v66, d_H, v77, l84, 1, 256ll, l78, d_H, 1, l72, d_H, 1);
         }
-        for (int64_t i105 = v1; i105 < v66; i105++) {
-            const int64_t v106 = v63 + i105;
+        for (int64_t i84 = v1; i84 < v75; i84++) {
+            const int64_t v85 = v72 + i84;
             #pragma omp simd
-            for (int64_t i107 = v1; i107 < d_H; i107++) {
-                const float v108 = l72[i105 * d_H + i107];
-                const float v109 = v108;
-                p_weight_grad[v106 * st_weight_grad_0 + i107 * st_weight_grad_1] = opgen_f32_to_f16(v109);
+            for (int64_t i86 = v1; i86 < d_H; i86++) {
+                const float v87 = l76[i84 * d_H + i86];
+                const float v88 = v87;
+                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = opgen_f32_to_f16(v88);
             }
         }
     }
@@ -307,16 +272,13 @@ static size_t k_linear_cross_entropy_grad_bf16_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -355,16 +317,13 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l67_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -376,147 +335,118 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         if (!(v8)) return opgen_fail(OPGEN_ERR_INDEX, "linear_cross_entropy_grad: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v9 = 256ll;
-    const int64_t v10 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v11 = (d_V / 256 + (d_V % 256 != 0));
-    const float v12 = 1.0f;
-    const float v13 = 0.0f;
+    const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i14 = v1; i14 < v10; i14++) {
-        const int64_t v15 = i14 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < d_BT || v16 != v16) ? v16 : d_BT);
-        const int64_t v18 = v17 - v15;
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i20 = v1; i20 < v18; i20++) {
-            const int64_t v21 = v15 + i20;
-            #pragma omp simd
-            for (int64_t i22 = v1; i22 < d_H; i22++) {
-                const float v23 = opgen_bf16_to_f32(p_input[v21 * st_input_0 + i22 * st_input_1]);
-                l19[i20 * d_H + i22] = v23;
-            }
-        }
-        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l24, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i25 = v1; i25 < v11; i25++) {
-            const int64_t v26 = i25 * v9;
-            const int64_t v27 = v26 + v9;
-            const int64_t v28 = ((v27 < d_V || v27 != v27) ? v27 : d_V);
-            const int64_t v29 = v28 - v26;
-            float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i31 = v1; i31 < v29; i31++) {
-                const int64_t v32 = v26 + i31;
+    for (int64_t i17 = v1; i17 < v12; i17++) {
+        const int64_t v18 = i17 * v11;
+        const int64_t v19 = v18 + v11;
+        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
+        const int64_t v21 = i17 * d_BT;
+        for (int64_t i22 = v18; i22 < v20; i22++) {
+            const int64_t v23 = i22 * v9;
+            const int64_t v24 = v23 + v9;
+            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
+            const int64_t v26 = v25 - v23;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i28 = v1; i28 < v26; i28++) {
+                const int64_t v29 = v23 + i28;
                 #pragma omp simd
-                for (int64_t i33 = v1; i33 < d_H; i33++) {
-                    const float v34 = opgen_bf16_to_f32(p_weight[v32 * st_weight_0 + i33 * st_weight_1]);
-                    l30[i31 * d_H + i33] = v34;
+                for (int64_t i30 = v1; i30 < d_H; i30++) {
+                    const float v31 = opgen_bf16_to_f32(p_weight[v29 * st_weight_0 + i30 * st_weight_1]);
+                    l27[i28 * d_H + i30] = v31;
                 }
             }
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v18, v29, d_H, l19, d_H, 1, l30, 1, d_H, l35, 256ll, 0);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i37 = v1; i37 < v18; i37++) {
-                const int64_t v38 = v15 + i37;
-                const float v39 = p_logits_max[v38 * st_logits_max_0];
-                const float v40 = p_sum_exp_logits[v38 * st_sum_exp_logits_0];
-                const int64_t v41 = p_target[v38];
-                const bool v42 = p_no_target[v38 * st_no_target_0];
-                const bool v43 = !v42;
-                const float v44 = p_grad[v38 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i45 = v1; i45 < v29; i45++) {
-                    const int64_t v46 = v26 + i45;
-                    const float v47 = l35[i37 * 256ll + i45];
-                    const float v48 = v47;
-                    const float v49 = v48 - v39;
-                    const float v50 = opgen_expf(v49);
-                    const float v51 = v50 / v40;
-                    const bool v52 = v46 == v41;
-                    const bool v53 = v52 && v43;
-                    const float v54 = v53 ? v12 : v13;
-                    const float v55 = v51 - v54;
-                    const float v56 = v55 * v44;
-                    l36[i37 * 256ll + i45] = v56;
+            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i33 = v1; i33 < v14; i33++) {
+                const int64_t v34 = i33 * v9;
+                const int64_t v35 = v34 + v9;
+                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
+                const int64_t v37 = v36 - v34;
+                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i39 = v1; i39 < v37; i39++) {
+                    const int64_t v40 = v34 + i39;
+                    #pragma omp simd
+                    for (int64_t i41 = v1; i41 < d_H; i41++) {
+                        const float v42 = opgen_bf16_to_f32(p_input[v40 * st_input_0 + i41 * st_input_1]);
+                        l38[i39 * d_H + i41] = v42;
+                    }
                 }
+                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i45 = v1; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_logits_max[v46 * st_logits_max_0];
+                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
+                    const int64_t v49 = p_target[v46];
+                    const bool v50 = p_no_target[v46 * st_no_target_0];
+                    const bool v51 = !v50;
+                    const float v52 = p_grad[v46 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i53 = v1; i53 < v26; i53++) {
+                        const int64_t v54 = v23 + i53;
+                        const float v55 = l43[i45 * 256ll + i53];
+                        const float v56 = v55;
+                        const float v57 = v56 - v47;
+                        const float v58 = opgen_expf(v57);
+                        const float v59 = v58 / v48;
+                        const bool v60 = v54 == v49;
+                        const bool v61 = v60 && v51;
+                        const float v62 = v61 ? v15 : v16;
+                        const float v63 = v59 - v62;
+                        const float v64 = v63 * v52;
+                        l44[i45 * 256ll + i53] = v64;
+                    }
+                }
+                const int64_t v65 = v21 + v34;
+                opgen_bgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
+                opgen_bgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
             }
-            opgen_bgemm(v18, d_H, v29, l36, 256ll, 1, l30, d_H, 1, l24, d_H, 1);
-        }
-        for (int64_t i57 = v1; i57 < v18; i57++) {
-            const int64_t v58 = v15 + i57;
-            #pragma omp simd
-            for (int64_t i59 = v1; i59 < d_H; i59++) {
-                const float v60 = l24[i57 * d_H + i59];
-                const float v61 = v60;
-                p_input_grad[v58 * st_input_grad_0 + i59 * st_input_grad_1] = opgen_f32_to_bf16(v61);
+            for (int64_t i66 = v1; i66 < v26; i66++) {
+                const int64_t v67 = v23 + i66;
+                #pragma omp simd
+                for (int64_t i68 = v1; i68 < d_H; i68++) {
+                    const float v69 = l32[i66 * d_H + i68];
+                    const float v70 = v69;
+                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = opgen_f32_to_bf16(v70);
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v1; i62 < v11; i62++) {
-        const int64_t v63 = i62 * v9;
-        const int64_t v64 = v63 + v9;
-        const int64_t v65 = ((v64 < d_V || v64 != v64) ? v64 : d_V);
-        const int64_t v66 = v65 - v63;
-        float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i68 = v1; i68 < v66; i68++) {
-            const int64_t v69 = v63 + i68;
-            #pragma omp simd
-            for (int64_t i70 = v1; i70 < d_H; i70++) {
-                const float v71 = opgen_bf16_to_f32(p_weight[v69 * st_weight_0 + i70 * st_weight_1]);
-                l67[i68 * d_H + i70] = v71;
-            }
-        }
-        float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l72, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i73 = v1; i73 < v10; i73++) {
-            const int64_t v74 = i73 * v9;
-            const int64_t v75 = v74 + v9;
-            const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-            const int64_t v77 = v76 - v74;
-            float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i79 = v1; i79 < v77; i79++) {
-                const int64_t v80 = v74 + i79;
+    for (int64_t i71 = v1; i71 < v14; i71++) {
+        const int64_t v72 = i71 * v9;
+        const int64_t v73 = v72 + v9;
+        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v1; i77 < v12; i77++) {
+            const int64_t v78 = i77 * d_BT;
+            const int64_t v79 = v78 + v72;
+            for (int64_t i80 = v1; i80 < v75; i80++) {
+                const int64_t v81 = v79 + i80;
                 #pragma omp simd
-                for (int64_t i81 = v1; i81 < d_H; i81++) {
-                    const float v82 = opgen_bf16_to_f32(p_input[v80 * st_input_0 + i81 * st_input_1]);
-                    l78[i79 * d_H + i81] = v82;
+                for (int64_t i82 = v1; i82 < d_H; i82++) {
+                    const float v83 = t13[v81 * d_H + i82];
+                    l76[i80 * d_H + i82] += v83;
                 }
             }
-            float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_bgemm(v77, v66, d_H, l78, d_H, 1, l67, 1, d_H, l83, 256ll, 0);
-            float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i85 = v1; i85 < v77; i85++) {
-                const int64_t v86 = v74 + i85;
-                const float v87 = p_logits_max[v86 * st_logits_max_0];
-                const float v88 = p_sum_exp_logits[v86 * st_sum_exp_logits_0];
-                const int64_t v89 = p_target[v86];
-                const bool v90 = p_no_target[v86 * st_no_target_0];
-                const bool v91 = !v90;
-                const float v92 = p_grad[v86 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i93 = v1; i93 < v66; i93++) {
-                    const int64_t v94 = v63 + i93;
-                    const float v95 = l83[i85 * 256ll + i93];
-                    const float v96 = v95;
-                    const float v97 = v96 - v87;
-                    const float v98 = opgen_expf(v97);
-                    const float v99 = v98 / v88;
-                    const bool v100 = v94 == v89;
-                    const bool v101 = v100 && v91;
-                    const float v102 = v101 ? v12 : v13;
-                    const float v103 = v99 - v102;
-                    const float v104 = v103 * v92;
-                    l84[i85 * 256ll + i93] = v104;
-                }
-            }
-            opgen_bgemm(v66, d_H, v77, l84, 1, 256ll, l78, d_H, 1, l72, d_H, 1);
         }
-        for (int64_t i105 = v1; i105 < v66; i105++) {
-            const int64_t v106 = v63 + i105;
+        for (int64_t i84 = v1; i84 < v75; i84++) {
+            const int64_t v85 = v72 + i84;
             #pragma omp simd
-            for (int64_t i107 = v1; i107 < d_H; i107++) {
-                const float v108 = l72[i105 * d_H + i107];
-                const float v109 = v108;
-                p_weight_grad[v106 * st_weight_grad_0 + i107 * st_weight_grad_1] = opgen_f32_to_bf16(v109);
+            for (int64_t i86 = v1; i86 < d_H; i86++) {
+                const float v87 = l76[i84 * d_H + i86];
+                const float v88 = v87;
+                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = opgen_f32_to_bf16(v88);
             }
         }
     }
@@ -566,16 +496,13 @@ static size_t k_linear_cross_entropy_grad_f32_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     return off;
 }
 static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -614,16 +541,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *l19_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l67_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -635,147 +559,118 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         if (!(v8)) return opgen_fail(OPGEN_ERR_INDEX, "linear_cross_entropy_grad: maskedTarget out of [0, V) on a row whose target is in this shard");
     }
     const int64_t v9 = 256ll;
-    const int64_t v10 = (d_BT / 256 + (d_BT % 256 != 0));
-    const int64_t v11 = (d_V / 256 + (d_V % 256 != 0));
-    const float v12 = 1.0f;
-    const float v13 = 0.0f;
+    const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
+    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
+    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
+    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v15 = 1.0f;
+    const float v16 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i14 = v1; i14 < v10; i14++) {
-        const int64_t v15 = i14 * v9;
-        const int64_t v16 = v15 + v9;
-        const int64_t v17 = ((v16 < d_BT || v16 != v16) ? v16 : d_BT);
-        const int64_t v18 = v17 - v15;
-        float *restrict l19 = l19_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i20 = v1; i20 < v18; i20++) {
-            const int64_t v21 = v15 + i20;
-            #pragma omp simd
-            for (int64_t i22 = v1; i22 < d_H; i22++) {
-                const float v23 = p_input[v21 * st_input_0 + i22 * st_input_1];
-                l19[i20 * d_H + i22] = v23;
-            }
-        }
-        float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l24, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i25 = v1; i25 < v11; i25++) {
-            const int64_t v26 = i25 * v9;
-            const int64_t v27 = v26 + v9;
-            const int64_t v28 = ((v27 < d_V || v27 != v27) ? v27 : d_V);
-            const int64_t v29 = v28 - v26;
-            float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i31 = v1; i31 < v29; i31++) {
-                const int64_t v32 = v26 + i31;
+    for (int64_t i17 = v1; i17 < v12; i17++) {
+        const int64_t v18 = i17 * v11;
+        const int64_t v19 = v18 + v11;
+        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
+        const int64_t v21 = i17 * d_BT;
+        for (int64_t i22 = v18; i22 < v20; i22++) {
+            const int64_t v23 = i22 * v9;
+            const int64_t v24 = v23 + v9;
+            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
+            const int64_t v26 = v25 - v23;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i28 = v1; i28 < v26; i28++) {
+                const int64_t v29 = v23 + i28;
                 #pragma omp simd
-                for (int64_t i33 = v1; i33 < d_H; i33++) {
-                    const float v34 = p_weight[v32 * st_weight_0 + i33 * st_weight_1];
-                    l30[i31 * d_H + i33] = v34;
+                for (int64_t i30 = v1; i30 < d_H; i30++) {
+                    const float v31 = p_weight[v29 * st_weight_0 + i30 * st_weight_1];
+                    l27[i28 * d_H + i30] = v31;
                 }
             }
-            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v18, v29, d_H, l19, d_H, 1, l30, 1, d_H, l35, 256ll, 0);
-            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i37 = v1; i37 < v18; i37++) {
-                const int64_t v38 = v15 + i37;
-                const float v39 = p_logits_max[v38 * st_logits_max_0];
-                const float v40 = p_sum_exp_logits[v38 * st_sum_exp_logits_0];
-                const int64_t v41 = p_target[v38];
-                const bool v42 = p_no_target[v38 * st_no_target_0];
-                const bool v43 = !v42;
-                const float v44 = p_grad[v38 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i45 = v1; i45 < v29; i45++) {
-                    const int64_t v46 = v26 + i45;
-                    const float v47 = l35[i37 * 256ll + i45];
-                    const float v48 = v47;
-                    const float v49 = v48 - v39;
-                    const float v50 = opgen_expf(v49);
-                    const float v51 = v50 / v40;
-                    const bool v52 = v46 == v41;
-                    const bool v53 = v52 && v43;
-                    const float v54 = v53 ? v12 : v13;
-                    const float v55 = v51 - v54;
-                    const float v56 = v55 * v44;
-                    l36[i37 * 256ll + i45] = v56;
+            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i33 = v1; i33 < v14; i33++) {
+                const int64_t v34 = i33 * v9;
+                const int64_t v35 = v34 + v9;
+                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
+                const int64_t v37 = v36 - v34;
+                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i39 = v1; i39 < v37; i39++) {
+                    const int64_t v40 = v34 + i39;
+                    #pragma omp simd
+                    for (int64_t i41 = v1; i41 < d_H; i41++) {
+                        const float v42 = p_input[v40 * st_input_0 + i41 * st_input_1];
+                        l38[i39 * d_H + i41] = v42;
+                    }
                 }
+                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
+                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i45 = v1; i45 < v37; i45++) {
+                    const int64_t v46 = v34 + i45;
+                    const float v47 = p_logits_max[v46 * st_logits_max_0];
+                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
+                    const int64_t v49 = p_target[v46];
+                    const bool v50 = p_no_target[v46 * st_no_target_0];
+                    const bool v51 = !v50;
+                    const float v52 = p_grad[v46 * st_grad_0];
+                    #pragma omp simd
+                    for (int64_t i53 = v1; i53 < v26; i53++) {
+                        const int64_t v54 = v23 + i53;
+                        const float v55 = l43[i45 * 256ll + i53];
+                        const float v56 = v55;
+                        const float v57 = v56 - v47;
+                        const float v58 = opgen_expf(v57);
+                        const float v59 = v58 / v48;
+                        const bool v60 = v54 == v49;
+                        const bool v61 = v60 && v51;
+                        const float v62 = v61 ? v15 : v16;
+                        const float v63 = v59 - v62;
+                        const float v64 = v63 * v52;
+                        l44[i45 * 256ll + i53] = v64;
+                    }
+                }
+                const int64_t v65 = v21 + v34;
+                opgen_sgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
+                opgen_sgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
             }
-            opgen_sgemm(v18, d_H, v29, l36, 256ll, 1, l30, d_H, 1, l24, d_H, 1);
-        }
-        for (int64_t i57 = v1; i57 < v18; i57++) {
-            const int64_t v58 = v15 + i57;
-            #pragma omp simd
-            for (int64_t i59 = v1; i59 < d_H; i59++) {
-                const float v60 = l24[i57 * d_H + i59];
-                const float v61 = v60;
-                p_input_grad[v58 * st_input_grad_0 + i59 * st_input_grad_1] = v61;
+            for (int64_t i66 = v1; i66 < v26; i66++) {
+                const int64_t v67 = v23 + i66;
+                #pragma omp simd
+                for (int64_t i68 = v1; i68 < d_H; i68++) {
+                    const float v69 = l32[i66 * d_H + i68];
+                    const float v70 = v69;
+                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = v70;
+                }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i62 = v1; i62 < v11; i62++) {
-        const int64_t v63 = i62 * v9;
-        const int64_t v64 = v63 + v9;
-        const int64_t v65 = ((v64 < d_V || v64 != v64) ? v64 : d_V);
-        const int64_t v66 = v65 - v63;
-        float *restrict l67 = l67_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        for (int64_t i68 = v1; i68 < v66; i68++) {
-            const int64_t v69 = v63 + i68;
-            #pragma omp simd
-            for (int64_t i70 = v1; i70 < d_H; i70++) {
-                const float v71 = p_weight[v69 * st_weight_0 + i70 * st_weight_1];
-                l67[i68 * d_H + i70] = v71;
-            }
-        }
-        float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l72, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i73 = v1; i73 < v10; i73++) {
-            const int64_t v74 = i73 * v9;
-            const int64_t v75 = v74 + v9;
-            const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-            const int64_t v77 = v76 - v74;
-            float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i79 = v1; i79 < v77; i79++) {
-                const int64_t v80 = v74 + i79;
+    for (int64_t i71 = v1; i71 < v14; i71++) {
+        const int64_t v72 = i71 * v9;
+        const int64_t v73 = v72 + v9;
+        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
+        const int64_t v75 = v74 - v72;
+        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i77 = v1; i77 < v12; i77++) {
+            const int64_t v78 = i77 * d_BT;
+            const int64_t v79 = v78 + v72;
+            for (int64_t i80 = v1; i80 < v75; i80++) {
+                const int64_t v81 = v79 + i80;
                 #pragma omp simd
-                for (int64_t i81 = v1; i81 < d_H; i81++) {
-                    const float v82 = p_input[v80 * st_input_0 + i81 * st_input_1];
-                    l78[i79 * d_H + i81] = v82;
+                for (int64_t i82 = v1; i82 < d_H; i82++) {
+                    const float v83 = t13[v81 * d_H + i82];
+                    l76[i80 * d_H + i82] += v83;
                 }
             }
-            float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            opgen_sgemm(v77, v66, d_H, l78, d_H, 1, l67, 1, d_H, l83, 256ll, 0);
-            float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i85 = v1; i85 < v77; i85++) {
-                const int64_t v86 = v74 + i85;
-                const float v87 = p_logits_max[v86 * st_logits_max_0];
-                const float v88 = p_sum_exp_logits[v86 * st_sum_exp_logits_0];
-                const int64_t v89 = p_target[v86];
-                const bool v90 = p_no_target[v86 * st_no_target_0];
-                const bool v91 = !v90;
-                const float v92 = p_grad[v86 * st_grad_0];
-                #pragma omp simd
-                for (int64_t i93 = v1; i93 < v66; i93++) {
-                    const int64_t v94 = v63 + i93;
-                    const float v95 = l83[i85 * 256ll + i93];
-                    const float v96 = v95;
-                    const float v97 = v96 - v87;
-                    const float v98 = opgen_expf(v97);
-                    const float v99 = v98 / v88;
-                    const bool v100 = v94 == v89;
-                    const bool v101 = v100 && v91;
-                    const float v102 = v101 ? v12 : v13;
-                    const float v103 = v99 - v102;
-                    const float v104 = v103 * v92;
-                    l84[i85 * 256ll + i93] = v104;
-                }
-            }
-            opgen_sgemm(v66, d_H, v77, l84, 1, 256ll, l78, d_H, 1, l72, d_H, 1);
         }
-        for (int64_t i105 = v1; i105 < v66; i105++) {
-            const int64_t v106 = v63 + i105;
+        for (int64_t i84 = v1; i84 < v75; i84++) {
+            const int64_t v85 = v72 + i84;
             #pragma omp simd
-            for (int64_t i107 = v1; i107 < d_H; i107++) {
-                const float v108 = l72[i105 * d_H + i107];
-                const float v109 = v108;
-                p_weight_grad[v106 * st_weight_grad_0 + i107 * st_weight_grad_1] = v109;
+            for (int64_t i86 = v1; i86 < d_H; i86++) {
+                const float v87 = l76[i84 * d_H + i86];
+                const float v88 = v87;
+                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = v88;
             }
         }
     }

@@ -375,64 +375,77 @@ static inline void tr16(const uint32_t *s, int64_t src, uint32_t *d, int64_t dst
     }
     for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + i * dst, r[i]);
 }
-/* n (<= 16) floats of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n */
-static inline __m512i pairs16(const float *a, const float *b, int64_t n) {
+/* Operands are f32, or bf16 storage (bf: opgen_gemm_bf16's caller tensors); offsets in elements */
+static inline const void *at(const void *p, int64_t n, int bf) { return (const char *)p + n * (bf ? 2 : 4); }
+/* the elements of p under mask m as f32 */
+static inline __m512 ld16(const void *p, __mmask16 m, int bf) {
+    if (bf) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    return _mm512_maskz_loadu_ps(m, p);
+}
+static inline float ld1(const void *p, int bf) { return bf ? opgen_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p; }
+/* n (<= 16) elements of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n */
+static inline __m512i pairs16(const void *a, const void *b, int64_t n, int bf) {
     const __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                          23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    __m512 va = _mm512_maskz_loadu_ps(m, a), vb = b ? _mm512_maskz_loadu_ps(m, b) : _mm512_setzero_ps();
+    __m512 va = ld16(a, m, bf), vb = b ? ld16(b, m, bf) : _mm512_setzero_ps();
     return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
 }
-/* n (<= 32) floats -> bf16, zero past n, 32 lanes */
-static inline __m512i bf16x32(const float *s, int64_t n) {
+/* n (<= 32) elements -> bf16, zero past n, 32 lanes */
+static inline __m512i bf16x32(const void *s, int64_t n, int bf) {
     const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
     const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
-    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, s + 16), _mm512_maskz_loadu_ps(m0, s));
+    return (__m512i)_mm512_cvtne2ps_pbh(m1 ? ld16(at(s, 16, bf), m1, bf) : _mm512_setzero_ps(), ld16(s, m0, bf));
 }
 /* A (mr x kc; rows padded to 32, k to kcp, with zeros) at p[i * BKC + k] */
-static void bpack_a(int64_t mr, int64_t kc, int64_t kcp, const float *A, int64_t ars, int64_t acs, uint16_t *restrict p) {
+static void bpack_a(int64_t mr, int64_t kc, int64_t kcp, const void *A, int64_t ars, int64_t acs, int bf,
+                    uint16_t *restrict p) {
     int64_t mrp = (mr + 31) & ~31;
     if (acs == 1) {
         for (int64_t i = 0; i < mr; i++)
-            for (int64_t k = 0; k < kcp; k += 32) _mm512_storeu_si512(p + i * BKC + k, bf16x32(A + i * ars + k, kc - k));
+            for (int64_t k = 0; k < kcp; k += 32) _mm512_storeu_si512(p + i * BKC + k, bf16x32(at(A, i * ars + k, bf), kc - k, bf));
         for (int64_t i = mr; i < mrp; i++) memset(p + i * BKC, 0, 2 * (size_t)kcp);
     } else if (ars == 1) { /* A's columns contiguous: pairs of k rows, then 16 x 16 word transposes */
         uint32_t t[BKC / 2 * 16] __attribute__((aligned(64)));
         for (int64_t i0 = 0; i0 < mrp; i0 += 16) {
             int64_t ni = mr - i0 < 0 ? 0 : mr - i0 < 16 ? mr - i0 : 16;
             for (int64_t r = 0; r < kcp / 2; r++) {
-                const float *a = 2 * r < kc ? A + 2 * r * acs + i0 : NULL, *b = 2 * r + 1 < kc ? A + (2 * r + 1) * acs + i0 : NULL;
-                _mm512_store_si512(t + r * 16, a && ni ? pairs16(a, b, ni) : _mm512_setzero_si512());
+                const void *a = 2 * r < kc ? at(A, 2 * r * acs + i0, bf) : NULL;
+                const void *b = 2 * r + 1 < kc ? at(A, (2 * r + 1) * acs + i0, bf) : NULL;
+                _mm512_store_si512(t + r * 16, a && ni ? pairs16(a, b, ni, bf) : _mm512_setzero_si512());
             }
             for (int64_t r = 0; r < kcp / 2; r += 16) tr16(t + r * 16, 16, (uint32_t *)p + i0 * (BKC / 2) + r, BKC / 2);
         }
     } else {
         for (int64_t i = 0; i < mrp; i++)
-            for (int64_t k = 0; k < kcp; k++) p[i * BKC + k] = i < mr && k < kc ? b16(A[i * ars + k * acs]) : 0;
+            for (int64_t k = 0; k < kcp; k++) p[i * BKC + k] = i < mr && k < kc ? b16(ld1(at(A, i * ars + k * acs, bf), bf)) : 0;
     }
 }
 /* B (kc x nr) in VNNI groups of 16 columns: group g, pair r: words w[g * kcp * 8 + r * 16 + jj] = (B[2r][j], B[2r+1][j]) */
-static void bpack_b(int64_t nr, int64_t kc, int64_t kcp, const float *B, int64_t brs, int64_t bcs, uint16_t *restrict p) {
+static void bpack_b(int64_t nr, int64_t kc, int64_t kcp, const void *B, int64_t brs, int64_t bcs, int bf,
+                    uint16_t *restrict p) {
     int64_t groups = (nr + 15) / 16;
     uint32_t *w = (uint32_t *)p;
     if (bcs == 1) {
         for (int64_t g = 0; g < groups; g++)
             for (int64_t r = 0; r < kcp / 2; r++) {
-                const float *a = 2 * r < kc ? B + 2 * r * brs + 16 * g : NULL, *b = 2 * r + 1 < kc ? B + (2 * r + 1) * brs + 16 * g : NULL;
-                _mm512_storeu_si512(w + g * kcp * 8 + r * 16, a ? pairs16(a, b, nr - 16 * g) : _mm512_setzero_si512());
+                const void *a = 2 * r < kc ? at(B, 2 * r * brs + 16 * g, bf) : NULL;
+                const void *b = 2 * r + 1 < kc ? at(B, (2 * r + 1) * brs + 16 * g, bf) : NULL;
+                _mm512_storeu_si512(w + g * kcp * 8 + r * 16, a ? pairs16(a, b, nr - 16 * g, bf) : _mm512_setzero_si512());
             }
     } else if (brs == 1) { /* B's columns contiguous (k runs along them): convert, then 16 x 16 word transposes */
         uint32_t t[16 * BKC / 2] __attribute__((aligned(64)));
         for (int64_t g = 0; g < groups; g++) {
             for (int64_t jj = 0; jj < 16; jj++)
                 for (int64_t k = 0; k < kcp; k += 32)
-                    _mm512_store_si512(t + jj * (BKC / 2) + k / 2, 16 * g + jj < nr ? bf16x32(B + (16 * g + jj) * bcs + k, kc - k) : _mm512_setzero_si512());
+                    _mm512_store_si512(t + jj * (BKC / 2) + k / 2, 16 * g + jj < nr ? bf16x32(at(B, (16 * g + jj) * bcs + k, bf), kc - k, bf)
+                                                                                 : _mm512_setzero_si512());
             for (int64_t r = 0; r < kcp / 2; r += 16) tr16(t + r, BKC / 2, w + g * kcp * 8 + r * 16, 16);
         }
     } else {
         memset(p, 0, 2 * (size_t)(groups * kcp * 16));
         for (int64_t j = 0; j < nr; j++)
-            for (int64_t k = 0; k < kc; k++) p[(j / 16) * kcp * 16 + (k / 2) * 32 + 2 * (j % 16) + (k & 1)] = b16(B[k * brs + j * bcs]);
+            for (int64_t k = 0; k < kc; k++) p[(j / 16) * kcp * 16 + (k / 2) * 32 + 2 * (j % 16) + (k & 1)] = b16(ld1(at(B, k * brs + j * bcs, bf), bf));
     }
 }
 /* C[32 x 32] (= or +=) 32 packed rows of A times two 16-column groups of B, steps of 32 k */
@@ -454,14 +467,14 @@ static void amx_kernel(int64_t steps, const uint16_t *pa, const uint16_t *pb0, c
 }
 
 /* rows [r0, r1) of C over the k block at k0 (B's block packed in pb); pa: this thread's A pack */
-static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const float *A, int64_t ars,
-                       int64_t acs, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
+static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const void *A, int64_t ars,
+                       int64_t acs, int abf, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
     const int64_t kcp = (kc + 31) & ~(int64_t)31;
     float tmp[32 * 32];
     tile_config();
     for (int64_t i0 = r0; i0 < r1; i0 += BMC) {
         const int64_t mc = r1 - i0 < BMC ? r1 - i0 : BMC;
-        bpack_a(mc, kc, kcp, A + i0 * ars + k0 * acs, ars, acs, pa);
+        bpack_a(mc, kc, kcp, at(A, i0 * ars + k0 * acs, abf), ars, acs, abf, pa);
         for (int64_t i = 0; i < mc; i += 32)
             for (int64_t j = 0; j < n; j += 32) {
                 const uint16_t *pb0 = pb + (j / 16) * kcp * 16, *pb1 = pb0 + kcp * 16;
@@ -482,9 +495,10 @@ static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc
 }
 #pragma GCC pop_options
 
-/* opgen_bgemm on `threads` threads: B packed once per k block, rows split in whole 32-row strips */
-static int bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
-                 int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+/* opgen_bgemm on `threads` threads (abf, bbf: bf16 operands): B packed once per k block, rows split
+ * in whole 32-row strips; 0 when its buffers cannot be had */
+static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf, const void *B,
+                 int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate, int threads) {
     const int64_t strips = (m + 31) / 32, kcm = k < BKC ? (k + 31) & ~(int64_t)31 : BKC;
     if (threads > strips) threads = (int)strips;
     const size_t na = sizeof(uint16_t) * BMC * BKC;
@@ -502,16 +516,17 @@ static int bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
         const int load = accumulate || k0 > 0;
 #define OPGEN_BROWS(t, T) do { /* thread t of T: its share of whole 32-row strips */ \
     const int64_t r0 = 32 * (strips * (t) / (T)), r1e = 32 * (strips * ((t) + 1) / (T)); \
-    bgemm_rows(r0, r1e < m ? r1e : m, n, k0, kc, A, ars, acs, pb, C, ldc, load, pa + (size_t)(t) * (na / sizeof(uint16_t))); \
+    bgemm_rows(r0, r1e < m ? r1e : m, n, k0, kc, A, ars, acs, abf, pb, C, ldc, load, pa + (size_t)(t) * (na / 2)); \
 } while (0)
         if (threads > 1) {
             #pragma omp parallel for schedule(static) num_threads(threads)
             for (int64_t g = 0; g < (n + 15) / 16; g++)
-                bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, B + k0 * brs + 16 * g * bcs, brs, bcs, pb + g * kcp * 16);
+                bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, at(B, k0 * brs + 16 * g * bcs, bbf), brs, bcs, bbf,
+                        pb + g * kcp * 16);
             #pragma omp parallel num_threads(threads)
             OPGEN_BROWS(omp_get_thread_num(), omp_get_num_threads());
         } else {
-            bpack_b(n, kc, kcp, B + k0 * brs, brs, bcs, pb);
+            bpack_b(n, kc, kcp, at(B, k0 * brs, bbf), brs, bcs, bbf, pb);
             OPGEN_BROWS(0, 1);
         }
 #undef OPGEN_BROWS
@@ -529,7 +544,8 @@ int opgen_amx(void) { return 0; }
 static void bgemm_any(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
 #ifdef OPGEN_HAVE_AMX
-    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads))
+    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, 0, B, brs, bcs, 0, C, ldc, accumulate,
+                                                        threads))
         return;
 #endif
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads);
@@ -543,6 +559,54 @@ void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     bgemm_any(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
+}
+
+/* op(X) (rows x cols; element (i, j) at X[i * rs + j * cs], bf16) as a row-major f32 copy, or NULL */
+static float *widen_bf16(int64_t rows, int64_t cols, const uint16_t *X, int64_t rs, int64_t cs) {
+    const size_t n = opgen_sz_mul(opgen_sz_mul((size_t)rows, (size_t)cols), sizeof(float));
+    float *w = n == SIZE_MAX ? NULL : (float *)malloc(n ? n : 1);
+    if (w)
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) w[i * cols + j] = opgen_bf16_to_f32(X[i * rs + j * cs]);
+    return w;
+}
+
+static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
+                      int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+    if (m <= 0 || n <= 0) return;
+#ifdef OPGEN_HAVE_AMX
+    if (k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
+#endif
+    /* the exact f32 values through the f32 GEMM (its k order); without memory for the copies,
+       its loop on the bf16 elements (the same order, so the same bits) */
+    float *a = widen_bf16(m, k, A, ars, acs), *b = widen_bf16(k, n, B, brs, bcs);
+    if (a && b) {
+        sgemm(m, n, k, a, k, 1, b, n, 1, C, ldc, accumulate, threads);
+    } else {
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float t = accumulate ? C[i * ldc + j] : 0.0f;
+                for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+                    float part = 0.0f;
+                    for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
+                        part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
+                    t = (k0 == 0 && !accumulate) ? part : t + part;
+                }
+                C[i * ldc + j] = t;
+            }
+    }
+    free(a);
+    free(b);
+}
+
+void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                     const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+}
+
+void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                         const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
 }
 
 /* The element offset of row r of a tensor's leading n axes (shape, strides st), rows counted

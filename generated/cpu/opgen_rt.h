@@ -117,6 +117,12 @@ void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* opgen_sgemm for bf16 operands in memory (caller tensors): on AMX tiles where opgen_bgemm runs
+ * there, else the f32 GEMM on their exact f32 values (bitwise opgen_sgemm's result on them). */
+void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                     const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                         const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 /* 1 when opgen_bgemm runs on AMX tiles in this process (decided once) */
 int opgen_amx(void);
 

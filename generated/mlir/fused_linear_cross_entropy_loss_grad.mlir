@@ -1707,184 +1707,303 @@ builtin.module {
             %112 = arith.cmpi eq, %111, %1 : i32
             scf.if %112 {
               %113 = arith.constant 256 : i64
-              %114 = arith.divsi %5, %113 : i64
-              %115 = arith.remsi %5, %113 : i64
+              %114 = arith.divsi %14, %113 : i64
+              %115 = arith.remsi %14, %113 : i64
               %116 = arith.cmpi ne, %115, %86 : i64
               %117 = arith.extui %116 : i1 to i64
               %118 = arith.addi %114, %117 : i64
-              %119 = arith.divsi %14, %113 : i64
-              %120 = arith.remsi %14, %113 : i64
-              %121 = arith.cmpi ne, %120, %86 : i64
-              %122 = arith.extui %121 : i1 to i64
-              %123 = arith.addi %119, %122 : i64
-              %124 = arith.constant 1.000000e+00 : f32
-              %125 = arith.index_cast %86 : i64 to index
-              %126 = arith.index_cast %118 : i64 to index
-              "scf.parallel"(%125, %126, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%127: index):
-                %128 = arith.index_cast %127 : index to i64
-                "memref.alloca_scope"() ({
-                  %129 = arith.muli %128, %113 : i64
-                  %130 = arith.addi %129, %113 : i64
-                  %131 = arith.cmpi slt, %130, %5 : i64
-                  %132 = arith.select %131, %130, %5 : i64
-                  %133 = arith.subi %132, %129 : i64
-                  %134 = arith.index_cast %113 : i64 to index
-                  %135 = arith.index_cast %12 : i64 to index
-                  %136 = memref.alloca(%134, %135) : memref<?x?xf32>
-                  %137 = arith.index_cast %133 : i64 to index
-                  "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%138: index):
-                    %139 = arith.index_cast %138 : index to i64
-                    %140 = arith.addi %129, %139 : i64
-                    "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%141: index):
-                      %142 = arith.index_cast %141 : index to i64
-                      %143 = arith.index_cast %140 : i64 to index
-                      %144 = arith.index_cast %142 : i64 to index
-                      %145 = memref.load %input[%143, %144] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      %146 = arith.extf %145 : f16 to f32
-                      %147 = arith.index_cast %139 : i64 to index
-                      memref.store %146, %136[%147, %144] : memref<?x?xf32>
+              %119 = arith.constant 4 : i64
+              %120 = arith.divsi %118, %119 : i64
+              %121 = arith.remsi %118, %119 : i64
+              %122 = arith.cmpi ne, %121, %86 : i64
+              %123 = arith.extui %122 : i1 to i64
+              %124 = arith.addi %120, %123 : i64
+              %125 = arith.divsi %118, %124 : i64
+              %126 = arith.remsi %118, %124 : i64
+              %127 = arith.cmpi ne, %126, %86 : i64
+              %128 = arith.extui %127 : i1 to i64
+              %129 = arith.addi %125, %128 : i64
+              %130 = arith.constant 9223372036854775807 : i64
+              %131 = arith.maxsi %5, %87 : i64
+              %132 = arith.cmpi ne, %5, %86 : i64
+              %133 = arith.divsi %130, %131 : i64
+              %134 = arith.cmpi sgt, %129, %133 : i64
+              %135 = arith.andi %132, %134 : i1
+              %136 = arith.muli %129, %5 : i64
+              %137 = arith.select %135, %130, %136 : i64
+              %138 = arith.index_cast %137 : i64 to index
+              %139 = arith.index_cast %12 : i64 to index
+              %140 = memref.alloc(%138, %139) : memref<?x?xf32>
+              scf.for %141 = %3 to %138 step %10 {
+                scf.for %142 = %3 to %139 step %10 {
+                  memref.store %57, %140[%141, %142] : memref<?x?xf32>
+                }
+              }
+              %143 = arith.divsi %5, %113 : i64
+              %144 = arith.remsi %5, %113 : i64
+              %145 = arith.cmpi ne, %144, %86 : i64
+              %146 = arith.extui %145 : i1 to i64
+              %147 = arith.addi %143, %146 : i64
+              %148 = arith.constant 1.000000e+00 : f32
+              %149 = arith.index_cast %86 : i64 to index
+              %150 = arith.index_cast %129 : i64 to index
+              "scf.parallel"(%149, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%151: index):
+                %152 = arith.index_cast %151 : index to i64
+                %153 = arith.muli %152, %124 : i64
+                %154 = arith.addi %153, %124 : i64
+                %155 = arith.cmpi slt, %154, %118 : i64
+                %156 = arith.select %155, %154, %118 : i64
+                %157 = arith.muli %152, %5 : i64
+                scf.for %158 = %153 to %156 step %87 : i64 {
+                  "memref.alloca_scope"() ({
+                    %159 = arith.muli %158, %113 : i64
+                    %160 = arith.addi %159, %113 : i64
+                    %161 = arith.cmpi slt, %160, %14 : i64
+                    %162 = arith.select %161, %160, %14 : i64
+                    %163 = arith.subi %162, %159 : i64
+                    %164 = arith.index_cast %113 : i64 to index
+                    %165 = memref.alloca(%164, %139) : memref<?x?xf32>
+                    %166 = arith.index_cast %163 : i64 to index
+                    "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%167: index):
+                      %168 = arith.index_cast %167 : index to i64
+                      %169 = arith.addi %159, %168 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%170: index):
+                        %171 = arith.index_cast %170 : index to i64
+                        %172 = arith.index_cast %169 : i64 to index
+                        %173 = arith.index_cast %171 : i64 to index
+                        %174 = memref.load %weight[%172, %173] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                        %175 = arith.extf %174 : f16 to f32
+                        %176 = arith.index_cast %168 : i64 to index
+                        memref.store %175, %165[%176, %173] : memref<?x?xf32>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
                       scf.reduce
                     }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %148 = memref.alloca(%134, %135) : memref<?x?xf32>
-                  scf.for %149 = %3 to %134 step %10 {
-                    scf.for %150 = %3 to %135 step %10 {
-                      memref.store %57, %148[%149, %150] : memref<?x?xf32>
+                    %177 = memref.alloca(%164, %139) : memref<?x?xf32>
+                    scf.for %178 = %3 to %164 step %10 {
+                      scf.for %179 = %3 to %139 step %10 {
+                        memref.store %57, %177[%178, %179] : memref<?x?xf32>
+                      }
+                    }
+                    scf.for %180 = %86 to %147 step %87 : i64 {
+                      "memref.alloca_scope"() ({
+                        %181 = arith.muli %180, %113 : i64
+                        %182 = arith.addi %181, %113 : i64
+                        %183 = arith.cmpi slt, %182, %5 : i64
+                        %184 = arith.select %183, %182, %5 : i64
+                        %185 = arith.subi %184, %181 : i64
+                        %186 = memref.alloca(%164, %139) : memref<?x?xf32>
+                        %187 = arith.index_cast %185 : i64 to index
+                        "scf.parallel"(%149, %187, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%188: index):
+                          %189 = arith.index_cast %188 : index to i64
+                          %190 = arith.addi %181, %189 : i64
+                          "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%191: index):
+                            %192 = arith.index_cast %191 : index to i64
+                            %193 = arith.index_cast %190 : i64 to index
+                            %194 = arith.index_cast %192 : i64 to index
+                            %195 = memref.load %input[%193, %194] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                            %196 = arith.extf %195 : f16 to f32
+                            %197 = arith.index_cast %189 : i64 to index
+                            memref.store %196, %186[%197, %194] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %198 = memref.alloca(%164, %164) : memref<?x?xf32>
+                        scf.for %199 = %86 to %185 step %87 : i64 {
+                          scf.for %200 = %86 to %163 step %87 : i64 {
+                            %201 = scf.for %202 = %86 to %12 step %113 iter_args(%203 = %57) -> (f32) : i64 {
+                              %204 = arith.addi %202, %113 : i64
+                              %205 = arith.minsi %204, %12 : i64
+                              %206 = scf.for %207 = %202 to %205 step %87 iter_args(%208 = %57) -> (f32) : i64 {
+                                %209 = arith.index_cast %199 : i64 to index
+                                %210 = arith.index_cast %207 : i64 to index
+                                %211 = memref.load %186[%209, %210] : memref<?x?xf32>
+                                %212 = arith.index_cast %200 : i64 to index
+                                %213 = memref.load %165[%212, %210] : memref<?x?xf32>
+                                %214 = math.fma %211, %213, %208 : f32
+                                scf.yield %214 : f32
+                              }
+                              %215 = arith.cmpi eq, %202, %86 : i64
+                              %216 = arith.addf %203, %206 : f32
+                              %217 = arith.select %215, %206, %216 : f32
+                              scf.yield %217 : f32
+                            }
+                            %218 = arith.index_cast %199 : i64 to index
+                            %219 = arith.index_cast %200 : i64 to index
+                            memref.store %201, %198[%218, %219] : memref<?x?xf32>
+                          }
+                        }
+                        %220 = memref.alloca(%164, %164) : memref<?x?xf32>
+                        "scf.parallel"(%149, %187, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%221: index):
+                          %222 = arith.index_cast %221 : index to i64
+                          %223 = arith.addi %181, %222 : i64
+                          %224 = arith.index_cast %223 : i64 to index
+                          %225 = memref.load %logits_max[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          %226 = memref.load %sum_exp_logits[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          %227 = memref.load %masked_target[%224] : memref<?xi64, strided<[?], offset: ?>>
+                          %228 = arith.constant 3 : i64
+                          %229 = arith.shrsi %223, %228 : i64
+                          %230 = arith.index_cast %229 : i64 to index
+                          %231 = memref.load %target_mask[%230] : memref<?xi8, strided<[?], offset: ?>>
+                          %232 = arith.extui %231 : i8 to i64
+                          %233 = arith.constant 7 : i64
+                          %234 = arith.andi %223, %233 : i64
+                          %235 = arith.shrui %232, %234 : i64
+                          %236 = arith.andi %235, %87 : i64
+                          %237 = arith.trunci %236 : i64 to i1
+                          %238 = arith.xori %237, %2 : i1
+                          %239 = memref.load %grad[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%240: index):
+                            %241 = arith.index_cast %240 : index to i64
+                            %242 = arith.addi %159, %241 : i64
+                            %243 = arith.index_cast %222 : i64 to index
+                            %244 = arith.index_cast %241 : i64 to index
+                            %245 = memref.load %198[%243, %244] : memref<?x?xf32>
+                            %246 = arith.subf %245, %225 : f32
+                            %247 = math.exp %246 : f32
+                            %248 = arith.divf %247, %226 : f32
+                            %249 = arith.cmpi eq, %242, %227 : i64
+                            %250 = arith.andi %249, %238 : i1
+                            %251 = arith.select %250, %148, %57 : f32
+                            %252 = arith.subf %248, %251 : f32
+                            %253 = arith.mulf %252, %239 : f32
+                            memref.store %253, %220[%243, %244] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %254 = arith.addi %157, %181 : i64
+                        scf.for %255 = %86 to %185 step %87 : i64 {
+                          scf.for %256 = %86 to %12 step %87 : i64 {
+                            %257 = arith.addi %254, %255 : i64
+                            %258 = arith.index_cast %257 : i64 to index
+                            %259 = arith.index_cast %256 : i64 to index
+                            %260 = memref.load %140[%258, %259] : memref<?x?xf32>
+                            %261 = scf.for %262 = %86 to %163 step %113 iter_args(%263 = %260) -> (f32) : i64 {
+                              %264 = arith.addi %262, %113 : i64
+                              %265 = arith.minsi %264, %163 : i64
+                              %266 = scf.for %267 = %262 to %265 step %87 iter_args(%268 = %57) -> (f32) : i64 {
+                                %269 = arith.index_cast %255 : i64 to index
+                                %270 = arith.index_cast %267 : i64 to index
+                                %271 = memref.load %220[%269, %270] : memref<?x?xf32>
+                                %272 = memref.load %165[%270, %259] : memref<?x?xf32>
+                                %273 = math.fma %271, %272, %268 : f32
+                                scf.yield %273 : f32
+                              }
+                              %274 = arith.addf %263, %266 : f32
+                              scf.yield %274 : f32
+                            }
+                            memref.store %261, %140[%258, %259] : memref<?x?xf32>
+                          }
+                        }
+                        scf.for %275 = %86 to %163 step %87 : i64 {
+                          scf.for %276 = %86 to %12 step %87 : i64 {
+                            %277 = arith.index_cast %275 : i64 to index
+                            %278 = arith.index_cast %276 : i64 to index
+                            %279 = memref.load %177[%277, %278] : memref<?x?xf32>
+                            %280 = scf.for %281 = %86 to %185 step %113 iter_args(%282 = %279) -> (f32) : i64 {
+                              %283 = arith.addi %281, %113 : i64
+                              %284 = arith.minsi %283, %185 : i64
+                              %285 = scf.for %286 = %281 to %284 step %87 iter_args(%287 = %57) -> (f32) : i64 {
+                                %288 = arith.index_cast %286 : i64 to index
+                                %289 = memref.load %220[%288, %277] : memref<?x?xf32>
+                                %290 = memref.load %186[%288, %278] : memref<?x?xf32>
+                                %291 = math.fma %289, %290, %287 : f32
+                                scf.yield %291 : f32
+                              }
+                              %292 = arith.addf %282, %285 : f32
+                              scf.yield %292 : f32
+                            }
+                            memref.store %280, %177[%277, %278] : memref<?x?xf32>
+                          }
+                        }
+                        "memref.alloca_scope.return"() : () -> ()
+                      }) : () -> ()
+                    }
+                    "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%293: index):
+                      %294 = arith.index_cast %293 : index to i64
+                      %295 = arith.addi %159, %294 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%296: index):
+                        %297 = arith.index_cast %296 : index to i64
+                        %298 = arith.index_cast %294 : i64 to index
+                        %299 = arith.index_cast %297 : i64 to index
+                        %300 = memref.load %177[%298, %299] : memref<?x?xf32>
+                        %301 = arith.index_cast %295 : i64 to index
+                        %302 = arith.truncf %300 : f32 to f16
+                        memref.store %302, %weight_grad[%301, %299] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    "memref.alloca_scope.return"() : () -> ()
+                  }) : () -> ()
+                }
+                scf.reduce
+              }) : (index, index, index) -> ()
+              %303 = arith.index_cast %147 : i64 to index
+              "scf.parallel"(%149, %303, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%304: index):
+                %305 = arith.index_cast %304 : index to i64
+                "memref.alloca_scope"() ({
+                  %306 = arith.muli %305, %113 : i64
+                  %307 = arith.addi %306, %113 : i64
+                  %308 = arith.cmpi slt, %307, %5 : i64
+                  %309 = arith.select %308, %307, %5 : i64
+                  %310 = arith.subi %309, %306 : i64
+                  %311 = arith.index_cast %113 : i64 to index
+                  %312 = memref.alloca(%311, %139) : memref<?x?xf32>
+                  scf.for %313 = %3 to %311 step %10 {
+                    scf.for %314 = %3 to %139 step %10 {
+                      memref.store %57, %312[%313, %314] : memref<?x?xf32>
                     }
                   }
-                  scf.for %151 = %86 to %123 step %87 : i64 {
-                    "memref.alloca_scope"() ({
-                      %152 = arith.muli %151, %113 : i64
-                      %153 = arith.addi %152, %113 : i64
-                      %154 = arith.cmpi slt, %153, %14 : i64
-                      %155 = arith.select %154, %153, %14 : i64
-                      %156 = arith.subi %155, %152 : i64
-                      %157 = memref.alloca(%134, %135) : memref<?x?xf32>
-                      %158 = arith.index_cast %156 : i64 to index
-                      "scf.parallel"(%125, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%159: index):
-                        %160 = arith.index_cast %159 : index to i64
-                        %161 = arith.addi %152, %160 : i64
-                        "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%162: index):
-                          %163 = arith.index_cast %162 : index to i64
-                          %164 = arith.index_cast %161 : i64 to index
-                          %165 = arith.index_cast %163 : i64 to index
-                          %166 = memref.load %weight[%164, %165] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                          %167 = arith.extf %166 : f16 to f32
-                          %168 = arith.index_cast %160 : i64 to index
-                          memref.store %167, %157[%168, %165] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
+                  scf.for %315 = %86 to %129 step %87 : i64 {
+                    %316 = arith.muli %315, %5 : i64
+                    %317 = arith.addi %316, %306 : i64
+                    %318 = arith.index_cast %310 : i64 to index
+                    "scf.parallel"(%149, %318, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%319: index):
+                      %320 = arith.index_cast %319 : index to i64
+                      %321 = arith.addi %317, %320 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%322: index):
+                        %323 = arith.index_cast %322 : index to i64
+                        %324 = arith.index_cast %321 : i64 to index
+                        %325 = arith.index_cast %323 : i64 to index
+                        %326 = memref.load %140[%324, %325] : memref<?x?xf32>
+                        %327 = arith.index_cast %320 : i64 to index
+                        %328 = memref.load %312[%327, %325] : memref<?x?xf32>
+                        %329 = arith.addf %328, %326 : f32
+                        memref.store %329, %312[%327, %325] : memref<?x?xf32>
                         scf.reduce
                       }) : (index, index, index) -> ()
-                      %169 = memref.alloca(%134, %134) : memref<?x?xf32>
-                      scf.for %170 = %86 to %133 step %87 : i64 {
-                        scf.for %171 = %86 to %156 step %87 : i64 {
-                          %172 = scf.for %173 = %86 to %12 step %113 iter_args(%174 = %57) -> (f32) : i64 {
-                            %175 = arith.addi %173, %113 : i64
-                            %176 = arith.minsi %175, %12 : i64
-                            %177 = scf.for %178 = %173 to %176 step %87 iter_args(%179 = %57) -> (f32) : i64 {
-                              %180 = arith.index_cast %170 : i64 to index
-                              %181 = arith.index_cast %178 : i64 to index
-                              %182 = memref.load %136[%180, %181] : memref<?x?xf32>
-                              %183 = arith.index_cast %171 : i64 to index
-                              %184 = memref.load %157[%183, %181] : memref<?x?xf32>
-                              %185 = math.fma %182, %184, %179 : f32
-                              scf.yield %185 : f32
-                            }
-                            %186 = arith.cmpi eq, %173, %86 : i64
-                            %187 = arith.addf %174, %177 : f32
-                            %188 = arith.select %186, %177, %187 : f32
-                            scf.yield %188 : f32
-                          }
-                          %189 = arith.index_cast %170 : i64 to index
-                          %190 = arith.index_cast %171 : i64 to index
-                          memref.store %172, %169[%189, %190] : memref<?x?xf32>
-                        }
-                      }
-                      %191 = memref.alloca(%134, %134) : memref<?x?xf32>
-                      "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%192: index):
-                        %193 = arith.index_cast %192 : index to i64
-                        %194 = arith.addi %129, %193 : i64
-                        %195 = arith.index_cast %194 : i64 to index
-                        %196 = memref.load %logits_max[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        %197 = memref.load %sum_exp_logits[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        %198 = memref.load %masked_target[%195] : memref<?xi64, strided<[?], offset: ?>>
-                        %199 = arith.constant 3 : i64
-                        %200 = arith.shrsi %194, %199 : i64
-                        %201 = arith.index_cast %200 : i64 to index
-                        %202 = memref.load %target_mask[%201] : memref<?xi8, strided<[?], offset: ?>>
-                        %203 = arith.extui %202 : i8 to i64
-                        %204 = arith.constant 7 : i64
-                        %205 = arith.andi %194, %204 : i64
-                        %206 = arith.shrui %203, %205 : i64
-                        %207 = arith.andi %206, %87 : i64
-                        %208 = arith.trunci %207 : i64 to i1
-                        %209 = arith.xori %208, %2 : i1
-                        %210 = memref.load %grad[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%125, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%211: index):
-                          %212 = arith.index_cast %211 : index to i64
-                          %213 = arith.addi %152, %212 : i64
-                          %214 = arith.index_cast %193 : i64 to index
-                          %215 = arith.index_cast %212 : i64 to index
-                          %216 = memref.load %169[%214, %215] : memref<?x?xf32>
-                          %217 = arith.subf %216, %196 : f32
-                          %218 = math.exp %217 : f32
-                          %219 = arith.divf %218, %197 : f32
-                          %220 = arith.cmpi eq, %213, %198 : i64
-                          %221 = arith.andi %220, %209 : i1
-                          %222 = arith.select %221, %124, %57 : f32
-                          %223 = arith.subf %219, %222 : f32
-                          %224 = arith.mulf %223, %210 : f32
-                          memref.store %224, %191[%214, %215] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %225 = %86 to %133 step %87 : i64 {
-                        scf.for %226 = %86 to %12 step %87 : i64 {
-                          %227 = arith.index_cast %225 : i64 to index
-                          %228 = arith.index_cast %226 : i64 to index
-                          %229 = memref.load %148[%227, %228] : memref<?x?xf32>
-                          %230 = scf.for %231 = %86 to %156 step %113 iter_args(%232 = %229) -> (f32) : i64 {
-                            %233 = arith.addi %231, %113 : i64
-                            %234 = arith.minsi %233, %156 : i64
-                            %235 = scf.for %236 = %231 to %234 step %87 iter_args(%237 = %57) -> (f32) : i64 {
-                              %238 = arith.index_cast %236 : i64 to index
-                              %239 = memref.load %191[%227, %238] : memref<?x?xf32>
-                              %240 = memref.load %157[%238, %228] : memref<?x?xf32>
-                              %241 = math.fma %239, %240, %237 : f32
-                              scf.yield %241 : f32
-                            }
-                            %242 = arith.addf %232, %235 : f32
-                            scf.yield %242 : f32
-                          }
-                          memref.store %230, %148[%227, %228] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
                   }
-                  "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%243: index):
-                    %244 = arith.index_cast %243 : index to i64
-                    %245 = arith.addi %129, %244 : i64
-                    "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%246: index):
-                      %247 = arith.index_cast %246 : index to i64
-                      %248 = arith.index_cast %244 : i64 to index
-                      %249 = arith.index_cast %247 : i64 to index
-                      %250 = memref.load %148[%248, %249] : memref<?x?xf32>
-                      %251 = arith.index_cast %245 : i64 to index
-                      %252 = arith.truncf %250 : f32 to f16
-                      memref.store %252, %input_grad[%251, %249] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %330 = arith.index_cast %310 : i64 to index
+                  "scf.parallel"(%149, %330, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%331: index):
+                    %332 = arith.index_cast %331 : index to i64
+                    %333 = arith.addi %306, %332 : i64
+                    "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%334: index):
+                      %335 = arith.index_cast %334 : index to i64
+                      %336 = arith.index_cast %332 : i64 to index
+                      %337 = arith.index_cast %335 : i64 to index
+                      %338 = memref.load %312[%336, %337] : memref<?x?xf32>
+                      %339 = arith.index_cast %333 : i64 to index
+                      %340 = arith.truncf %338 : f32 to f16
+                      memref.store %340, %input_grad[%339, %337] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                       scf.reduce
                     }) : (index, index, index) -> ()
                     scf.reduce
@@ -1893,187 +2012,14 @@ builtin.module {
                 }) : () -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              %253 = arith.index_cast %123 : i64 to index
-              "scf.parallel"(%125, %253, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%254: index):
-                %255 = arith.index_cast %254 : index to i64
-                "memref.alloca_scope"() ({
-                  %256 = arith.muli %255, %113 : i64
-                  %257 = arith.addi %256, %113 : i64
-                  %258 = arith.cmpi slt, %257, %14 : i64
-                  %259 = arith.select %258, %257, %14 : i64
-                  %260 = arith.subi %259, %256 : i64
-                  %261 = arith.index_cast %113 : i64 to index
-                  %262 = arith.index_cast %12 : i64 to index
-                  %263 = memref.alloca(%261, %262) : memref<?x?xf32>
-                  %264 = arith.index_cast %260 : i64 to index
-                  "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%265: index):
-                    %266 = arith.index_cast %265 : index to i64
-                    %267 = arith.addi %256, %266 : i64
-                    "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%268: index):
-                      %269 = arith.index_cast %268 : index to i64
-                      %270 = arith.index_cast %267 : i64 to index
-                      %271 = arith.index_cast %269 : i64 to index
-                      %272 = memref.load %weight[%270, %271] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      %273 = arith.extf %272 : f16 to f32
-                      %274 = arith.index_cast %266 : i64 to index
-                      memref.store %273, %263[%274, %271] : memref<?x?xf32>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %275 = memref.alloca(%261, %262) : memref<?x?xf32>
-                  scf.for %276 = %3 to %261 step %10 {
-                    scf.for %277 = %3 to %262 step %10 {
-                      memref.store %57, %275[%276, %277] : memref<?x?xf32>
-                    }
-                  }
-                  scf.for %278 = %86 to %118 step %87 : i64 {
-                    "memref.alloca_scope"() ({
-                      %279 = arith.muli %278, %113 : i64
-                      %280 = arith.addi %279, %113 : i64
-                      %281 = arith.cmpi slt, %280, %5 : i64
-                      %282 = arith.select %281, %280, %5 : i64
-                      %283 = arith.subi %282, %279 : i64
-                      %284 = memref.alloca(%261, %262) : memref<?x?xf32>
-                      %285 = arith.index_cast %283 : i64 to index
-                      "scf.parallel"(%125, %285, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%286: index):
-                        %287 = arith.index_cast %286 : index to i64
-                        %288 = arith.addi %279, %287 : i64
-                        "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%289: index):
-                          %290 = arith.index_cast %289 : index to i64
-                          %291 = arith.index_cast %288 : i64 to index
-                          %292 = arith.index_cast %290 : i64 to index
-                          %293 = memref.load %input[%291, %292] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                          %294 = arith.extf %293 : f16 to f32
-                          %295 = arith.index_cast %287 : i64 to index
-                          memref.store %294, %284[%295, %292] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      %296 = memref.alloca(%261, %261) : memref<?x?xf32>
-                      scf.for %297 = %86 to %283 step %87 : i64 {
-                        scf.for %298 = %86 to %260 step %87 : i64 {
-                          %299 = scf.for %300 = %86 to %12 step %113 iter_args(%301 = %57) -> (f32) : i64 {
-                            %302 = arith.addi %300, %113 : i64
-                            %303 = arith.minsi %302, %12 : i64
-                            %304 = scf.for %305 = %300 to %303 step %87 iter_args(%306 = %57) -> (f32) : i64 {
-                              %307 = arith.index_cast %297 : i64 to index
-                              %308 = arith.index_cast %305 : i64 to index
-                              %309 = memref.load %284[%307, %308] : memref<?x?xf32>
-                              %310 = arith.index_cast %298 : i64 to index
-                              %311 = memref.load %263[%310, %308] : memref<?x?xf32>
-                              %312 = math.fma %309, %311, %306 : f32
-                              scf.yield %312 : f32
-                            }
-                            %313 = arith.cmpi eq, %300, %86 : i64
-                            %314 = arith.addf %301, %304 : f32
-                            %315 = arith.select %313, %304, %314 : f32
-                            scf.yield %315 : f32
-                          }
-                          %316 = arith.index_cast %297 : i64 to index
-                          %317 = arith.index_cast %298 : i64 to index
-                          memref.store %299, %296[%316, %317] : memref<?x?xf32>
-                        }
-                      }
-                      %318 = memref.alloca(%261, %261) : memref<?x?xf32>
-                      "scf.parallel"(%125, %285, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%319: index):
-                        %320 = arith.index_cast %319 : index to i64
-                        %321 = arith.addi %279, %320 : i64
-                        %322 = arith.index_cast %321 : i64 to index
-                        %323 = memref.load %logits_max[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        %324 = memref.load %sum_exp_logits[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        %325 = memref.load %masked_target[%322] : memref<?xi64, strided<[?], offset: ?>>
-                        %326 = arith.constant 3 : i64
-                        %327 = arith.shrsi %321, %326 : i64
-                        %328 = arith.index_cast %327 : i64 to index
-                        %329 = memref.load %target_mask[%328] : memref<?xi8, strided<[?], offset: ?>>
-                        %330 = arith.extui %329 : i8 to i64
-                        %331 = arith.constant 7 : i64
-                        %332 = arith.andi %321, %331 : i64
-                        %333 = arith.shrui %330, %332 : i64
-                        %334 = arith.andi %333, %87 : i64
-                        %335 = arith.trunci %334 : i64 to i1
-                        %336 = arith.xori %335, %2 : i1
-                        %337 = memref.load %grad[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%338: index):
-                          %339 = arith.index_cast %338 : index to i64
-                          %340 = arith.addi %256, %339 : i64
-                          %341 = arith.index_cast %320 : i64 to index
-                          %342 = arith.index_cast %339 : i64 to index
-                          %343 = memref.load %296[%341, %342] : memref<?x?xf32>
-                          %344 = arith.subf %343, %323 : f32
-                          %345 = math.exp %344 : f32
-                          %346 = arith.divf %345, %324 : f32
-                          %347 = arith.cmpi eq, %340, %325 : i64
-                          %348 = arith.andi %347, %336 : i1
-                          %349 = arith.select %348, %124, %57 : f32
-                          %350 = arith.subf %346, %349 : f32
-                          %351 = arith.mulf %350, %337 : f32
-                          memref.store %351, %318[%341, %342] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %352 = %86 to %260 step %87 : i64 {
-                        scf.for %353 = %86 to %12 step %87 : i64 {
-                          %354 = arith.index_cast %352 : i64 to index
-                          %355 = arith.index_cast %353 : i64 to index
-                          %356 = memref.load %275[%354, %355] : memref<?x?xf32>
-                          %357 = scf.for %358 = %86 to %283 step %113 iter_args(%359 = %356) -> (f32) : i64 {
-                            %360 = arith.addi %358, %113 : i64
-                            %361 = arith.minsi %360, %283 : i64
-                            %362 = scf.for %363 = %358 to %361 step %87 iter_args(%364 = %57) -> (f32) : i64 {
-                              %365 = arith.index_cast %363 : i64 to index
-                              %366 = memref.load %318[%365, %354] : memref<?x?xf32>
-                              %367 = memref.load %284[%365, %355] : memref<?x?xf32>
-                              %368 = math.fma %366, %367, %364 : f32
-                              scf.yield %368 : f32
-                            }
-                            %369 = arith.addf %359, %362 : f32
-                            scf.yield %369 : f32
-                          }
-                          memref.store %357, %275[%354, %355] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
-                  }
-                  "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%370: index):
-                    %371 = arith.index_cast %370 : index to i64
-                    %372 = arith.addi %256, %371 : i64
-                    "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%373: index):
-                      %374 = arith.index_cast %373 : index to i64
-                      %375 = arith.index_cast %371 : i64 to index
-                      %376 = arith.index_cast %374 : i64 to index
-                      %377 = memref.load %275[%375, %376] : memref<?x?xf32>
-                      %378 = arith.index_cast %372 : i64 to index
-                      %379 = arith.truncf %377 : f32 to f16
-                      memref.store %379, %weight_grad[%378, %376] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  "memref.alloca_scope.return"() : () -> ()
-                }) : () -> ()
-                scf.reduce
-              }) : (index, index, index) -> ()
+              memref.dealloc %140 : memref<?x?xf32>
             }
           }
         }
       }
     }
-    %380 = memref.load %0[] : memref<i32>
-    func.return %380 : i32
+    %341 = memref.load %0[] : memref<i32>
+    func.return %341 : i32
   }
   func.func @fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_f16_bool(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xf16, strided<[?, ?], offset: ?>>, %weight: memref<?x?xf16, strided<[?, ?], offset: ?>>, %target_mask: memref<?xi8, strided<[?], offset: ?>>, %masked_target: memref<?xi64, strided<[?], offset: ?>>, %label_smoothing: f32, %logits_max: memref<?xf32, strided<[?], offset: ?>>, %sum_exp_logits: memref<?xf32, strided<[?], offset: ?>>, %input_grad: memref<?x?xf16, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xf16, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], opgen.variant = "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits", opgen.dtypes = {T = "f16", M = "bool"}, opgen.converted = {masked_target = "i64"}} {
     %0 = memref.alloca() : memref<i32>
@@ -2194,177 +2140,296 @@ builtin.module {
             %104 = arith.cmpi eq, %103, %1 : i32
             scf.if %104 {
               %105 = arith.constant 256 : i64
-              %106 = arith.divsi %5, %105 : i64
-              %107 = arith.remsi %5, %105 : i64
+              %106 = arith.divsi %14, %105 : i64
+              %107 = arith.remsi %14, %105 : i64
               %108 = arith.cmpi ne, %107, %86 : i64
               %109 = arith.extui %108 : i1 to i64
               %110 = arith.addi %106, %109 : i64
-              %111 = arith.divsi %14, %105 : i64
-              %112 = arith.remsi %14, %105 : i64
-              %113 = arith.cmpi ne, %112, %86 : i64
-              %114 = arith.extui %113 : i1 to i64
-              %115 = arith.addi %111, %114 : i64
-              %116 = arith.constant 1.000000e+00 : f32
-              %117 = arith.index_cast %86 : i64 to index
-              %118 = arith.index_cast %110 : i64 to index
-              "scf.parallel"(%117, %118, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%119: index):
-                %120 = arith.index_cast %119 : index to i64
-                "memref.alloca_scope"() ({
-                  %121 = arith.muli %120, %105 : i64
-                  %122 = arith.addi %121, %105 : i64
-                  %123 = arith.cmpi slt, %122, %5 : i64
-                  %124 = arith.select %123, %122, %5 : i64
-                  %125 = arith.subi %124, %121 : i64
-                  %126 = arith.index_cast %105 : i64 to index
-                  %127 = arith.index_cast %12 : i64 to index
-                  %128 = memref.alloca(%126, %127) : memref<?x?xf32>
-                  %129 = arith.index_cast %125 : i64 to index
-                  "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%130: index):
-                    %131 = arith.index_cast %130 : index to i64
-                    %132 = arith.addi %121, %131 : i64
-                    "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%133: index):
-                      %134 = arith.index_cast %133 : index to i64
-                      %135 = arith.index_cast %132 : i64 to index
-                      %136 = arith.index_cast %134 : i64 to index
-                      %137 = memref.load %input[%135, %136] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      %138 = arith.extf %137 : f16 to f32
-                      %139 = arith.index_cast %131 : i64 to index
-                      memref.store %138, %128[%139, %136] : memref<?x?xf32>
+              %111 = arith.constant 4 : i64
+              %112 = arith.divsi %110, %111 : i64
+              %113 = arith.remsi %110, %111 : i64
+              %114 = arith.cmpi ne, %113, %86 : i64
+              %115 = arith.extui %114 : i1 to i64
+              %116 = arith.addi %112, %115 : i64
+              %117 = arith.divsi %110, %116 : i64
+              %118 = arith.remsi %110, %116 : i64
+              %119 = arith.cmpi ne, %118, %86 : i64
+              %120 = arith.extui %119 : i1 to i64
+              %121 = arith.addi %117, %120 : i64
+              %122 = arith.constant 9223372036854775807 : i64
+              %123 = arith.maxsi %5, %76 : i64
+              %124 = arith.cmpi ne, %5, %86 : i64
+              %125 = arith.divsi %122, %123 : i64
+              %126 = arith.cmpi sgt, %121, %125 : i64
+              %127 = arith.andi %124, %126 : i1
+              %128 = arith.muli %121, %5 : i64
+              %129 = arith.select %127, %122, %128 : i64
+              %130 = arith.index_cast %129 : i64 to index
+              %131 = arith.index_cast %12 : i64 to index
+              %132 = memref.alloc(%130, %131) : memref<?x?xf32>
+              scf.for %133 = %3 to %130 step %10 {
+                scf.for %134 = %3 to %131 step %10 {
+                  memref.store %57, %132[%133, %134] : memref<?x?xf32>
+                }
+              }
+              %135 = arith.divsi %5, %105 : i64
+              %136 = arith.remsi %5, %105 : i64
+              %137 = arith.cmpi ne, %136, %86 : i64
+              %138 = arith.extui %137 : i1 to i64
+              %139 = arith.addi %135, %138 : i64
+              %140 = arith.constant 1.000000e+00 : f32
+              %141 = arith.index_cast %86 : i64 to index
+              %142 = arith.index_cast %121 : i64 to index
+              "scf.parallel"(%141, %142, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%143: index):
+                %144 = arith.index_cast %143 : index to i64
+                %145 = arith.muli %144, %116 : i64
+                %146 = arith.addi %145, %116 : i64
+                %147 = arith.cmpi slt, %146, %110 : i64
+                %148 = arith.select %147, %146, %110 : i64
+                %149 = arith.muli %144, %5 : i64
+                scf.for %150 = %145 to %148 step %76 : i64 {
+                  "memref.alloca_scope"() ({
+                    %151 = arith.muli %150, %105 : i64
+                    %152 = arith.addi %151, %105 : i64
+                    %153 = arith.cmpi slt, %152, %14 : i64
+                    %154 = arith.select %153, %152, %14 : i64
+                    %155 = arith.subi %154, %151 : i64
+                    %156 = arith.index_cast %105 : i64 to index
+                    %157 = memref.alloca(%156, %131) : memref<?x?xf32>
+                    %158 = arith.index_cast %155 : i64 to index
+                    "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%159: index):
+                      %160 = arith.index_cast %159 : index to i64
+                      %161 = arith.addi %151, %160 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%162: index):
+                        %163 = arith.index_cast %162 : index to i64
+                        %164 = arith.index_cast %161 : i64 to index
+                        %165 = arith.index_cast %163 : i64 to index
+                        %166 = memref.load %weight[%164, %165] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                        %167 = arith.extf %166 : f16 to f32
+                        %168 = arith.index_cast %160 : i64 to index
+                        memref.store %167, %157[%168, %165] : memref<?x?xf32>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
                       scf.reduce
                     }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %140 = memref.alloca(%126, %127) : memref<?x?xf32>
-                  scf.for %141 = %3 to %126 step %10 {
-                    scf.for %142 = %3 to %127 step %10 {
-                      memref.store %57, %140[%141, %142] : memref<?x?xf32>
+                    %169 = memref.alloca(%156, %131) : memref<?x?xf32>
+                    scf.for %170 = %3 to %156 step %10 {
+                      scf.for %171 = %3 to %131 step %10 {
+                        memref.store %57, %169[%170, %171] : memref<?x?xf32>
+                      }
+                    }
+                    scf.for %172 = %86 to %139 step %76 : i64 {
+                      "memref.alloca_scope"() ({
+                        %173 = arith.muli %172, %105 : i64
+                        %174 = arith.addi %173, %105 : i64
+                        %175 = arith.cmpi slt, %174, %5 : i64
+                        %176 = arith.select %175, %174, %5 : i64
+                        %177 = arith.subi %176, %173 : i64
+                        %178 = memref.alloca(%156, %131) : memref<?x?xf32>
+                        %179 = arith.index_cast %177 : i64 to index
+                        "scf.parallel"(%141, %179, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%180: index):
+                          %181 = arith.index_cast %180 : index to i64
+                          %182 = arith.addi %173, %181 : i64
+                          "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%183: index):
+                            %184 = arith.index_cast %183 : index to i64
+                            %185 = arith.index_cast %182 : i64 to index
+                            %186 = arith.index_cast %184 : i64 to index
+                            %187 = memref.load %input[%185, %186] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                            %188 = arith.extf %187 : f16 to f32
+                            %189 = arith.index_cast %181 : i64 to index
+                            memref.store %188, %178[%189, %186] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %190 = memref.alloca(%156, %156) : memref<?x?xf32>
+                        scf.for %191 = %86 to %177 step %76 : i64 {
+                          scf.for %192 = %86 to %155 step %76 : i64 {
+                            %193 = scf.for %194 = %86 to %12 step %105 iter_args(%195 = %57) -> (f32) : i64 {
+                              %196 = arith.addi %194, %105 : i64
+                              %197 = arith.minsi %196, %12 : i64
+                              %198 = scf.for %199 = %194 to %197 step %76 iter_args(%200 = %57) -> (f32) : i64 {
+                                %201 = arith.index_cast %191 : i64 to index
+                                %202 = arith.index_cast %199 : i64 to index
+                                %203 = memref.load %178[%201, %202] : memref<?x?xf32>
+                                %204 = arith.index_cast %192 : i64 to index
+                                %205 = memref.load %157[%204, %202] : memref<?x?xf32>
+                                %206 = math.fma %203, %205, %200 : f32
+                                scf.yield %206 : f32
+                              }
+                              %207 = arith.cmpi eq, %194, %86 : i64
+                              %208 = arith.addf %195, %198 : f32
+                              %209 = arith.select %207, %198, %208 : f32
+                              scf.yield %209 : f32
+                            }
+                            %210 = arith.index_cast %191 : i64 to index
+                            %211 = arith.index_cast %192 : i64 to index
+                            memref.store %193, %190[%210, %211] : memref<?x?xf32>
+                          }
+                        }
+                        %212 = memref.alloca(%156, %156) : memref<?x?xf32>
+                        "scf.parallel"(%141, %179, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%213: index):
+                          %214 = arith.index_cast %213 : index to i64
+                          %215 = arith.addi %173, %214 : i64
+                          %216 = arith.index_cast %215 : i64 to index
+                          %217 = memref.load %logits_max[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          %218 = memref.load %sum_exp_logits[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          %219 = memref.load %masked_target[%216] : memref<?xi64, strided<[?], offset: ?>>
+                          %220 = memref.load %target_mask[%216] : memref<?xi8, strided<[?], offset: ?>>
+                          %221 = arith.constant 0 : i8
+                          %222 = arith.cmpi ne, %220, %221 : i8
+                          %223 = arith.xori %222, %2 : i1
+                          %224 = memref.load %grad[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%225: index):
+                            %226 = arith.index_cast %225 : index to i64
+                            %227 = arith.addi %151, %226 : i64
+                            %228 = arith.index_cast %214 : i64 to index
+                            %229 = arith.index_cast %226 : i64 to index
+                            %230 = memref.load %190[%228, %229] : memref<?x?xf32>
+                            %231 = arith.subf %230, %217 : f32
+                            %232 = math.exp %231 : f32
+                            %233 = arith.divf %232, %218 : f32
+                            %234 = arith.cmpi eq, %227, %219 : i64
+                            %235 = arith.andi %234, %223 : i1
+                            %236 = arith.select %235, %140, %57 : f32
+                            %237 = arith.subf %233, %236 : f32
+                            %238 = arith.mulf %237, %224 : f32
+                            memref.store %238, %212[%228, %229] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %239 = arith.addi %149, %173 : i64
+                        scf.for %240 = %86 to %177 step %76 : i64 {
+                          scf.for %241 = %86 to %12 step %76 : i64 {
+                            %242 = arith.addi %239, %240 : i64
+                            %243 = arith.index_cast %242 : i64 to index
+                            %244 = arith.index_cast %241 : i64 to index
+                            %245 = memref.load %132[%243, %244] : memref<?x?xf32>
+                            %246 = scf.for %247 = %86 to %155 step %105 iter_args(%248 = %245) -> (f32) : i64 {
+                              %249 = arith.addi %247, %105 : i64
+                              %250 = arith.minsi %249, %155 : i64
+                              %251 = scf.for %252 = %247 to %250 step %76 iter_args(%253 = %57) -> (f32) : i64 {
+                                %254 = arith.index_cast %240 : i64 to index
+                                %255 = arith.index_cast %252 : i64 to index
+                                %256 = memref.load %212[%254, %255] : memref<?x?xf32>
+                                %257 = memref.load %157[%255, %244] : memref<?x?xf32>
+                                %258 = math.fma %256, %257, %253 : f32
+                                scf.yield %258 : f32
+                              }
+                              %259 = arith.addf %248, %251 : f32
+                              scf.yield %259 : f32
+                            }
+                            memref.store %246, %132[%243, %244] : memref<?x?xf32>
+                          }
+                        }
+                        scf.for %260 = %86 to %155 step %76 : i64 {
+                          scf.for %261 = %86 to %12 step %76 : i64 {
+                            %262 = arith.index_cast %260 : i64 to index
+                            %263 = arith.index_cast %261 : i64 to index
+                            %264 = memref.load %169[%262, %263] : memref<?x?xf32>
+                            %265 = scf.for %266 = %86 to %177 step %105 iter_args(%267 = %264) -> (f32) : i64 {
+                              %268 = arith.addi %266, %105 : i64
+                              %269 = arith.minsi %268, %177 : i64
+                              %270 = scf.for %271 = %266 to %269 step %76 iter_args(%272 = %57) -> (f32) : i64 {
+                                %273 = arith.index_cast %271 : i64 to index
+                                %274 = memref.load %212[%273, %262] : memref<?x?xf32>
+                                %275 = memref.load %178[%273, %263] : memref<?x?xf32>
+                                %276 = math.fma %274, %275, %272 : f32
+                                scf.yield %276 : f32
+                              }
+                              %277 = arith.addf %267, %270 : f32
+                              scf.yield %277 : f32
+                            }
+                            memref.store %265, %169[%262, %263] : memref<?x?xf32>
+                          }
+                        }
+                        "memref.alloca_scope.return"() : () -> ()
+                      }) : () -> ()
+                    }
+                    "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%278: index):
+                      %279 = arith.index_cast %278 : index to i64
+                      %280 = arith.addi %151, %279 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%281: index):
+                        %282 = arith.index_cast %281 : index to i64
+                        %283 = arith.index_cast %279 : i64 to index
+                        %284 = arith.index_cast %282 : i64 to index
+                        %285 = memref.load %169[%283, %284] : memref<?x?xf32>
+                        %286 = arith.index_cast %280 : i64 to index
+                        %287 = arith.truncf %285 : f32 to f16
+                        memref.store %287, %weight_grad[%286, %284] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    "memref.alloca_scope.return"() : () -> ()
+                  }) : () -> ()
+                }
+                scf.reduce
+              }) : (index, index, index) -> ()
+              %288 = arith.index_cast %139 : i64 to index
+              "scf.parallel"(%141, %288, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%289: index):
+                %290 = arith.index_cast %289 : index to i64
+                "memref.alloca_scope"() ({
+                  %291 = arith.muli %290, %105 : i64
+                  %292 = arith.addi %291, %105 : i64
+                  %293 = arith.cmpi slt, %292, %5 : i64
+                  %294 = arith.select %293, %292, %5 : i64
+                  %295 = arith.subi %294, %291 : i64
+                  %296 = arith.index_cast %105 : i64 to index
+                  %297 = memref.alloca(%296, %131) : memref<?x?xf32>
+                  scf.for %298 = %3 to %296 step %10 {
+                    scf.for %299 = %3 to %131 step %10 {
+                      memref.store %57, %297[%298, %299] : memref<?x?xf32>
                     }
                   }
-                  scf.for %143 = %86 to %115 step %76 : i64 {
-                    "memref.alloca_scope"() ({
-                      %144 = arith.muli %143, %105 : i64
-                      %145 = arith.addi %144, %105 : i64
-                      %146 = arith.cmpi slt, %145, %14 : i64
-                      %147 = arith.select %146, %145, %14 : i64
-                      %148 = arith.subi %147, %144 : i64
-                      %149 = memref.alloca(%126, %127) : memref<?x?xf32>
-                      %150 = arith.index_cast %148 : i64 to index
-                      "scf.parallel"(%117, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%151: index):
-                        %152 = arith.index_cast %151 : index to i64
-                        %153 = arith.addi %144, %152 : i64
-                        "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%154: index):
-                          %155 = arith.index_cast %154 : index to i64
-                          %156 = arith.index_cast %153 : i64 to index
-                          %157 = arith.index_cast %155 : i64 to index
-                          %158 = memref.load %weight[%156, %157] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                          %159 = arith.extf %158 : f16 to f32
-                          %160 = arith.index_cast %152 : i64 to index
-                          memref.store %159, %149[%160, %157] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
+                  scf.for %300 = %86 to %121 step %76 : i64 {
+                    %301 = arith.muli %300, %5 : i64
+                    %302 = arith.addi %301, %291 : i64
+                    %303 = arith.index_cast %295 : i64 to index
+                    "scf.parallel"(%141, %303, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%304: index):
+                      %305 = arith.index_cast %304 : index to i64
+                      %306 = arith.addi %302, %305 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%307: index):
+                        %308 = arith.index_cast %307 : index to i64
+                        %309 = arith.index_cast %306 : i64 to index
+                        %310 = arith.index_cast %308 : i64 to index
+                        %311 = memref.load %132[%309, %310] : memref<?x?xf32>
+                        %312 = arith.index_cast %305 : i64 to index
+                        %313 = memref.load %297[%312, %310] : memref<?x?xf32>
+                        %314 = arith.addf %313, %311 : f32
+                        memref.store %314, %297[%312, %310] : memref<?x?xf32>
                         scf.reduce
                       }) : (index, index, index) -> ()
-                      %161 = memref.alloca(%126, %126) : memref<?x?xf32>
-                      scf.for %162 = %86 to %125 step %76 : i64 {
-                        scf.for %163 = %86 to %148 step %76 : i64 {
-                          %164 = scf.for %165 = %86 to %12 step %105 iter_args(%166 = %57) -> (f32) : i64 {
-                            %167 = arith.addi %165, %105 : i64
-                            %168 = arith.minsi %167, %12 : i64
-                            %169 = scf.for %170 = %165 to %168 step %76 iter_args(%171 = %57) -> (f32) : i64 {
-                              %172 = arith.index_cast %162 : i64 to index
-                              %173 = arith.index_cast %170 : i64 to index
-                              %174 = memref.load %128[%172, %173] : memref<?x?xf32>
-                              %175 = arith.index_cast %163 : i64 to index
-                              %176 = memref.load %149[%175, %173] : memref<?x?xf32>
-                              %177 = math.fma %174, %176, %171 : f32
-                              scf.yield %177 : f32
-                            }
-                            %178 = arith.cmpi eq, %165, %86 : i64
-                            %179 = arith.addf %166, %169 : f32
-                            %180 = arith.select %178, %169, %179 : f32
-                            scf.yield %180 : f32
-                          }
-                          %181 = arith.index_cast %162 : i64 to index
-                          %182 = arith.index_cast %163 : i64 to index
-                          memref.store %164, %161[%181, %182] : memref<?x?xf32>
-                        }
-                      }
-                      %183 = memref.alloca(%126, %126) : memref<?x?xf32>
-                      "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%184: index):
-                        %185 = arith.index_cast %184 : index to i64
-                        %186 = arith.addi %121, %185 : i64
-                        %187 = arith.index_cast %186 : i64 to index
-                        %188 = memref.load %logits_max[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        %189 = memref.load %sum_exp_logits[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        %190 = memref.load %masked_target[%187] : memref<?xi64, strided<[?], offset: ?>>
-                        %191 = memref.load %target_mask[%187] : memref<?xi8, strided<[?], offset: ?>>
-                        %192 = arith.constant 0 : i8
-                        %193 = arith.cmpi ne, %191, %192 : i8
-                        %194 = arith.xori %193, %2 : i1
-                        %195 = memref.load %grad[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%117, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%196: index):
-                          %197 = arith.index_cast %196 : index to i64
-                          %198 = arith.addi %144, %197 : i64
-                          %199 = arith.index_cast %185 : i64 to index
-                          %200 = arith.index_cast %197 : i64 to index
-                          %201 = memref.load %161[%199, %200] : memref<?x?xf32>
-                          %202 = arith.subf %201, %188 : f32
-                          %203 = math.exp %202 : f32
-                          %204 = arith.divf %203, %189 : f32
-                          %205 = arith.cmpi eq, %198, %190 : i64
-                          %206 = arith.andi %205, %194 : i1
-                          %207 = arith.select %206, %116, %57 : f32
-                          %208 = arith.subf %204, %207 : f32
-                          %209 = arith.mulf %208, %195 : f32
-                          memref.store %209, %183[%199, %200] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %210 = %86 to %125 step %76 : i64 {
-                        scf.for %211 = %86 to %12 step %76 : i64 {
-                          %212 = arith.index_cast %210 : i64 to index
-                          %213 = arith.index_cast %211 : i64 to index
-                          %214 = memref.load %140[%212, %213] : memref<?x?xf32>
-                          %215 = scf.for %216 = %86 to %148 step %105 iter_args(%217 = %214) -> (f32) : i64 {
-                            %218 = arith.addi %216, %105 : i64
-                            %219 = arith.minsi %218, %148 : i64
-                            %220 = scf.for %221 = %216 to %219 step %76 iter_args(%222 = %57) -> (f32) : i64 {
-                              %223 = arith.index_cast %221 : i64 to index
-                              %224 = memref.load %183[%212, %223] : memref<?x?xf32>
-                              %225 = memref.load %149[%223, %213] : memref<?x?xf32>
-                              %226 = math.fma %224, %225, %222 : f32
-                              scf.yield %226 : f32
-                            }
-                            %227 = arith.addf %217, %220 : f32
-                            scf.yield %227 : f32
-                          }
-                          memref.store %215, %140[%212, %213] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
                   }
-                  "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%228: index):
-                    %229 = arith.index_cast %228 : index to i64
-                    %230 = arith.addi %121, %229 : i64
-                    "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%231: index):
-                      %232 = arith.index_cast %231 : index to i64
-                      %233 = arith.index_cast %229 : i64 to index
-                      %234 = arith.index_cast %232 : i64 to index
-                      %235 = memref.load %140[%233, %234] : memref<?x?xf32>
-                      %236 = arith.index_cast %230 : i64 to index
-                      %237 = arith.truncf %235 : f32 to f16
-                      memref.store %237, %input_grad[%236, %234] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %315 = arith.index_cast %295 : i64 to index
+                  "scf.parallel"(%141, %315, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%316: index):
+                    %317 = arith.index_cast %316 : index to i64
+                    %318 = arith.addi %291, %317 : i64
+                    "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%319: index):
+                      %320 = arith.index_cast %319 : index to i64
+                      %321 = arith.index_cast %317 : i64 to index
+                      %322 = arith.index_cast %320 : i64 to index
+                      %323 = memref.load %297[%321, %322] : memref<?x?xf32>
+                      %324 = arith.index_cast %318 : i64 to index
+                      %325 = arith.truncf %323 : f32 to f16
+                      memref.store %325, %input_grad[%324, %322] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                       scf.reduce
                     }) : (index, index, index) -> ()
                     scf.reduce
@@ -2373,180 +2438,14 @@ builtin.module {
                 }) : () -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              %238 = arith.index_cast %115 : i64 to index
-              "scf.parallel"(%117, %238, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%239: index):
-                %240 = arith.index_cast %239 : index to i64
-                "memref.alloca_scope"() ({
-                  %241 = arith.muli %240, %105 : i64
-                  %242 = arith.addi %241, %105 : i64
-                  %243 = arith.cmpi slt, %242, %14 : i64
-                  %244 = arith.select %243, %242, %14 : i64
-                  %245 = arith.subi %244, %241 : i64
-                  %246 = arith.index_cast %105 : i64 to index
-                  %247 = arith.index_cast %12 : i64 to index
-                  %248 = memref.alloca(%246, %247) : memref<?x?xf32>
-                  %249 = arith.index_cast %245 : i64 to index
-                  "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%250: index):
-                    %251 = arith.index_cast %250 : index to i64
-                    %252 = arith.addi %241, %251 : i64
-                    "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%253: index):
-                      %254 = arith.index_cast %253 : index to i64
-                      %255 = arith.index_cast %252 : i64 to index
-                      %256 = arith.index_cast %254 : i64 to index
-                      %257 = memref.load %weight[%255, %256] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      %258 = arith.extf %257 : f16 to f32
-                      %259 = arith.index_cast %251 : i64 to index
-                      memref.store %258, %248[%259, %256] : memref<?x?xf32>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %260 = memref.alloca(%246, %247) : memref<?x?xf32>
-                  scf.for %261 = %3 to %246 step %10 {
-                    scf.for %262 = %3 to %247 step %10 {
-                      memref.store %57, %260[%261, %262] : memref<?x?xf32>
-                    }
-                  }
-                  scf.for %263 = %86 to %110 step %76 : i64 {
-                    "memref.alloca_scope"() ({
-                      %264 = arith.muli %263, %105 : i64
-                      %265 = arith.addi %264, %105 : i64
-                      %266 = arith.cmpi slt, %265, %5 : i64
-                      %267 = arith.select %266, %265, %5 : i64
-                      %268 = arith.subi %267, %264 : i64
-                      %269 = memref.alloca(%246, %247) : memref<?x?xf32>
-                      %270 = arith.index_cast %268 : i64 to index
-                      "scf.parallel"(%117, %270, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%271: index):
-                        %272 = arith.index_cast %271 : index to i64
-                        %273 = arith.addi %264, %272 : i64
-                        "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%274: index):
-                          %275 = arith.index_cast %274 : index to i64
-                          %276 = arith.index_cast %273 : i64 to index
-                          %277 = arith.index_cast %275 : i64 to index
-                          %278 = memref.load %input[%276, %277] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                          %279 = arith.extf %278 : f16 to f32
-                          %280 = arith.index_cast %272 : i64 to index
-                          memref.store %279, %269[%280, %277] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      %281 = memref.alloca(%246, %246) : memref<?x?xf32>
-                      scf.for %282 = %86 to %268 step %76 : i64 {
-                        scf.for %283 = %86 to %245 step %76 : i64 {
-                          %284 = scf.for %285 = %86 to %12 step %105 iter_args(%286 = %57) -> (f32) : i64 {
-                            %287 = arith.addi %285, %105 : i64
-                            %288 = arith.minsi %287, %12 : i64
-                            %289 = scf.for %290 = %285 to %288 step %76 iter_args(%291 = %57) -> (f32) : i64 {
-                              %292 = arith.index_cast %282 : i64 to index
-                              %293 = arith.index_cast %290 : i64 to index
-                              %294 = memref.load %269[%292, %293] : memref<?x?xf32>
-                              %295 = arith.index_cast %283 : i64 to index
-                              %296 = memref.load %248[%295, %293] : memref<?x?xf32>
-                              %297 = math.fma %294, %296, %291 : f32
-                              scf.yield %297 : f32
-                            }
-                            %298 = arith.cmpi eq, %285, %86 : i64
-                            %299 = arith.addf %286, %289 : f32
-                            %300 = arith.select %298, %289, %299 : f32
-                            scf.yield %300 : f32
-                          }
-                          %301 = arith.index_cast %282 : i64 to index
-                          %302 = arith.index_cast %283 : i64 to index
-                          memref.store %284, %281[%301, %302] : memref<?x?xf32>
-                        }
-                      }
-                      %303 = memref.alloca(%246, %246) : memref<?x?xf32>
-                      "scf.parallel"(%117, %270, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%304: index):
-                        %305 = arith.index_cast %304 : index to i64
-                        %306 = arith.addi %264, %305 : i64
-                        %307 = arith.index_cast %306 : i64 to index
-                        %308 = memref.load %logits_max[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        %309 = memref.load %sum_exp_logits[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        %310 = memref.load %masked_target[%307] : memref<?xi64, strided<[?], offset: ?>>
-                        %311 = memref.load %target_mask[%307] : memref<?xi8, strided<[?], offset: ?>>
-                        %312 = arith.constant 0 : i8
-                        %313 = arith.cmpi ne, %311, %312 : i8
-                        %314 = arith.xori %313, %2 : i1
-                        %315 = memref.load %grad[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%316: index):
-                          %317 = arith.index_cast %316 : index to i64
-                          %318 = arith.addi %241, %317 : i64
-                          %319 = arith.index_cast %305 : i64 to index
-                          %320 = arith.index_cast %317 : i64 to index
-                          %321 = memref.load %281[%319, %320] : memref<?x?xf32>
-                          %322 = arith.subf %321, %308 : f32
-                          %323 = math.exp %322 : f32
-                          %324 = arith.divf %323, %309 : f32
-                          %325 = arith.cmpi eq, %318, %310 : i64
-                          %326 = arith.andi %325, %314 : i1
-                          %327 = arith.select %326, %116, %57 : f32
-                          %328 = arith.subf %324, %327 : f32
-                          %329 = arith.mulf %328, %315 : f32
-                          memref.store %329, %303[%319, %320] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %330 = %86 to %245 step %76 : i64 {
-                        scf.for %331 = %86 to %12 step %76 : i64 {
-                          %332 = arith.index_cast %330 : i64 to index
-                          %333 = arith.index_cast %331 : i64 to index
-                          %334 = memref.load %260[%332, %333] : memref<?x?xf32>
-                          %335 = scf.for %336 = %86 to %268 step %105 iter_args(%337 = %334) -> (f32) : i64 {
-                            %338 = arith.addi %336, %105 : i64
-                            %339 = arith.minsi %338, %268 : i64
-                            %340 = scf.for %341 = %336 to %339 step %76 iter_args(%342 = %57) -> (f32) : i64 {
-                              %343 = arith.index_cast %341 : i64 to index
-                              %344 = memref.load %303[%343, %332] : memref<?x?xf32>
-                              %345 = memref.load %269[%343, %333] : memref<?x?xf32>
-                              %346 = math.fma %344, %345, %342 : f32
-                              scf.yield %346 : f32
-                            }
-                            %347 = arith.addf %337, %340 : f32
-                            scf.yield %347 : f32
-                          }
-                          memref.store %335, %260[%332, %333] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
-                  }
-                  "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%348: index):
-                    %349 = arith.index_cast %348 : index to i64
-                    %350 = arith.addi %241, %349 : i64
-                    "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%351: index):
-                      %352 = arith.index_cast %351 : index to i64
-                      %353 = arith.index_cast %349 : i64 to index
-                      %354 = arith.index_cast %352 : i64 to index
-                      %355 = memref.load %260[%353, %354] : memref<?x?xf32>
-                      %356 = arith.index_cast %350 : i64 to index
-                      %357 = arith.truncf %355 : f32 to f16
-                      memref.store %357, %weight_grad[%356, %354] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  "memref.alloca_scope.return"() : () -> ()
-                }) : () -> ()
-                scf.reduce
-              }) : (index, index, index) -> ()
+              memref.dealloc %132 : memref<?x?xf32>
             }
           }
         }
       }
     }
-    %358 = memref.load %0[] : memref<i32>
-    func.return %358 : i32
+    %326 = memref.load %0[] : memref<i32>
+    func.return %326 : i32
   }
   func.func @fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_u8(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %target_mask: memref<?xi8, strided<[?], offset: ?>>, %masked_target: memref<?xi64, strided<[?], offset: ?>>, %label_smoothing: f32, %logits_max: memref<?xf32, strided<[?], offset: ?>>, %sum_exp_logits: memref<?xf32, strided<[?], offset: ?>>, %input_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], opgen.variant = "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits", opgen.dtypes = {T = "bf16", M = "u8"}, opgen.converted = {masked_target = "i64"}} {
     %0 = memref.alloca() : memref<i32>
@@ -2675,184 +2574,303 @@ builtin.module {
             %112 = arith.cmpi eq, %111, %1 : i32
             scf.if %112 {
               %113 = arith.constant 256 : i64
-              %114 = arith.divsi %5, %113 : i64
-              %115 = arith.remsi %5, %113 : i64
+              %114 = arith.divsi %14, %113 : i64
+              %115 = arith.remsi %14, %113 : i64
               %116 = arith.cmpi ne, %115, %86 : i64
               %117 = arith.extui %116 : i1 to i64
               %118 = arith.addi %114, %117 : i64
-              %119 = arith.divsi %14, %113 : i64
-              %120 = arith.remsi %14, %113 : i64
-              %121 = arith.cmpi ne, %120, %86 : i64
-              %122 = arith.extui %121 : i1 to i64
-              %123 = arith.addi %119, %122 : i64
-              %124 = arith.constant 1.000000e+00 : f32
-              %125 = arith.index_cast %86 : i64 to index
-              %126 = arith.index_cast %118 : i64 to index
-              "scf.parallel"(%125, %126, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%127: index):
-                %128 = arith.index_cast %127 : index to i64
-                "memref.alloca_scope"() ({
-                  %129 = arith.muli %128, %113 : i64
-                  %130 = arith.addi %129, %113 : i64
-                  %131 = arith.cmpi slt, %130, %5 : i64
-                  %132 = arith.select %131, %130, %5 : i64
-                  %133 = arith.subi %132, %129 : i64
-                  %134 = arith.index_cast %113 : i64 to index
-                  %135 = arith.index_cast %12 : i64 to index
-                  %136 = memref.alloca(%134, %135) : memref<?x?xf32>
-                  %137 = arith.index_cast %133 : i64 to index
-                  "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%138: index):
-                    %139 = arith.index_cast %138 : index to i64
-                    %140 = arith.addi %129, %139 : i64
-                    "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%141: index):
-                      %142 = arith.index_cast %141 : index to i64
-                      %143 = arith.index_cast %140 : i64 to index
-                      %144 = arith.index_cast %142 : i64 to index
-                      %145 = memref.load %input[%143, %144] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      %146 = arith.extf %145 : bf16 to f32
-                      %147 = arith.index_cast %139 : i64 to index
-                      memref.store %146, %136[%147, %144] : memref<?x?xf32>
+              %119 = arith.constant 4 : i64
+              %120 = arith.divsi %118, %119 : i64
+              %121 = arith.remsi %118, %119 : i64
+              %122 = arith.cmpi ne, %121, %86 : i64
+              %123 = arith.extui %122 : i1 to i64
+              %124 = arith.addi %120, %123 : i64
+              %125 = arith.divsi %118, %124 : i64
+              %126 = arith.remsi %118, %124 : i64
+              %127 = arith.cmpi ne, %126, %86 : i64
+              %128 = arith.extui %127 : i1 to i64
+              %129 = arith.addi %125, %128 : i64
+              %130 = arith.constant 9223372036854775807 : i64
+              %131 = arith.maxsi %5, %87 : i64
+              %132 = arith.cmpi ne, %5, %86 : i64
+              %133 = arith.divsi %130, %131 : i64
+              %134 = arith.cmpi sgt, %129, %133 : i64
+              %135 = arith.andi %132, %134 : i1
+              %136 = arith.muli %129, %5 : i64
+              %137 = arith.select %135, %130, %136 : i64
+              %138 = arith.index_cast %137 : i64 to index
+              %139 = arith.index_cast %12 : i64 to index
+              %140 = memref.alloc(%138, %139) : memref<?x?xf32>
+              scf.for %141 = %3 to %138 step %10 {
+                scf.for %142 = %3 to %139 step %10 {
+                  memref.store %57, %140[%141, %142] : memref<?x?xf32>
+                }
+              }
+              %143 = arith.divsi %5, %113 : i64
+              %144 = arith.remsi %5, %113 : i64
+              %145 = arith.cmpi ne, %144, %86 : i64
+              %146 = arith.extui %145 : i1 to i64
+              %147 = arith.addi %143, %146 : i64
+              %148 = arith.constant 1.000000e+00 : f32
+              %149 = arith.index_cast %86 : i64 to index
+              %150 = arith.index_cast %129 : i64 to index
+              "scf.parallel"(%149, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%151: index):
+                %152 = arith.index_cast %151 : index to i64
+                %153 = arith.muli %152, %124 : i64
+                %154 = arith.addi %153, %124 : i64
+                %155 = arith.cmpi slt, %154, %118 : i64
+                %156 = arith.select %155, %154, %118 : i64
+                %157 = arith.muli %152, %5 : i64
+                scf.for %158 = %153 to %156 step %87 : i64 {
+                  "memref.alloca_scope"() ({
+                    %159 = arith.muli %158, %113 : i64
+                    %160 = arith.addi %159, %113 : i64
+                    %161 = arith.cmpi slt, %160, %14 : i64
+                    %162 = arith.select %161, %160, %14 : i64
+                    %163 = arith.subi %162, %159 : i64
+                    %164 = arith.index_cast %113 : i64 to index
+                    %165 = memref.alloca(%164, %139) : memref<?x?xf32>
+                    %166 = arith.index_cast %163 : i64 to index
+                    "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%167: index):
+                      %168 = arith.index_cast %167 : index to i64
+                      %169 = arith.addi %159, %168 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%170: index):
+                        %171 = arith.index_cast %170 : index to i64
+                        %172 = arith.index_cast %169 : i64 to index
+                        %173 = arith.index_cast %171 : i64 to index
+                        %174 = memref.load %weight[%172, %173] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                        %175 = arith.extf %174 : bf16 to f32
+                        %176 = arith.index_cast %168 : i64 to index
+                        memref.store %175, %165[%176, %173] : memref<?x?xf32>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
                       scf.reduce
                     }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %148 = memref.alloca(%134, %135) : memref<?x?xf32>
-                  scf.for %149 = %3 to %134 step %10 {
-                    scf.for %150 = %3 to %135 step %10 {
-                      memref.store %57, %148[%149, %150] : memref<?x?xf32>
+                    %177 = memref.alloca(%164, %139) : memref<?x?xf32>
+                    scf.for %178 = %3 to %164 step %10 {
+                      scf.for %179 = %3 to %139 step %10 {
+                        memref.store %57, %177[%178, %179] : memref<?x?xf32>
+                      }
+                    }
+                    scf.for %180 = %86 to %147 step %87 : i64 {
+                      "memref.alloca_scope"() ({
+                        %181 = arith.muli %180, %113 : i64
+                        %182 = arith.addi %181, %113 : i64
+                        %183 = arith.cmpi slt, %182, %5 : i64
+                        %184 = arith.select %183, %182, %5 : i64
+                        %185 = arith.subi %184, %181 : i64
+                        %186 = memref.alloca(%164, %139) : memref<?x?xf32>
+                        %187 = arith.index_cast %185 : i64 to index
+                        "scf.parallel"(%149, %187, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%188: index):
+                          %189 = arith.index_cast %188 : index to i64
+                          %190 = arith.addi %181, %189 : i64
+                          "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%191: index):
+                            %192 = arith.index_cast %191 : index to i64
+                            %193 = arith.index_cast %190 : i64 to index
+                            %194 = arith.index_cast %192 : i64 to index
+                            %195 = memref.load %input[%193, %194] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                            %196 = arith.extf %195 : bf16 to f32
+                            %197 = arith.index_cast %189 : i64 to index
+                            memref.store %196, %186[%197, %194] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %198 = memref.alloca(%164, %164) : memref<?x?xf32>
+                        scf.for %199 = %86 to %185 step %87 : i64 {
+                          scf.for %200 = %86 to %163 step %87 : i64 {
+                            %201 = scf.for %202 = %86 to %12 step %113 iter_args(%203 = %57) -> (f32) : i64 {
+                              %204 = arith.addi %202, %113 : i64
+                              %205 = arith.minsi %204, %12 : i64
+                              %206 = scf.for %207 = %202 to %205 step %87 iter_args(%208 = %57) -> (f32) : i64 {
+                                %209 = arith.index_cast %199 : i64 to index
+                                %210 = arith.index_cast %207 : i64 to index
+                                %211 = memref.load %186[%209, %210] : memref<?x?xf32>
+                                %212 = arith.index_cast %200 : i64 to index
+                                %213 = memref.load %165[%212, %210] : memref<?x?xf32>
+                                %214 = math.fma %211, %213, %208 : f32
+                                scf.yield %214 : f32
+                              }
+                              %215 = arith.cmpi eq, %202, %86 : i64
+                              %216 = arith.addf %203, %206 : f32
+                              %217 = arith.select %215, %206, %216 : f32
+                              scf.yield %217 : f32
+                            }
+                            %218 = arith.index_cast %199 : i64 to index
+                            %219 = arith.index_cast %200 : i64 to index
+                            memref.store %201, %198[%218, %219] : memref<?x?xf32>
+                          }
+                        }
+                        %220 = memref.alloca(%164, %164) : memref<?x?xf32>
+                        "scf.parallel"(%149, %187, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%221: index):
+                          %222 = arith.index_cast %221 : index to i64
+                          %223 = arith.addi %181, %222 : i64
+                          %224 = arith.index_cast %223 : i64 to index
+                          %225 = memref.load %logits_max[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          %226 = memref.load %sum_exp_logits[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          %227 = memref.load %masked_target[%224] : memref<?xi64, strided<[?], offset: ?>>
+                          %228 = arith.constant 3 : i64
+                          %229 = arith.shrsi %223, %228 : i64
+                          %230 = arith.index_cast %229 : i64 to index
+                          %231 = memref.load %target_mask[%230] : memref<?xi8, strided<[?], offset: ?>>
+                          %232 = arith.extui %231 : i8 to i64
+                          %233 = arith.constant 7 : i64
+                          %234 = arith.andi %223, %233 : i64
+                          %235 = arith.shrui %232, %234 : i64
+                          %236 = arith.andi %235, %87 : i64
+                          %237 = arith.trunci %236 : i64 to i1
+                          %238 = arith.xori %237, %2 : i1
+                          %239 = memref.load %grad[%224] : memref<?xf32, strided<[?], offset: ?>>
+                          "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%240: index):
+                            %241 = arith.index_cast %240 : index to i64
+                            %242 = arith.addi %159, %241 : i64
+                            %243 = arith.index_cast %222 : i64 to index
+                            %244 = arith.index_cast %241 : i64 to index
+                            %245 = memref.load %198[%243, %244] : memref<?x?xf32>
+                            %246 = arith.subf %245, %225 : f32
+                            %247 = math.exp %246 : f32
+                            %248 = arith.divf %247, %226 : f32
+                            %249 = arith.cmpi eq, %242, %227 : i64
+                            %250 = arith.andi %249, %238 : i1
+                            %251 = arith.select %250, %148, %57 : f32
+                            %252 = arith.subf %248, %251 : f32
+                            %253 = arith.mulf %252, %239 : f32
+                            memref.store %253, %220[%243, %244] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %254 = arith.addi %157, %181 : i64
+                        scf.for %255 = %86 to %185 step %87 : i64 {
+                          scf.for %256 = %86 to %12 step %87 : i64 {
+                            %257 = arith.addi %254, %255 : i64
+                            %258 = arith.index_cast %257 : i64 to index
+                            %259 = arith.index_cast %256 : i64 to index
+                            %260 = memref.load %140[%258, %259] : memref<?x?xf32>
+                            %261 = scf.for %262 = %86 to %163 step %113 iter_args(%263 = %260) -> (f32) : i64 {
+                              %264 = arith.addi %262, %113 : i64
+                              %265 = arith.minsi %264, %163 : i64
+                              %266 = scf.for %267 = %262 to %265 step %87 iter_args(%268 = %57) -> (f32) : i64 {
+                                %269 = arith.index_cast %255 : i64 to index
+                                %270 = arith.index_cast %267 : i64 to index
+                                %271 = memref.load %220[%269, %270] : memref<?x?xf32>
+                                %272 = memref.load %165[%270, %259] : memref<?x?xf32>
+                                %273 = math.fma %271, %272, %268 : f32
+                                scf.yield %273 : f32
+                              }
+                              %274 = arith.addf %263, %266 : f32
+                              scf.yield %274 : f32
+                            }
+                            memref.store %261, %140[%258, %259] : memref<?x?xf32>
+                          }
+                        }
+                        scf.for %275 = %86 to %163 step %87 : i64 {
+                          scf.for %276 = %86 to %12 step %87 : i64 {
+                            %277 = arith.index_cast %275 : i64 to index
+                            %278 = arith.index_cast %276 : i64 to index
+                            %279 = memref.load %177[%277, %278] : memref<?x?xf32>
+                            %280 = scf.for %281 = %86 to %185 step %113 iter_args(%282 = %279) -> (f32) : i64 {
+                              %283 = arith.addi %281, %113 : i64
+                              %284 = arith.minsi %283, %185 : i64
+                              %285 = scf.for %286 = %281 to %284 step %87 iter_args(%287 = %57) -> (f32) : i64 {
+                                %288 = arith.index_cast %286 : i64 to index
+                                %289 = memref.load %220[%288, %277] : memref<?x?xf32>
+                                %290 = memref.load %186[%288, %278] : memref<?x?xf32>
+                                %291 = math.fma %289, %290, %287 : f32
+                                scf.yield %291 : f32
+                              }
+                              %292 = arith.addf %282, %285 : f32
+                              scf.yield %292 : f32
+                            }
+                            memref.store %280, %177[%277, %278] : memref<?x?xf32>
+                          }
+                        }
+                        "memref.alloca_scope.return"() : () -> ()
+                      }) : () -> ()
+                    }
+                    "scf.parallel"(%149, %166, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%293: index):
+                      %294 = arith.index_cast %293 : index to i64
+                      %295 = arith.addi %159, %294 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%296: index):
+                        %297 = arith.index_cast %296 : index to i64
+                        %298 = arith.index_cast %294 : i64 to index
+                        %299 = arith.index_cast %297 : i64 to index
+                        %300 = memref.load %177[%298, %299] : memref<?x?xf32>
+                        %301 = arith.index_cast %295 : i64 to index
+                        %302 = arith.truncf %300 : f32 to bf16
+                        memref.store %302, %weight_grad[%301, %299] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    "memref.alloca_scope.return"() : () -> ()
+                  }) : () -> ()
+                }
+                scf.reduce
+              }) : (index, index, index) -> ()
+              %303 = arith.index_cast %147 : i64 to index
+              "scf.parallel"(%149, %303, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%304: index):
+                %305 = arith.index_cast %304 : index to i64
+                "memref.alloca_scope"() ({
+                  %306 = arith.muli %305, %113 : i64
+                  %307 = arith.addi %306, %113 : i64
+                  %308 = arith.cmpi slt, %307, %5 : i64
+                  %309 = arith.select %308, %307, %5 : i64
+                  %310 = arith.subi %309, %306 : i64
+                  %311 = arith.index_cast %113 : i64 to index
+                  %312 = memref.alloca(%311, %139) : memref<?x?xf32>
+                  scf.for %313 = %3 to %311 step %10 {
+                    scf.for %314 = %3 to %139 step %10 {
+                      memref.store %57, %312[%313, %314] : memref<?x?xf32>
                     }
                   }
-                  scf.for %151 = %86 to %123 step %87 : i64 {
-                    "memref.alloca_scope"() ({
-                      %152 = arith.muli %151, %113 : i64
-                      %153 = arith.addi %152, %113 : i64
-                      %154 = arith.cmpi slt, %153, %14 : i64
-                      %155 = arith.select %154, %153, %14 : i64
-                      %156 = arith.subi %155, %152 : i64
-                      %157 = memref.alloca(%134, %135) : memref<?x?xf32>
-                      %158 = arith.index_cast %156 : i64 to index
-                      "scf.parallel"(%125, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%159: index):
-                        %160 = arith.index_cast %159 : index to i64
-                        %161 = arith.addi %152, %160 : i64
-                        "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%162: index):
-                          %163 = arith.index_cast %162 : index to i64
-                          %164 = arith.index_cast %161 : i64 to index
-                          %165 = arith.index_cast %163 : i64 to index
-                          %166 = memref.load %weight[%164, %165] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                          %167 = arith.extf %166 : bf16 to f32
-                          %168 = arith.index_cast %160 : i64 to index
-                          memref.store %167, %157[%168, %165] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
+                  scf.for %315 = %86 to %129 step %87 : i64 {
+                    %316 = arith.muli %315, %5 : i64
+                    %317 = arith.addi %316, %306 : i64
+                    %318 = arith.index_cast %310 : i64 to index
+                    "scf.parallel"(%149, %318, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%319: index):
+                      %320 = arith.index_cast %319 : index to i64
+                      %321 = arith.addi %317, %320 : i64
+                      "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%322: index):
+                        %323 = arith.index_cast %322 : index to i64
+                        %324 = arith.index_cast %321 : i64 to index
+                        %325 = arith.index_cast %323 : i64 to index
+                        %326 = memref.load %140[%324, %325] : memref<?x?xf32>
+                        %327 = arith.index_cast %320 : i64 to index
+                        %328 = memref.load %312[%327, %325] : memref<?x?xf32>
+                        %329 = arith.addf %328, %326 : f32
+                        memref.store %329, %312[%327, %325] : memref<?x?xf32>
                         scf.reduce
                       }) : (index, index, index) -> ()
-                      %169 = memref.alloca(%134, %134) : memref<?x?xf32>
-                      scf.for %170 = %86 to %133 step %87 : i64 {
-                        scf.for %171 = %86 to %156 step %87 : i64 {
-                          %172 = scf.for %173 = %86 to %12 step %113 iter_args(%174 = %57) -> (f32) : i64 {
-                            %175 = arith.addi %173, %113 : i64
-                            %176 = arith.minsi %175, %12 : i64
-                            %177 = scf.for %178 = %173 to %176 step %87 iter_args(%179 = %57) -> (f32) : i64 {
-                              %180 = arith.index_cast %170 : i64 to index
-                              %181 = arith.index_cast %178 : i64 to index
-                              %182 = memref.load %136[%180, %181] : memref<?x?xf32>
-                              %183 = arith.index_cast %171 : i64 to index
-                              %184 = memref.load %157[%183, %181] : memref<?x?xf32>
-                              %185 = math.fma %182, %184, %179 : f32
-                              scf.yield %185 : f32
-                            }
-                            %186 = arith.cmpi eq, %173, %86 : i64
-                            %187 = arith.addf %174, %177 : f32
-                            %188 = arith.select %186, %177, %187 : f32
-                            scf.yield %188 : f32
-                          }
-                          %189 = arith.index_cast %170 : i64 to index
-                          %190 = arith.index_cast %171 : i64 to index
-                          memref.store %172, %169[%189, %190] : memref<?x?xf32>
-                        }
-                      }
-                      %191 = memref.alloca(%134, %134) : memref<?x?xf32>
-                      "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%192: index):
-                        %193 = arith.index_cast %192 : index to i64
-                        %194 = arith.addi %129, %193 : i64
-                        %195 = arith.index_cast %194 : i64 to index
-                        %196 = memref.load %logits_max[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        %197 = memref.load %sum_exp_logits[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        %198 = memref.load %masked_target[%195] : memref<?xi64, strided<[?], offset: ?>>
-                        %199 = arith.constant 3 : i64
-                        %200 = arith.shrsi %194, %199 : i64
-                        %201 = arith.index_cast %200 : i64 to index
-                        %202 = memref.load %target_mask[%201] : memref<?xi8, strided<[?], offset: ?>>
-                        %203 = arith.extui %202 : i8 to i64
-                        %204 = arith.constant 7 : i64
-                        %205 = arith.andi %194, %204 : i64
-                        %206 = arith.shrui %203, %205 : i64
-                        %207 = arith.andi %206, %87 : i64
-                        %208 = arith.trunci %207 : i64 to i1
-                        %209 = arith.xori %208, %2 : i1
-                        %210 = memref.load %grad[%195] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%125, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%211: index):
-                          %212 = arith.index_cast %211 : index to i64
-                          %213 = arith.addi %152, %212 : i64
-                          %214 = arith.index_cast %193 : i64 to index
-                          %215 = arith.index_cast %212 : i64 to index
-                          %216 = memref.load %169[%214, %215] : memref<?x?xf32>
-                          %217 = arith.subf %216, %196 : f32
-                          %218 = math.exp %217 : f32
-                          %219 = arith.divf %218, %197 : f32
-                          %220 = arith.cmpi eq, %213, %198 : i64
-                          %221 = arith.andi %220, %209 : i1
-                          %222 = arith.select %221, %124, %57 : f32
-                          %223 = arith.subf %219, %222 : f32
-                          %224 = arith.mulf %223, %210 : f32
-                          memref.store %224, %191[%214, %215] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %225 = %86 to %133 step %87 : i64 {
-                        scf.for %226 = %86 to %12 step %87 : i64 {
-                          %227 = arith.index_cast %225 : i64 to index
-                          %228 = arith.index_cast %226 : i64 to index
-                          %229 = memref.load %148[%227, %228] : memref<?x?xf32>
-                          %230 = scf.for %231 = %86 to %156 step %113 iter_args(%232 = %229) -> (f32) : i64 {
-                            %233 = arith.addi %231, %113 : i64
-                            %234 = arith.minsi %233, %156 : i64
-                            %235 = scf.for %236 = %231 to %234 step %87 iter_args(%237 = %57) -> (f32) : i64 {
-                              %238 = arith.index_cast %236 : i64 to index
-                              %239 = memref.load %191[%227, %238] : memref<?x?xf32>
-                              %240 = memref.load %157[%238, %228] : memref<?x?xf32>
-                              %241 = math.fma %239, %240, %237 : f32
-                              scf.yield %241 : f32
-                            }
-                            %242 = arith.addf %232, %235 : f32
-                            scf.yield %242 : f32
-                          }
-                          memref.store %230, %148[%227, %228] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
                   }
-                  "scf.parallel"(%125, %137, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%243: index):
-                    %244 = arith.index_cast %243 : index to i64
-                    %245 = arith.addi %129, %244 : i64
-                    "scf.parallel"(%125, %135, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%246: index):
-                      %247 = arith.index_cast %246 : index to i64
-                      %248 = arith.index_cast %244 : i64 to index
-                      %249 = arith.index_cast %247 : i64 to index
-                      %250 = memref.load %148[%248, %249] : memref<?x?xf32>
-                      %251 = arith.index_cast %245 : i64 to index
-                      %252 = arith.truncf %250 : f32 to bf16
-                      memref.store %252, %input_grad[%251, %249] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %330 = arith.index_cast %310 : i64 to index
+                  "scf.parallel"(%149, %330, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%331: index):
+                    %332 = arith.index_cast %331 : index to i64
+                    %333 = arith.addi %306, %332 : i64
+                    "scf.parallel"(%149, %139, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%334: index):
+                      %335 = arith.index_cast %334 : index to i64
+                      %336 = arith.index_cast %332 : i64 to index
+                      %337 = arith.index_cast %335 : i64 to index
+                      %338 = memref.load %312[%336, %337] : memref<?x?xf32>
+                      %339 = arith.index_cast %333 : i64 to index
+                      %340 = arith.truncf %338 : f32 to bf16
+                      memref.store %340, %input_grad[%339, %337] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                       scf.reduce
                     }) : (index, index, index) -> ()
                     scf.reduce
@@ -2861,187 +2879,14 @@ builtin.module {
                 }) : () -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              %253 = arith.index_cast %123 : i64 to index
-              "scf.parallel"(%125, %253, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%254: index):
-                %255 = arith.index_cast %254 : index to i64
-                "memref.alloca_scope"() ({
-                  %256 = arith.muli %255, %113 : i64
-                  %257 = arith.addi %256, %113 : i64
-                  %258 = arith.cmpi slt, %257, %14 : i64
-                  %259 = arith.select %258, %257, %14 : i64
-                  %260 = arith.subi %259, %256 : i64
-                  %261 = arith.index_cast %113 : i64 to index
-                  %262 = arith.index_cast %12 : i64 to index
-                  %263 = memref.alloca(%261, %262) : memref<?x?xf32>
-                  %264 = arith.index_cast %260 : i64 to index
-                  "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%265: index):
-                    %266 = arith.index_cast %265 : index to i64
-                    %267 = arith.addi %256, %266 : i64
-                    "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%268: index):
-                      %269 = arith.index_cast %268 : index to i64
-                      %270 = arith.index_cast %267 : i64 to index
-                      %271 = arith.index_cast %269 : i64 to index
-                      %272 = memref.load %weight[%270, %271] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      %273 = arith.extf %272 : bf16 to f32
-                      %274 = arith.index_cast %266 : i64 to index
-                      memref.store %273, %263[%274, %271] : memref<?x?xf32>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %275 = memref.alloca(%261, %262) : memref<?x?xf32>
-                  scf.for %276 = %3 to %261 step %10 {
-                    scf.for %277 = %3 to %262 step %10 {
-                      memref.store %57, %275[%276, %277] : memref<?x?xf32>
-                    }
-                  }
-                  scf.for %278 = %86 to %118 step %87 : i64 {
-                    "memref.alloca_scope"() ({
-                      %279 = arith.muli %278, %113 : i64
-                      %280 = arith.addi %279, %113 : i64
-                      %281 = arith.cmpi slt, %280, %5 : i64
-                      %282 = arith.select %281, %280, %5 : i64
-                      %283 = arith.subi %282, %279 : i64
-                      %284 = memref.alloca(%261, %262) : memref<?x?xf32>
-                      %285 = arith.index_cast %283 : i64 to index
-                      "scf.parallel"(%125, %285, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%286: index):
-                        %287 = arith.index_cast %286 : index to i64
-                        %288 = arith.addi %279, %287 : i64
-                        "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%289: index):
-                          %290 = arith.index_cast %289 : index to i64
-                          %291 = arith.index_cast %288 : i64 to index
-                          %292 = arith.index_cast %290 : i64 to index
-                          %293 = memref.load %input[%291, %292] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                          %294 = arith.extf %293 : bf16 to f32
-                          %295 = arith.index_cast %287 : i64 to index
-                          memref.store %294, %284[%295, %292] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      %296 = memref.alloca(%261, %261) : memref<?x?xf32>
-                      scf.for %297 = %86 to %283 step %87 : i64 {
-                        scf.for %298 = %86 to %260 step %87 : i64 {
-                          %299 = scf.for %300 = %86 to %12 step %113 iter_args(%301 = %57) -> (f32) : i64 {
-                            %302 = arith.addi %300, %113 : i64
-                            %303 = arith.minsi %302, %12 : i64
-                            %304 = scf.for %305 = %300 to %303 step %87 iter_args(%306 = %57) -> (f32) : i64 {
-                              %307 = arith.index_cast %297 : i64 to index
-                              %308 = arith.index_cast %305 : i64 to index
-                              %309 = memref.load %284[%307, %308] : memref<?x?xf32>
-                              %310 = arith.index_cast %298 : i64 to index
-                              %311 = memref.load %263[%310, %308] : memref<?x?xf32>
-                              %312 = math.fma %309, %311, %306 : f32
-                              scf.yield %312 : f32
-                            }
-                            %313 = arith.cmpi eq, %300, %86 : i64
-                            %314 = arith.addf %301, %304 : f32
-                            %315 = arith.select %313, %304, %314 : f32
-                            scf.yield %315 : f32
-                          }
-                          %316 = arith.index_cast %297 : i64 to index
-                          %317 = arith.index_cast %298 : i64 to index
-                          memref.store %299, %296[%316, %317] : memref<?x?xf32>
-                        }
-                      }
-                      %318 = memref.alloca(%261, %261) : memref<?x?xf32>
-                      "scf.parallel"(%125, %285, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%319: index):
-                        %320 = arith.index_cast %319 : index to i64
-                        %321 = arith.addi %279, %320 : i64
-                        %322 = arith.index_cast %321 : i64 to index
-                        %323 = memref.load %logits_max[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        %324 = memref.load %sum_exp_logits[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        %325 = memref.load %masked_target[%322] : memref<?xi64, strided<[?], offset: ?>>
-                        %326 = arith.constant 3 : i64
-                        %327 = arith.shrsi %321, %326 : i64
-                        %328 = arith.index_cast %327 : i64 to index
-                        %329 = memref.load %target_mask[%328] : memref<?xi8, strided<[?], offset: ?>>
-                        %330 = arith.extui %329 : i8 to i64
-                        %331 = arith.constant 7 : i64
-                        %332 = arith.andi %321, %331 : i64
-                        %333 = arith.shrui %330, %332 : i64
-                        %334 = arith.andi %333, %87 : i64
-                        %335 = arith.trunci %334 : i64 to i1
-                        %336 = arith.xori %335, %2 : i1
-                        %337 = memref.load %grad[%322] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%338: index):
-                          %339 = arith.index_cast %338 : index to i64
-                          %340 = arith.addi %256, %339 : i64
-                          %341 = arith.index_cast %320 : i64 to index
-                          %342 = arith.index_cast %339 : i64 to index
-                          %343 = memref.load %296[%341, %342] : memref<?x?xf32>
-                          %344 = arith.subf %343, %323 : f32
-                          %345 = math.exp %344 : f32
-                          %346 = arith.divf %345, %324 : f32
-                          %347 = arith.cmpi eq, %340, %325 : i64
-                          %348 = arith.andi %347, %336 : i1
-                          %349 = arith.select %348, %124, %57 : f32
-                          %350 = arith.subf %346, %349 : f32
-                          %351 = arith.mulf %350, %337 : f32
-                          memref.store %351, %318[%341, %342] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %352 = %86 to %260 step %87 : i64 {
-                        scf.for %353 = %86 to %12 step %87 : i64 {
-                          %354 = arith.index_cast %352 : i64 to index
-                          %355 = arith.index_cast %353 : i64 to index
-                          %356 = memref.load %275[%354, %355] : memref<?x?xf32>
-                          %357 = scf.for %358 = %86 to %283 step %113 iter_args(%359 = %356) -> (f32) : i64 {
-                            %360 = arith.addi %358, %113 : i64
-                            %361 = arith.minsi %360, %283 : i64
-                            %362 = scf.for %363 = %358 to %361 step %87 iter_args(%364 = %57) -> (f32) : i64 {
-                              %365 = arith.index_cast %363 : i64 to index
-                              %366 = memref.load %318[%365, %354] : memref<?x?xf32>
-                              %367 = memref.load %284[%365, %355] : memref<?x?xf32>
-                              %368 = math.fma %366, %367, %364 : f32
-                              scf.yield %368 : f32
-                            }
-                            %369 = arith.addf %359, %362 : f32
-                            scf.yield %369 : f32
-                          }
-                          memref.store %357, %275[%354, %355] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
-                  }
-                  "scf.parallel"(%125, %264, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%370: index):
-                    %371 = arith.index_cast %370 : index to i64
-                    %372 = arith.addi %256, %371 : i64
-                    "scf.parallel"(%125, %262, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%373: index):
-                      %374 = arith.index_cast %373 : index to i64
-                      %375 = arith.index_cast %371 : i64 to index
-                      %376 = arith.index_cast %374 : i64 to index
-                      %377 = memref.load %275[%375, %376] : memref<?x?xf32>
-                      %378 = arith.index_cast %372 : i64 to index
-                      %379 = arith.truncf %377 : f32 to bf16
-                      memref.store %379, %weight_grad[%378, %376] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  "memref.alloca_scope.return"() : () -> ()
-                }) : () -> ()
-                scf.reduce
-              }) : (index, index, index) -> ()
+              memref.dealloc %140 : memref<?x?xf32>
             }
           }
         }
       }
     }
-    %380 = memref.load %0[] : memref<i32>
-    func.return %380 : i32
+    %341 = memref.load %0[] : memref<i32>
+    func.return %341 : i32
   }
   func.func @fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_bf16_bool(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %target_mask: memref<?xi8, strided<[?], offset: ?>>, %masked_target: memref<?xi64, strided<[?], offset: ?>>, %label_smoothing: f32, %logits_max: memref<?xf32, strided<[?], offset: ?>>, %sum_exp_logits: memref<?xf32, strided<[?], offset: ?>>, %input_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], opgen.variant = "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits", opgen.dtypes = {T = "bf16", M = "bool"}, opgen.converted = {masked_target = "i64"}} {
     %0 = memref.alloca() : memref<i32>
@@ -3162,177 +3007,296 @@ builtin.module {
             %104 = arith.cmpi eq, %103, %1 : i32
             scf.if %104 {
               %105 = arith.constant 256 : i64
-              %106 = arith.divsi %5, %105 : i64
-              %107 = arith.remsi %5, %105 : i64
+              %106 = arith.divsi %14, %105 : i64
+              %107 = arith.remsi %14, %105 : i64
               %108 = arith.cmpi ne, %107, %86 : i64
               %109 = arith.extui %108 : i1 to i64
               %110 = arith.addi %106, %109 : i64
-              %111 = arith.divsi %14, %105 : i64
-              %112 = arith.remsi %14, %105 : i64
-              %113 = arith.cmpi ne, %112, %86 : i64
-              %114 = arith.extui %113 : i1 to i64
-              %115 = arith.addi %111, %114 : i64
-              %116 = arith.constant 1.000000e+00 : f32
-              %117 = arith.index_cast %86 : i64 to index
-              %118 = arith.index_cast %110 : i64 to index
-              "scf.parallel"(%117, %118, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%119: index):
-                %120 = arith.index_cast %119 : index to i64
-                "memref.alloca_scope"() ({
-                  %121 = arith.muli %120, %105 : i64
-                  %122 = arith.addi %121, %105 : i64
-                  %123 = arith.cmpi slt, %122, %5 : i64
-                  %124 = arith.select %123, %122, %5 : i64
-                  %125 = arith.subi %124, %121 : i64
-                  %126 = arith.index_cast %105 : i64 to index
-                  %127 = arith.index_cast %12 : i64 to index
-                  %128 = memref.alloca(%126, %127) : memref<?x?xf32>
-                  %129 = arith.index_cast %125 : i64 to index
-                  "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%130: index):
-                    %131 = arith.index_cast %130 : index to i64
-                    %132 = arith.addi %121, %131 : i64
-                    "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%133: index):
-                      %134 = arith.index_cast %133 : index to i64
-                      %135 = arith.index_cast %132 : i64 to index
-                      %136 = arith.index_cast %134 : i64 to index
-                      %137 = memref.load %input[%135, %136] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      %138 = arith.extf %137 : bf16 to f32
-                      %139 = arith.index_cast %131 : i64 to index
-                      memref.store %138, %128[%139, %136] : memref<?x?xf32>
+              %111 = arith.constant 4 : i64
+              %112 = arith.divsi %110, %111 : i64
+              %113 = arith.remsi %110, %111 : i64
+              %114 = arith.cmpi ne, %113, %86 : i64
+              %115 = arith.extui %114 : i1 to i64
+              %116 = arith.addi %112, %115 : i64
+              %117 = arith.divsi %110, %116 : i64
+              %118 = arith.remsi %110, %116 : i64
+              %119 = arith.cmpi ne, %118, %86 : i64
+              %120 = arith.extui %119 : i1 to i64
+              %121 = arith.addi %117, %120 : i64
+              %122 = arith.constant 9223372036854775807 : i64
+              %123 = arith.maxsi %5, %76 : i64
+              %124 = arith.cmpi ne, %5, %86 : i64
+              %125 = arith.divsi %122, %123 : i64
+              %126 = arith.cmpi sgt, %121, %125 : i64
+              %127 = arith.andi %124, %126 : i1
+              %128 = arith.muli %121, %5 : i64
+              %129 = arith.select %127, %122, %128 : i64
+              %130 = arith.index_cast %129 : i64 to index
+              %131 = arith.index_cast %12 : i64 to index
+              %132 = memref.alloc(%130, %131) : memref<?x?xf32>
+              scf.for %133 = %3 to %130 step %10 {
+                scf.for %134 = %3 to %131 step %10 {
+                  memref.store %57, %132[%133, %134] : memref<?x?xf32>
+                }
+              }
+              %135 = arith.divsi %5, %105 : i64
+              %136 = arith.remsi %5, %105 : i64
+              %137 = arith.cmpi ne, %136, %86 : i64
+              %138 = arith.extui %137 : i1 to i64
+              %139 = arith.addi %135, %138 : i64
+              %140 = arith.constant 1.000000e+00 : f32
+              %141 = arith.index_cast %86 : i64 to index
+              %142 = arith.index_cast %121 : i64 to index
+              "scf.parallel"(%141, %142, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%143: index):
+                %144 = arith.index_cast %143 : index to i64
+                %145 = arith.muli %144, %116 : i64
+                %146 = arith.addi %145, %116 : i64
+                %147 = arith.cmpi slt, %146, %110 : i64
+                %148 = arith.select %147, %146, %110 : i64
+                %149 = arith.muli %144, %5 : i64
+                scf.for %150 = %145 to %148 step %76 : i64 {
+                  "memref.alloca_scope"() ({
+                    %151 = arith.muli %150, %105 : i64
+                    %152 = arith.addi %151, %105 : i64
+                    %153 = arith.cmpi slt, %152, %14 : i64
+                    %154 = arith.select %153, %152, %14 : i64
+                    %155 = arith.subi %154, %151 : i64
+                    %156 = arith.index_cast %105 : i64 to index
+                    %157 = memref.alloca(%156, %131) : memref<?x?xf32>
+                    %158 = arith.index_cast %155 : i64 to index
+                    "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%159: index):
+                      %160 = arith.index_cast %159 : index to i64
+                      %161 = arith.addi %151, %160 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%162: index):
+                        %163 = arith.index_cast %162 : index to i64
+                        %164 = arith.index_cast %161 : i64 to index
+                        %165 = arith.index_cast %163 : i64 to index
+                        %166 = memref.load %weight[%164, %165] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                        %167 = arith.extf %166 : bf16 to f32
+                        %168 = arith.index_cast %160 : i64 to index
+                        memref.store %167, %157[%168, %165] : memref<?x?xf32>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
                       scf.reduce
                     }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %140 = memref.alloca(%126, %127) : memref<?x?xf32>
-                  scf.for %141 = %3 to %126 step %10 {
-                    scf.for %142 = %3 to %127 step %10 {
-                      memref.store %57, %140[%141, %142] : memref<?x?xf32>
+                    %169 = memref.alloca(%156, %131) : memref<?x?xf32>
+                    scf.for %170 = %3 to %156 step %10 {
+                      scf.for %171 = %3 to %131 step %10 {
+                        memref.store %57, %169[%170, %171] : memref<?x?xf32>
+                      }
+                    }
+                    scf.for %172 = %86 to %139 step %76 : i64 {
+                      "memref.alloca_scope"() ({
+                        %173 = arith.muli %172, %105 : i64
+                        %174 = arith.addi %173, %105 : i64
+                        %175 = arith.cmpi slt, %174, %5 : i64
+                        %176 = arith.select %175, %174, %5 : i64
+                        %177 = arith.subi %176, %173 : i64
+                        %178 = memref.alloca(%156, %131) : memref<?x?xf32>
+                        %179 = arith.index_cast %177 : i64 to index
+                        "scf.parallel"(%141, %179, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%180: index):
+                          %181 = arith.index_cast %180 : index to i64
+                          %182 = arith.addi %173, %181 : i64
+                          "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%183: index):
+                            %184 = arith.index_cast %183 : index to i64
+                            %185 = arith.index_cast %182 : i64 to index
+                            %186 = arith.index_cast %184 : i64 to index
+                            %187 = memref.load %input[%185, %186] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                            %188 = arith.extf %187 : bf16 to f32
+                            %189 = arith.index_cast %181 : i64 to index
+                            memref.store %188, %178[%189, %186] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %190 = memref.alloca(%156, %156) : memref<?x?xf32>
+                        scf.for %191 = %86 to %177 step %76 : i64 {
+                          scf.for %192 = %86 to %155 step %76 : i64 {
+                            %193 = scf.for %194 = %86 to %12 step %105 iter_args(%195 = %57) -> (f32) : i64 {
+                              %196 = arith.addi %194, %105 : i64
+                              %197 = arith.minsi %196, %12 : i64
+                              %198 = scf.for %199 = %194 to %197 step %76 iter_args(%200 = %57) -> (f32) : i64 {
+                                %201 = arith.index_cast %191 : i64 to index
+                                %202 = arith.index_cast %199 : i64 to index
+                                %203 = memref.load %178[%201, %202] : memref<?x?xf32>
+                                %204 = arith.index_cast %192 : i64 to index
+                                %205 = memref.load %157[%204, %202] : memref<?x?xf32>
+                                %206 = math.fma %203, %205, %200 : f32
+                                scf.yield %206 : f32
+                              }
+                              %207 = arith.cmpi eq, %194, %86 : i64
+                              %208 = arith.addf %195, %198 : f32
+                              %209 = arith.select %207, %198, %208 : f32
+                              scf.yield %209 : f32
+                            }
+                            %210 = arith.index_cast %191 : i64 to index
+                            %211 = arith.index_cast %192 : i64 to index
+                            memref.store %193, %190[%210, %211] : memref<?x?xf32>
+                          }
+                        }
+                        %212 = memref.alloca(%156, %156) : memref<?x?xf32>
+                        "scf.parallel"(%141, %179, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                        ^bb0(%213: index):
+                          %214 = arith.index_cast %213 : index to i64
+                          %215 = arith.addi %173, %214 : i64
+                          %216 = arith.index_cast %215 : i64 to index
+                          %217 = memref.load %logits_max[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          %218 = memref.load %sum_exp_logits[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          %219 = memref.load %masked_target[%216] : memref<?xi64, strided<[?], offset: ?>>
+                          %220 = memref.load %target_mask[%216] : memref<?xi8, strided<[?], offset: ?>>
+                          %221 = arith.constant 0 : i8
+                          %222 = arith.cmpi ne, %220, %221 : i8
+                          %223 = arith.xori %222, %2 : i1
+                          %224 = memref.load %grad[%216] : memref<?xf32, strided<[?], offset: ?>>
+                          "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                          ^bb0(%225: index):
+                            %226 = arith.index_cast %225 : index to i64
+                            %227 = arith.addi %151, %226 : i64
+                            %228 = arith.index_cast %214 : i64 to index
+                            %229 = arith.index_cast %226 : i64 to index
+                            %230 = memref.load %190[%228, %229] : memref<?x?xf32>
+                            %231 = arith.subf %230, %217 : f32
+                            %232 = math.exp %231 : f32
+                            %233 = arith.divf %232, %218 : f32
+                            %234 = arith.cmpi eq, %227, %219 : i64
+                            %235 = arith.andi %234, %223 : i1
+                            %236 = arith.select %235, %140, %57 : f32
+                            %237 = arith.subf %233, %236 : f32
+                            %238 = arith.mulf %237, %224 : f32
+                            memref.store %238, %212[%228, %229] : memref<?x?xf32>
+                            scf.reduce
+                          }) : (index, index, index) -> ()
+                          scf.reduce
+                        }) : (index, index, index) -> ()
+                        %239 = arith.addi %149, %173 : i64
+                        scf.for %240 = %86 to %177 step %76 : i64 {
+                          scf.for %241 = %86 to %12 step %76 : i64 {
+                            %242 = arith.addi %239, %240 : i64
+                            %243 = arith.index_cast %242 : i64 to index
+                            %244 = arith.index_cast %241 : i64 to index
+                            %245 = memref.load %132[%243, %244] : memref<?x?xf32>
+                            %246 = scf.for %247 = %86 to %155 step %105 iter_args(%248 = %245) -> (f32) : i64 {
+                              %249 = arith.addi %247, %105 : i64
+                              %250 = arith.minsi %249, %155 : i64
+                              %251 = scf.for %252 = %247 to %250 step %76 iter_args(%253 = %57) -> (f32) : i64 {
+                                %254 = arith.index_cast %240 : i64 to index
+                                %255 = arith.index_cast %252 : i64 to index
+                                %256 = memref.load %212[%254, %255] : memref<?x?xf32>
+                                %257 = memref.load %157[%255, %244] : memref<?x?xf32>
+                                %258 = math.fma %256, %257, %253 : f32
+                                scf.yield %258 : f32
+                              }
+                              %259 = arith.addf %248, %251 : f32
+                              scf.yield %259 : f32
+                            }
+                            memref.store %246, %132[%243, %244] : memref<?x?xf32>
+                          }
+                        }
+                        scf.for %260 = %86 to %155 step %76 : i64 {
+                          scf.for %261 = %86 to %12 step %76 : i64 {
+                            %262 = arith.index_cast %260 : i64 to index
+                            %263 = arith.index_cast %261 : i64 to index
+                            %264 = memref.load %169[%262, %263] : memref<?x?xf32>
+                            %265 = scf.for %266 = %86 to %177 step %105 iter_args(%267 = %264) -> (f32) : i64 {
+                              %268 = arith.addi %266, %105 : i64
+                              %269 = arith.minsi %268, %177 : i64
+                              %270 = scf.for %271 = %266 to %269 step %76 iter_args(%272 = %57) -> (f32) : i64 {
+                                %273 = arith.index_cast %271 : i64 to index
+                                %274 = memref.load %212[%273, %262] : memref<?x?xf32>
+                                %275 = memref.load %178[%273, %263] : memref<?x?xf32>
+                                %276 = math.fma %274, %275, %272 : f32
+                                scf.yield %276 : f32
+                              }
+                              %277 = arith.addf %267, %270 : f32
+                              scf.yield %277 : f32
+                            }
+                            memref.store %265, %169[%262, %263] : memref<?x?xf32>
+                          }
+                        }
+                        "memref.alloca_scope.return"() : () -> ()
+                      }) : () -> ()
+                    }
+                    "scf.parallel"(%141, %158, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%278: index):
+                      %279 = arith.index_cast %278 : index to i64
+                      %280 = arith.addi %151, %279 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%281: index):
+                        %282 = arith.index_cast %281 : index to i64
+                        %283 = arith.index_cast %279 : i64 to index
+                        %284 = arith.index_cast %282 : i64 to index
+                        %285 = memref.load %169[%283, %284] : memref<?x?xf32>
+                        %286 = arith.index_cast %280 : i64 to index
+                        %287 = arith.truncf %285 : f32 to bf16
+                        memref.store %287, %weight_grad[%286, %284] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                        scf.reduce
+                      }) : (index, index, index) -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    "memref.alloca_scope.return"() : () -> ()
+                  }) : () -> ()
+                }
+                scf.reduce
+              }) : (index, index, index) -> ()
+              %288 = arith.index_cast %139 : i64 to index
+              "scf.parallel"(%141, %288, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%289: index):
+                %290 = arith.index_cast %289 : index to i64
+                "memref.alloca_scope"() ({
+                  %291 = arith.muli %290, %105 : i64
+                  %292 = arith.addi %291, %105 : i64
+                  %293 = arith.cmpi slt, %292, %5 : i64
+                  %294 = arith.select %293, %292, %5 : i64
+                  %295 = arith.subi %294, %291 : i64
+                  %296 = arith.index_cast %105 : i64 to index
+                  %297 = memref.alloca(%296, %131) : memref<?x?xf32>
+                  scf.for %298 = %3 to %296 step %10 {
+                    scf.for %299 = %3 to %131 step %10 {
+                      memref.store %57, %297[%298, %299] : memref<?x?xf32>
                     }
                   }
-                  scf.for %143 = %86 to %115 step %76 : i64 {
-                    "memref.alloca_scope"() ({
-                      %144 = arith.muli %143, %105 : i64
-                      %145 = arith.addi %144, %105 : i64
-                      %146 = arith.cmpi slt, %145, %14 : i64
-                      %147 = arith.select %146, %145, %14 : i64
-                      %148 = arith.subi %147, %144 : i64
-                      %149 = memref.alloca(%126, %127) : memref<?x?xf32>
-                      %150 = arith.index_cast %148 : i64 to index
-                      "scf.parallel"(%117, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%151: index):
-                        %152 = arith.index_cast %151 : index to i64
-                        %153 = arith.addi %144, %152 : i64
-                        "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%154: index):
-                          %155 = arith.index_cast %154 : index to i64
-                          %156 = arith.index_cast %153 : i64 to index
-                          %157 = arith.index_cast %155 : i64 to index
-                          %158 = memref.load %weight[%156, %157] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                          %159 = arith.extf %158 : bf16 to f32
-                          %160 = arith.index_cast %152 : i64 to index
-                          memref.store %159, %149[%160, %157] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
+                  scf.for %300 = %86 to %121 step %76 : i64 {
+                    %301 = arith.muli %300, %5 : i64
+                    %302 = arith.addi %301, %291 : i64
+                    %303 = arith.index_cast %295 : i64 to index
+                    "scf.parallel"(%141, %303, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%304: index):
+                      %305 = arith.index_cast %304 : index to i64
+                      %306 = arith.addi %302, %305 : i64
+                      "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                      ^bb0(%307: index):
+                        %308 = arith.index_cast %307 : index to i64
+                        %309 = arith.index_cast %306 : i64 to index
+                        %310 = arith.index_cast %308 : i64 to index
+                        %311 = memref.load %132[%309, %310] : memref<?x?xf32>
+                        %312 = arith.index_cast %305 : i64 to index
+                        %313 = memref.load %297[%312, %310] : memref<?x?xf32>
+                        %314 = arith.addf %313, %311 : f32
+                        memref.store %314, %297[%312, %310] : memref<?x?xf32>
                         scf.reduce
                       }) : (index, index, index) -> ()
-                      %161 = memref.alloca(%126, %126) : memref<?x?xf32>
-                      scf.for %162 = %86 to %125 step %76 : i64 {
-                        scf.for %163 = %86 to %148 step %76 : i64 {
-                          %164 = scf.for %165 = %86 to %12 step %105 iter_args(%166 = %57) -> (f32) : i64 {
-                            %167 = arith.addi %165, %105 : i64
-                            %168 = arith.minsi %167, %12 : i64
-                            %169 = scf.for %170 = %165 to %168 step %76 iter_args(%171 = %57) -> (f32) : i64 {
-                              %172 = arith.index_cast %162 : i64 to index
-                              %173 = arith.index_cast %170 : i64 to index
-                              %174 = memref.load %128[%172, %173] : memref<?x?xf32>
-                              %175 = arith.index_cast %163 : i64 to index
-                              %176 = memref.load %149[%175, %173] : memref<?x?xf32>
-                              %177 = math.fma %174, %176, %171 : f32
-                              scf.yield %177 : f32
-                            }
-                            %178 = arith.cmpi eq, %165, %86 : i64
-                            %179 = arith.addf %166, %169 : f32
-                            %180 = arith.select %178, %169, %179 : f32
-                            scf.yield %180 : f32
-                          }
-                          %181 = arith.index_cast %162 : i64 to index
-                          %182 = arith.index_cast %163 : i64 to index
-                          memref.store %164, %161[%181, %182] : memref<?x?xf32>
-                        }
-                      }
-                      %183 = memref.alloca(%126, %126) : memref<?x?xf32>
-                      "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%184: index):
-                        %185 = arith.index_cast %184 : index to i64
-                        %186 = arith.addi %121, %185 : i64
-                        %187 = arith.index_cast %186 : i64 to index
-                        %188 = memref.load %logits_max[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        %189 = memref.load %sum_exp_logits[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        %190 = memref.load %masked_target[%187] : memref<?xi64, strided<[?], offset: ?>>
-                        %191 = memref.load %target_mask[%187] : memref<?xi8, strided<[?], offset: ?>>
-                        %192 = arith.constant 0 : i8
-                        %193 = arith.cmpi ne, %191, %192 : i8
-                        %194 = arith.xori %193, %2 : i1
-                        %195 = memref.load %grad[%187] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%117, %150, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%196: index):
-                          %197 = arith.index_cast %196 : index to i64
-                          %198 = arith.addi %144, %197 : i64
-                          %199 = arith.index_cast %185 : i64 to index
-                          %200 = arith.index_cast %197 : i64 to index
-                          %201 = memref.load %161[%199, %200] : memref<?x?xf32>
-                          %202 = arith.subf %201, %188 : f32
-                          %203 = math.exp %202 : f32
-                          %204 = arith.divf %203, %189 : f32
-                          %205 = arith.cmpi eq, %198, %190 : i64
-                          %206 = arith.andi %205, %194 : i1
-                          %207 = arith.select %206, %116, %57 : f32
-                          %208 = arith.subf %204, %207 : f32
-                          %209 = arith.mulf %208, %195 : f32
-                          memref.store %209, %183[%199, %200] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %210 = %86 to %125 step %76 : i64 {
-                        scf.for %211 = %86 to %12 step %76 : i64 {
-                          %212 = arith.index_cast %210 : i64 to index
-                          %213 = arith.index_cast %211 : i64 to index
-                          %214 = memref.load %140[%212, %213] : memref<?x?xf32>
-                          %215 = scf.for %216 = %86 to %148 step %105 iter_args(%217 = %214) -> (f32) : i64 {
-                            %218 = arith.addi %216, %105 : i64
-                            %219 = arith.minsi %218, %148 : i64
-                            %220 = scf.for %221 = %216 to %219 step %76 iter_args(%222 = %57) -> (f32) : i64 {
-                              %223 = arith.index_cast %221 : i64 to index
-                              %224 = memref.load %183[%212, %223] : memref<?x?xf32>
-                              %225 = memref.load %149[%223, %213] : memref<?x?xf32>
-                              %226 = math.fma %224, %225, %222 : f32
-                              scf.yield %226 : f32
-                            }
-                            %227 = arith.addf %217, %220 : f32
-                            scf.yield %227 : f32
-                          }
-                          memref.store %215, %140[%212, %213] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
+                      scf.reduce
+                    }) : (index, index, index) -> ()
                   }
-                  "scf.parallel"(%117, %129, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%228: index):
-                    %229 = arith.index_cast %228 : index to i64
-                    %230 = arith.addi %121, %229 : i64
-                    "scf.parallel"(%117, %127, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%231: index):
-                      %232 = arith.index_cast %231 : index to i64
-                      %233 = arith.index_cast %229 : i64 to index
-                      %234 = arith.index_cast %232 : i64 to index
-                      %235 = memref.load %140[%233, %234] : memref<?x?xf32>
-                      %236 = arith.index_cast %230 : i64 to index
-                      %237 = arith.truncf %235 : f32 to bf16
-                      memref.store %237, %input_grad[%236, %234] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %315 = arith.index_cast %295 : i64 to index
+                  "scf.parallel"(%141, %315, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%316: index):
+                    %317 = arith.index_cast %316 : index to i64
+                    %318 = arith.addi %291, %317 : i64
+                    "scf.parallel"(%141, %131, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%319: index):
+                      %320 = arith.index_cast %319 : index to i64
+                      %321 = arith.index_cast %317 : i64 to index
+                      %322 = arith.index_cast %320 : i64 to index
+                      %323 = memref.load %297[%321, %322] : memref<?x?xf32>
+                      %324 = arith.index_cast %318 : i64 to index
+                      %325 = arith.truncf %323 : f32 to bf16
+                      memref.store %325, %input_grad[%324, %322] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                       scf.reduce
                     }) : (index, index, index) -> ()
                     scf.reduce
@@ -3341,180 +3305,14 @@ builtin.module {
                 }) : () -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              %238 = arith.index_cast %115 : i64 to index
-              "scf.parallel"(%117, %238, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%239: index):
-                %240 = arith.index_cast %239 : index to i64
-                "memref.alloca_scope"() ({
-                  %241 = arith.muli %240, %105 : i64
-                  %242 = arith.addi %241, %105 : i64
-                  %243 = arith.cmpi slt, %242, %14 : i64
-                  %244 = arith.select %243, %242, %14 : i64
-                  %245 = arith.subi %244, %241 : i64
-                  %246 = arith.index_cast %105 : i64 to index
-                  %247 = arith.index_cast %12 : i64 to index
-                  %248 = memref.alloca(%246, %247) : memref<?x?xf32>
-                  %249 = arith.index_cast %245 : i64 to index
-                  "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%250: index):
-                    %251 = arith.index_cast %250 : index to i64
-                    %252 = arith.addi %241, %251 : i64
-                    "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%253: index):
-                      %254 = arith.index_cast %253 : index to i64
-                      %255 = arith.index_cast %252 : i64 to index
-                      %256 = arith.index_cast %254 : i64 to index
-                      %257 = memref.load %weight[%255, %256] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      %258 = arith.extf %257 : bf16 to f32
-                      %259 = arith.index_cast %251 : i64 to index
-                      memref.store %258, %248[%259, %256] : memref<?x?xf32>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  %260 = memref.alloca(%246, %247) : memref<?x?xf32>
-                  scf.for %261 = %3 to %246 step %10 {
-                    scf.for %262 = %3 to %247 step %10 {
-                      memref.store %57, %260[%261, %262] : memref<?x?xf32>
-                    }
-                  }
-                  scf.for %263 = %86 to %110 step %76 : i64 {
-                    "memref.alloca_scope"() ({
-                      %264 = arith.muli %263, %105 : i64
-                      %265 = arith.addi %264, %105 : i64
-                      %266 = arith.cmpi slt, %265, %5 : i64
-                      %267 = arith.select %266, %265, %5 : i64
-                      %268 = arith.subi %267, %264 : i64
-                      %269 = memref.alloca(%246, %247) : memref<?x?xf32>
-                      %270 = arith.index_cast %268 : i64 to index
-                      "scf.parallel"(%117, %270, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%271: index):
-                        %272 = arith.index_cast %271 : index to i64
-                        %273 = arith.addi %264, %272 : i64
-                        "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%274: index):
-                          %275 = arith.index_cast %274 : index to i64
-                          %276 = arith.index_cast %273 : i64 to index
-                          %277 = arith.index_cast %275 : i64 to index
-                          %278 = memref.load %input[%276, %277] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                          %279 = arith.extf %278 : bf16 to f32
-                          %280 = arith.index_cast %272 : i64 to index
-                          memref.store %279, %269[%280, %277] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      %281 = memref.alloca(%246, %246) : memref<?x?xf32>
-                      scf.for %282 = %86 to %268 step %76 : i64 {
-                        scf.for %283 = %86 to %245 step %76 : i64 {
-                          %284 = scf.for %285 = %86 to %12 step %105 iter_args(%286 = %57) -> (f32) : i64 {
-                            %287 = arith.addi %285, %105 : i64
-                            %288 = arith.minsi %287, %12 : i64
-                            %289 = scf.for %290 = %285 to %288 step %76 iter_args(%291 = %57) -> (f32) : i64 {
-                              %292 = arith.index_cast %282 : i64 to index
-                              %293 = arith.index_cast %290 : i64 to index
-                              %294 = memref.load %269[%292, %293] : memref<?x?xf32>
-                              %295 = arith.index_cast %283 : i64 to index
-                              %296 = memref.load %248[%295, %293] : memref<?x?xf32>
-                              %297 = math.fma %294, %296, %291 : f32
-                              scf.yield %297 : f32
-                            }
-                            %298 = arith.cmpi eq, %285, %86 : i64
-                            %299 = arith.addf %286, %289 : f32
-                            %300 = arith.select %298, %289, %299 : f32
-                            scf.yield %300 : f32
-                          }
-                          %301 = arith.index_cast %282 : i64 to index
-                          %302 = arith.index_cast %283 : i64 to index
-                          memref.store %284, %281[%301, %302] : memref<?x?xf32>
-                        }
-                      }
-                      %303 = memref.alloca(%246, %246) : memref<?x?xf32>
-                      "scf.parallel"(%117, %270, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                      ^bb0(%304: index):
-                        %305 = arith.index_cast %304 : index to i64
-                        %306 = arith.addi %264, %305 : i64
-                        %307 = arith.index_cast %306 : i64 to index
-                        %308 = memref.load %logits_max[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        %309 = memref.load %sum_exp_logits[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        %310 = memref.load %masked_target[%307] : memref<?xi64, strided<[?], offset: ?>>
-                        %311 = memref.load %target_mask[%307] : memref<?xi8, strided<[?], offset: ?>>
-                        %312 = arith.constant 0 : i8
-                        %313 = arith.cmpi ne, %311, %312 : i8
-                        %314 = arith.xori %313, %2 : i1
-                        %315 = memref.load %grad[%307] : memref<?xf32, strided<[?], offset: ?>>
-                        "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                        ^bb0(%316: index):
-                          %317 = arith.index_cast %316 : index to i64
-                          %318 = arith.addi %241, %317 : i64
-                          %319 = arith.index_cast %305 : i64 to index
-                          %320 = arith.index_cast %317 : i64 to index
-                          %321 = memref.load %281[%319, %320] : memref<?x?xf32>
-                          %322 = arith.subf %321, %308 : f32
-                          %323 = math.exp %322 : f32
-                          %324 = arith.divf %323, %309 : f32
-                          %325 = arith.cmpi eq, %318, %310 : i64
-                          %326 = arith.andi %325, %314 : i1
-                          %327 = arith.select %326, %116, %57 : f32
-                          %328 = arith.subf %324, %327 : f32
-                          %329 = arith.mulf %328, %315 : f32
-                          memref.store %329, %303[%319, %320] : memref<?x?xf32>
-                          scf.reduce
-                        }) : (index, index, index) -> ()
-                        scf.reduce
-                      }) : (index, index, index) -> ()
-                      scf.for %330 = %86 to %245 step %76 : i64 {
-                        scf.for %331 = %86 to %12 step %76 : i64 {
-                          %332 = arith.index_cast %330 : i64 to index
-                          %333 = arith.index_cast %331 : i64 to index
-                          %334 = memref.load %260[%332, %333] : memref<?x?xf32>
-                          %335 = scf.for %336 = %86 to %268 step %105 iter_args(%337 = %334) -> (f32) : i64 {
-                            %338 = arith.addi %336, %105 : i64
-                            %339 = arith.minsi %338, %268 : i64
-                            %340 = scf.for %341 = %336 to %339 step %76 iter_args(%342 = %57) -> (f32) : i64 {
-                              %343 = arith.index_cast %341 : i64 to index
-                              %344 = memref.load %303[%343, %332] : memref<?x?xf32>
-                              %345 = memref.load %269[%343, %333] : memref<?x?xf32>
-                              %346 = math.fma %344, %345, %342 : f32
-                              scf.yield %346 : f32
-                            }
-                            %347 = arith.addf %337, %340 : f32
-                            scf.yield %347 : f32
-                          }
-                          memref.store %335, %260[%332, %333] : memref<?x?xf32>
-                        }
-                      }
-                      "memref.alloca_scope.return"() : () -> ()
-                    }) : () -> ()
-                  }
-                  "scf.parallel"(%117, %249, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%348: index):
-                    %349 = arith.index_cast %348 : index to i64
-                    %350 = arith.addi %241, %349 : i64
-                    "scf.parallel"(%117, %247, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                    ^bb0(%351: index):
-                      %352 = arith.index_cast %351 : index to i64
-                      %353 = arith.index_cast %349 : i64 to index
-                      %354 = arith.index_cast %352 : i64 to index
-                      %355 = memref.load %260[%353, %354] : memref<?x?xf32>
-                      %356 = arith.index_cast %350 : i64 to index
-                      %357 = arith.truncf %355 : f32 to bf16
-                      memref.store %357, %weight_grad[%356, %354] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                      scf.reduce
-                    }) : (index, index, index) -> ()
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  "memref.alloca_scope.return"() : () -> ()
-                }) : () -> ()
-                scf.reduce
-              }) : (index, index, index) -> ()
+              memref.dealloc %132 : memref<?x?xf32>
             }
           }
         }
       }
     }
-    %358 = memref.load %0[] : memref<i32>
-    func.return %358 : i32
+    %326 = memref.load %0[] : memref<i32>
+    func.return %326 : i32
   }
   func.func @fused_linear_cross_entropy_loss_grad__logits_max_softmax_f16_u8(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xf16, strided<[?, ?], offset: ?>>, %weight: memref<?x?xf16, strided<[?, ?], offset: ?>>, %target_mask: memref<?xi8, strided<[?], offset: ?>>, %masked_target: memref<?xi64, strided<[?], offset: ?>>, %label_smoothing: f32, %softmax: memref<?x?xf32, strided<[?, ?], offset: ?>>, %input_grad: memref<?x?xf16, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xf16, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "target_mask", "masked_target", "label_smoothing", "softmax", "input_grad", "weight_grad"], opgen.variant = "fused_linear_cross_entropy_loss_grad__logits_max_softmax", opgen.dtypes = {T = "f16", M = "u8"}, opgen.converted = {masked_target = "i64"}} {
     %0 = memref.alloca() : memref<i32>

@@ -87,178 +87,297 @@ builtin.module {
       %78 = arith.cmpi eq, %77, %1 : i32
       scf.if %78 {
         %79 = arith.constant 256 : i64
-        %80 = arith.divsi %5, %79 : i64
-        %81 = arith.remsi %5, %79 : i64
+        %80 = arith.divsi %14, %79 : i64
+        %81 = arith.remsi %14, %79 : i64
         %82 = arith.cmpi ne, %81, %59 : i64
         %83 = arith.extui %82 : i1 to i64
         %84 = arith.addi %80, %83 : i64
-        %85 = arith.divsi %14, %79 : i64
-        %86 = arith.remsi %14, %79 : i64
-        %87 = arith.cmpi ne, %86, %59 : i64
-        %88 = arith.extui %87 : i1 to i64
-        %89 = arith.addi %85, %88 : i64
-        %90 = arith.constant 1.000000e+00 : f32
-        %91 = arith.constant 0.000000e+00 : f32
-        %92 = arith.index_cast %59 : i64 to index
-        %93 = arith.index_cast %84 : i64 to index
-        "scf.parallel"(%92, %93, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%94: index):
-          %95 = arith.index_cast %94 : index to i64
-          "memref.alloca_scope"() ({
-            %96 = arith.muli %95, %79 : i64
-            %97 = arith.addi %96, %79 : i64
-            %98 = arith.cmpi slt, %97, %5 : i64
-            %99 = arith.select %98, %97, %5 : i64
-            %100 = arith.subi %99, %96 : i64
-            %101 = arith.index_cast %79 : i64 to index
-            %102 = arith.index_cast %12 : i64 to index
-            %103 = memref.alloca(%101, %102) : memref<?x?xf32>
-            %104 = arith.index_cast %100 : i64 to index
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%105: index):
-              %106 = arith.index_cast %105 : index to i64
-              %107 = arith.addi %96, %106 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%108: index):
-                %109 = arith.index_cast %108 : index to i64
-                %110 = arith.index_cast %107 : i64 to index
-                %111 = arith.index_cast %109 : i64 to index
-                %112 = memref.load %input[%110, %111] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %113 = arith.extf %112 : f16 to f32
-                %114 = arith.index_cast %106 : i64 to index
-                memref.store %113, %103[%114, %111] : memref<?x?xf32>
+        %85 = arith.constant 4 : i64
+        %86 = arith.divsi %84, %85 : i64
+        %87 = arith.remsi %84, %85 : i64
+        %88 = arith.cmpi ne, %87, %59 : i64
+        %89 = arith.extui %88 : i1 to i64
+        %90 = arith.addi %86, %89 : i64
+        %91 = arith.divsi %84, %90 : i64
+        %92 = arith.remsi %84, %90 : i64
+        %93 = arith.cmpi ne, %92, %59 : i64
+        %94 = arith.extui %93 : i1 to i64
+        %95 = arith.addi %91, %94 : i64
+        %96 = arith.constant 9223372036854775807 : i64
+        %97 = arith.maxsi %5, %60 : i64
+        %98 = arith.cmpi ne, %5, %59 : i64
+        %99 = arith.divsi %96, %97 : i64
+        %100 = arith.cmpi sgt, %95, %99 : i64
+        %101 = arith.andi %98, %100 : i1
+        %102 = arith.muli %95, %5 : i64
+        %103 = arith.select %101, %96, %102 : i64
+        %104 = arith.index_cast %103 : i64 to index
+        %105 = arith.index_cast %12 : i64 to index
+        %106 = memref.alloc(%104, %105) : memref<?x?xf32>
+        %107 = arith.constant 0.000000e+00 : f32
+        scf.for %108 = %3 to %104 step %10 {
+          scf.for %109 = %3 to %105 step %10 {
+            memref.store %107, %106[%108, %109] : memref<?x?xf32>
+          }
+        }
+        %110 = arith.divsi %5, %79 : i64
+        %111 = arith.remsi %5, %79 : i64
+        %112 = arith.cmpi ne, %111, %59 : i64
+        %113 = arith.extui %112 : i1 to i64
+        %114 = arith.addi %110, %113 : i64
+        %115 = arith.constant 1.000000e+00 : f32
+        %116 = arith.index_cast %59 : i64 to index
+        %117 = arith.index_cast %95 : i64 to index
+        "scf.parallel"(%116, %117, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%118: index):
+          %119 = arith.index_cast %118 : index to i64
+          %120 = arith.muli %119, %90 : i64
+          %121 = arith.addi %120, %90 : i64
+          %122 = arith.cmpi slt, %121, %84 : i64
+          %123 = arith.select %122, %121, %84 : i64
+          %124 = arith.muli %119, %5 : i64
+          scf.for %125 = %120 to %123 step %60 : i64 {
+            "memref.alloca_scope"() ({
+              %126 = arith.muli %125, %79 : i64
+              %127 = arith.addi %126, %79 : i64
+              %128 = arith.cmpi slt, %127, %14 : i64
+              %129 = arith.select %128, %127, %14 : i64
+              %130 = arith.subi %129, %126 : i64
+              %131 = arith.index_cast %79 : i64 to index
+              %132 = memref.alloca(%131, %105) : memref<?x?xf32>
+              %133 = arith.index_cast %130 : i64 to index
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%134: index):
+                %135 = arith.index_cast %134 : index to i64
+                %136 = arith.addi %126, %135 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%137: index):
+                  %138 = arith.index_cast %137 : index to i64
+                  %139 = arith.index_cast %136 : i64 to index
+                  %140 = arith.index_cast %138 : i64 to index
+                  %141 = memref.load %weight[%139, %140] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %142 = arith.extf %141 : f16 to f32
+                  %143 = arith.index_cast %135 : i64 to index
+                  memref.store %142, %132[%143, %140] : memref<?x?xf32>
+                  scf.reduce
+                }) : (index, index, index) -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %115 = memref.alloca(%101, %102) : memref<?x?xf32>
-            scf.for %116 = %3 to %101 step %10 {
-              scf.for %117 = %3 to %102 step %10 {
-                memref.store %91, %115[%116, %117] : memref<?x?xf32>
+              %144 = memref.alloca(%131, %105) : memref<?x?xf32>
+              scf.for %145 = %3 to %131 step %10 {
+                scf.for %146 = %3 to %105 step %10 {
+                  memref.store %107, %144[%145, %146] : memref<?x?xf32>
+                }
+              }
+              scf.for %147 = %59 to %114 step %60 : i64 {
+                "memref.alloca_scope"() ({
+                  %148 = arith.muli %147, %79 : i64
+                  %149 = arith.addi %148, %79 : i64
+                  %150 = arith.cmpi slt, %149, %5 : i64
+                  %151 = arith.select %150, %149, %5 : i64
+                  %152 = arith.subi %151, %148 : i64
+                  %153 = memref.alloca(%131, %105) : memref<?x?xf32>
+                  %154 = arith.index_cast %152 : i64 to index
+                  "scf.parallel"(%116, %154, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%155: index):
+                    %156 = arith.index_cast %155 : index to i64
+                    %157 = arith.addi %148, %156 : i64
+                    "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%158: index):
+                      %159 = arith.index_cast %158 : index to i64
+                      %160 = arith.index_cast %157 : i64 to index
+                      %161 = arith.index_cast %159 : i64 to index
+                      %162 = memref.load %input[%160, %161] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                      %163 = arith.extf %162 : f16 to f32
+                      %164 = arith.index_cast %156 : i64 to index
+                      memref.store %163, %153[%164, %161] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %165 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  scf.for %166 = %59 to %152 step %60 : i64 {
+                    scf.for %167 = %59 to %130 step %60 : i64 {
+                      %168 = scf.for %169 = %59 to %12 step %79 iter_args(%170 = %107) -> (f32) : i64 {
+                        %171 = arith.addi %169, %79 : i64
+                        %172 = arith.minsi %171, %12 : i64
+                        %173 = scf.for %174 = %169 to %172 step %60 iter_args(%175 = %107) -> (f32) : i64 {
+                          %176 = arith.index_cast %166 : i64 to index
+                          %177 = arith.index_cast %174 : i64 to index
+                          %178 = memref.load %153[%176, %177] : memref<?x?xf32>
+                          %179 = arith.index_cast %167 : i64 to index
+                          %180 = memref.load %132[%179, %177] : memref<?x?xf32>
+                          %181 = math.fma %178, %180, %175 : f32
+                          scf.yield %181 : f32
+                        }
+                        %182 = arith.cmpi eq, %169, %59 : i64
+                        %183 = arith.addf %170, %173 : f32
+                        %184 = arith.select %182, %173, %183 : f32
+                        scf.yield %184 : f32
+                      }
+                      %185 = arith.index_cast %166 : i64 to index
+                      %186 = arith.index_cast %167 : i64 to index
+                      memref.store %168, %165[%185, %186] : memref<?x?xf32>
+                    }
+                  }
+                  %187 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  "scf.parallel"(%116, %154, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%188: index):
+                    %189 = arith.index_cast %188 : index to i64
+                    %190 = arith.addi %148, %189 : i64
+                    %191 = arith.index_cast %190 : i64 to index
+                    %192 = memref.load %logits_max[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    %193 = memref.load %sum_exp_logits[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    %194 = memref.load %target[%191] : memref<?xi64, strided<[?], offset: ?>>
+                    %195 = memref.load %no_target[%191] : memref<?xi8, strided<[?], offset: ?>>
+                    %196 = arith.constant 0 : i8
+                    %197 = arith.cmpi ne, %195, %196 : i8
+                    %198 = arith.xori %197, %2 : i1
+                    %199 = memref.load %grad[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%200: index):
+                      %201 = arith.index_cast %200 : index to i64
+                      %202 = arith.addi %126, %201 : i64
+                      %203 = arith.index_cast %189 : i64 to index
+                      %204 = arith.index_cast %201 : i64 to index
+                      %205 = memref.load %165[%203, %204] : memref<?x?xf32>
+                      %206 = arith.subf %205, %192 : f32
+                      %207 = math.exp %206 : f32
+                      %208 = arith.divf %207, %193 : f32
+                      %209 = arith.cmpi eq, %202, %194 : i64
+                      %210 = arith.andi %209, %198 : i1
+                      %211 = arith.select %210, %115, %107 : f32
+                      %212 = arith.subf %208, %211 : f32
+                      %213 = arith.mulf %212, %199 : f32
+                      memref.store %213, %187[%203, %204] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %214 = arith.addi %124, %148 : i64
+                  scf.for %215 = %59 to %152 step %60 : i64 {
+                    scf.for %216 = %59 to %12 step %60 : i64 {
+                      %217 = arith.addi %214, %215 : i64
+                      %218 = arith.index_cast %217 : i64 to index
+                      %219 = arith.index_cast %216 : i64 to index
+                      %220 = memref.load %106[%218, %219] : memref<?x?xf32>
+                      %221 = scf.for %222 = %59 to %130 step %79 iter_args(%223 = %220) -> (f32) : i64 {
+                        %224 = arith.addi %222, %79 : i64
+                        %225 = arith.minsi %224, %130 : i64
+                        %226 = scf.for %227 = %222 to %225 step %60 iter_args(%228 = %107) -> (f32) : i64 {
+                          %229 = arith.index_cast %215 : i64 to index
+                          %230 = arith.index_cast %227 : i64 to index
+                          %231 = memref.load %187[%229, %230] : memref<?x?xf32>
+                          %232 = memref.load %132[%230, %219] : memref<?x?xf32>
+                          %233 = math.fma %231, %232, %228 : f32
+                          scf.yield %233 : f32
+                        }
+                        %234 = arith.addf %223, %226 : f32
+                        scf.yield %234 : f32
+                      }
+                      memref.store %221, %106[%218, %219] : memref<?x?xf32>
+                    }
+                  }
+                  scf.for %235 = %59 to %130 step %60 : i64 {
+                    scf.for %236 = %59 to %12 step %60 : i64 {
+                      %237 = arith.index_cast %235 : i64 to index
+                      %238 = arith.index_cast %236 : i64 to index
+                      %239 = memref.load %144[%237, %238] : memref<?x?xf32>
+                      %240 = scf.for %241 = %59 to %152 step %79 iter_args(%242 = %239) -> (f32) : i64 {
+                        %243 = arith.addi %241, %79 : i64
+                        %244 = arith.minsi %243, %152 : i64
+                        %245 = scf.for %246 = %241 to %244 step %60 iter_args(%247 = %107) -> (f32) : i64 {
+                          %248 = arith.index_cast %246 : i64 to index
+                          %249 = memref.load %187[%248, %237] : memref<?x?xf32>
+                          %250 = memref.load %153[%248, %238] : memref<?x?xf32>
+                          %251 = math.fma %249, %250, %247 : f32
+                          scf.yield %251 : f32
+                        }
+                        %252 = arith.addf %242, %245 : f32
+                        scf.yield %252 : f32
+                      }
+                      memref.store %240, %144[%237, %238] : memref<?x?xf32>
+                    }
+                  }
+                  "memref.alloca_scope.return"() : () -> ()
+                }) : () -> ()
+              }
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%253: index):
+                %254 = arith.index_cast %253 : index to i64
+                %255 = arith.addi %126, %254 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%256: index):
+                  %257 = arith.index_cast %256 : index to i64
+                  %258 = arith.index_cast %254 : i64 to index
+                  %259 = arith.index_cast %257 : i64 to index
+                  %260 = memref.load %144[%258, %259] : memref<?x?xf32>
+                  %261 = arith.index_cast %255 : i64 to index
+                  %262 = arith.truncf %260 : f32 to f16
+                  memref.store %262, %weight_grad[%261, %259] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  scf.reduce
+                }) : (index, index, index) -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
+              "memref.alloca_scope.return"() : () -> ()
+            }) : () -> ()
+          }
+          scf.reduce
+        }) : (index, index, index) -> ()
+        %263 = arith.index_cast %114 : i64 to index
+        "scf.parallel"(%116, %263, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%264: index):
+          %265 = arith.index_cast %264 : index to i64
+          "memref.alloca_scope"() ({
+            %266 = arith.muli %265, %79 : i64
+            %267 = arith.addi %266, %79 : i64
+            %268 = arith.cmpi slt, %267, %5 : i64
+            %269 = arith.select %268, %267, %5 : i64
+            %270 = arith.subi %269, %266 : i64
+            %271 = arith.index_cast %79 : i64 to index
+            %272 = memref.alloca(%271, %105) : memref<?x?xf32>
+            scf.for %273 = %3 to %271 step %10 {
+              scf.for %274 = %3 to %105 step %10 {
+                memref.store %107, %272[%273, %274] : memref<?x?xf32>
               }
             }
-            scf.for %118 = %59 to %89 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %119 = arith.muli %118, %79 : i64
-                %120 = arith.addi %119, %79 : i64
-                %121 = arith.cmpi slt, %120, %14 : i64
-                %122 = arith.select %121, %120, %14 : i64
-                %123 = arith.subi %122, %119 : i64
-                %124 = memref.alloca(%101, %102) : memref<?x?xf32>
-                %125 = arith.index_cast %123 : i64 to index
-                "scf.parallel"(%92, %125, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%126: index):
-                  %127 = arith.index_cast %126 : index to i64
-                  %128 = arith.addi %119, %127 : i64
-                  "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%129: index):
-                    %130 = arith.index_cast %129 : index to i64
-                    %131 = arith.index_cast %128 : i64 to index
-                    %132 = arith.index_cast %130 : i64 to index
-                    %133 = memref.load %weight[%131, %132] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                    %134 = arith.extf %133 : f16 to f32
-                    %135 = arith.index_cast %127 : i64 to index
-                    memref.store %134, %124[%135, %132] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
+            scf.for %275 = %59 to %95 step %60 : i64 {
+              %276 = arith.muli %275, %5 : i64
+              %277 = arith.addi %276, %266 : i64
+              %278 = arith.index_cast %270 : i64 to index
+              "scf.parallel"(%116, %278, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%279: index):
+                %280 = arith.index_cast %279 : index to i64
+                %281 = arith.addi %277, %280 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%282: index):
+                  %283 = arith.index_cast %282 : index to i64
+                  %284 = arith.index_cast %281 : i64 to index
+                  %285 = arith.index_cast %283 : i64 to index
+                  %286 = memref.load %106[%284, %285] : memref<?x?xf32>
+                  %287 = arith.index_cast %280 : i64 to index
+                  %288 = memref.load %272[%287, %285] : memref<?x?xf32>
+                  %289 = arith.addf %288, %286 : f32
+                  memref.store %289, %272[%287, %285] : memref<?x?xf32>
                   scf.reduce
                 }) : (index, index, index) -> ()
-                %136 = memref.alloca(%101, %101) : memref<?x?xf32>
-                scf.for %137 = %59 to %100 step %60 : i64 {
-                  scf.for %138 = %59 to %123 step %60 : i64 {
-                    %139 = scf.for %140 = %59 to %12 step %79 iter_args(%141 = %91) -> (f32) : i64 {
-                      %142 = arith.addi %140, %79 : i64
-                      %143 = arith.minsi %142, %12 : i64
-                      %144 = scf.for %145 = %140 to %143 step %60 iter_args(%146 = %91) -> (f32) : i64 {
-                        %147 = arith.index_cast %137 : i64 to index
-                        %148 = arith.index_cast %145 : i64 to index
-                        %149 = memref.load %103[%147, %148] : memref<?x?xf32>
-                        %150 = arith.index_cast %138 : i64 to index
-                        %151 = memref.load %124[%150, %148] : memref<?x?xf32>
-                        %152 = math.fma %149, %151, %146 : f32
-                        scf.yield %152 : f32
-                      }
-                      %153 = arith.cmpi eq, %140, %59 : i64
-                      %154 = arith.addf %141, %144 : f32
-                      %155 = arith.select %153, %144, %154 : f32
-                      scf.yield %155 : f32
-                    }
-                    %156 = arith.index_cast %137 : i64 to index
-                    %157 = arith.index_cast %138 : i64 to index
-                    memref.store %139, %136[%156, %157] : memref<?x?xf32>
-                  }
-                }
-                %158 = memref.alloca(%101, %101) : memref<?x?xf32>
-                "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%159: index):
-                  %160 = arith.index_cast %159 : index to i64
-                  %161 = arith.addi %96, %160 : i64
-                  %162 = arith.index_cast %161 : i64 to index
-                  %163 = memref.load %logits_max[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  %164 = memref.load %sum_exp_logits[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  %165 = memref.load %target[%162] : memref<?xi64, strided<[?], offset: ?>>
-                  %166 = memref.load %no_target[%162] : memref<?xi8, strided<[?], offset: ?>>
-                  %167 = arith.constant 0 : i8
-                  %168 = arith.cmpi ne, %166, %167 : i8
-                  %169 = arith.xori %168, %2 : i1
-                  %170 = memref.load %grad[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %125, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%171: index):
-                    %172 = arith.index_cast %171 : index to i64
-                    %173 = arith.addi %119, %172 : i64
-                    %174 = arith.index_cast %160 : i64 to index
-                    %175 = arith.index_cast %172 : i64 to index
-                    %176 = memref.load %136[%174, %175] : memref<?x?xf32>
-                    %177 = arith.subf %176, %163 : f32
-                    %178 = math.exp %177 : f32
-                    %179 = arith.divf %178, %164 : f32
-                    %180 = arith.cmpi eq, %173, %165 : i64
-                    %181 = arith.andi %180, %169 : i1
-                    %182 = arith.select %181, %90, %91 : f32
-                    %183 = arith.subf %179, %182 : f32
-                    %184 = arith.mulf %183, %170 : f32
-                    memref.store %184, %158[%174, %175] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %185 = %59 to %100 step %60 : i64 {
-                  scf.for %186 = %59 to %12 step %60 : i64 {
-                    %187 = arith.index_cast %185 : i64 to index
-                    %188 = arith.index_cast %186 : i64 to index
-                    %189 = memref.load %115[%187, %188] : memref<?x?xf32>
-                    %190 = scf.for %191 = %59 to %123 step %79 iter_args(%192 = %189) -> (f32) : i64 {
-                      %193 = arith.addi %191, %79 : i64
-                      %194 = arith.minsi %193, %123 : i64
-                      %195 = scf.for %196 = %191 to %194 step %60 iter_args(%197 = %91) -> (f32) : i64 {
-                        %198 = arith.index_cast %196 : i64 to index
-                        %199 = memref.load %158[%187, %198] : memref<?x?xf32>
-                        %200 = memref.load %124[%198, %188] : memref<?x?xf32>
-                        %201 = math.fma %199, %200, %197 : f32
-                        scf.yield %201 : f32
-                      }
-                      %202 = arith.addf %192, %195 : f32
-                      scf.yield %202 : f32
-                    }
-                    memref.store %190, %115[%187, %188] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
             }
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%203: index):
-              %204 = arith.index_cast %203 : index to i64
-              %205 = arith.addi %96, %204 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%206: index):
-                %207 = arith.index_cast %206 : index to i64
-                %208 = arith.index_cast %204 : i64 to index
-                %209 = arith.index_cast %207 : i64 to index
-                %210 = memref.load %115[%208, %209] : memref<?x?xf32>
-                %211 = arith.index_cast %205 : i64 to index
-                %212 = arith.truncf %210 : f32 to f16
-                memref.store %212, %input_grad[%211, %209] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+            %290 = arith.index_cast %270 : i64 to index
+            "scf.parallel"(%116, %290, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+            ^bb0(%291: index):
+              %292 = arith.index_cast %291 : index to i64
+              %293 = arith.addi %266, %292 : i64
+              "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%294: index):
+                %295 = arith.index_cast %294 : index to i64
+                %296 = arith.index_cast %292 : i64 to index
+                %297 = arith.index_cast %295 : i64 to index
+                %298 = memref.load %272[%296, %297] : memref<?x?xf32>
+                %299 = arith.index_cast %293 : i64 to index
+                %300 = arith.truncf %298 : f32 to f16
+                memref.store %300, %input_grad[%299, %297] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               scf.reduce
@@ -267,177 +386,11 @@ builtin.module {
           }) : () -> ()
           scf.reduce
         }) : (index, index, index) -> ()
-        %213 = arith.index_cast %89 : i64 to index
-        "scf.parallel"(%92, %213, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%214: index):
-          %215 = arith.index_cast %214 : index to i64
-          "memref.alloca_scope"() ({
-            %216 = arith.muli %215, %79 : i64
-            %217 = arith.addi %216, %79 : i64
-            %218 = arith.cmpi slt, %217, %14 : i64
-            %219 = arith.select %218, %217, %14 : i64
-            %220 = arith.subi %219, %216 : i64
-            %221 = arith.index_cast %79 : i64 to index
-            %222 = arith.index_cast %12 : i64 to index
-            %223 = memref.alloca(%221, %222) : memref<?x?xf32>
-            %224 = arith.index_cast %220 : i64 to index
-            "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%225: index):
-              %226 = arith.index_cast %225 : index to i64
-              %227 = arith.addi %216, %226 : i64
-              "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%228: index):
-                %229 = arith.index_cast %228 : index to i64
-                %230 = arith.index_cast %227 : i64 to index
-                %231 = arith.index_cast %229 : i64 to index
-                %232 = memref.load %weight[%230, %231] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %233 = arith.extf %232 : f16 to f32
-                %234 = arith.index_cast %226 : i64 to index
-                memref.store %233, %223[%234, %231] : memref<?x?xf32>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %235 = memref.alloca(%221, %222) : memref<?x?xf32>
-            scf.for %236 = %3 to %221 step %10 {
-              scf.for %237 = %3 to %222 step %10 {
-                memref.store %91, %235[%236, %237] : memref<?x?xf32>
-              }
-            }
-            scf.for %238 = %59 to %84 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %239 = arith.muli %238, %79 : i64
-                %240 = arith.addi %239, %79 : i64
-                %241 = arith.cmpi slt, %240, %5 : i64
-                %242 = arith.select %241, %240, %5 : i64
-                %243 = arith.subi %242, %239 : i64
-                %244 = memref.alloca(%221, %222) : memref<?x?xf32>
-                %245 = arith.index_cast %243 : i64 to index
-                "scf.parallel"(%92, %245, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%246: index):
-                  %247 = arith.index_cast %246 : index to i64
-                  %248 = arith.addi %239, %247 : i64
-                  "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%249: index):
-                    %250 = arith.index_cast %249 : index to i64
-                    %251 = arith.index_cast %248 : i64 to index
-                    %252 = arith.index_cast %250 : i64 to index
-                    %253 = memref.load %input[%251, %252] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                    %254 = arith.extf %253 : f16 to f32
-                    %255 = arith.index_cast %247 : i64 to index
-                    memref.store %254, %244[%255, %252] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                %256 = memref.alloca(%221, %221) : memref<?x?xf32>
-                scf.for %257 = %59 to %243 step %60 : i64 {
-                  scf.for %258 = %59 to %220 step %60 : i64 {
-                    %259 = scf.for %260 = %59 to %12 step %79 iter_args(%261 = %91) -> (f32) : i64 {
-                      %262 = arith.addi %260, %79 : i64
-                      %263 = arith.minsi %262, %12 : i64
-                      %264 = scf.for %265 = %260 to %263 step %60 iter_args(%266 = %91) -> (f32) : i64 {
-                        %267 = arith.index_cast %257 : i64 to index
-                        %268 = arith.index_cast %265 : i64 to index
-                        %269 = memref.load %244[%267, %268] : memref<?x?xf32>
-                        %270 = arith.index_cast %258 : i64 to index
-                        %271 = memref.load %223[%270, %268] : memref<?x?xf32>
-                        %272 = math.fma %269, %271, %266 : f32
-                        scf.yield %272 : f32
-                      }
-                      %273 = arith.cmpi eq, %260, %59 : i64
-                      %274 = arith.addf %261, %264 : f32
-                      %275 = arith.select %273, %264, %274 : f32
-                      scf.yield %275 : f32
-                    }
-                    %276 = arith.index_cast %257 : i64 to index
-                    %277 = arith.index_cast %258 : i64 to index
-                    memref.store %259, %256[%276, %277] : memref<?x?xf32>
-                  }
-                }
-                %278 = memref.alloca(%221, %221) : memref<?x?xf32>
-                "scf.parallel"(%92, %245, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%279: index):
-                  %280 = arith.index_cast %279 : index to i64
-                  %281 = arith.addi %239, %280 : i64
-                  %282 = arith.index_cast %281 : i64 to index
-                  %283 = memref.load %logits_max[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  %284 = memref.load %sum_exp_logits[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  %285 = memref.load %target[%282] : memref<?xi64, strided<[?], offset: ?>>
-                  %286 = memref.load %no_target[%282] : memref<?xi8, strided<[?], offset: ?>>
-                  %287 = arith.constant 0 : i8
-                  %288 = arith.cmpi ne, %286, %287 : i8
-                  %289 = arith.xori %288, %2 : i1
-                  %290 = memref.load %grad[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%291: index):
-                    %292 = arith.index_cast %291 : index to i64
-                    %293 = arith.addi %216, %292 : i64
-                    %294 = arith.index_cast %280 : i64 to index
-                    %295 = arith.index_cast %292 : i64 to index
-                    %296 = memref.load %256[%294, %295] : memref<?x?xf32>
-                    %297 = arith.subf %296, %283 : f32
-                    %298 = math.exp %297 : f32
-                    %299 = arith.divf %298, %284 : f32
-                    %300 = arith.cmpi eq, %293, %285 : i64
-                    %301 = arith.andi %300, %289 : i1
-                    %302 = arith.select %301, %90, %91 : f32
-                    %303 = arith.subf %299, %302 : f32
-                    %304 = arith.mulf %303, %290 : f32
-                    memref.store %304, %278[%294, %295] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %305 = %59 to %220 step %60 : i64 {
-                  scf.for %306 = %59 to %12 step %60 : i64 {
-                    %307 = arith.index_cast %305 : i64 to index
-                    %308 = arith.index_cast %306 : i64 to index
-                    %309 = memref.load %235[%307, %308] : memref<?x?xf32>
-                    %310 = scf.for %311 = %59 to %243 step %79 iter_args(%312 = %309) -> (f32) : i64 {
-                      %313 = arith.addi %311, %79 : i64
-                      %314 = arith.minsi %313, %243 : i64
-                      %315 = scf.for %316 = %311 to %314 step %60 iter_args(%317 = %91) -> (f32) : i64 {
-                        %318 = arith.index_cast %316 : i64 to index
-                        %319 = memref.load %278[%318, %307] : memref<?x?xf32>
-                        %320 = memref.load %244[%318, %308] : memref<?x?xf32>
-                        %321 = math.fma %319, %320, %317 : f32
-                        scf.yield %321 : f32
-                      }
-                      %322 = arith.addf %312, %315 : f32
-                      scf.yield %322 : f32
-                    }
-                    memref.store %310, %235[%307, %308] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
-            }
-            "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%323: index):
-              %324 = arith.index_cast %323 : index to i64
-              %325 = arith.addi %216, %324 : i64
-              "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%326: index):
-                %327 = arith.index_cast %326 : index to i64
-                %328 = arith.index_cast %324 : i64 to index
-                %329 = arith.index_cast %327 : i64 to index
-                %330 = memref.load %235[%328, %329] : memref<?x?xf32>
-                %331 = arith.index_cast %325 : i64 to index
-                %332 = arith.truncf %330 : f32 to f16
-                memref.store %332, %weight_grad[%331, %329] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            "memref.alloca_scope.return"() : () -> ()
-          }) : () -> ()
-          scf.reduce
-        }) : (index, index, index) -> ()
+        memref.dealloc %106 : memref<?x?xf32>
       }
     }
-    %333 = memref.load %0[] : memref<i32>
-    func.return %333 : i32
+    %301 = memref.load %0[] : memref<i32>
+    func.return %301 : i32
   }
   func.func @linear_cross_entropy_grad_bf16(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %no_target: memref<?xi8, strided<[?], offset: ?>>, %target: memref<?xi64, strided<[?], offset: ?>>, %logits_max: memref<?xf32, strided<[?], offset: ?>>, %sum_exp_logits: memref<?xf32, strided<[?], offset: ?>>, %input_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "no_target", "target", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], opgen.variant = "linear_cross_entropy_grad", opgen.dtypes = {T = "bf16"}, opgen.converted = {target = "i64"}} {
     %0 = memref.alloca() : memref<i32>
@@ -526,178 +479,297 @@ builtin.module {
       %78 = arith.cmpi eq, %77, %1 : i32
       scf.if %78 {
         %79 = arith.constant 256 : i64
-        %80 = arith.divsi %5, %79 : i64
-        %81 = arith.remsi %5, %79 : i64
+        %80 = arith.divsi %14, %79 : i64
+        %81 = arith.remsi %14, %79 : i64
         %82 = arith.cmpi ne, %81, %59 : i64
         %83 = arith.extui %82 : i1 to i64
         %84 = arith.addi %80, %83 : i64
-        %85 = arith.divsi %14, %79 : i64
-        %86 = arith.remsi %14, %79 : i64
-        %87 = arith.cmpi ne, %86, %59 : i64
-        %88 = arith.extui %87 : i1 to i64
-        %89 = arith.addi %85, %88 : i64
-        %90 = arith.constant 1.000000e+00 : f32
-        %91 = arith.constant 0.000000e+00 : f32
-        %92 = arith.index_cast %59 : i64 to index
-        %93 = arith.index_cast %84 : i64 to index
-        "scf.parallel"(%92, %93, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%94: index):
-          %95 = arith.index_cast %94 : index to i64
-          "memref.alloca_scope"() ({
-            %96 = arith.muli %95, %79 : i64
-            %97 = arith.addi %96, %79 : i64
-            %98 = arith.cmpi slt, %97, %5 : i64
-            %99 = arith.select %98, %97, %5 : i64
-            %100 = arith.subi %99, %96 : i64
-            %101 = arith.index_cast %79 : i64 to index
-            %102 = arith.index_cast %12 : i64 to index
-            %103 = memref.alloca(%101, %102) : memref<?x?xf32>
-            %104 = arith.index_cast %100 : i64 to index
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%105: index):
-              %106 = arith.index_cast %105 : index to i64
-              %107 = arith.addi %96, %106 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%108: index):
-                %109 = arith.index_cast %108 : index to i64
-                %110 = arith.index_cast %107 : i64 to index
-                %111 = arith.index_cast %109 : i64 to index
-                %112 = memref.load %input[%110, %111] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %113 = arith.extf %112 : bf16 to f32
-                %114 = arith.index_cast %106 : i64 to index
-                memref.store %113, %103[%114, %111] : memref<?x?xf32>
+        %85 = arith.constant 4 : i64
+        %86 = arith.divsi %84, %85 : i64
+        %87 = arith.remsi %84, %85 : i64
+        %88 = arith.cmpi ne, %87, %59 : i64
+        %89 = arith.extui %88 : i1 to i64
+        %90 = arith.addi %86, %89 : i64
+        %91 = arith.divsi %84, %90 : i64
+        %92 = arith.remsi %84, %90 : i64
+        %93 = arith.cmpi ne, %92, %59 : i64
+        %94 = arith.extui %93 : i1 to i64
+        %95 = arith.addi %91, %94 : i64
+        %96 = arith.constant 9223372036854775807 : i64
+        %97 = arith.maxsi %5, %60 : i64
+        %98 = arith.cmpi ne, %5, %59 : i64
+        %99 = arith.divsi %96, %97 : i64
+        %100 = arith.cmpi sgt, %95, %99 : i64
+        %101 = arith.andi %98, %100 : i1
+        %102 = arith.muli %95, %5 : i64
+        %103 = arith.select %101, %96, %102 : i64
+        %104 = arith.index_cast %103 : i64 to index
+        %105 = arith.index_cast %12 : i64 to index
+        %106 = memref.alloc(%104, %105) : memref<?x?xf32>
+        %107 = arith.constant 0.000000e+00 : f32
+        scf.for %108 = %3 to %104 step %10 {
+          scf.for %109 = %3 to %105 step %10 {
+            memref.store %107, %106[%108, %109] : memref<?x?xf32>
+          }
+        }
+        %110 = arith.divsi %5, %79 : i64
+        %111 = arith.remsi %5, %79 : i64
+        %112 = arith.cmpi ne, %111, %59 : i64
+        %113 = arith.extui %112 : i1 to i64
+        %114 = arith.addi %110, %113 : i64
+        %115 = arith.constant 1.000000e+00 : f32
+        %116 = arith.index_cast %59 : i64 to index
+        %117 = arith.index_cast %95 : i64 to index
+        "scf.parallel"(%116, %117, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%118: index):
+          %119 = arith.index_cast %118 : index to i64
+          %120 = arith.muli %119, %90 : i64
+          %121 = arith.addi %120, %90 : i64
+          %122 = arith.cmpi slt, %121, %84 : i64
+          %123 = arith.select %122, %121, %84 : i64
+          %124 = arith.muli %119, %5 : i64
+          scf.for %125 = %120 to %123 step %60 : i64 {
+            "memref.alloca_scope"() ({
+              %126 = arith.muli %125, %79 : i64
+              %127 = arith.addi %126, %79 : i64
+              %128 = arith.cmpi slt, %127, %14 : i64
+              %129 = arith.select %128, %127, %14 : i64
+              %130 = arith.subi %129, %126 : i64
+              %131 = arith.index_cast %79 : i64 to index
+              %132 = memref.alloca(%131, %105) : memref<?x?xf32>
+              %133 = arith.index_cast %130 : i64 to index
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%134: index):
+                %135 = arith.index_cast %134 : index to i64
+                %136 = arith.addi %126, %135 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%137: index):
+                  %138 = arith.index_cast %137 : index to i64
+                  %139 = arith.index_cast %136 : i64 to index
+                  %140 = arith.index_cast %138 : i64 to index
+                  %141 = memref.load %weight[%139, %140] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %142 = arith.extf %141 : bf16 to f32
+                  %143 = arith.index_cast %135 : i64 to index
+                  memref.store %142, %132[%143, %140] : memref<?x?xf32>
+                  scf.reduce
+                }) : (index, index, index) -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %115 = memref.alloca(%101, %102) : memref<?x?xf32>
-            scf.for %116 = %3 to %101 step %10 {
-              scf.for %117 = %3 to %102 step %10 {
-                memref.store %91, %115[%116, %117] : memref<?x?xf32>
+              %144 = memref.alloca(%131, %105) : memref<?x?xf32>
+              scf.for %145 = %3 to %131 step %10 {
+                scf.for %146 = %3 to %105 step %10 {
+                  memref.store %107, %144[%145, %146] : memref<?x?xf32>
+                }
+              }
+              scf.for %147 = %59 to %114 step %60 : i64 {
+                "memref.alloca_scope"() ({
+                  %148 = arith.muli %147, %79 : i64
+                  %149 = arith.addi %148, %79 : i64
+                  %150 = arith.cmpi slt, %149, %5 : i64
+                  %151 = arith.select %150, %149, %5 : i64
+                  %152 = arith.subi %151, %148 : i64
+                  %153 = memref.alloca(%131, %105) : memref<?x?xf32>
+                  %154 = arith.index_cast %152 : i64 to index
+                  "scf.parallel"(%116, %154, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%155: index):
+                    %156 = arith.index_cast %155 : index to i64
+                    %157 = arith.addi %148, %156 : i64
+                    "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%158: index):
+                      %159 = arith.index_cast %158 : index to i64
+                      %160 = arith.index_cast %157 : i64 to index
+                      %161 = arith.index_cast %159 : i64 to index
+                      %162 = memref.load %input[%160, %161] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                      %163 = arith.extf %162 : bf16 to f32
+                      %164 = arith.index_cast %156 : i64 to index
+                      memref.store %163, %153[%164, %161] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %165 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  scf.for %166 = %59 to %152 step %60 : i64 {
+                    scf.for %167 = %59 to %130 step %60 : i64 {
+                      %168 = scf.for %169 = %59 to %12 step %79 iter_args(%170 = %107) -> (f32) : i64 {
+                        %171 = arith.addi %169, %79 : i64
+                        %172 = arith.minsi %171, %12 : i64
+                        %173 = scf.for %174 = %169 to %172 step %60 iter_args(%175 = %107) -> (f32) : i64 {
+                          %176 = arith.index_cast %166 : i64 to index
+                          %177 = arith.index_cast %174 : i64 to index
+                          %178 = memref.load %153[%176, %177] : memref<?x?xf32>
+                          %179 = arith.index_cast %167 : i64 to index
+                          %180 = memref.load %132[%179, %177] : memref<?x?xf32>
+                          %181 = math.fma %178, %180, %175 : f32
+                          scf.yield %181 : f32
+                        }
+                        %182 = arith.cmpi eq, %169, %59 : i64
+                        %183 = arith.addf %170, %173 : f32
+                        %184 = arith.select %182, %173, %183 : f32
+                        scf.yield %184 : f32
+                      }
+                      %185 = arith.index_cast %166 : i64 to index
+                      %186 = arith.index_cast %167 : i64 to index
+                      memref.store %168, %165[%185, %186] : memref<?x?xf32>
+                    }
+                  }
+                  %187 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  "scf.parallel"(%116, %154, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%188: index):
+                    %189 = arith.index_cast %188 : index to i64
+                    %190 = arith.addi %148, %189 : i64
+                    %191 = arith.index_cast %190 : i64 to index
+                    %192 = memref.load %logits_max[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    %193 = memref.load %sum_exp_logits[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    %194 = memref.load %target[%191] : memref<?xi64, strided<[?], offset: ?>>
+                    %195 = memref.load %no_target[%191] : memref<?xi8, strided<[?], offset: ?>>
+                    %196 = arith.constant 0 : i8
+                    %197 = arith.cmpi ne, %195, %196 : i8
+                    %198 = arith.xori %197, %2 : i1
+                    %199 = memref.load %grad[%191] : memref<?xf32, strided<[?], offset: ?>>
+                    "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%200: index):
+                      %201 = arith.index_cast %200 : index to i64
+                      %202 = arith.addi %126, %201 : i64
+                      %203 = arith.index_cast %189 : i64 to index
+                      %204 = arith.index_cast %201 : i64 to index
+                      %205 = memref.load %165[%203, %204] : memref<?x?xf32>
+                      %206 = arith.subf %205, %192 : f32
+                      %207 = math.exp %206 : f32
+                      %208 = arith.divf %207, %193 : f32
+                      %209 = arith.cmpi eq, %202, %194 : i64
+                      %210 = arith.andi %209, %198 : i1
+                      %211 = arith.select %210, %115, %107 : f32
+                      %212 = arith.subf %208, %211 : f32
+                      %213 = arith.mulf %212, %199 : f32
+                      memref.store %213, %187[%203, %204] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %214 = arith.addi %124, %148 : i64
+                  scf.for %215 = %59 to %152 step %60 : i64 {
+                    scf.for %216 = %59 to %12 step %60 : i64 {
+                      %217 = arith.addi %214, %215 : i64
+                      %218 = arith.index_cast %217 : i64 to index
+                      %219 = arith.index_cast %216 : i64 to index
+                      %220 = memref.load %106[%218, %219] : memref<?x?xf32>
+                      %221 = scf.for %222 = %59 to %130 step %79 iter_args(%223 = %220) -> (f32) : i64 {
+                        %224 = arith.addi %222, %79 : i64
+                        %225 = arith.minsi %224, %130 : i64
+                        %226 = scf.for %227 = %222 to %225 step %60 iter_args(%228 = %107) -> (f32) : i64 {
+                          %229 = arith.index_cast %215 : i64 to index
+                          %230 = arith.index_cast %227 : i64 to index
+                          %231 = memref.load %187[%229, %230] : memref<?x?xf32>
+                          %232 = memref.load %132[%230, %219] : memref<?x?xf32>
+                          %233 = math.fma %231, %232, %228 : f32
+                          scf.yield %233 : f32
+                        }
+                        %234 = arith.addf %223, %226 : f32
+                        scf.yield %234 : f32
+                      }
+                      memref.store %221, %106[%218, %219] : memref<?x?xf32>
+                    }
+                  }
+                  scf.for %235 = %59 to %130 step %60 : i64 {
+                    scf.for %236 = %59 to %12 step %60 : i64 {
+                      %237 = arith.index_cast %235 : i64 to index
+                      %238 = arith.index_cast %236 : i64 to index
+                      %239 = memref.load %144[%237, %238] : memref<?x?xf32>
+                      %240 = scf.for %241 = %59 to %152 step %79 iter_args(%242 = %239) -> (f32) : i64 {
+                        %243 = arith.addi %241, %79 : i64
+                        %244 = arith.minsi %243, %152 : i64
+                        %245 = scf.for %246 = %241 to %244 step %60 iter_args(%247 = %107) -> (f32) : i64 {
+                          %248 = arith.index_cast %246 : i64 to index
+                          %249 = memref.load %187[%248, %237] : memref<?x?xf32>
+                          %250 = memref.load %153[%248, %238] : memref<?x?xf32>
+                          %251 = math.fma %249, %250, %247 : f32
+                          scf.yield %251 : f32
+                        }
+                        %252 = arith.addf %242, %245 : f32
+                        scf.yield %252 : f32
+                      }
+                      memref.store %240, %144[%237, %238] : memref<?x?xf32>
+                    }
+                  }
+                  "memref.alloca_scope.return"() : () -> ()
+                }) : () -> ()
+              }
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%253: index):
+                %254 = arith.index_cast %253 : index to i64
+                %255 = arith.addi %126, %254 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%256: index):
+                  %257 = arith.index_cast %256 : index to i64
+                  %258 = arith.index_cast %254 : i64 to index
+                  %259 = arith.index_cast %257 : i64 to index
+                  %260 = memref.load %144[%258, %259] : memref<?x?xf32>
+                  %261 = arith.index_cast %255 : i64 to index
+                  %262 = arith.truncf %260 : f32 to bf16
+                  memref.store %262, %weight_grad[%261, %259] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  scf.reduce
+                }) : (index, index, index) -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
+              "memref.alloca_scope.return"() : () -> ()
+            }) : () -> ()
+          }
+          scf.reduce
+        }) : (index, index, index) -> ()
+        %263 = arith.index_cast %114 : i64 to index
+        "scf.parallel"(%116, %263, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%264: index):
+          %265 = arith.index_cast %264 : index to i64
+          "memref.alloca_scope"() ({
+            %266 = arith.muli %265, %79 : i64
+            %267 = arith.addi %266, %79 : i64
+            %268 = arith.cmpi slt, %267, %5 : i64
+            %269 = arith.select %268, %267, %5 : i64
+            %270 = arith.subi %269, %266 : i64
+            %271 = arith.index_cast %79 : i64 to index
+            %272 = memref.alloca(%271, %105) : memref<?x?xf32>
+            scf.for %273 = %3 to %271 step %10 {
+              scf.for %274 = %3 to %105 step %10 {
+                memref.store %107, %272[%273, %274] : memref<?x?xf32>
               }
             }
-            scf.for %118 = %59 to %89 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %119 = arith.muli %118, %79 : i64
-                %120 = arith.addi %119, %79 : i64
-                %121 = arith.cmpi slt, %120, %14 : i64
-                %122 = arith.select %121, %120, %14 : i64
-                %123 = arith.subi %122, %119 : i64
-                %124 = memref.alloca(%101, %102) : memref<?x?xf32>
-                %125 = arith.index_cast %123 : i64 to index
-                "scf.parallel"(%92, %125, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%126: index):
-                  %127 = arith.index_cast %126 : index to i64
-                  %128 = arith.addi %119, %127 : i64
-                  "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%129: index):
-                    %130 = arith.index_cast %129 : index to i64
-                    %131 = arith.index_cast %128 : i64 to index
-                    %132 = arith.index_cast %130 : i64 to index
-                    %133 = memref.load %weight[%131, %132] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                    %134 = arith.extf %133 : bf16 to f32
-                    %135 = arith.index_cast %127 : i64 to index
-                    memref.store %134, %124[%135, %132] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
+            scf.for %275 = %59 to %95 step %60 : i64 {
+              %276 = arith.muli %275, %5 : i64
+              %277 = arith.addi %276, %266 : i64
+              %278 = arith.index_cast %270 : i64 to index
+              "scf.parallel"(%116, %278, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%279: index):
+                %280 = arith.index_cast %279 : index to i64
+                %281 = arith.addi %277, %280 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%282: index):
+                  %283 = arith.index_cast %282 : index to i64
+                  %284 = arith.index_cast %281 : i64 to index
+                  %285 = arith.index_cast %283 : i64 to index
+                  %286 = memref.load %106[%284, %285] : memref<?x?xf32>
+                  %287 = arith.index_cast %280 : i64 to index
+                  %288 = memref.load %272[%287, %285] : memref<?x?xf32>
+                  %289 = arith.addf %288, %286 : f32
+                  memref.store %289, %272[%287, %285] : memref<?x?xf32>
                   scf.reduce
                 }) : (index, index, index) -> ()
-                %136 = memref.alloca(%101, %101) : memref<?x?xf32>
-                scf.for %137 = %59 to %100 step %60 : i64 {
-                  scf.for %138 = %59 to %123 step %60 : i64 {
-                    %139 = scf.for %140 = %59 to %12 step %79 iter_args(%141 = %91) -> (f32) : i64 {
-                      %142 = arith.addi %140, %79 : i64
-                      %143 = arith.minsi %142, %12 : i64
-                      %144 = scf.for %145 = %140 to %143 step %60 iter_args(%146 = %91) -> (f32) : i64 {
-                        %147 = arith.index_cast %137 : i64 to index
-                        %148 = arith.index_cast %145 : i64 to index
-                        %149 = memref.load %103[%147, %148] : memref<?x?xf32>
-                        %150 = arith.index_cast %138 : i64 to index
-                        %151 = memref.load %124[%150, %148] : memref<?x?xf32>
-                        %152 = math.fma %149, %151, %146 : f32
-                        scf.yield %152 : f32
-                      }
-                      %153 = arith.cmpi eq, %140, %59 : i64
-                      %154 = arith.addf %141, %144 : f32
-                      %155 = arith.select %153, %144, %154 : f32
-                      scf.yield %155 : f32
-                    }
-                    %156 = arith.index_cast %137 : i64 to index
-                    %157 = arith.index_cast %138 : i64 to index
-                    memref.store %139, %136[%156, %157] : memref<?x?xf32>
-                  }
-                }
-                %158 = memref.alloca(%101, %101) : memref<?x?xf32>
-                "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%159: index):
-                  %160 = arith.index_cast %159 : index to i64
-                  %161 = arith.addi %96, %160 : i64
-                  %162 = arith.index_cast %161 : i64 to index
-                  %163 = memref.load %logits_max[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  %164 = memref.load %sum_exp_logits[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  %165 = memref.load %target[%162] : memref<?xi64, strided<[?], offset: ?>>
-                  %166 = memref.load %no_target[%162] : memref<?xi8, strided<[?], offset: ?>>
-                  %167 = arith.constant 0 : i8
-                  %168 = arith.cmpi ne, %166, %167 : i8
-                  %169 = arith.xori %168, %2 : i1
-                  %170 = memref.load %grad[%162] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %125, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%171: index):
-                    %172 = arith.index_cast %171 : index to i64
-                    %173 = arith.addi %119, %172 : i64
-                    %174 = arith.index_cast %160 : i64 to index
-                    %175 = arith.index_cast %172 : i64 to index
-                    %176 = memref.load %136[%174, %175] : memref<?x?xf32>
-                    %177 = arith.subf %176, %163 : f32
-                    %178 = math.exp %177 : f32
-                    %179 = arith.divf %178, %164 : f32
-                    %180 = arith.cmpi eq, %173, %165 : i64
-                    %181 = arith.andi %180, %169 : i1
-                    %182 = arith.select %181, %90, %91 : f32
-                    %183 = arith.subf %179, %182 : f32
-                    %184 = arith.mulf %183, %170 : f32
-                    memref.store %184, %158[%174, %175] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %185 = %59 to %100 step %60 : i64 {
-                  scf.for %186 = %59 to %12 step %60 : i64 {
-                    %187 = arith.index_cast %185 : i64 to index
-                    %188 = arith.index_cast %186 : i64 to index
-                    %189 = memref.load %115[%187, %188] : memref<?x?xf32>
-                    %190 = scf.for %191 = %59 to %123 step %79 iter_args(%192 = %189) -> (f32) : i64 {
-                      %193 = arith.addi %191, %79 : i64
-                      %194 = arith.minsi %193, %123 : i64
-                      %195 = scf.for %196 = %191 to %194 step %60 iter_args(%197 = %91) -> (f32) : i64 {
-                        %198 = arith.index_cast %196 : i64 to index
-                        %199 = memref.load %158[%187, %198] : memref<?x?xf32>
-                        %200 = memref.load %124[%198, %188] : memref<?x?xf32>
-                        %201 = math.fma %199, %200, %197 : f32
-                        scf.yield %201 : f32
-                      }
-                      %202 = arith.addf %192, %195 : f32
-                      scf.yield %202 : f32
-                    }
-                    memref.store %190, %115[%187, %188] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
             }
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%203: index):
-              %204 = arith.index_cast %203 : index to i64
-              %205 = arith.addi %96, %204 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%206: index):
-                %207 = arith.index_cast %206 : index to i64
-                %208 = arith.index_cast %204 : i64 to index
-                %209 = arith.index_cast %207 : i64 to index
-                %210 = memref.load %115[%208, %209] : memref<?x?xf32>
-                %211 = arith.index_cast %205 : i64 to index
-                %212 = arith.truncf %210 : f32 to bf16
-                memref.store %212, %input_grad[%211, %209] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+            %290 = arith.index_cast %270 : i64 to index
+            "scf.parallel"(%116, %290, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+            ^bb0(%291: index):
+              %292 = arith.index_cast %291 : index to i64
+              %293 = arith.addi %266, %292 : i64
+              "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%294: index):
+                %295 = arith.index_cast %294 : index to i64
+                %296 = arith.index_cast %292 : i64 to index
+                %297 = arith.index_cast %295 : i64 to index
+                %298 = memref.load %272[%296, %297] : memref<?x?xf32>
+                %299 = arith.index_cast %293 : i64 to index
+                %300 = arith.truncf %298 : f32 to bf16
+                memref.store %300, %input_grad[%299, %297] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               scf.reduce
@@ -706,177 +778,11 @@ builtin.module {
           }) : () -> ()
           scf.reduce
         }) : (index, index, index) -> ()
-        %213 = arith.index_cast %89 : i64 to index
-        "scf.parallel"(%92, %213, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%214: index):
-          %215 = arith.index_cast %214 : index to i64
-          "memref.alloca_scope"() ({
-            %216 = arith.muli %215, %79 : i64
-            %217 = arith.addi %216, %79 : i64
-            %218 = arith.cmpi slt, %217, %14 : i64
-            %219 = arith.select %218, %217, %14 : i64
-            %220 = arith.subi %219, %216 : i64
-            %221 = arith.index_cast %79 : i64 to index
-            %222 = arith.index_cast %12 : i64 to index
-            %223 = memref.alloca(%221, %222) : memref<?x?xf32>
-            %224 = arith.index_cast %220 : i64 to index
-            "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%225: index):
-              %226 = arith.index_cast %225 : index to i64
-              %227 = arith.addi %216, %226 : i64
-              "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%228: index):
-                %229 = arith.index_cast %228 : index to i64
-                %230 = arith.index_cast %227 : i64 to index
-                %231 = arith.index_cast %229 : i64 to index
-                %232 = memref.load %weight[%230, %231] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %233 = arith.extf %232 : bf16 to f32
-                %234 = arith.index_cast %226 : i64 to index
-                memref.store %233, %223[%234, %231] : memref<?x?xf32>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %235 = memref.alloca(%221, %222) : memref<?x?xf32>
-            scf.for %236 = %3 to %221 step %10 {
-              scf.for %237 = %3 to %222 step %10 {
-                memref.store %91, %235[%236, %237] : memref<?x?xf32>
-              }
-            }
-            scf.for %238 = %59 to %84 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %239 = arith.muli %238, %79 : i64
-                %240 = arith.addi %239, %79 : i64
-                %241 = arith.cmpi slt, %240, %5 : i64
-                %242 = arith.select %241, %240, %5 : i64
-                %243 = arith.subi %242, %239 : i64
-                %244 = memref.alloca(%221, %222) : memref<?x?xf32>
-                %245 = arith.index_cast %243 : i64 to index
-                "scf.parallel"(%92, %245, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%246: index):
-                  %247 = arith.index_cast %246 : index to i64
-                  %248 = arith.addi %239, %247 : i64
-                  "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%249: index):
-                    %250 = arith.index_cast %249 : index to i64
-                    %251 = arith.index_cast %248 : i64 to index
-                    %252 = arith.index_cast %250 : i64 to index
-                    %253 = memref.load %input[%251, %252] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                    %254 = arith.extf %253 : bf16 to f32
-                    %255 = arith.index_cast %247 : i64 to index
-                    memref.store %254, %244[%255, %252] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                %256 = memref.alloca(%221, %221) : memref<?x?xf32>
-                scf.for %257 = %59 to %243 step %60 : i64 {
-                  scf.for %258 = %59 to %220 step %60 : i64 {
-                    %259 = scf.for %260 = %59 to %12 step %79 iter_args(%261 = %91) -> (f32) : i64 {
-                      %262 = arith.addi %260, %79 : i64
-                      %263 = arith.minsi %262, %12 : i64
-                      %264 = scf.for %265 = %260 to %263 step %60 iter_args(%266 = %91) -> (f32) : i64 {
-                        %267 = arith.index_cast %257 : i64 to index
-                        %268 = arith.index_cast %265 : i64 to index
-                        %269 = memref.load %244[%267, %268] : memref<?x?xf32>
-                        %270 = arith.index_cast %258 : i64 to index
-                        %271 = memref.load %223[%270, %268] : memref<?x?xf32>
-                        %272 = math.fma %269, %271, %266 : f32
-                        scf.yield %272 : f32
-                      }
-                      %273 = arith.cmpi eq, %260, %59 : i64
-                      %274 = arith.addf %261, %264 : f32
-                      %275 = arith.select %273, %264, %274 : f32
-                      scf.yield %275 : f32
-                    }
-                    %276 = arith.index_cast %257 : i64 to index
-                    %277 = arith.index_cast %258 : i64 to index
-                    memref.store %259, %256[%276, %277] : memref<?x?xf32>
-                  }
-                }
-                %278 = memref.alloca(%221, %221) : memref<?x?xf32>
-                "scf.parallel"(%92, %245, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%279: index):
-                  %280 = arith.index_cast %279 : index to i64
-                  %281 = arith.addi %239, %280 : i64
-                  %282 = arith.index_cast %281 : i64 to index
-                  %283 = memref.load %logits_max[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  %284 = memref.load %sum_exp_logits[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  %285 = memref.load %target[%282] : memref<?xi64, strided<[?], offset: ?>>
-                  %286 = memref.load %no_target[%282] : memref<?xi8, strided<[?], offset: ?>>
-                  %287 = arith.constant 0 : i8
-                  %288 = arith.cmpi ne, %286, %287 : i8
-                  %289 = arith.xori %288, %2 : i1
-                  %290 = memref.load %grad[%282] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%291: index):
-                    %292 = arith.index_cast %291 : index to i64
-                    %293 = arith.addi %216, %292 : i64
-                    %294 = arith.index_cast %280 : i64 to index
-                    %295 = arith.index_cast %292 : i64 to index
-                    %296 = memref.load %256[%294, %295] : memref<?x?xf32>
-                    %297 = arith.subf %296, %283 : f32
-                    %298 = math.exp %297 : f32
-                    %299 = arith.divf %298, %284 : f32
-                    %300 = arith.cmpi eq, %293, %285 : i64
-                    %301 = arith.andi %300, %289 : i1
-                    %302 = arith.select %301, %90, %91 : f32
-                    %303 = arith.subf %299, %302 : f32
-                    %304 = arith.mulf %303, %290 : f32
-                    memref.store %304, %278[%294, %295] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %305 = %59 to %220 step %60 : i64 {
-                  scf.for %306 = %59 to %12 step %60 : i64 {
-                    %307 = arith.index_cast %305 : i64 to index
-                    %308 = arith.index_cast %306 : i64 to index
-                    %309 = memref.load %235[%307, %308] : memref<?x?xf32>
-                    %310 = scf.for %311 = %59 to %243 step %79 iter_args(%312 = %309) -> (f32) : i64 {
-                      %313 = arith.addi %311, %79 : i64
-                      %314 = arith.minsi %313, %243 : i64
-                      %315 = scf.for %316 = %311 to %314 step %60 iter_args(%317 = %91) -> (f32) : i64 {
-                        %318 = arith.index_cast %316 : i64 to index
-                        %319 = memref.load %278[%318, %307] : memref<?x?xf32>
-                        %320 = memref.load %244[%318, %308] : memref<?x?xf32>
-                        %321 = math.fma %319, %320, %317 : f32
-                        scf.yield %321 : f32
-                      }
-                      %322 = arith.addf %312, %315 : f32
-                      scf.yield %322 : f32
-                    }
-                    memref.store %310, %235[%307, %308] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
-            }
-            "scf.parallel"(%92, %224, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%323: index):
-              %324 = arith.index_cast %323 : index to i64
-              %325 = arith.addi %216, %324 : i64
-              "scf.parallel"(%92, %222, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%326: index):
-                %327 = arith.index_cast %326 : index to i64
-                %328 = arith.index_cast %324 : i64 to index
-                %329 = arith.index_cast %327 : i64 to index
-                %330 = memref.load %235[%328, %329] : memref<?x?xf32>
-                %331 = arith.index_cast %325 : i64 to index
-                %332 = arith.truncf %330 : f32 to bf16
-                memref.store %332, %weight_grad[%331, %329] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            "memref.alloca_scope.return"() : () -> ()
-          }) : () -> ()
-          scf.reduce
-        }) : (index, index, index) -> ()
+        memref.dealloc %106 : memref<?x?xf32>
       }
     }
-    %333 = memref.load %0[] : memref<i32>
-    func.return %333 : i32
+    %301 = memref.load %0[] : memref<i32>
+    func.return %301 : i32
   }
   func.func @linear_cross_entropy_grad_f32(%grad: memref<?xf32, strided<[?], offset: ?>>, %input: memref<?x?xf32, strided<[?, ?], offset: ?>>, %weight: memref<?x?xf32, strided<[?, ?], offset: ?>>, %no_target: memref<?xi8, strided<[?], offset: ?>>, %target: memref<?xi64, strided<[?], offset: ?>>, %logits_max: memref<?xf32, strided<[?], offset: ?>>, %sum_exp_logits: memref<?xf32, strided<[?], offset: ?>>, %input_grad: memref<?x?xf32, strided<[?, ?], offset: ?>>, %weight_grad: memref<?x?xf32, strided<[?, ?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad", "input", "weight", "no_target", "target", "logits_max", "sum_exp_logits", "input_grad", "weight_grad"], opgen.variant = "linear_cross_entropy_grad", opgen.dtypes = {T = "f32"}, opgen.converted = {target = "i64"}} {
     %0 = memref.alloca() : memref<i32>
@@ -965,175 +871,293 @@ builtin.module {
       %78 = arith.cmpi eq, %77, %1 : i32
       scf.if %78 {
         %79 = arith.constant 256 : i64
-        %80 = arith.divsi %5, %79 : i64
-        %81 = arith.remsi %5, %79 : i64
+        %80 = arith.divsi %14, %79 : i64
+        %81 = arith.remsi %14, %79 : i64
         %82 = arith.cmpi ne, %81, %59 : i64
         %83 = arith.extui %82 : i1 to i64
         %84 = arith.addi %80, %83 : i64
-        %85 = arith.divsi %14, %79 : i64
-        %86 = arith.remsi %14, %79 : i64
-        %87 = arith.cmpi ne, %86, %59 : i64
-        %88 = arith.extui %87 : i1 to i64
-        %89 = arith.addi %85, %88 : i64
-        %90 = arith.constant 1.000000e+00 : f32
-        %91 = arith.constant 0.000000e+00 : f32
-        %92 = arith.index_cast %59 : i64 to index
-        %93 = arith.index_cast %84 : i64 to index
-        "scf.parallel"(%92, %93, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%94: index):
-          %95 = arith.index_cast %94 : index to i64
-          "memref.alloca_scope"() ({
-            %96 = arith.muli %95, %79 : i64
-            %97 = arith.addi %96, %79 : i64
-            %98 = arith.cmpi slt, %97, %5 : i64
-            %99 = arith.select %98, %97, %5 : i64
-            %100 = arith.subi %99, %96 : i64
-            %101 = arith.index_cast %79 : i64 to index
-            %102 = arith.index_cast %12 : i64 to index
-            %103 = memref.alloca(%101, %102) : memref<?x?xf32>
-            %104 = arith.index_cast %100 : i64 to index
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%105: index):
-              %106 = arith.index_cast %105 : index to i64
-              %107 = arith.addi %96, %106 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%108: index):
-                %109 = arith.index_cast %108 : index to i64
-                %110 = arith.index_cast %107 : i64 to index
-                %111 = arith.index_cast %109 : i64 to index
-                %112 = memref.load %input[%110, %111] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %113 = arith.index_cast %106 : i64 to index
-                memref.store %112, %103[%113, %111] : memref<?x?xf32>
+        %85 = arith.constant 4 : i64
+        %86 = arith.divsi %84, %85 : i64
+        %87 = arith.remsi %84, %85 : i64
+        %88 = arith.cmpi ne, %87, %59 : i64
+        %89 = arith.extui %88 : i1 to i64
+        %90 = arith.addi %86, %89 : i64
+        %91 = arith.divsi %84, %90 : i64
+        %92 = arith.remsi %84, %90 : i64
+        %93 = arith.cmpi ne, %92, %59 : i64
+        %94 = arith.extui %93 : i1 to i64
+        %95 = arith.addi %91, %94 : i64
+        %96 = arith.constant 9223372036854775807 : i64
+        %97 = arith.maxsi %5, %60 : i64
+        %98 = arith.cmpi ne, %5, %59 : i64
+        %99 = arith.divsi %96, %97 : i64
+        %100 = arith.cmpi sgt, %95, %99 : i64
+        %101 = arith.andi %98, %100 : i1
+        %102 = arith.muli %95, %5 : i64
+        %103 = arith.select %101, %96, %102 : i64
+        %104 = arith.index_cast %103 : i64 to index
+        %105 = arith.index_cast %12 : i64 to index
+        %106 = memref.alloc(%104, %105) : memref<?x?xf32>
+        %107 = arith.constant 0.000000e+00 : f32
+        scf.for %108 = %3 to %104 step %10 {
+          scf.for %109 = %3 to %105 step %10 {
+            memref.store %107, %106[%108, %109] : memref<?x?xf32>
+          }
+        }
+        %110 = arith.divsi %5, %79 : i64
+        %111 = arith.remsi %5, %79 : i64
+        %112 = arith.cmpi ne, %111, %59 : i64
+        %113 = arith.extui %112 : i1 to i64
+        %114 = arith.addi %110, %113 : i64
+        %115 = arith.constant 1.000000e+00 : f32
+        %116 = arith.index_cast %59 : i64 to index
+        %117 = arith.index_cast %95 : i64 to index
+        "scf.parallel"(%116, %117, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%118: index):
+          %119 = arith.index_cast %118 : index to i64
+          %120 = arith.muli %119, %90 : i64
+          %121 = arith.addi %120, %90 : i64
+          %122 = arith.cmpi slt, %121, %84 : i64
+          %123 = arith.select %122, %121, %84 : i64
+          %124 = arith.muli %119, %5 : i64
+          scf.for %125 = %120 to %123 step %60 : i64 {
+            "memref.alloca_scope"() ({
+              %126 = arith.muli %125, %79 : i64
+              %127 = arith.addi %126, %79 : i64
+              %128 = arith.cmpi slt, %127, %14 : i64
+              %129 = arith.select %128, %127, %14 : i64
+              %130 = arith.subi %129, %126 : i64
+              %131 = arith.index_cast %79 : i64 to index
+              %132 = memref.alloca(%131, %105) : memref<?x?xf32>
+              %133 = arith.index_cast %130 : i64 to index
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%134: index):
+                %135 = arith.index_cast %134 : index to i64
+                %136 = arith.addi %126, %135 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%137: index):
+                  %138 = arith.index_cast %137 : index to i64
+                  %139 = arith.index_cast %136 : i64 to index
+                  %140 = arith.index_cast %138 : i64 to index
+                  %141 = memref.load %weight[%139, %140] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %142 = arith.index_cast %135 : i64 to index
+                  memref.store %141, %132[%142, %140] : memref<?x?xf32>
+                  scf.reduce
+                }) : (index, index, index) -> ()
                 scf.reduce
               }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %114 = memref.alloca(%101, %102) : memref<?x?xf32>
-            scf.for %115 = %3 to %101 step %10 {
-              scf.for %116 = %3 to %102 step %10 {
-                memref.store %91, %114[%115, %116] : memref<?x?xf32>
+              %143 = memref.alloca(%131, %105) : memref<?x?xf32>
+              scf.for %144 = %3 to %131 step %10 {
+                scf.for %145 = %3 to %105 step %10 {
+                  memref.store %107, %143[%144, %145] : memref<?x?xf32>
+                }
+              }
+              scf.for %146 = %59 to %114 step %60 : i64 {
+                "memref.alloca_scope"() ({
+                  %147 = arith.muli %146, %79 : i64
+                  %148 = arith.addi %147, %79 : i64
+                  %149 = arith.cmpi slt, %148, %5 : i64
+                  %150 = arith.select %149, %148, %5 : i64
+                  %151 = arith.subi %150, %147 : i64
+                  %152 = memref.alloca(%131, %105) : memref<?x?xf32>
+                  %153 = arith.index_cast %151 : i64 to index
+                  "scf.parallel"(%116, %153, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%154: index):
+                    %155 = arith.index_cast %154 : index to i64
+                    %156 = arith.addi %147, %155 : i64
+                    "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%157: index):
+                      %158 = arith.index_cast %157 : index to i64
+                      %159 = arith.index_cast %156 : i64 to index
+                      %160 = arith.index_cast %158 : i64 to index
+                      %161 = memref.load %input[%159, %160] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                      %162 = arith.index_cast %155 : i64 to index
+                      memref.store %161, %152[%162, %160] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %163 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  scf.for %164 = %59 to %151 step %60 : i64 {
+                    scf.for %165 = %59 to %130 step %60 : i64 {
+                      %166 = scf.for %167 = %59 to %12 step %79 iter_args(%168 = %107) -> (f32) : i64 {
+                        %169 = arith.addi %167, %79 : i64
+                        %170 = arith.minsi %169, %12 : i64
+                        %171 = scf.for %172 = %167 to %170 step %60 iter_args(%173 = %107) -> (f32) : i64 {
+                          %174 = arith.index_cast %164 : i64 to index
+                          %175 = arith.index_cast %172 : i64 to index
+                          %176 = memref.load %152[%174, %175] : memref<?x?xf32>
+                          %177 = arith.index_cast %165 : i64 to index
+                          %178 = memref.load %132[%177, %175] : memref<?x?xf32>
+                          %179 = math.fma %176, %178, %173 : f32
+                          scf.yield %179 : f32
+                        }
+                        %180 = arith.cmpi eq, %167, %59 : i64
+                        %181 = arith.addf %168, %171 : f32
+                        %182 = arith.select %180, %171, %181 : f32
+                        scf.yield %182 : f32
+                      }
+                      %183 = arith.index_cast %164 : i64 to index
+                      %184 = arith.index_cast %165 : i64 to index
+                      memref.store %166, %163[%183, %184] : memref<?x?xf32>
+                    }
+                  }
+                  %185 = memref.alloca(%131, %131) : memref<?x?xf32>
+                  "scf.parallel"(%116, %153, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                  ^bb0(%186: index):
+                    %187 = arith.index_cast %186 : index to i64
+                    %188 = arith.addi %147, %187 : i64
+                    %189 = arith.index_cast %188 : i64 to index
+                    %190 = memref.load %logits_max[%189] : memref<?xf32, strided<[?], offset: ?>>
+                    %191 = memref.load %sum_exp_logits[%189] : memref<?xf32, strided<[?], offset: ?>>
+                    %192 = memref.load %target[%189] : memref<?xi64, strided<[?], offset: ?>>
+                    %193 = memref.load %no_target[%189] : memref<?xi8, strided<[?], offset: ?>>
+                    %194 = arith.constant 0 : i8
+                    %195 = arith.cmpi ne, %193, %194 : i8
+                    %196 = arith.xori %195, %2 : i1
+                    %197 = memref.load %grad[%189] : memref<?xf32, strided<[?], offset: ?>>
+                    "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                    ^bb0(%198: index):
+                      %199 = arith.index_cast %198 : index to i64
+                      %200 = arith.addi %126, %199 : i64
+                      %201 = arith.index_cast %187 : i64 to index
+                      %202 = arith.index_cast %199 : i64 to index
+                      %203 = memref.load %163[%201, %202] : memref<?x?xf32>
+                      %204 = arith.subf %203, %190 : f32
+                      %205 = math.exp %204 : f32
+                      %206 = arith.divf %205, %191 : f32
+                      %207 = arith.cmpi eq, %200, %192 : i64
+                      %208 = arith.andi %207, %196 : i1
+                      %209 = arith.select %208, %115, %107 : f32
+                      %210 = arith.subf %206, %209 : f32
+                      %211 = arith.mulf %210, %197 : f32
+                      memref.store %211, %185[%201, %202] : memref<?x?xf32>
+                      scf.reduce
+                    }) : (index, index, index) -> ()
+                    scf.reduce
+                  }) : (index, index, index) -> ()
+                  %212 = arith.addi %124, %147 : i64
+                  scf.for %213 = %59 to %151 step %60 : i64 {
+                    scf.for %214 = %59 to %12 step %60 : i64 {
+                      %215 = arith.addi %212, %213 : i64
+                      %216 = arith.index_cast %215 : i64 to index
+                      %217 = arith.index_cast %214 : i64 to index
+                      %218 = memref.load %106[%216, %217] : memref<?x?xf32>
+                      %219 = scf.for %220 = %59 to %130 step %79 iter_args(%221 = %218) -> (f32) : i64 {
+                        %222 = arith.addi %220, %79 : i64
+                        %223 = arith.minsi %222, %130 : i64
+                        %224 = scf.for %225 = %220 to %223 step %60 iter_args(%226 = %107) -> (f32) : i64 {
+                          %227 = arith.index_cast %213 : i64 to index
+                          %228 = arith.index_cast %225 : i64 to index
+                          %229 = memref.load %185[%227, %228] : memref<?x?xf32>
+                          %230 = memref.load %132[%228, %217] : memref<?x?xf32>
+                          %231 = math.fma %229, %230, %226 : f32
+                          scf.yield %231 : f32
+                        }
+                        %232 = arith.addf %221, %224 : f32
+                        scf.yield %232 : f32
+                      }
+                      memref.store %219, %106[%216, %217] : memref<?x?xf32>
+                    }
+                  }
+                  scf.for %233 = %59 to %130 step %60 : i64 {
+                    scf.for %234 = %59 to %12 step %60 : i64 {
+                      %235 = arith.index_cast %233 : i64 to index
+                      %236 = arith.index_cast %234 : i64 to index
+                      %237 = memref.load %143[%235, %236] : memref<?x?xf32>
+                      %238 = scf.for %239 = %59 to %151 step %79 iter_args(%240 = %237) -> (f32) : i64 {
+                        %241 = arith.addi %239, %79 : i64
+                        %242 = arith.minsi %241, %151 : i64
+                        %243 = scf.for %244 = %239 to %242 step %60 iter_args(%245 = %107) -> (f32) : i64 {
+                          %246 = arith.index_cast %244 : i64 to index
+                          %247 = memref.load %185[%246, %235] : memref<?x?xf32>
+                          %248 = memref.load %152[%246, %236] : memref<?x?xf32>
+                          %249 = math.fma %247, %248, %245 : f32
+                          scf.yield %249 : f32
+                        }
+                        %250 = arith.addf %240, %243 : f32
+                        scf.yield %250 : f32
+                      }
+                      memref.store %238, %143[%235, %236] : memref<?x?xf32>
+                    }
+                  }
+                  "memref.alloca_scope.return"() : () -> ()
+                }) : () -> ()
+              }
+              "scf.parallel"(%116, %133, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%251: index):
+                %252 = arith.index_cast %251 : index to i64
+                %253 = arith.addi %126, %252 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%254: index):
+                  %255 = arith.index_cast %254 : index to i64
+                  %256 = arith.index_cast %252 : i64 to index
+                  %257 = arith.index_cast %255 : i64 to index
+                  %258 = memref.load %143[%256, %257] : memref<?x?xf32>
+                  %259 = arith.index_cast %253 : i64 to index
+                  memref.store %258, %weight_grad[%259, %257] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  scf.reduce
+                }) : (index, index, index) -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
+              "memref.alloca_scope.return"() : () -> ()
+            }) : () -> ()
+          }
+          scf.reduce
+        }) : (index, index, index) -> ()
+        %260 = arith.index_cast %114 : i64 to index
+        "scf.parallel"(%116, %260, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+        ^bb0(%261: index):
+          %262 = arith.index_cast %261 : index to i64
+          "memref.alloca_scope"() ({
+            %263 = arith.muli %262, %79 : i64
+            %264 = arith.addi %263, %79 : i64
+            %265 = arith.cmpi slt, %264, %5 : i64
+            %266 = arith.select %265, %264, %5 : i64
+            %267 = arith.subi %266, %263 : i64
+            %268 = arith.index_cast %79 : i64 to index
+            %269 = memref.alloca(%268, %105) : memref<?x?xf32>
+            scf.for %270 = %3 to %268 step %10 {
+              scf.for %271 = %3 to %105 step %10 {
+                memref.store %107, %269[%270, %271] : memref<?x?xf32>
               }
             }
-            scf.for %117 = %59 to %89 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %118 = arith.muli %117, %79 : i64
-                %119 = arith.addi %118, %79 : i64
-                %120 = arith.cmpi slt, %119, %14 : i64
-                %121 = arith.select %120, %119, %14 : i64
-                %122 = arith.subi %121, %118 : i64
-                %123 = memref.alloca(%101, %102) : memref<?x?xf32>
-                %124 = arith.index_cast %122 : i64 to index
-                "scf.parallel"(%92, %124, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%125: index):
-                  %126 = arith.index_cast %125 : index to i64
-                  %127 = arith.addi %118, %126 : i64
-                  "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%128: index):
-                    %129 = arith.index_cast %128 : index to i64
-                    %130 = arith.index_cast %127 : i64 to index
-                    %131 = arith.index_cast %129 : i64 to index
-                    %132 = memref.load %weight[%130, %131] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                    %133 = arith.index_cast %126 : i64 to index
-                    memref.store %132, %123[%133, %131] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
+            scf.for %272 = %59 to %95 step %60 : i64 {
+              %273 = arith.muli %272, %5 : i64
+              %274 = arith.addi %273, %263 : i64
+              %275 = arith.index_cast %267 : i64 to index
+              "scf.parallel"(%116, %275, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%276: index):
+                %277 = arith.index_cast %276 : index to i64
+                %278 = arith.addi %274, %277 : i64
+                "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+                ^bb0(%279: index):
+                  %280 = arith.index_cast %279 : index to i64
+                  %281 = arith.index_cast %278 : i64 to index
+                  %282 = arith.index_cast %280 : i64 to index
+                  %283 = memref.load %106[%281, %282] : memref<?x?xf32>
+                  %284 = arith.index_cast %277 : i64 to index
+                  %285 = memref.load %269[%284, %282] : memref<?x?xf32>
+                  %286 = arith.addf %285, %283 : f32
+                  memref.store %286, %269[%284, %282] : memref<?x?xf32>
                   scf.reduce
                 }) : (index, index, index) -> ()
-                %134 = memref.alloca(%101, %101) : memref<?x?xf32>
-                scf.for %135 = %59 to %100 step %60 : i64 {
-                  scf.for %136 = %59 to %122 step %60 : i64 {
-                    %137 = scf.for %138 = %59 to %12 step %79 iter_args(%139 = %91) -> (f32) : i64 {
-                      %140 = arith.addi %138, %79 : i64
-                      %141 = arith.minsi %140, %12 : i64
-                      %142 = scf.for %143 = %138 to %141 step %60 iter_args(%144 = %91) -> (f32) : i64 {
-                        %145 = arith.index_cast %135 : i64 to index
-                        %146 = arith.index_cast %143 : i64 to index
-                        %147 = memref.load %103[%145, %146] : memref<?x?xf32>
-                        %148 = arith.index_cast %136 : i64 to index
-                        %149 = memref.load %123[%148, %146] : memref<?x?xf32>
-                        %150 = math.fma %147, %149, %144 : f32
-                        scf.yield %150 : f32
-                      }
-                      %151 = arith.cmpi eq, %138, %59 : i64
-                      %152 = arith.addf %139, %142 : f32
-                      %153 = arith.select %151, %142, %152 : f32
-                      scf.yield %153 : f32
-                    }
-                    %154 = arith.index_cast %135 : i64 to index
-                    %155 = arith.index_cast %136 : i64 to index
-                    memref.store %137, %134[%154, %155] : memref<?x?xf32>
-                  }
-                }
-                %156 = memref.alloca(%101, %101) : memref<?x?xf32>
-                "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%157: index):
-                  %158 = arith.index_cast %157 : index to i64
-                  %159 = arith.addi %96, %158 : i64
-                  %160 = arith.index_cast %159 : i64 to index
-                  %161 = memref.load %logits_max[%160] : memref<?xf32, strided<[?], offset: ?>>
-                  %162 = memref.load %sum_exp_logits[%160] : memref<?xf32, strided<[?], offset: ?>>
-                  %163 = memref.load %target[%160] : memref<?xi64, strided<[?], offset: ?>>
-                  %164 = memref.load %no_target[%160] : memref<?xi8, strided<[?], offset: ?>>
-                  %165 = arith.constant 0 : i8
-                  %166 = arith.cmpi ne, %164, %165 : i8
-                  %167 = arith.xori %166, %2 : i1
-                  %168 = memref.load %grad[%160] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %124, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%169: index):
-                    %170 = arith.index_cast %169 : index to i64
-                    %171 = arith.addi %118, %170 : i64
-                    %172 = arith.index_cast %158 : i64 to index
-                    %173 = arith.index_cast %170 : i64 to index
-                    %174 = memref.load %134[%172, %173] : memref<?x?xf32>
-                    %175 = arith.subf %174, %161 : f32
-                    %176 = math.exp %175 : f32
-                    %177 = arith.divf %176, %162 : f32
-                    %178 = arith.cmpi eq, %171, %163 : i64
-                    %179 = arith.andi %178, %167 : i1
-                    %180 = arith.select %179, %90, %91 : f32
-                    %181 = arith.subf %177, %180 : f32
-                    %182 = arith.mulf %181, %168 : f32
-                    memref.store %182, %156[%172, %173] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %183 = %59 to %100 step %60 : i64 {
-                  scf.for %184 = %59 to %12 step %60 : i64 {
-                    %185 = arith.index_cast %183 : i64 to index
-                    %186 = arith.index_cast %184 : i64 to index
-                    %187 = memref.load %114[%185, %186] : memref<?x?xf32>
-                    %188 = scf.for %189 = %59 to %122 step %79 iter_args(%190 = %187) -> (f32) : i64 {
-                      %191 = arith.addi %189, %79 : i64
-                      %192 = arith.minsi %191, %122 : i64
-                      %193 = scf.for %194 = %189 to %192 step %60 iter_args(%195 = %91) -> (f32) : i64 {
-                        %196 = arith.index_cast %194 : i64 to index
-                        %197 = memref.load %156[%185, %196] : memref<?x?xf32>
-                        %198 = memref.load %123[%196, %186] : memref<?x?xf32>
-                        %199 = math.fma %197, %198, %195 : f32
-                        scf.yield %199 : f32
-                      }
-                      %200 = arith.addf %190, %193 : f32
-                      scf.yield %200 : f32
-                    }
-                    memref.store %188, %114[%185, %186] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
+                scf.reduce
+              }) : (index, index, index) -> ()
             }
-            "scf.parallel"(%92, %104, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%201: index):
-              %202 = arith.index_cast %201 : index to i64
-              %203 = arith.addi %96, %202 : i64
-              "scf.parallel"(%92, %102, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%204: index):
-                %205 = arith.index_cast %204 : index to i64
-                %206 = arith.index_cast %202 : i64 to index
-                %207 = arith.index_cast %205 : i64 to index
-                %208 = memref.load %114[%206, %207] : memref<?x?xf32>
-                %209 = arith.index_cast %203 : i64 to index
-                memref.store %208, %input_grad[%209, %207] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+            %287 = arith.index_cast %267 : i64 to index
+            "scf.parallel"(%116, %287, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+            ^bb0(%288: index):
+              %289 = arith.index_cast %288 : index to i64
+              %290 = arith.addi %263, %289 : i64
+              "scf.parallel"(%116, %105, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
+              ^bb0(%291: index):
+                %292 = arith.index_cast %291 : index to i64
+                %293 = arith.index_cast %289 : i64 to index
+                %294 = arith.index_cast %292 : i64 to index
+                %295 = memref.load %269[%293, %294] : memref<?x?xf32>
+                %296 = arith.index_cast %290 : i64 to index
+                memref.store %295, %input_grad[%296, %294] : memref<?x?xf32, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               scf.reduce
@@ -1142,173 +1166,10 @@ builtin.module {
           }) : () -> ()
           scf.reduce
         }) : (index, index, index) -> ()
-        %210 = arith.index_cast %89 : i64 to index
-        "scf.parallel"(%92, %210, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-        ^bb0(%211: index):
-          %212 = arith.index_cast %211 : index to i64
-          "memref.alloca_scope"() ({
-            %213 = arith.muli %212, %79 : i64
-            %214 = arith.addi %213, %79 : i64
-            %215 = arith.cmpi slt, %214, %14 : i64
-            %216 = arith.select %215, %214, %14 : i64
-            %217 = arith.subi %216, %213 : i64
-            %218 = arith.index_cast %79 : i64 to index
-            %219 = arith.index_cast %12 : i64 to index
-            %220 = memref.alloca(%218, %219) : memref<?x?xf32>
-            %221 = arith.index_cast %217 : i64 to index
-            "scf.parallel"(%92, %221, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%222: index):
-              %223 = arith.index_cast %222 : index to i64
-              %224 = arith.addi %213, %223 : i64
-              "scf.parallel"(%92, %219, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%225: index):
-                %226 = arith.index_cast %225 : index to i64
-                %227 = arith.index_cast %224 : i64 to index
-                %228 = arith.index_cast %226 : i64 to index
-                %229 = memref.load %weight[%227, %228] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %230 = arith.index_cast %223 : i64 to index
-                memref.store %229, %220[%230, %228] : memref<?x?xf32>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            %231 = memref.alloca(%218, %219) : memref<?x?xf32>
-            scf.for %232 = %3 to %218 step %10 {
-              scf.for %233 = %3 to %219 step %10 {
-                memref.store %91, %231[%232, %233] : memref<?x?xf32>
-              }
-            }
-            scf.for %234 = %59 to %84 step %60 : i64 {
-              "memref.alloca_scope"() ({
-                %235 = arith.muli %234, %79 : i64
-                %236 = arith.addi %235, %79 : i64
-                %237 = arith.cmpi slt, %236, %5 : i64
-                %238 = arith.select %237, %236, %5 : i64
-                %239 = arith.subi %238, %235 : i64
-                %240 = memref.alloca(%218, %219) : memref<?x?xf32>
-                %241 = arith.index_cast %239 : i64 to index
-                "scf.parallel"(%92, %241, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%242: index):
-                  %243 = arith.index_cast %242 : index to i64
-                  %244 = arith.addi %235, %243 : i64
-                  "scf.parallel"(%92, %219, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%245: index):
-                    %246 = arith.index_cast %245 : index to i64
-                    %247 = arith.index_cast %244 : i64 to index
-                    %248 = arith.index_cast %246 : i64 to index
-                    %249 = memref.load %input[%247, %248] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                    %250 = arith.index_cast %243 : i64 to index
-                    memref.store %249, %240[%250, %248] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                %251 = memref.alloca(%218, %218) : memref<?x?xf32>
-                scf.for %252 = %59 to %239 step %60 : i64 {
-                  scf.for %253 = %59 to %217 step %60 : i64 {
-                    %254 = scf.for %255 = %59 to %12 step %79 iter_args(%256 = %91) -> (f32) : i64 {
-                      %257 = arith.addi %255, %79 : i64
-                      %258 = arith.minsi %257, %12 : i64
-                      %259 = scf.for %260 = %255 to %258 step %60 iter_args(%261 = %91) -> (f32) : i64 {
-                        %262 = arith.index_cast %252 : i64 to index
-                        %263 = arith.index_cast %260 : i64 to index
-                        %264 = memref.load %240[%262, %263] : memref<?x?xf32>
-                        %265 = arith.index_cast %253 : i64 to index
-                        %266 = memref.load %220[%265, %263] : memref<?x?xf32>
-                        %267 = math.fma %264, %266, %261 : f32
-                        scf.yield %267 : f32
-                      }
-                      %268 = arith.cmpi eq, %255, %59 : i64
-                      %269 = arith.addf %256, %259 : f32
-                      %270 = arith.select %268, %259, %269 : f32
-                      scf.yield %270 : f32
-                    }
-                    %271 = arith.index_cast %252 : i64 to index
-                    %272 = arith.index_cast %253 : i64 to index
-                    memref.store %254, %251[%271, %272] : memref<?x?xf32>
-                  }
-                }
-                %273 = memref.alloca(%218, %218) : memref<?x?xf32>
-                "scf.parallel"(%92, %241, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                ^bb0(%274: index):
-                  %275 = arith.index_cast %274 : index to i64
-                  %276 = arith.addi %235, %275 : i64
-                  %277 = arith.index_cast %276 : i64 to index
-                  %278 = memref.load %logits_max[%277] : memref<?xf32, strided<[?], offset: ?>>
-                  %279 = memref.load %sum_exp_logits[%277] : memref<?xf32, strided<[?], offset: ?>>
-                  %280 = memref.load %target[%277] : memref<?xi64, strided<[?], offset: ?>>
-                  %281 = memref.load %no_target[%277] : memref<?xi8, strided<[?], offset: ?>>
-                  %282 = arith.constant 0 : i8
-                  %283 = arith.cmpi ne, %281, %282 : i8
-                  %284 = arith.xori %283, %2 : i1
-                  %285 = memref.load %grad[%277] : memref<?xf32, strided<[?], offset: ?>>
-                  "scf.parallel"(%92, %221, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-                  ^bb0(%286: index):
-                    %287 = arith.index_cast %286 : index to i64
-                    %288 = arith.addi %213, %287 : i64
-                    %289 = arith.index_cast %275 : i64 to index
-                    %290 = arith.index_cast %287 : i64 to index
-                    %291 = memref.load %251[%289, %290] : memref<?x?xf32>
-                    %292 = arith.subf %291, %278 : f32
-                    %293 = math.exp %292 : f32
-                    %294 = arith.divf %293, %279 : f32
-                    %295 = arith.cmpi eq, %288, %280 : i64
-                    %296 = arith.andi %295, %284 : i1
-                    %297 = arith.select %296, %90, %91 : f32
-                    %298 = arith.subf %294, %297 : f32
-                    %299 = arith.mulf %298, %285 : f32
-                    memref.store %299, %273[%289, %290] : memref<?x?xf32>
-                    scf.reduce
-                  }) : (index, index, index) -> ()
-                  scf.reduce
-                }) : (index, index, index) -> ()
-                scf.for %300 = %59 to %217 step %60 : i64 {
-                  scf.for %301 = %59 to %12 step %60 : i64 {
-                    %302 = arith.index_cast %300 : i64 to index
-                    %303 = arith.index_cast %301 : i64 to index
-                    %304 = memref.load %231[%302, %303] : memref<?x?xf32>
-                    %305 = scf.for %306 = %59 to %239 step %79 iter_args(%307 = %304) -> (f32) : i64 {
-                      %308 = arith.addi %306, %79 : i64
-                      %309 = arith.minsi %308, %239 : i64
-                      %310 = scf.for %311 = %306 to %309 step %60 iter_args(%312 = %91) -> (f32) : i64 {
-                        %313 = arith.index_cast %311 : i64 to index
-                        %314 = memref.load %273[%313, %302] : memref<?x?xf32>
-                        %315 = memref.load %240[%313, %303] : memref<?x?xf32>
-                        %316 = math.fma %314, %315, %312 : f32
-                        scf.yield %316 : f32
-                      }
-                      %317 = arith.addf %307, %310 : f32
-                      scf.yield %317 : f32
-                    }
-                    memref.store %305, %231[%302, %303] : memref<?x?xf32>
-                  }
-                }
-                "memref.alloca_scope.return"() : () -> ()
-              }) : () -> ()
-            }
-            "scf.parallel"(%92, %221, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-            ^bb0(%318: index):
-              %319 = arith.index_cast %318 : index to i64
-              %320 = arith.addi %213, %319 : i64
-              "scf.parallel"(%92, %219, %10) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%321: index):
-                %322 = arith.index_cast %321 : index to i64
-                %323 = arith.index_cast %319 : i64 to index
-                %324 = arith.index_cast %322 : i64 to index
-                %325 = memref.load %231[%323, %324] : memref<?x?xf32>
-                %326 = arith.index_cast %320 : i64 to index
-                memref.store %325, %weight_grad[%326, %324] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                scf.reduce
-              }) : (index, index, index) -> ()
-              scf.reduce
-            }) : (index, index, index) -> ()
-            "memref.alloca_scope.return"() : () -> ()
-          }) : () -> ()
-          scf.reduce
-        }) : (index, index, index) -> ()
+        memref.dealloc %106 : memref<?x?xf32>
       }
     }
-    %327 = memref.load %0[] : memref<i32>
-    func.return %327 : i32
+    %297 = memref.load %0[] : memref<i32>
+    func.return %297 : i32
   }
 }

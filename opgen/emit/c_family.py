@@ -105,8 +105,10 @@ class CPrinter:
 
     restrict = "restrict"
     fn_attr = ""
-    #: the runtime GEMM by the dtype of sched.matmul's products (any other: the f32 one)
-    GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
+    #: the runtime GEMM by its operands' storage (f32 in memory; bf16 caller tensors) ...
+    GEMM: ClassVar[dict[tuple[str, str], str]] = {("f32", "f32"): "opgen_sgemm", ("bf16", "bf16"): "opgen_gemm_bf16"}
+    #: ... and, for f32 operands, by the dtype of sched.matmul's products
+    NARROW_GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -540,16 +542,18 @@ class CPrinter:
         m, n, k = self.name(op.m), self.name(op.n), self.name(op.k)
         acc_flag = op.accumulate.data
         bufs = [s.buf_type(x) for x in (a, b, c)]
-        sa, sb, sc = self.sgemm_strides(a, ta), self.sgemm_strides(b, tb), self.sgemm_strides(c, 0)
-        if sa and sb and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
-            (ars, acs), (brs, bcs), ldc = sa, sb, sc[0]
+        sa, sb, sc = self.gemm_operand(a, ta), self.gemm_operand(b, tb), self.gemm_operand(c, 0)
+        fn = self.GEMM.get((sa[2], sb[2])) if sa and sb else None
+        if fn and sc and sc[1:] == ("1", "f32") and self.arg_of.get(c) not in self.k.aliased:
+            (ars, acs, _), (brs, bcs, _), ldc = sa, sb, sc[0]
+            if op.products is not None and sa[2] == "f32":
+                fn = self.NARROW_GEMM.get(self.dtype(op.products.data).name, fn)
             # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
             # each element's k in the same order whatever the split (the bits do not depend on it)
-            narrow = op.products.data if op.products is not None else "f32"
-            fn = self.GEMM.get(self.dtype(narrow).name, "opgen_sgemm")
             fn += "_par" if cpu_mapping(op) == CpuMapping.OMP_FOR else ""
+            cp = self.name(c) if op.c_row is None else f"{self.name(c)} + {self.name(op.c_row)} * {ldc}"
             self.line(f"{fn}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
-                      f"{bcs}, {self.name(c)}, {ldc}, {acc_flag});")
+                      f"{bcs}, {cp}, {ldc}, {acc_flag});")
             return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
@@ -557,7 +561,8 @@ class CPrinter:
         self.matmul_pragma_hook(op)
         self.line(f"for (int64_t {i} = 0; {i} < {m}; {i}++) {{")
         self.line(f"    for (int64_t {j} = 0; {j} < {n}; {j}++) {{")
-        init = self.load_expr_named(c, (i, j)) if acc_flag else "0"
+        ci = i if op.c_row is None else f"({self.name(op.c_row)} + {i})"  # (C's row)
+        init = self.load_expr_named(c, (ci, j)) if acc_flag else "0"
         k0, part = self.fresh("k"), self.fresh("part")
         self.line(f"        {ct} {acc} = {init};")
         # sched.matmul's k order: blocks of GEMM_KC fused multiply-adds from 0, added in order
@@ -572,17 +577,19 @@ class CPrinter:
         first = "" if acc_flag else f"{k0} == 0 ? {part} : "
         self.line(f"            {acc} = {first}{acc} + {part};")
         self.line("        }")
-        self.line(f"        {self.name(c)}[{self._raw_offset(c, (i, j))}] = "
+        self.line(f"        {self.name(c)}[{self._raw_offset(c, (ci, j))}] = "
                   f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("    }")
         self.line("}")
 
-    def sgemm_strides(self, x: SSAValue, trans: int) -> tuple[str, str] | None:
-        """(row, column) strides of 2-D buffer ``x`` as the f32 GEMM reads it (``trans``: as its
-        transpose), or None when it is not a strided matrix of ``float`` (another storage type,
-        a batched parameter's row table)."""
+    def gemm_operand(self, x: SSAValue, trans: int) -> tuple[str, str, str] | None:
+        """(row stride, column stride, storage) of 2-D buffer ``x`` as the runtime GEMMs read it
+        (``trans``: as its transpose; storage ``f32``, or ``bf16`` for a caller's bf16 tensor), or
+        None when it is not a strided matrix of either (another storage type, a batched
+        parameter's row table)."""
         t = s.buf_type(x)
-        if self.storage_ctype(t) != "float" or t.rank != 2:
+        held = "f32" if self.storage_ctype(t) == "float" else self.dtype(t.dtype).name
+        if held not in ("f32", "bf16") or t.rank != 2:
             return None
         if t.role.data in ("local", "temp"):
             rs, cs = self.extents(x)[1], "1"
@@ -592,7 +599,7 @@ class CPrinter:
                 return None
             rs = self.mention(self.stride_name(pn, 0))
             cs = "1" if self.unit_axis(pn, 1, 2) else self.mention(self.stride_name(pn, 1))
-        return (cs, rs) if trans else (rs, cs)
+        return (cs, rs, held) if trans else (rs, cs, held)
 
     def load_expr_named(self, buf: SSAValue, idx: tuple[str, ...]) -> str:
         return self._elem(buf, idx)

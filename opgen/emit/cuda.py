@@ -513,6 +513,8 @@ class CudaPrinter(CPrinter):
 
     # ------------------------------------------------------------------ matmul
     def matmul(self, op: s.BufferMatmulOp) -> None:
+        if op.c_row is not None:  # (the CUDA pipeline's chains own their rows: no partial sums)
+            raise NotImplementedError("CUDA printer: sched.matmul into rows of a buffer (c_row)")
         bufs = [s.buf_type(x) for x in (op.a, op.b, op.c)]
         cts = {self.storage_ctype(t) for t in bufs}
         ta, tb = (t.data for t in op.trans.data)

@@ -8,6 +8,15 @@ materialised: both products are computed tile by tile, each pass owning its outp
 P's tiles are recomputed in each pass (4 tile products instead of 3) so that every output row
 block is summed by one thread in a fixed order — deterministic, with O(tile) workspace. This is
 the memory-saving schedule of linear-layer loss gradients, found from the IR's shape alone.
+
+With ``groups`` (the CPU and MLIR pipelines) and both kinds of outputs, one pass computes each
+P tile once (3 tile products): the column blocks are split into at most ``groups`` groups of
+consecutive blocks, fixed by N alone; in parallel over the groups, each column block sums its
+``G^T @ D`` rows over all row blocks (owned, in order), and ``G @ C`` goes into the group's own
+partial sums (a workspace of groups x M rows, each row block added in column-block order); then,
+in parallel over row blocks, the row outputs are the partial sums added in group order. The
+order is fixed by the shapes, not the threads: deterministic, with ``groups x M x H`` f32 of
+workspace beside the tiles.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from opgen.lower.to_loops import NotFusable, _Builder, _Lowering
 #: default tile of the (M, N) space; a pipeline may ask for fewer rows per block (more blocks)
 ROW_BLOCK = 256
 COL_BLOCK = 256
+#: column groups of the one-pass schedule (module docstring): partial sums of the row outputs,
+#: and the parallelism of that pass, whatever the thread count
+CHAIN_GROUPS = 4
 
 
 @dataclass
@@ -58,9 +70,10 @@ class MatmulChainLowering(_Lowering):
     ``row_block`` x ``col_block`` elements of G."""
 
     def __init__(self, func: ir.FuncOp, aliases: set[str], row_block: int = ROW_BLOCK,
-                 col_block: int = COL_BLOCK):
+                 col_block: int = COL_BLOCK, groups: int | None = None):
         super().__init__(func, aliases)
         self.row_block, self.col_block = row_block, col_block
+        self.groups = groups
 
     def plan(self) -> Chain:
         names = [n.data for n in self.ret.names.data]
@@ -214,8 +227,8 @@ class MatmulChainLowering(_Lowering):
         else:
             g_t = self.tile(b, ch, x0, xn, o0, on, other_blk, own_blk)
         for (_, _, mm), acc in zip(outs, accs, strict=True):
-            if other_blk is not None and self.same_rows(mm.rhs, False, other.operand, other.transposed):
-                blk = other_blk  # e.g. the W rows of X W^T are those of G W: loaded once
+            if other_blk is not None:  # e.g. the W rows of X W^T are those of G W: loaded once
+                blk = self.rhs_block(b, mm, other_blk, other.operand, other.transposed, x0, xn, other.block)
             else:
                 blk = self.load_rows(b, mm.rhs, x0, xn, other.block, False)
             h = b.dim(ir.tensor_type(mm.result).shape[1])
@@ -226,12 +239,74 @@ class MatmulChainLowering(_Lowering):
             self.store_rows(b, name, v, mm, acc, o0, on)
         b.close()
 
+    def rhs_block(self, b: _Builder, mm: ir.MatmulOp, loaded: SSAValue, src: SSAValue, transposed: bool,
+                  base: SSAValue, n: SSAValue, size: int) -> SSAValue:
+        """The rows base.. of ``mm``'s right-hand side: ``loaded`` when it holds them already
+        (the rows of ``src``, or of ``src^T``), else a copy."""
+        if self.same_rows(mm.rhs, False, src, transposed):
+            return loaded
+        return self.load_rows(b, mm.rhs, base, n, size, False)
+
+    def one_pass(self, ch: Chain) -> None:
+        """The three-product schedule (module docstring)."""
+        assert ch.p is not None and self.groups
+        m_dim, n_dim = ir.tensor_type(ch.g).shape
+        a_v, b_v = ch.p.lhs, ch.p.rhs
+        b = _Builder(self.kblock)
+        nblk = f"cdiv({n_dim},{self.col_block})"
+        per = f"cdiv({nblk},{self.groups})"  # column blocks per group
+        ngroups = f"cdiv({nblk},{per})"
+        out_of = {mm: (ir.tensor_type(mm.result).shape[1], ir.tensor_type(mm.result).dtype)
+                  for _, _, mm in ch.row_out + ch.col_out}
+        parts = [b.alloc([f"mul({ngroups},{m_dim})", out_of[mm][0]], out_of[mm][1], "temp", zero=True,
+                         top=True).result for _, _, mm in ch.row_out]
+        (q,) = b.loops([ngroups], "parallel", "grp")
+        j0 = b.scalar(ir.MulOp(q, b.dim(per)))
+        j1 = b.scalar(ir.MinOp(b.scalar(ir.AddOp(j0, b.dim(per))), b.dim(nblk)))
+        jb = b.open(j0, j1, "serial", "xb")
+        o0, on = self.block_range(b, jb, self.col_block, n_dim)
+        w_blk = self.load_rows(b, b_v, o0, on, self.col_block, True)
+        accs = [self.local(b, [str(self.col_block), out_of[mm][0]], out_of[mm][1], zero=True)
+                for _, _, mm in ch.col_out]
+        (ib,) = b.loops([f"cdiv({m_dim},{self.row_block})"], "serial", "xb")
+        x0, xn = self.block_range(b, ib, self.row_block, m_dim)
+        x_blk = self.load_rows(b, a_v, x0, xn, self.row_block, False)
+        g_t = self.tile(b, ch, x0, xn, o0, on, x_blk, w_blk)
+        row = b.scalar(ir.AddOp(b.scalar(ir.MulOp(q, b.dim(m_dim))), x0))  # the group's rows x0..
+        for (_, _, mm), part in zip(ch.row_out, parts, strict=True):
+            blk = self.rhs_block(b, mm, w_blk, b_v, True, o0, on, self.col_block)
+            b.stmt(s.BufferMatmulOp(g_t, blk, part, xn, b.dim(out_of[mm][0]), on, False, False, True, c_row=row))
+        for (_, _, mm), acc in zip(ch.col_out, accs, strict=True):
+            blk = self.rhs_block(b, mm, x_blk, a_v, False, x0, xn, self.row_block)
+            b.stmt(s.BufferMatmulOp(g_t, blk, acc, on, b.dim(out_of[mm][0]), xn, True, False, True))
+        b.close()
+        for (name, v, mm), acc in zip(ch.col_out, accs, strict=True):
+            self.store_rows(b, name, v, mm, acc, o0, on)
+        b.close_n(2)
+        # the row outputs: each row block's partial sums added in group order
+        (rb,) = b.loops([f"cdiv({m_dim},{self.row_block})"], "parallel", "ob")
+        r0, rn = self.block_range(b, rb, self.row_block, m_dim)
+        zero = b.const(0, "i64")
+        for (name, v, mm), part in zip(ch.row_out, parts, strict=True):
+            acc = self.local(b, [str(self.row_block), out_of[mm][0]], out_of[mm][1], zero=True)
+            (qq,) = b.loops([ngroups], "serial", "grp")
+            base = b.scalar(ir.AddOp(b.scalar(ir.MulOp(qq, b.dim(m_dim))), r0))
+            r = b.open(zero, rn, "parallel", "r")
+            c = b.open(zero, b.dim(out_of[mm][0]), "parallel", "c")
+            b.stmt(s.AccumOp("sum", b.scalar(s.LoadOp(part, [b.scalar(ir.AddOp(base, r)), c])), acc, [r, c]))
+            b.close_n(3)
+            self.store_rows(b, name, v, mm, acc, r0, rn)
+        b.close()
+
     # ------------------------------------------------------------------ driver
     def run(self) -> s.KernelOp:
         if self.late_checks():
             raise NotFusable("a check reads a materialised value")
         ch = self.plan()
         self.prologue()
+        if self.groups and ch.p is not None and ch.row_out and ch.col_out:
+            self.one_pass(ch)
+            return self.kernel
         for outs, by_rows in ((ch.row_out, True), (ch.col_out, False)):
             if outs:
                 self.chain_pass(ch, outs, by_rows)

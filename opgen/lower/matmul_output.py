@@ -14,7 +14,8 @@ same element of ``y``, and nothing else reads or writes ``y``. Exactly:
 * every load of it sits in the one loop body that, after those loads, stores into a caller
   output ``y`` at the same index values (one store: a second one, in another loop, would read
   ``y`` already overwritten);
-* ``y`` has the temporary's shape and its dtype (f32: the matmul's), is not a ``may_alias``
+* ``y`` has the temporary's shape and its dtype, stored as the matmul computes it in every
+  instance (f32 or f64: not a dtype variable with a bf16 or f16 member), is not a ``may_alias``
   parameter, and is used by nothing but those stores;
 * the matmul comes before those loops in the kernel's body.
 
@@ -28,6 +29,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
+from opgen import dtypes
 from opgen.lower import sched as s
 
 
@@ -72,7 +74,9 @@ def target(k: s.KernelOp, alloc: s.AllocOp) -> SSAValue | None:
         return None
     (y,) = ys
     b, tb = s.buf_type(y), s.buf_type(t)
+    members = k.dtype_var_map().get(b.dtype) or (dtypes.by_name(b.dtype),)
     if (b.role.data != "out" or tuple(b.shape) != tuple(tb.shape) or b.dtype != tb.dtype
+            or any(d.compute != d for d in members)
             or names[y] in k.aliased or any(u.operation not in stores for u in y.uses)):
         return None
     return y

@@ -8,7 +8,8 @@ Each operand must be
   whose every store copies an element just loaded from such an input — rounding it to D changes
   nothing; or
 * *rounded anyway*: the matmul's C is used by nothing but matmuls accumulating into it and loads
-  whose values, through casts only, are stored into caller outputs of dtype D — the result is
+  whose values, through casts and sums into buffers that are themselves rounded anyway (the
+  one-pass chain's partial sums), are stored into caller outputs of dtype D — the result is
   rounded to D, so rounding this operand to D adds an error of the same order (the bf16 paths of
   PyTorch and Liger-Kernel round the logits' gradient so).
 
@@ -73,12 +74,16 @@ def exact(buf: SSAValue) -> str | None:
     return d if t.dtype in (d, *WIDE) else None
 
 
-def _stored_as(v: SSAValue, dtype: str) -> bool:
-    """Every use of ``v``, through casts, stores it into a caller output of ``dtype``."""
+def _stored_as(v: SSAValue, dtype: str, seen: frozenset[SSAValue]) -> bool:
+    """Every use of ``v``, through casts and sums into rounded buffers, stores it into a caller
+    output of ``dtype``."""
     for use in v.uses:
         op = use.operation
         if isinstance(op, ir.CastOp):
-            if not _stored_as(op.result, dtype):
+            if not _stored_as(op.result, dtype, seen):
+                return False
+        elif isinstance(op, s.AccumOp) and op.value is v and op.kind.data == ir.ReduceKind.SUM:
+            if not rounded(op.buf, dtype, seen):
                 return False
         elif not (isinstance(op, s.StoreOp) and op.value is v and s.buf_type(op.buf).role.data == "out"
                   and s.buf_type(op.buf).dtype == dtype):
@@ -86,19 +91,20 @@ def _stored_as(v: SSAValue, dtype: str) -> bool:
     return True
 
 
-def rounded(c: SSAValue, dtype: str) -> bool:
+def rounded(c: SSAValue, dtype: str, seen: frozenset[SSAValue] = frozenset()) -> bool:
     """C (a matmul's result buffer) only reaches caller outputs of ``dtype`` (module docstring)."""
-    if s.buf_type(c).role.data not in ("local", "temp"):
+    if c in seen or s.buf_type(c).role.data not in ("local", "temp"):
         return False
+    seen = seen | {c}
     for use in c.uses:
         op = use.operation
         if isinstance(op, s.BufferMatmulOp):
             if op.c is not c or c in (op.a, op.b):
                 return False
         elif isinstance(op, s.LoadOp):
-            if not _stored_as(op.result, dtype):
+            if not _stored_as(op.result, dtype, seen):
                 return False
-        else:
+        elif not (isinstance(op, s.AccumOp) and op.buf is c):
             return False
     return True
 

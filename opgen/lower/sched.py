@@ -33,6 +33,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -591,6 +592,9 @@ class BufferMatmulOp(IRDLOperation):
     ``accumulate`` adds to C). Accumulation is in the compute type, in the fixed k order of
     :data:`GEMM_KC` whatever the tiling, the thread count or the target's instruction set.
 
+    ``c_row`` (optional): C's rows start at that row of the buffer (a group's rows of a buffer of
+    partial sums: opgen/lower/matmul_chain.py).
+
     ``products`` (set by narrow-products: opgen/lower/narrow_products.py) names a storage dtype
     (or dtype variable) the operands may be rounded to for the products, where the target has
     units for it (bf16 tile units: the CPU runtime's opgen_bgemm on AMX); the k blocks stay, but
@@ -603,25 +607,28 @@ class BufferMatmulOp(IRDLOperation):
     m = operand_def(TensorType)
     n = operand_def(TensorType)
     k = operand_def(TensorType)
+    c_row = opt_operand_def(TensorType)
     trans = prop_def(ArrayAttr[IntAttr])
     accumulate = prop_def(IntAttr)
     products = opt_prop_def(StringAttr)
     traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
-                 trans_a: bool, trans_b: bool, accumulate: bool = False, products: str | None = None):
+                 trans_a: bool, trans_b: bool, accumulate: bool = False, products: str | None = None,
+                 c_row: SSAValue | None = None):
         props: dict[str, Attribute] = {"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))]),
                                        "accumulate": IntAttr(int(accumulate))}
         if products is not None:
             props["products"] = StringAttr(products)
-        super().__init__(operands=[a, b, c, m, n, k], properties=props)
+        super().__init__(operands=[a, b, c, m, n, k, [c_row] if c_row is not None else []], properties=props)
 
     def verify_(self) -> None:
         for v in (self.a, self.b, self.c):
             if buf_type(v).rank != 2:
                 raise VerifyException("sched.matmul: operands must be 2-D buffers")
-        for what, x in (("m", self.m), ("n", self.n), ("k", self.k)):
-            _scalar(self, x, "i64", what)
+        for what, x in (("m", self.m), ("n", self.n), ("k", self.k), ("c_row", self.c_row)):
+            if x is not None:
+                _scalar(self, x, "i64", what)
         if len(self.trans.data) != 2:
             raise VerifyException("sched.matmul: trans must give one flag per operand (A, B)")
 

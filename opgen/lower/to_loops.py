@@ -680,16 +680,18 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
-               chain_rows: int | None = None) -> s.KernelOp:
+               chain_rows: int | None = None, chain_groups: int | None = None) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
-    ``chain_rows`` rows) or row groups (opgen.lower.row_groups) are formed where legal, else
-    every materialised value gets its own loop nest."""
+    ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
+    (opgen.lower.row_groups) are formed where legal, else every materialised value gets its own
+    loop nest."""
     if fuse:
         from opgen.lower.matmul_chain import ROW_BLOCK, MatmulChainLowering
         from opgen.lower.row_groups import RowGroupLowering
 
         try:
-            return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK).run()
+            return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK,
+                                       groups=chain_groups).run()
         except NotFusable:
             pass
         try:
@@ -707,10 +709,13 @@ class LowerToLoops(ModulePass):
     fuse: bool = True
     #: rows per tile of matmul chains (None: the default, opgen.lower.matmul_chain.ROW_BLOCK)
     chain_rows: int | None = None
+    #: matmul chains in one pass over this many column groups (None: two passes, each owning
+    #: its outputs' rows; opgen.lower.matmul_chain)
+    chain_groups: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows)
+                k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)

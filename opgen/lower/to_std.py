@@ -424,7 +424,8 @@ class _Kernel(Scalars):
         bi, _ = loop(zero64, m, one64, [])
         bj, _ = loop(zero64, n, one64, [])
         i, j = bi.args[0], bj.args[0]
-        start = self.load_at(op.c, [i, j]) if acc_flag else self.const(0, ct)
+        ci = i if op.c_row is None else self.add(arith.AddiOp(self.values[op.c_row], i))  # (C's row)
+        start = self.load_at(op.c, [ci, j]) if acc_flag else self.const(0, ct)
         bk, fk = loop(zero64, kk, kc, [start])
         k0, cur = bk.args
         end = self.add(arith.MinSIOp(self.add(arith.AddiOp(k0, kc)), kk))
@@ -448,7 +449,7 @@ class _Kernel(Scalars):
             new = self.add(arith.SelectOp(first, blocksum, added))
         self.add(scf.YieldOp(new))
         self.block = bj
-        ix = [self.add(arith.IndexCastOp(v, INDEX)) for v in (i, j)]
+        ix = [self.add(arith.IndexCastOp(v, INDEX)) for v in (ci, j)]
         self.add(memref.StoreOp.get(self.to_storage(fk.results[0], cd.name, s.buf_type(op.c)), self.bufs[op.c], ix))
         self.add(scf.YieldOp())
         self.block = bi
