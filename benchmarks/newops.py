@@ -30,12 +30,12 @@ def library() -> Any:
     if str(registry.REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(registry.REPO_ROOT))  # (the DSL files live in the tests)
     from tests.test_ascendc import NEW_OPS
-    from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST
+    from tests.test_new_op_backends import GELU, GELU_TANH, LINEAR, LN_CAST, NARROW
     from tests.test_shapes_dsl import ROPE
 
     OPS.mkdir(parents=True, exist_ok=True)
     for name, text in (("newops.py", NEW_OPS), ("gelu.py", GELU), ("gelu_tanh.py", GELU_TANH), ("linear.py", LINEAR),
-                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE)):
+                       ("ln_cast.py", LN_CAST), ("rope.py", ROPE), ("narrow.py", NARROW)):
         p = OPS / name
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
@@ -167,6 +167,13 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
                        lambda: torch.relu(torch.nn.functional.linear(xl, wl, bl))])
     t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 5)
     out.append({"row": f"new: linear+bias+relu {M}x{K} @ {K}x{F} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
+                "flops": 2 * M * K * F})
+    # the same product in bf16 (bf16 result): both on the bf16 units where the CPU has them
+    xb, wb = xl.to(torch.bfloat16), wl.to(torch.bfloat16)
+    d = {"x": np_of(xb), "w": np_of(wb)}
+    theirs = _fastest([lambda: xb @ wb.T, lambda: torch.nn.functional.linear(xb, wb)])
+    t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 5)
+    out.append({"row": f"new: linear {M}x{K} @ {K}x{F} bf16", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F})
     return out
 
