@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "ttmetal-tests"
 CHECKER = runner.CHECKER
 FLCE = "fused_linear_cross_entropy_loss_grad"
-SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward", "embedding_backward", FLCE)
+LCE = "linear_cross_entropy_grad"  # (its bf16 instance: the f32 one takes f32 products, which TT lacks)
+SUPPORTED = ("rms_norm_backward", "embedding_bw", "embedding_dense_backward", "embedding_backward", FLCE, LCE)
 
 pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
@@ -605,6 +606,35 @@ def test_flce_on_the_model(flce_exe, tmp_path):
     with ThreadPoolExecutor(max_workers=2) as ex:
         failures = [e for errs in ex.map(one, _flce_cases()) for e in errs]
     assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def lce_exe() -> Path:
+    return runner.build(LCE, OUT / LCE)
+
+
+def test_linear_cross_entropy_grad_on_the_model(lce_exe, tmp_path):
+    """The DSL-only cross-entropy gradient (a bool ``no_target`` mask, read element by element
+    by the reader: before, its loads kept an i64 word where the op needed a bool, and the op had
+    no TT-Metal code at all) in bf16: against the oracle, bitwise the same on 1 and 64 cores."""
+    from tests.cpu_cases import flce_args
+
+    o = registry.get(LCE)
+    rng = np.random.default_rng(41)
+    for BT, H, V, TI, p in ((45, 20, 150, "i64", 0.4), (300, 70, 500, "i32", 0.3), (5, 8, 130, "i64", 1.0)):
+        f = flce_args(rng, "bf16", "bool", TI, "memory_saving", BT=BT, H=H, V=V, mask_p=p)
+        a = {"grad": f["grad"], "input": f["input"], "weight": f["weight"], "no_target": f["target_mask"],
+             "target": f["masked_target"], "logits_max": f["logits_max"], "sum_exp_logits": f["sum_exp_logits"],
+             "input_grad": f["input_grad"], "weight_grad": f["weight_grad"]}
+        ref = oracle.run(o, **{k: np.copy(v) for k, v in a.items()})
+        runs = {}
+        for g in ((8, 8), (1, 1)):
+            proc, outs = runner.run(lce_exe, LCE, a, tmp_path / f"{BT}x{H}x{V}-{g[0]}x{g[1]}", grid=g)
+            assert proc.returncode == 0, f"{BT}x{H}x{V} on {g}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
+            runs[g] = outs
+        for k, v in ref.items():
+            assert_c_close(runs[(8, 8)][k], v, f"{BT}x{H}x{V}.{k}")
+            assert runs[(1, 1)][k].tobytes() == runs[(8, 8)][k].tobytes(), f"{k}: 1x1 differs from 8x8"
 
 
 def test_flce_refuses_bad_input_before_writing(flce_exe, tmp_path):

@@ -195,6 +195,8 @@ def one_hot(low: Lowering, op: t.ForOp) -> None:
             if isinstance(o, t.LoadOp):
                 v = r.call("opgen_tt_load_elem", acc, str(elem_bytes(o.src.type.dtype)), r.val(o.pos), scratch,
                            result=True)
+                if o.src.type.dtype == "bool":  # (the byte as a word: its truth, as the bool it holds)
+                    v = r.emit(ir.CmpOp("ne", v, r.const(0))).results[0]
             else:
                 bit = r.call("opgen_tt_load_bit", acc, "1" if o.src.type.dtype == "u8" else "0", r.val(o.pos),
                              scratch, result=True)

@@ -1300,6 +1300,7 @@ class LowerToTtKernel(ModulePass):
                        for d in kern.dtype_vars.data.values()):
                     op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
                     continue
+
                 sched = kern.attributes.get("schedule")
                 if sched is not None and sched.data == "streamed" and \
                         any(isinstance(o, t.SegmentsOp) for o in kern.walk()):
@@ -1310,6 +1311,12 @@ class LowerToTtKernel(ModulePass):
         for kern in list(op.body.block.ops):
             if isinstance(kern, t.KernelOp):  # (parts are named <instance>.part<i>[.streamed], checks .check)
                 groups.setdefault(re.sub(r"\.(part\d+|check)", "", kern.sym_name.data), []).append(kern)
+        for name, kerns in list(groups.items()):  # f32 products: the FPU multiplies bf16 only (no instance)
+            if any(isinstance(o, t.TileMatmulOp) and "f32" in (o.a.type.dtype, o.b.type.dtype)
+                   for kern in kerns for o in kern.walk()):
+                for kern in kerns:
+                    op.body.block.erase_op(kern)
+                del groups[name]
         for name, kerns in groups.items():
             kerns.sort(key=lambda kn: kn.attributes["part"].data if "part" in kn.attributes else 0)
             checks = [kn for kn in kerns if kn.attributes.get("schedule") == StringAttr("check")]
