@@ -167,3 +167,28 @@ def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k):
         off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 4, amx=False)
         sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
         assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), (ta, tb, acc, pad)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (64, 32, 300)])
+def test_bf16_output(drivers, tmp_path, m, n, k):
+    """opgen_gemm_bf16_out (bf16 A, B and C): each element is opgen_bgemm's f32 sum on the same
+    values (C widened when accumulating) rounded once to bf16 (ml_dtypes, round to nearest even),
+    on 1 and 3 threads; the padding columns of C untouched."""
+    import ml_dtypes
+
+    exe = drivers["native"]
+    rng = np.random.default_rng(3 * m + n + k)
+
+    def bf(shape: tuple[int, int]) -> np.ndarray:
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (0, 1, 1, 3), (1, 0, 1, 0), (2, 2, 0, 1)):
+        a = bf((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k))
+        b = bf((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n))
+        c = bf((m, n + pad))
+        f32 = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        want = f32[:, :n].astype(ml_dtypes.bfloat16).astype(np.float32)
+        for fn, threads in ((6, "1"), (7, "1"), (7, "3")):
+            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+            assert np.array_equal(got[:, :n].view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc)
+            assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"

@@ -828,9 +828,10 @@ def test_cuda_kernels_on_the_cpu_model(built, rng):
 def test_narrow_products_marks_only_matmuls_of_narrow_values(built):
     """narrow-products: bf16 products (dtype variable T) where both operands are T inputs, none
     with an f32 operand or where a computed operand's product is kept in f32. The linear layer's
-    bf16 instance reads the caller's bf16 tensors with opgen_gemm_bf16 (no naive loop, no
-    f32 copies in the kernel), its f32 instance with opgen_sgemm; the chain's bf16 instance
-    takes the bf16-product GEMM for its first product only."""
+    bf16 instance reads the caller's bf16 tensors and writes its bf16 output with
+    opgen_gemm_bf16_out (no naive loop, no temporary, no epilogue loop: matmul-into-output with
+    an identity epilogue), its f32 instance with opgen_sgemm; the chain's bf16 instance takes
+    the bf16-product GEMM for its first product only."""
     from opgen.passes import pipeline
 
     def marks(name: str) -> list[str | None]:
@@ -844,7 +845,12 @@ def test_narrow_products_marks_only_matmuls_of_narrow_values(built):
     assert marks("exp_chain") == ["T", None]
     src = (built["out"] / "cpu" / "linear_t.c").read_text()
     fns = {f.split("(")[0]: f for f in src.split("static opgen_status_t k_linear_t_")[1:]}
-    assert any("opgen_gemm_bf16_par(" in f for n, f in fns.items() if n.startswith("bf16"))
+    assert any("opgen_gemm_bf16_out_par(" in f and "p_y, st_y_0, 0);" in f for n, f in fns.items()
+               if n.startswith("bf16"))
+    m = built["ops"]["linear_t"].module()
+    pipeline.run(m, "cpu")
+    (k,) = m.body.block.ops
+    assert not any(isinstance(o, s.AllocOp | s.ForOp) for o in k.walk())  # (one matmul, into y)
     assert not any("bgemm" in f or "gemm_bf16" in f for n, f in fns.items() if n.startswith("f32"))
     assert any("opgen_sgemm_par(" in f for n, f in fns.items() if n.startswith("f32"))
     src = (built["out"] / "cpu" / "exp_chain.c").read_text()

@@ -493,6 +493,102 @@ static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc
     }
     _tile_release();
 }
+
+/* C[32 x 32] (= or +=) 32 rows of A times 32 columns of B over every k block: A's block kb at
+ * pa + kb * sa (rows BKC apart), B's at pb + kb * sb (16-column groups), C kept in the tiles */
+static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
+                             float *c, int64_t ldc, int load) {
+    if (load) {
+        _tile_loadd(0, c, ldc * 4); _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 16 * ldc, ldc * 4); _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+    for (int64_t kb = 0, k0 = 0; k0 < k; kb++, k0 += BKC) {
+        const int64_t kcp = ((k - k0 < BKC ? k - k0 : BKC) + 31) & ~(int64_t)31;
+        const uint16_t *a = pa + kb * sa, *b0 = pb + kb * sb + g * kcp * 16, *b1 = b0 + kcp * 16;
+        for (int64_t s = 0; s < kcp / 32; s++) {
+            _tile_loadd(4, a + s * 32, BKC * 2);
+            _tile_loadd(5, a + 16 * BKC + s * 32, BKC * 2);
+            _tile_loadd(6, b0 + s * 512, 64);
+            _tile_loadd(7, b1 + s * 512, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, ldc * 4); _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4); _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+/* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
+ * once. B is packed whole (every k block); each thread takes blocks of OUT_RB rows, packs their
+ * A for every k block (kept in L2), then for each 32 columns (B's panel, kept in L2 across the
+ * row block) sums each 32 x 32 block of C over all of k in the tiles and rounds it into C: B is
+ * read from memory once per OUT_RB rows. The same instructions per element as opgen_bgemm (k
+ * blocks in order), so its f32 sums. 0 when its buffers cannot be had. */
+#define OUT_RB 256
+static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
+                     int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate, int threads) {
+    const int64_t npad = (n + 31) & ~(int64_t)31, groups = npad / 16, nkb = (k + BKC - 1) / BKC;
+    const int64_t blocks = (m + OUT_RB - 1) / OUT_RB;
+    if (threads > blocks) threads = (int)blocks;
+    const size_t sb = opgen_sz_mul((size_t)npad, BKC); /* elements per k block of B, and of A */
+    const size_t sa = (size_t)OUT_RB * BKC;
+    const size_t nb = opgen_sz_mul(opgen_sz_mul(sb, (size_t)nkb), sizeof(uint16_t));
+    const size_t nt = opgen_sz_mul(opgen_sz_mul(sa, (size_t)nkb), sizeof(uint16_t)); /* a thread's A */
+    const size_t nt_all = opgen_sz_mul(nt, (size_t)threads);
+    uint16_t *pb = nb == SIZE_MAX ? NULL : (uint16_t *)aligned_alloc(64, nb); /* (multiples of 64 bytes) */
+    uint16_t *pt = nt_all == SIZE_MAX ? NULL : (uint16_t *)aligned_alloc(64, nt_all);
+    if (!pb || !pt) {
+        free(pb);
+        free(pt);
+        return 0;
+    }
+#define OPGEN_PACK_OUT(q) do { /* group g of k block kb */ \
+    const int64_t kb = (q) / groups, g = (q) % groups, k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
+    const int64_t kcp = (kc + 31) & ~(int64_t)31; \
+    uint16_t *dst = pb + (size_t)kb * sb + g * kcp * 16; \
+    if (16 * g < n) bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, at(B, k0 * brs + 16 * g * bcs, 1), brs, bcs, 1, dst); \
+    else memset(dst, 0, sizeof(uint16_t) * 16 * (size_t)kcp); \
+} while (0)
+#define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
+    uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
+    float tmp[32 * 32]; \
+    tile_config(); \
+    for (int64_t rb = blocks * (t) / (T); rb < blocks * ((t) + 1) / (T); rb++) { \
+        const int64_t i0 = rb * OUT_RB, rows = m - i0 < OUT_RB ? m - i0 : OUT_RB; \
+        for (int64_t kb = 0; kb < nkb; kb++) { \
+            const int64_t k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
+            bpack_a(rows, kc, (kc + 31) & ~(int64_t)31, at(A, i0 * ars + k0 * acs, 1), ars, acs, 1, pa + (size_t)kb * sa); \
+        } \
+        for (int64_t j = 0; j < n; j += 32) \
+            for (int64_t i = 0; i < rows; i += 32) { \
+                const int64_t r = rows - i < 32 ? rows - i : 32, q = n - j < 32 ? n - j : 32; \
+                uint16_t *c = C + (i0 + i) * ldc + j; \
+                if (accumulate) \
+                    for (int64_t a = 0; a < 32; a++) \
+                        for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
+                amx_kernel_all_k(k, pa + i * BKC, (int64_t)sa, pb, (int64_t)sb, j / 16, tmp, 32, accumulate); \
+                for (int64_t a = 0; a < r; a++) \
+                    for (int64_t b = 0; b < q; b++) c[a * ldc + b] = opgen_f32_to_bf16(tmp[a * 32 + b]); \
+            } \
+    } \
+    _tile_release(); \
+} while (0)
+    if (threads > 1) {
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t q = 0; q < nkb * groups; q++) OPGEN_PACK_OUT(q);
+        #pragma omp parallel num_threads(threads)
+        OPGEN_OUT_ROWS(omp_get_thread_num(), omp_get_num_threads());
+    } else {
+        for (int64_t q = 0; q < nkb * groups; q++) OPGEN_PACK_OUT(q);
+        OPGEN_OUT_ROWS(0, 1);
+    }
+#undef OPGEN_PACK_OUT
+#undef OPGEN_OUT_ROWS
+    free(pb);
+    free(pt);
+    return 1;
+}
+#undef OUT_RB
 #pragma GCC pop_options
 
 /* opgen_bgemm on `threads` threads (abf, bbf: bf16 operands): B packed once per k block, rows split
@@ -597,6 +693,53 @@ static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
     }
     free(a);
     free(b);
+}
+
+/* gemm_bf16 into bf16 C: each element rounded once from its f32 sum */
+static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate,
+                          int threads) {
+    if (m <= 0 || n <= 0) return;
+#ifdef OPGEN_HAVE_AMX
+    if (k > 0 && opgen_amx() && bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
+#endif
+    /* the f32 GEMM into an f32 copy of C, then rounded (without memory for it: row by row) */
+    const size_t nc = opgen_sz_mul(opgen_sz_mul((size_t)m, (size_t)n), sizeof(float));
+    float *c = nc == SIZE_MAX ? NULL : (float *)malloc(nc);
+    const int64_t rows = c ? m : 1;
+    if (!c && !(c = (float *)malloc(sizeof(float) * (size_t)n))) { /* (n floats: the row) */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float t = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
+                for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+                    float part = 0.0f;
+                    for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
+                        part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
+                    t = (k0 == 0 && !accumulate) ? part : t + part;
+                }
+                C[i * ldc + j] = opgen_f32_to_bf16(t);
+            }
+        return;
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+        const int64_t r = m - i0 < rows ? m - i0 : rows;
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < n; j++) c[i * n + j] = accumulate ? opgen_bf16_to_f32(C[(i0 + i) * ldc + j]) : 0.0f;
+        gemm_bf16(r, n, k, A + i0 * ars, ars, acs, B, brs, bcs, c, n, accumulate, threads);
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < n; j++) C[(i0 + i) * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
+    }
+    free(c);
+}
+
+void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm_bf16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+}
+
+void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                             const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
+    gemm_bf16_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
 }
 
 void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,

@@ -123,6 +123,11 @@ void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
                      const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                          const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* opgen_gemm_bf16 into a bf16 C (a caller's output): each element's f32 sum rounded once. */
+void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                             const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 /* 1 when opgen_bgemm runs on AMX tiles in this process (decided once) */
 int opgen_amx(void);
 

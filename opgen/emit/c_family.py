@@ -105,8 +105,10 @@ class CPrinter:
 
     restrict = "restrict"
     fn_attr = ""
-    #: the runtime GEMM by its operands' storage (f32 in memory; bf16 caller tensors) ...
-    GEMM: ClassVar[dict[tuple[str, str], str]] = {("f32", "f32"): "opgen_sgemm", ("bf16", "bf16"): "opgen_gemm_bf16"}
+    #: the runtime GEMM by the storage of A, B and C (f32 in memory; bf16 caller tensors) ...
+    GEMM: ClassVar[dict[tuple[str, str, str], str]] = {
+        ("f32", "f32", "f32"): "opgen_sgemm", ("bf16", "bf16", "f32"): "opgen_gemm_bf16",
+        ("bf16", "bf16", "bf16"): "opgen_gemm_bf16_out"}
     #: ... and, for f32 operands, by the dtype of sched.matmul's products
     NARROW_GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
 
@@ -543,8 +545,8 @@ class CPrinter:
         acc_flag = op.accumulate.data
         bufs = [s.buf_type(x) for x in (a, b, c)]
         sa, sb, sc = self.gemm_operand(a, ta), self.gemm_operand(b, tb), self.gemm_operand(c, 0)
-        fn = self.GEMM.get((sa[2], sb[2])) if sa and sb else None
-        if fn and sc and sc[1:] == ("1", "f32") and self.arg_of.get(c) not in self.k.aliased:
+        fn = self.GEMM.get((sa[2], sb[2], sc[2])) if sa and sb and sc else None
+        if fn and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
             (ars, acs, _), (brs, bcs, _), ldc = sa, sb, sc[0]
             if op.products is not None and sa[2] == "f32":
                 fn = self.NARROW_GEMM.get(self.dtype(op.products.data).name, fn)

@@ -15,11 +15,15 @@ same element of ``y``, and nothing else reads or writes ``y``. Exactly:
   output ``y`` at the same index values (one store: a second one, in another loop, would read
   ``y`` already overwritten);
 * ``y`` has the temporary's shape and its dtype, stored as the matmul computes it in every
-  instance (f32 or f64: not a dtype variable with a bf16 or f16 member), is not a ``may_alias``
+  instance (f32 or f64: not a dtype variable with a bf16 or f16 member) — or the epilogue is
+  the identity (the store's value is the load, through casts only) and both operands are
+  caller inputs (a bf16 linear layer: the runtime GEMM rounds each element once as it writes
+  ``y``, ``opgen_gemm_bf16_out``) — is not a ``may_alias``
   parameter, and is used by nothing but those stores;
 * the matmul comes before those loops in the kernel's body.
 
 The k order of the matmul and every value computed are unchanged: results are bitwise the same.
+An identity epilogue (``y = cast(t)``) is then a copy of ``y`` onto itself: it is removed.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.transforms.dead_code_elimination import DeadCodeElimination
 
 from opgen import dtypes
+from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 
 
@@ -42,9 +48,19 @@ def _top(op: Operation, k: s.KernelOp) -> Operation:
     return op
 
 
-def target(k: s.KernelOp, alloc: s.AllocOp) -> SSAValue | None:
+def _through_casts(v: SSAValue) -> SSAValue:
+    while isinstance(v.owner, ir.CastOp):
+        v = v.owner.x
+    return v
+
+
+#: ops whose presence keeps a loop nest (anything else in it only computes values)
+EFFECTS = (s.StoreOp, s.AccumOp, s.RequireOp, s.BufferMatmulOp, s.SegmentsOp, s.PrefetchOp)
+
+
+def target(k: s.KernelOp, alloc: s.AllocOp) -> tuple[SSAValue, s.StoreOp | None] | None:
     """The caller output the matmul into ``alloc``'s temporary may write instead (module
-    docstring), or None."""
+    docstring), with the epilogue's store when the epilogue is the identity; or None."""
     t = alloc.result
     if s.buf_type(t).role.data != "temp":
         return None
@@ -73,13 +89,17 @@ def target(k: s.KernelOp, alloc: s.AllocOp) -> SSAValue | None:
     if len(ys) != 1 or len(stores) != 1:  # (two stores: a second loop would read the first one's y)
         return None
     (y,) = ys
+    (store,) = stores
+    assert isinstance(store, s.StoreOp)
+    identity = len(loads) == 1 and _through_casts(store.value) is loads[0].result
     b, tb = s.buf_type(y), s.buf_type(t)
     members = k.dtype_var_map().get(b.dtype) or (dtypes.by_name(b.dtype),)
-    if (b.role.data != "out" or tuple(b.shape) != tuple(tb.shape) or b.dtype != tb.dtype
-            or any(d.compute != d for d in members)
+    held = all(d.compute == d for d in members) or (
+        identity and all(s.buf_type(x).role.data == "in" for x in (mm.a, mm.b)))
+    if (b.role.data != "out" or tuple(b.shape) != tuple(tb.shape) or b.dtype != tb.dtype or not held
             or names[y] in k.aliased or any(u.operation not in stores for u in y.uses)):
         return None
-    return y
+    return y, store if identity else None
 
 
 class MatmulIntoOutput(ModulePass):
@@ -88,11 +108,24 @@ class MatmulIntoOutput(ModulePass):
     name = "matmul-into-output"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        removed = False
         for k in op.body.block.ops:
             if not isinstance(k, s.KernelOp):
                 continue
             for alloc in [x for x in k.walk() if isinstance(x, s.AllocOp)]:
-                if (y := target(k, alloc)) is not None:
-                    alloc.result.replace_all_uses_with(y)
-                    alloc.detach()
-                    alloc.erase()
+                if (found := target(k, alloc)) is None:
+                    continue
+                y, store = found
+                alloc.result.replace_all_uses_with(y)
+                alloc.detach()
+                alloc.erase()
+                if store is not None:  # y = y: nothing to do
+                    top = _top(store, k)
+                    store.detach()
+                    store.erase(safe_erase=False)
+                    if not any(isinstance(o, EFFECTS) for o in top.walk()):
+                        top.detach()
+                        top.erase(safe_erase=False)
+                    removed = True
+        if removed:  # (the scalars only the removed epilogue used)
+            DeadCodeElimination().apply(ctx, op)

@@ -8,7 +8,8 @@
  * operand is a strided view), C is updated in place with leading dimension n + ldc_pad and
  * written to OUT whole (the padding columns must come back untouched). fn: 0 opgen_sgemm,
  * 1 opgen_sgemm_par, 2 opgen_bgemm, 3 opgen_bgemm_par, 4 opgen_gemm_bf16, 5 opgen_gemm_bf16_par
- * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken). */
+ * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken),
+ * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,10 @@ void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
                      const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                          const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                         const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                             const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 int opgen_amx(void);
 
 typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
@@ -55,19 +60,28 @@ int main(int argc, char **argv) {
     const int64_t ars = ta == 2 ? 2 * k : ta ? 1 : k, acs = ta == 2 ? 2 : ta ? m : 1;
     const int64_t brs = tb == 2 ? 2 * n : tb ? 1 : n, bcs = tb == 2 ? 2 : tb ? k : 1;
     gemm_fn *const fns[] = {opgen_sgemm, opgen_sgemm_par, opgen_bgemm, opgen_bgemm_par};
-    if (fn < 0 || fn > 5) {
-        fprintf(stderr, "gemm_check: fn must be 0 to 5\n");
+    if (fn < 0 || fn > 7) {
+        fprintf(stderr, "gemm_check: fn must be 0 to 7\n");
         return 2;
     }
     if (fn >= 4) {
-        uint16_t *h = malloc(sizeof(uint16_t) * (na + nb + 1));
+        uint16_t *h = malloc(sizeof(uint16_t) * (na + nb + nc + 1));
         if (!h) return 2;
-        for (size_t i = 0; i < na + nb; i++) {
+        for (size_t i = 0; i < na + nb + nc; i++) {
             uint32_t u;
             memcpy(&u, &buf[i], 4);
             h[i] = (uint16_t)(u >> 16);
         }
-        (fn == 4 ? opgen_gemm_bf16 : opgen_gemm_bf16_par)(m, n, k, h, ars, acs, h + na, brs, bcs, C, ldc, acc);
+        if (fn < 6) {
+            (fn == 4 ? opgen_gemm_bf16 : opgen_gemm_bf16_par)(m, n, k, h, ars, acs, h + na, brs, bcs, C, ldc, acc);
+        } else {
+            (fn == 6 ? opgen_gemm_bf16_out : opgen_gemm_bf16_out_par)(m, n, k, h, ars, acs, h + na, brs, bcs,
+                                                                      h + na + nb, ldc, acc);
+            for (size_t i = 0; i < nc; i++) {
+                uint32_t u = (uint32_t)h[na + nb + i] << 16;
+                memcpy(&C[i], &u, 4);
+            }
+        }
         free(h);
     } else {
         fns[fn](m, n, k, A, ars, acs, B, brs, bcs, C, ldc, acc);
