@@ -448,52 +448,6 @@ static void bpack_b(int64_t nr, int64_t kc, int64_t kcp, const void *B, int64_t 
             for (int64_t k = 0; k < kc; k++) p[(j / 16) * kcp * 16 + (k / 2) * 32 + 2 * (j % 16) + (k & 1)] = b16(ld1(at(B, k * brs + j * bcs, bf), bf));
     }
 }
-/* C[32 x 32] (= or +=) 32 packed rows of A times two 16-column groups of B, steps of 32 k */
-static void amx_kernel(int64_t steps, const uint16_t *pa, const uint16_t *pb0, const uint16_t *pb1, float *c, int64_t ldc, int load) {
-    if (load) {
-        _tile_loadd(0, c, ldc * 4); _tile_loadd(1, c + 16, ldc * 4);
-        _tile_loadd(2, c + 16 * ldc, ldc * 4); _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
-    } else { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
-    for (int64_t s = 0; s < steps; s++) {
-        _tile_loadd(4, pa + s * 32, BKC * 2);
-        _tile_loadd(5, pa + 16 * BKC + s * 32, BKC * 2);
-        _tile_loadd(6, pb0 + s * 512, 64);
-        _tile_loadd(7, pb1 + s * 512, 64);
-        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, c, ldc * 4); _tile_stored(1, c + 16, ldc * 4);
-    _tile_stored(2, c + 16 * ldc, ldc * 4); _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-}
-
-/* rows [r0, r1) of C over the k block at k0 (B's block packed in pb); pa: this thread's A pack */
-static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const void *A, int64_t ars,
-                       int64_t acs, int abf, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
-    const int64_t kcp = (kc + 31) & ~(int64_t)31;
-    float tmp[32 * 32];
-    tile_config();
-    for (int64_t i0 = r0; i0 < r1; i0 += BMC) {
-        const int64_t mc = r1 - i0 < BMC ? r1 - i0 : BMC;
-        bpack_a(mc, kc, kcp, at(A, i0 * ars + k0 * acs, abf), ars, acs, abf, pa);
-        for (int64_t i = 0; i < mc; i += 32)
-            for (int64_t j = 0; j < n; j += 32) {
-                const uint16_t *pb0 = pb + (j / 16) * kcp * 16, *pb1 = pb0 + kcp * 16;
-                float *c = C + (i0 + i) * ldc + j;
-                if (mc - i >= 32 && n - j >= 32) {
-                    amx_kernel(kcp / 32, pa + i * BKC, pb0, pb1, c, ldc, load);
-                    continue;
-                }
-                /* an edge block: through a 32 x 32 copy (A's and B's padding are zeros) */
-                const int64_t r = mc - i < 32 ? mc - i : 32, q = n - j < 32 ? n - j : 32;
-                if (load)
-                    for (int64_t a = 0; a < r; a++) memcpy(tmp + a * 32, c + a * ldc, sizeof(float) * (size_t)q);
-                amx_kernel(kcp / 32, pa + i * BKC, pb0, pb1, tmp, 32, load);
-                for (int64_t a = 0; a < r; a++) memcpy(c + a * ldc, tmp + a * 32, sizeof(float) * (size_t)q);
-            }
-    }
-    _tile_release();
-}
-
 /* C[32 x 32] (= or +=) 32 rows of A times 32 columns of B over every k block: A's block kb at
  * pa + kb * sa (rows BKC apart), B's at pb + kb * sb (16-column groups), C kept in the tiles */
 static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
@@ -516,6 +470,33 @@ static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const ui
     }
     _tile_stored(0, c, ldc * 4); _tile_stored(1, c + 16, ldc * 4);
     _tile_stored(2, c + 16 * ldc, ldc * 4); _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+/* rows [r0, r1) of C over the k block at k0 (B's block packed in pb); pa: this thread's A pack */
+static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const void *A, int64_t ars,
+                       int64_t acs, int abf, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
+    const int64_t kcp = (kc + 31) & ~(int64_t)31;
+    float tmp[32 * 32];
+    tile_config();
+    for (int64_t i0 = r0; i0 < r1; i0 += BMC) {
+        const int64_t mc = r1 - i0 < BMC ? r1 - i0 : BMC;
+        bpack_a(mc, kc, kcp, at(A, i0 * ars + k0 * acs, abf), ars, acs, abf, pa);
+        for (int64_t i = 0; i < mc; i += 32)
+            for (int64_t j = 0; j < n; j += 32) {
+                float *c = C + (i0 + i) * ldc + j;
+                if (mc - i >= 32 && n - j >= 32) {
+                    amx_kernel_all_k(kc, pa + i * BKC, 0, pb, 0, j / 16, c, ldc, load);
+                    continue;
+                }
+                /* an edge block: through a 32 x 32 copy (A's and B's padding are zeros) */
+                const int64_t r = mc - i < 32 ? mc - i : 32, q = n - j < 32 ? n - j : 32;
+                if (load)
+                    for (int64_t a = 0; a < r; a++) memcpy(tmp + a * 32, c + a * ldc, sizeof(float) * (size_t)q);
+                amx_kernel_all_k(kc, pa + i * BKC, 0, pb, 0, j / 16, tmp, 32, load);
+                for (int64_t a = 0; a < r; a++) memcpy(c + a * ldc, tmp + a * 32, sizeof(float) * (size_t)q);
+            }
+    }
+    _tile_release();
 }
 
 /* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
@@ -667,6 +648,26 @@ static float *widen_bf16(int64_t rows, int64_t cols, const uint16_t *X, int64_t 
     return w;
 }
 
+/* opgen_sgemm's loop (its k order, so its bits) on bf16 operands, into f32 C or (cb) bf16 C */
+static void gemm_bf16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
+                           const uint16_t *B, int64_t brs, int64_t bcs, float *C, uint16_t *cb, int64_t ldc,
+                           int accumulate) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float t = !accumulate ? 0.0f : cb ? opgen_bf16_to_f32(cb[i * ldc + j]) : C[i * ldc + j];
+            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+                float part = 0.0f;
+                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
+                    part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
+                t = (k0 == 0 && !accumulate) ? part : t + part;
+            }
+            if (cb)
+                cb[i * ldc + j] = opgen_f32_to_bf16(t);
+            else
+                C[i * ldc + j] = t;
+        }
+}
+
 static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
@@ -676,21 +677,10 @@ static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
     /* the exact f32 values through the f32 GEMM (its k order); without memory for the copies,
        its loop on the bf16 elements (the same order, so the same bits) */
     float *a = widen_bf16(m, k, A, ars, acs), *b = widen_bf16(k, n, B, brs, bcs);
-    if (a && b) {
+    if (a && b)
         sgemm(m, n, k, a, k, 1, b, n, 1, C, ldc, accumulate, threads);
-    } else {
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                float t = accumulate ? C[i * ldc + j] : 0.0f;
-                for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
-                    float part = 0.0f;
-                    for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
-                        part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
-                    t = (k0 == 0 && !accumulate) ? part : t + part;
-                }
-                C[i * ldc + j] = t;
-            }
-    }
+    else
+        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, C, NULL, ldc, accumulate);
     free(a);
     free(b);
 }
@@ -708,17 +698,7 @@ static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, in
     float *c = nc == SIZE_MAX ? NULL : (float *)malloc(nc);
     const int64_t rows = c ? m : 1;
     if (!c && !(c = (float *)malloc(sizeof(float) * (size_t)n))) { /* (n floats: the row) */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                float t = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
-                for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
-                    float part = 0.0f;
-                    for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
-                        part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
-                    t = (k0 == 0 && !accumulate) ? part : t + part;
-                }
-                C[i * ldc + j] = opgen_f32_to_bf16(t);
-            }
+        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, NULL, C, ldc, accumulate);
         return;
     }
     for (int64_t i0 = 0; i0 < m; i0 += rows) {
