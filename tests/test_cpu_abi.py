@@ -36,6 +36,7 @@ from tests.cpu_cases import (
     edb_args,
     filled,
     flce_args,
+    floats,
     name_of,
     oracle_outputs,
     permuted_leading,
@@ -45,6 +46,7 @@ from tests.cpu_cases import (
     row_strided,
     set_shape,
     snapshot,
+    softmax_inputs,
 )
 from tests.reference import TORCH, assert_close_policy, f32_scalar, t64, tlong, tt
 
@@ -372,6 +374,20 @@ def test_flce_empty(rng, case, mode):
     got = check_against_oracle(FLCE, a)
     if case == "BT=0":
         assert not got["weight_grad"].astype(np.float64).any()
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize(("BT", "V"), [(5, 0), (0, 300), (40, 9 * 256 + 3)])
+def test_linear_cross_entropy_grad_vocab_sizes(rng, T, BT, V):
+    """The DSL-only cross-entropy gradient (one pass over at most 4 groups of column blocks):
+    no vocabulary at all (no group; before, the group count divided by zero), no rows, and 10
+    column blocks in groups of 3, 3, 3 and 1, against the oracle."""
+    X, W = floats(rng, (BT, 16), T), floats(rng, (V, 16), T, 0.5)
+    _, lmax, sexp = softmax_inputs(X, W)
+    a = {"grad": floats(rng, BT, "f32"), "input": X, "weight": W, "no_target": rng.random(BT) < 0.3 if V else
+         np.ones(BT, bool), "target": rng.integers(0, max(V, 1), BT).astype(np.int64), "logits_max": lmax,
+         "sum_exp_logits": sexp}
+    check_against_oracle("linear_cross_entropy_grad", a)
 
 
 @pytest.mark.parametrize("mask", ["u8+3", "bool+5", "all_outside", "all_inside"])

@@ -138,20 +138,30 @@ def _size_value(v, dims: dict[str, int]):
         return _size_value(op.lhs, dims) + _size_value(op.rhs, dims)
     if isinstance(op, ir.SizeMulOp):
         return _size_value(op.lhs, dims) * _size_value(op.rhs, dims)
+    if isinstance(op, ir.SizeDivOp):
+        return _size_value(op.lhs, dims) // _size_value(op.rhs, dims)
+    if isinstance(op, ir.SizeSubOp):
+        return max(_size_value(op.lhs, dims) - _size_value(op.rhs, dims), 0)
     assert isinstance(op, s.SegWordsOp), op
     return ("segs", _size_value(op.rows, dims), _size_value(op.n, dims))
 
 
 def _spelled_value(d: str, dims: dict[str, int]):
     """The same, read off the type's spelling (independently of the lowering's parser):
-    ``cdiv``/``mul`` nest (the one-pass chain's ``mul(cdiv(cdiv(V,256),...),BT)``)."""
+    ``cdiv``/``mul``/``div``/``sub`` nest, ``+ k`` at the end (the one-pass chain's
+    ``mul(cdiv(cdiv(V,256),div(sub(cdiv(V,256),1),4)+1),BT)``)."""
     import re
 
     if d.isdigit():
         return int(d)
     if m := re.fullmatch(r"segs\((\w+),(\w+)\)", d):
         return ("segs", dims[m[1]], dims[m[2]])
-    if m := re.fullmatch(r"(cdiv|mul)\((.*)\)", d):
+    depth = 0
+    for i, ch in enumerate(d):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "+" and depth == 0:
+            return _spelled_value(d[:i], dims) + int(d[i + 1:])
+    if m := re.fullmatch(r"(cdiv|mul|div|sub)\((.*)\)", d):
         depth, cut = 0, None
         for i, ch in enumerate(m[2]):
             depth += (ch == "(") - (ch == ")")
@@ -159,7 +169,7 @@ def _spelled_value(d: str, dims: dict[str, int]):
                 cut = i
         assert cut is not None, d
         a, b = _spelled_value(m[2][:cut], dims), _spelled_value(m[2][cut + 1:], dims)
-        return -(-a // b) if m[1] == "cdiv" else a * b
+        return {"cdiv": -(-a // b), "mul": a * b, "div": a // b, "sub": max(a - b, 0)}[m[1]]
     return dims[d]
 
 

@@ -1017,7 +1017,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -1064,13 +1064,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1093,116 +1093,118 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     const int64_t v23 = 256ll;
     const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v29 = 1.0f;
+    const int64_t v25 = 1ll;
+    const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v27 = v26 + v25;
+    const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v31 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v15; i30 < v26; i30++) {
-        const int64_t v31 = i30 * v25;
-        const int64_t v32 = v31 + v25;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = i30 * d_BT;
-        for (int64_t i35 = v31; i35 < v33; i35++) {
-            const int64_t v36 = i35 * v23;
-            const int64_t v37 = v36 + v23;
-            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
-            const int64_t v39 = v38 - v36;
-            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i41 = v15; i41 < v39; i41++) {
-                const int64_t v42 = v36 + i41;
+    for (int64_t i32 = v15; i32 < v28; i32++) {
+        const int64_t v33 = i32 * v27;
+        const int64_t v34 = v33 + v27;
+        const int64_t v35 = ((v34 < v24 || v34 != v34) ? v34 : v24);
+        const int64_t v36 = i32 * d_BT;
+        for (int64_t i37 = v33; i37 < v35; i37++) {
+            const int64_t v38 = i37 * v23;
+            const int64_t v39 = v38 + v23;
+            const int64_t v40 = ((v39 < d_V || v39 != v39) ? v39 : d_V);
+            const int64_t v41 = v40 - v38;
+            float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i43 = v15; i43 < v41; i43++) {
+                const int64_t v44 = v38 + i43;
                 #pragma omp simd
-                for (int64_t i43 = v15; i43 < d_H; i43++) {
-                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
-                    l40[i41 * d_H + i43] = v44;
+                for (int64_t i45 = v15; i45 < d_H; i45++) {
+                    const float v46 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                    l42[i43 * d_H + i45] = v46;
                 }
             }
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i46 = v15; i46 < v28; i46++) {
-                const int64_t v47 = i46 * v23;
-                const int64_t v48 = v47 + v23;
-                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
-                const int64_t v50 = v49 - v47;
-                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i52 = v15; i52 < v50; i52++) {
-                    const int64_t v53 = v47 + i52;
+            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i48 = v15; i48 < v30; i48++) {
+                const int64_t v49 = i48 * v23;
+                const int64_t v50 = v49 + v23;
+                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
+                const int64_t v52 = v51 - v49;
+                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i54 = v15; i54 < v52; i54++) {
+                    const int64_t v55 = v49 + i54;
                     #pragma omp simd
-                    for (int64_t i54 = v15; i54 < d_H; i54++) {
-                        const float v55 = opgen_f16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
-                        l51[i52 * d_H + i54] = v55;
+                    for (int64_t i56 = v15; i56 < d_H; i56++) {
+                        const float v57 = opgen_f16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
+                        l53[i54 * d_H + i56] = v57;
                     }
                 }
-                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
-                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i58 = v15; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_logits_max[v59 * st_logits_max_0];
-                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
-                    const int64_t v62 = p_masked_target[v59];
-                    const bool v63 = (bool)((p_target_mask[(v59 >> 3) * st_target_mask_0] >> (v59 & 7)) & 1);
-                    const bool v64 = !v63;
-                    const float v65 = p_grad[v59 * st_grad_0];
+                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
+                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i60 = v15; i60 < v52; i60++) {
+                    const int64_t v61 = v49 + i60;
+                    const float v62 = p_logits_max[v61 * st_logits_max_0];
+                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
+                    const int64_t v64 = p_masked_target[v61];
+                    const bool v65 = (bool)((p_target_mask[(v61 >> 3) * st_target_mask_0] >> (v61 & 7)) & 1);
+                    const bool v66 = !v65;
+                    const float v67 = p_grad[v61 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i66 = v15; i66 < v39; i66++) {
-                        const int64_t v67 = v36 + i66;
-                        const float v68 = l56[i58 * 256ll + i66];
-                        const float v69 = v68;
-                        const float v70 = v69 - v60;
-                        const float v71 = opgen_expf(v70);
-                        const float v72 = v71 / v61;
-                        const bool v73 = v67 == v62;
-                        const bool v74 = v73 && v64;
-                        const float v75 = v74 ? v29 : v8;
-                        const float v76 = v72 - v75;
-                        const float v77 = v76 * v65;
-                        l57[i58 * 256ll + i66] = v77;
+                    for (int64_t i68 = v15; i68 < v41; i68++) {
+                        const int64_t v69 = v38 + i68;
+                        const float v70 = l58[i60 * 256ll + i68];
+                        const float v71 = v70;
+                        const float v72 = v71 - v62;
+                        const float v73 = opgen_expf(v72);
+                        const float v74 = v73 / v63;
+                        const bool v75 = v69 == v64;
+                        const bool v76 = v75 && v66;
+                        const float v77 = v76 ? v31 : v8;
+                        const float v78 = v74 - v77;
+                        const float v79 = v78 * v67;
+                        l59[i60 * 256ll + i68] = v79;
                     }
                 }
-                const int64_t v78 = v34 + v47;
-                opgen_sgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
-                opgen_sgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
+                const int64_t v80 = v36 + v49;
+                opgen_sgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i79 = v15; i79 < v39; i79++) {
-                const int64_t v80 = v36 + i79;
+            for (int64_t i81 = v15; i81 < v41; i81++) {
+                const int64_t v82 = v38 + i81;
                 #pragma omp simd
-                for (int64_t i81 = v15; i81 < d_H; i81++) {
-                    const float v82 = l45[i79 * d_H + i81];
-                    const float v83 = v82;
-                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_f16(v83);
+                for (int64_t i83 = v15; i83 < d_H; i83++) {
+                    const float v84 = l47[i81 * d_H + i83];
+                    const float v85 = v84;
+                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_f16(v85);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v15; i84 < v28; i84++) {
-        const int64_t v85 = i84 * v23;
-        const int64_t v86 = v85 + v23;
-        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v15; i90 < v26; i90++) {
-            const int64_t v91 = i90 * d_BT;
-            const int64_t v92 = v91 + v85;
-            for (int64_t i93 = v15; i93 < v88; i93++) {
-                const int64_t v94 = v92 + i93;
+    for (int64_t i86 = v15; i86 < v30; i86++) {
+        const int64_t v87 = i86 * v23;
+        const int64_t v88 = v87 + v23;
+        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+        const int64_t v90 = v89 - v87;
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i92 = v15; i92 < v28; i92++) {
+            const int64_t v93 = i92 * d_BT;
+            const int64_t v94 = v93 + v87;
+            for (int64_t i95 = v15; i95 < v90; i95++) {
+                const int64_t v96 = v94 + i95;
                 #pragma omp simd
-                for (int64_t i95 = v15; i95 < d_H; i95++) {
-                    const float v96 = t27[v94 * d_H + i95];
-                    l89[i93 * d_H + i95] += v96;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = t29[v96 * d_H + i97];
+                    l91[i95 * d_H + i97] += v98;
                 }
             }
         }
-        for (int64_t i97 = v15; i97 < v88; i97++) {
-            const int64_t v98 = v85 + i97;
+        for (int64_t i99 = v15; i99 < v90; i99++) {
+            const int64_t v100 = v87 + i99;
             #pragma omp simd
-            for (int64_t i99 = v15; i99 < d_H; i99++) {
-                const float v100 = l89[i97 * d_H + i99];
-                const float v101 = v100;
-                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_f16(v101);
+            for (int64_t i101 = v15; i101 < d_H; i101++) {
+                const float v102 = l91[i99 * d_H + i101];
+                const float v103 = v102;
+                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_f16(v103);
             }
         }
     }
@@ -1265,7 +1267,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -1312,13 +1314,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1341,116 +1343,118 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     const int64_t v23 = 256ll;
     const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v29 = 1.0f;
+    const int64_t v25 = 1ll;
+    const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v27 = v26 + v25;
+    const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v31 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v15; i30 < v26; i30++) {
-        const int64_t v31 = i30 * v25;
-        const int64_t v32 = v31 + v25;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = i30 * d_BT;
-        for (int64_t i35 = v31; i35 < v33; i35++) {
-            const int64_t v36 = i35 * v23;
-            const int64_t v37 = v36 + v23;
-            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
-            const int64_t v39 = v38 - v36;
-            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i41 = v15; i41 < v39; i41++) {
-                const int64_t v42 = v36 + i41;
+    for (int64_t i32 = v15; i32 < v28; i32++) {
+        const int64_t v33 = i32 * v27;
+        const int64_t v34 = v33 + v27;
+        const int64_t v35 = ((v34 < v24 || v34 != v34) ? v34 : v24);
+        const int64_t v36 = i32 * d_BT;
+        for (int64_t i37 = v33; i37 < v35; i37++) {
+            const int64_t v38 = i37 * v23;
+            const int64_t v39 = v38 + v23;
+            const int64_t v40 = ((v39 < d_V || v39 != v39) ? v39 : d_V);
+            const int64_t v41 = v40 - v38;
+            float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i43 = v15; i43 < v41; i43++) {
+                const int64_t v44 = v38 + i43;
                 #pragma omp simd
-                for (int64_t i43 = v15; i43 < d_H; i43++) {
-                    const float v44 = opgen_f16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
-                    l40[i41 * d_H + i43] = v44;
+                for (int64_t i45 = v15; i45 < d_H; i45++) {
+                    const float v46 = opgen_f16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                    l42[i43 * d_H + i45] = v46;
                 }
             }
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i46 = v15; i46 < v28; i46++) {
-                const int64_t v47 = i46 * v23;
-                const int64_t v48 = v47 + v23;
-                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
-                const int64_t v50 = v49 - v47;
-                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i52 = v15; i52 < v50; i52++) {
-                    const int64_t v53 = v47 + i52;
+            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i48 = v15; i48 < v30; i48++) {
+                const int64_t v49 = i48 * v23;
+                const int64_t v50 = v49 + v23;
+                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
+                const int64_t v52 = v51 - v49;
+                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i54 = v15; i54 < v52; i54++) {
+                    const int64_t v55 = v49 + i54;
                     #pragma omp simd
-                    for (int64_t i54 = v15; i54 < d_H; i54++) {
-                        const float v55 = opgen_f16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
-                        l51[i52 * d_H + i54] = v55;
+                    for (int64_t i56 = v15; i56 < d_H; i56++) {
+                        const float v57 = opgen_f16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
+                        l53[i54 * d_H + i56] = v57;
                     }
                 }
-                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
-                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i58 = v15; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_logits_max[v59 * st_logits_max_0];
-                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
-                    const int64_t v62 = p_masked_target[v59];
-                    const bool v63 = p_target_mask[v59 * st_target_mask_0];
-                    const bool v64 = !v63;
-                    const float v65 = p_grad[v59 * st_grad_0];
+                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
+                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i60 = v15; i60 < v52; i60++) {
+                    const int64_t v61 = v49 + i60;
+                    const float v62 = p_logits_max[v61 * st_logits_max_0];
+                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
+                    const int64_t v64 = p_masked_target[v61];
+                    const bool v65 = p_target_mask[v61 * st_target_mask_0];
+                    const bool v66 = !v65;
+                    const float v67 = p_grad[v61 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i66 = v15; i66 < v39; i66++) {
-                        const int64_t v67 = v36 + i66;
-                        const float v68 = l56[i58 * 256ll + i66];
-                        const float v69 = v68;
-                        const float v70 = v69 - v60;
-                        const float v71 = opgen_expf(v70);
-                        const float v72 = v71 / v61;
-                        const bool v73 = v67 == v62;
-                        const bool v74 = v73 && v64;
-                        const float v75 = v74 ? v29 : v8;
-                        const float v76 = v72 - v75;
-                        const float v77 = v76 * v65;
-                        l57[i58 * 256ll + i66] = v77;
+                    for (int64_t i68 = v15; i68 < v41; i68++) {
+                        const int64_t v69 = v38 + i68;
+                        const float v70 = l58[i60 * 256ll + i68];
+                        const float v71 = v70;
+                        const float v72 = v71 - v62;
+                        const float v73 = opgen_expf(v72);
+                        const float v74 = v73 / v63;
+                        const bool v75 = v69 == v64;
+                        const bool v76 = v75 && v66;
+                        const float v77 = v76 ? v31 : v8;
+                        const float v78 = v74 - v77;
+                        const float v79 = v78 * v67;
+                        l59[i60 * 256ll + i68] = v79;
                     }
                 }
-                const int64_t v78 = v34 + v47;
-                opgen_sgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
-                opgen_sgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
+                const int64_t v80 = v36 + v49;
+                opgen_sgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i79 = v15; i79 < v39; i79++) {
-                const int64_t v80 = v36 + i79;
+            for (int64_t i81 = v15; i81 < v41; i81++) {
+                const int64_t v82 = v38 + i81;
                 #pragma omp simd
-                for (int64_t i81 = v15; i81 < d_H; i81++) {
-                    const float v82 = l45[i79 * d_H + i81];
-                    const float v83 = v82;
-                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_f16(v83);
+                for (int64_t i83 = v15; i83 < d_H; i83++) {
+                    const float v84 = l47[i81 * d_H + i83];
+                    const float v85 = v84;
+                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_f16(v85);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v15; i84 < v28; i84++) {
-        const int64_t v85 = i84 * v23;
-        const int64_t v86 = v85 + v23;
-        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v15; i90 < v26; i90++) {
-            const int64_t v91 = i90 * d_BT;
-            const int64_t v92 = v91 + v85;
-            for (int64_t i93 = v15; i93 < v88; i93++) {
-                const int64_t v94 = v92 + i93;
+    for (int64_t i86 = v15; i86 < v30; i86++) {
+        const int64_t v87 = i86 * v23;
+        const int64_t v88 = v87 + v23;
+        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+        const int64_t v90 = v89 - v87;
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i92 = v15; i92 < v28; i92++) {
+            const int64_t v93 = i92 * d_BT;
+            const int64_t v94 = v93 + v87;
+            for (int64_t i95 = v15; i95 < v90; i95++) {
+                const int64_t v96 = v94 + i95;
                 #pragma omp simd
-                for (int64_t i95 = v15; i95 < d_H; i95++) {
-                    const float v96 = t27[v94 * d_H + i95];
-                    l89[i93 * d_H + i95] += v96;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = t29[v96 * d_H + i97];
+                    l91[i95 * d_H + i97] += v98;
                 }
             }
         }
-        for (int64_t i97 = v15; i97 < v88; i97++) {
-            const int64_t v98 = v85 + i97;
+        for (int64_t i99 = v15; i99 < v90; i99++) {
+            const int64_t v100 = v87 + i99;
             #pragma omp simd
-            for (int64_t i99 = v15; i99 < d_H; i99++) {
-                const float v100 = l89[i97 * d_H + i99];
-                const float v101 = v100;
-                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_f16(v101);
+            for (int64_t i101 = v15; i101 < d_H; i101++) {
+                const float v102 = l91[i99 * d_H + i101];
+                const float v103 = v102;
+                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_f16(v103);
             }
         }
     }
@@ -1513,7 +1517,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -1560,13 +1564,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1589,116 +1593,118 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     const int64_t v23 = 256ll;
     const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v29 = 1.0f;
+    const int64_t v25 = 1ll;
+    const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v27 = v26 + v25;
+    const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v31 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v15; i30 < v26; i30++) {
-        const int64_t v31 = i30 * v25;
-        const int64_t v32 = v31 + v25;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = i30 * d_BT;
-        for (int64_t i35 = v31; i35 < v33; i35++) {
-            const int64_t v36 = i35 * v23;
-            const int64_t v37 = v36 + v23;
-            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
-            const int64_t v39 = v38 - v36;
-            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i41 = v15; i41 < v39; i41++) {
-                const int64_t v42 = v36 + i41;
+    for (int64_t i32 = v15; i32 < v28; i32++) {
+        const int64_t v33 = i32 * v27;
+        const int64_t v34 = v33 + v27;
+        const int64_t v35 = ((v34 < v24 || v34 != v34) ? v34 : v24);
+        const int64_t v36 = i32 * d_BT;
+        for (int64_t i37 = v33; i37 < v35; i37++) {
+            const int64_t v38 = i37 * v23;
+            const int64_t v39 = v38 + v23;
+            const int64_t v40 = ((v39 < d_V || v39 != v39) ? v39 : d_V);
+            const int64_t v41 = v40 - v38;
+            float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i43 = v15; i43 < v41; i43++) {
+                const int64_t v44 = v38 + i43;
                 #pragma omp simd
-                for (int64_t i43 = v15; i43 < d_H; i43++) {
-                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
-                    l40[i41 * d_H + i43] = v44;
+                for (int64_t i45 = v15; i45 < d_H; i45++) {
+                    const float v46 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                    l42[i43 * d_H + i45] = v46;
                 }
             }
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i46 = v15; i46 < v28; i46++) {
-                const int64_t v47 = i46 * v23;
-                const int64_t v48 = v47 + v23;
-                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
-                const int64_t v50 = v49 - v47;
-                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i52 = v15; i52 < v50; i52++) {
-                    const int64_t v53 = v47 + i52;
+            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i48 = v15; i48 < v30; i48++) {
+                const int64_t v49 = i48 * v23;
+                const int64_t v50 = v49 + v23;
+                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
+                const int64_t v52 = v51 - v49;
+                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i54 = v15; i54 < v52; i54++) {
+                    const int64_t v55 = v49 + i54;
                     #pragma omp simd
-                    for (int64_t i54 = v15; i54 < d_H; i54++) {
-                        const float v55 = opgen_bf16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
-                        l51[i52 * d_H + i54] = v55;
+                    for (int64_t i56 = v15; i56 < d_H; i56++) {
+                        const float v57 = opgen_bf16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
+                        l53[i54 * d_H + i56] = v57;
                     }
                 }
-                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
-                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i58 = v15; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_logits_max[v59 * st_logits_max_0];
-                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
-                    const int64_t v62 = p_masked_target[v59];
-                    const bool v63 = (bool)((p_target_mask[(v59 >> 3) * st_target_mask_0] >> (v59 & 7)) & 1);
-                    const bool v64 = !v63;
-                    const float v65 = p_grad[v59 * st_grad_0];
+                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
+                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i60 = v15; i60 < v52; i60++) {
+                    const int64_t v61 = v49 + i60;
+                    const float v62 = p_logits_max[v61 * st_logits_max_0];
+                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
+                    const int64_t v64 = p_masked_target[v61];
+                    const bool v65 = (bool)((p_target_mask[(v61 >> 3) * st_target_mask_0] >> (v61 & 7)) & 1);
+                    const bool v66 = !v65;
+                    const float v67 = p_grad[v61 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i66 = v15; i66 < v39; i66++) {
-                        const int64_t v67 = v36 + i66;
-                        const float v68 = l56[i58 * 256ll + i66];
-                        const float v69 = v68;
-                        const float v70 = v69 - v60;
-                        const float v71 = opgen_expf(v70);
-                        const float v72 = v71 / v61;
-                        const bool v73 = v67 == v62;
-                        const bool v74 = v73 && v64;
-                        const float v75 = v74 ? v29 : v8;
-                        const float v76 = v72 - v75;
-                        const float v77 = v76 * v65;
-                        l57[i58 * 256ll + i66] = v77;
+                    for (int64_t i68 = v15; i68 < v41; i68++) {
+                        const int64_t v69 = v38 + i68;
+                        const float v70 = l58[i60 * 256ll + i68];
+                        const float v71 = v70;
+                        const float v72 = v71 - v62;
+                        const float v73 = opgen_expf(v72);
+                        const float v74 = v73 / v63;
+                        const bool v75 = v69 == v64;
+                        const bool v76 = v75 && v66;
+                        const float v77 = v76 ? v31 : v8;
+                        const float v78 = v74 - v77;
+                        const float v79 = v78 * v67;
+                        l59[i60 * 256ll + i68] = v79;
                     }
                 }
-                const int64_t v78 = v34 + v47;
-                opgen_bgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
-                opgen_bgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
+                const int64_t v80 = v36 + v49;
+                opgen_bgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i79 = v15; i79 < v39; i79++) {
-                const int64_t v80 = v36 + i79;
+            for (int64_t i81 = v15; i81 < v41; i81++) {
+                const int64_t v82 = v38 + i81;
                 #pragma omp simd
-                for (int64_t i81 = v15; i81 < d_H; i81++) {
-                    const float v82 = l45[i79 * d_H + i81];
-                    const float v83 = v82;
-                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_bf16(v83);
+                for (int64_t i83 = v15; i83 < d_H; i83++) {
+                    const float v84 = l47[i81 * d_H + i83];
+                    const float v85 = v84;
+                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_bf16(v85);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v15; i84 < v28; i84++) {
-        const int64_t v85 = i84 * v23;
-        const int64_t v86 = v85 + v23;
-        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v15; i90 < v26; i90++) {
-            const int64_t v91 = i90 * d_BT;
-            const int64_t v92 = v91 + v85;
-            for (int64_t i93 = v15; i93 < v88; i93++) {
-                const int64_t v94 = v92 + i93;
+    for (int64_t i86 = v15; i86 < v30; i86++) {
+        const int64_t v87 = i86 * v23;
+        const int64_t v88 = v87 + v23;
+        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+        const int64_t v90 = v89 - v87;
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i92 = v15; i92 < v28; i92++) {
+            const int64_t v93 = i92 * d_BT;
+            const int64_t v94 = v93 + v87;
+            for (int64_t i95 = v15; i95 < v90; i95++) {
+                const int64_t v96 = v94 + i95;
                 #pragma omp simd
-                for (int64_t i95 = v15; i95 < d_H; i95++) {
-                    const float v96 = t27[v94 * d_H + i95];
-                    l89[i93 * d_H + i95] += v96;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = t29[v96 * d_H + i97];
+                    l91[i95 * d_H + i97] += v98;
                 }
             }
         }
-        for (int64_t i97 = v15; i97 < v88; i97++) {
-            const int64_t v98 = v85 + i97;
+        for (int64_t i99 = v15; i99 < v90; i99++) {
+            const int64_t v100 = v87 + i99;
             #pragma omp simd
-            for (int64_t i99 = v15; i99 < d_H; i99++) {
-                const float v100 = l89[i97 * d_H + i99];
-                const float v101 = v100;
-                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_bf16(v101);
+            for (int64_t i101 = v15; i101 < d_H; i101++) {
+                const float v102 = l91[i99 * d_H + i101];
+                const float v103 = v102;
+                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_bf16(v103);
             }
         }
     }
@@ -1761,7 +1767,7 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     const int64_t d_V = dims[2]; (void)d_V;
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -1808,13 +1814,13 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t d_L = dims[3]; (void)d_L;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t27 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l51_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l56_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l57_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l89_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1837,116 +1843,118 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     }
     const int64_t v23 = 256ll;
     const int64_t v24 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v25 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v26 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t27, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v28 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v29 = 1.0f;
+    const int64_t v25 = 1ll;
+    const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v27 = v26 + v25;
+    const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v31 = 1.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i30 = v15; i30 < v26; i30++) {
-        const int64_t v31 = i30 * v25;
-        const int64_t v32 = v31 + v25;
-        const int64_t v33 = ((v32 < v24 || v32 != v32) ? v32 : v24);
-        const int64_t v34 = i30 * d_BT;
-        for (int64_t i35 = v31; i35 < v33; i35++) {
-            const int64_t v36 = i35 * v23;
-            const int64_t v37 = v36 + v23;
-            const int64_t v38 = ((v37 < d_V || v37 != v37) ? v37 : d_V);
-            const int64_t v39 = v38 - v36;
-            float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i41 = v15; i41 < v39; i41++) {
-                const int64_t v42 = v36 + i41;
+    for (int64_t i32 = v15; i32 < v28; i32++) {
+        const int64_t v33 = i32 * v27;
+        const int64_t v34 = v33 + v27;
+        const int64_t v35 = ((v34 < v24 || v34 != v34) ? v34 : v24);
+        const int64_t v36 = i32 * d_BT;
+        for (int64_t i37 = v33; i37 < v35; i37++) {
+            const int64_t v38 = i37 * v23;
+            const int64_t v39 = v38 + v23;
+            const int64_t v40 = ((v39 < d_V || v39 != v39) ? v39 : d_V);
+            const int64_t v41 = v40 - v38;
+            float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i43 = v15; i43 < v41; i43++) {
+                const int64_t v44 = v38 + i43;
                 #pragma omp simd
-                for (int64_t i43 = v15; i43 < d_H; i43++) {
-                    const float v44 = opgen_bf16_to_f32(p_weight[v42 * st_weight_0 + i43 * st_weight_1]);
-                    l40[i41 * d_H + i43] = v44;
+                for (int64_t i45 = v15; i45 < d_H; i45++) {
+                    const float v46 = opgen_bf16_to_f32(p_weight[v44 * st_weight_0 + i45 * st_weight_1]);
+                    l42[i43 * d_H + i45] = v46;
                 }
             }
-            float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l45, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i46 = v15; i46 < v28; i46++) {
-                const int64_t v47 = i46 * v23;
-                const int64_t v48 = v47 + v23;
-                const int64_t v49 = ((v48 < d_BT || v48 != v48) ? v48 : d_BT);
-                const int64_t v50 = v49 - v47;
-                float *restrict l51 = l51_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i52 = v15; i52 < v50; i52++) {
-                    const int64_t v53 = v47 + i52;
+            float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i48 = v15; i48 < v30; i48++) {
+                const int64_t v49 = i48 * v23;
+                const int64_t v50 = v49 + v23;
+                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
+                const int64_t v52 = v51 - v49;
+                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i54 = v15; i54 < v52; i54++) {
+                    const int64_t v55 = v49 + i54;
                     #pragma omp simd
-                    for (int64_t i54 = v15; i54 < d_H; i54++) {
-                        const float v55 = opgen_bf16_to_f32(p_input[v53 * st_input_0 + i54 * st_input_1]);
-                        l51[i52 * d_H + i54] = v55;
+                    for (int64_t i56 = v15; i56 < d_H; i56++) {
+                        const float v57 = opgen_bf16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
+                        l53[i54 * d_H + i56] = v57;
                     }
                 }
-                float *restrict l56 = l56_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v50, v39, d_H, l51, d_H, 1, l40, 1, d_H, l56, 256ll, 0);
-                float *restrict l57 = l57_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i58 = v15; i58 < v50; i58++) {
-                    const int64_t v59 = v47 + i58;
-                    const float v60 = p_logits_max[v59 * st_logits_max_0];
-                    const float v61 = p_sum_exp_logits[v59 * st_sum_exp_logits_0];
-                    const int64_t v62 = p_masked_target[v59];
-                    const bool v63 = p_target_mask[v59 * st_target_mask_0];
-                    const bool v64 = !v63;
-                    const float v65 = p_grad[v59 * st_grad_0];
+                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
+                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i60 = v15; i60 < v52; i60++) {
+                    const int64_t v61 = v49 + i60;
+                    const float v62 = p_logits_max[v61 * st_logits_max_0];
+                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
+                    const int64_t v64 = p_masked_target[v61];
+                    const bool v65 = p_target_mask[v61 * st_target_mask_0];
+                    const bool v66 = !v65;
+                    const float v67 = p_grad[v61 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i66 = v15; i66 < v39; i66++) {
-                        const int64_t v67 = v36 + i66;
-                        const float v68 = l56[i58 * 256ll + i66];
-                        const float v69 = v68;
-                        const float v70 = v69 - v60;
-                        const float v71 = opgen_expf(v70);
-                        const float v72 = v71 / v61;
-                        const bool v73 = v67 == v62;
-                        const bool v74 = v73 && v64;
-                        const float v75 = v74 ? v29 : v8;
-                        const float v76 = v72 - v75;
-                        const float v77 = v76 * v65;
-                        l57[i58 * 256ll + i66] = v77;
+                    for (int64_t i68 = v15; i68 < v41; i68++) {
+                        const int64_t v69 = v38 + i68;
+                        const float v70 = l58[i60 * 256ll + i68];
+                        const float v71 = v70;
+                        const float v72 = v71 - v62;
+                        const float v73 = opgen_expf(v72);
+                        const float v74 = v73 / v63;
+                        const bool v75 = v69 == v64;
+                        const bool v76 = v75 && v66;
+                        const float v77 = v76 ? v31 : v8;
+                        const float v78 = v74 - v77;
+                        const float v79 = v78 * v67;
+                        l59[i60 * 256ll + i68] = v79;
                     }
                 }
-                const int64_t v78 = v34 + v47;
-                opgen_bgemm(v50, d_H, v39, l57, 256ll, 1, l40, d_H, 1, t27 + v78 * d_H, d_H, 1);
-                opgen_bgemm(v39, d_H, v50, l57, 1, 256ll, l51, d_H, 1, l45, d_H, 1);
+                const int64_t v80 = v36 + v49;
+                opgen_bgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i79 = v15; i79 < v39; i79++) {
-                const int64_t v80 = v36 + i79;
+            for (int64_t i81 = v15; i81 < v41; i81++) {
+                const int64_t v82 = v38 + i81;
                 #pragma omp simd
-                for (int64_t i81 = v15; i81 < d_H; i81++) {
-                    const float v82 = l45[i79 * d_H + i81];
-                    const float v83 = v82;
-                    p_weight_grad[v80 * st_weight_grad_0 + i81 * st_weight_grad_1] = opgen_f32_to_bf16(v83);
+                for (int64_t i83 = v15; i83 < d_H; i83++) {
+                    const float v84 = l47[i81 * d_H + i83];
+                    const float v85 = v84;
+                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_bf16(v85);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v15; i84 < v28; i84++) {
-        const int64_t v85 = i84 * v23;
-        const int64_t v86 = v85 + v23;
-        const int64_t v87 = ((v86 < d_BT || v86 != v86) ? v86 : d_BT);
-        const int64_t v88 = v87 - v85;
-        float *restrict l89 = l89_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l89, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i90 = v15; i90 < v26; i90++) {
-            const int64_t v91 = i90 * d_BT;
-            const int64_t v92 = v91 + v85;
-            for (int64_t i93 = v15; i93 < v88; i93++) {
-                const int64_t v94 = v92 + i93;
+    for (int64_t i86 = v15; i86 < v30; i86++) {
+        const int64_t v87 = i86 * v23;
+        const int64_t v88 = v87 + v23;
+        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
+        const int64_t v90 = v89 - v87;
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i92 = v15; i92 < v28; i92++) {
+            const int64_t v93 = i92 * d_BT;
+            const int64_t v94 = v93 + v87;
+            for (int64_t i95 = v15; i95 < v90; i95++) {
+                const int64_t v96 = v94 + i95;
                 #pragma omp simd
-                for (int64_t i95 = v15; i95 < d_H; i95++) {
-                    const float v96 = t27[v94 * d_H + i95];
-                    l89[i93 * d_H + i95] += v96;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = t29[v96 * d_H + i97];
+                    l91[i95 * d_H + i97] += v98;
                 }
             }
         }
-        for (int64_t i97 = v15; i97 < v88; i97++) {
-            const int64_t v98 = v85 + i97;
+        for (int64_t i99 = v15; i99 < v90; i99++) {
+            const int64_t v100 = v87 + i99;
             #pragma omp simd
-            for (int64_t i99 = v15; i99 < d_H; i99++) {
-                const float v100 = l89[i97 * d_H + i99];
-                const float v101 = v100;
-                p_input_grad[v98 * st_input_grad_0 + i99 * st_input_grad_1] = opgen_f32_to_bf16(v101);
+            for (int64_t i101 = v15; i101 < d_H; i101++) {
+                const float v102 = l91[i99 * d_H + i101];
+                const float v103 = v102;
+                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_bf16(v103);
             }
         }
     }

@@ -48,7 +48,7 @@ static size_t k_linear_cross_entropy_grad_f16_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -93,13 +93,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -112,117 +112,119 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     }
     const int64_t v9 = 256ll;
     const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v15 = 1.0f;
-    const float v16 = 0.0f;
+    const int64_t v11 = 1ll;
+    const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v13 = v12 + v11;
+    const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v17 = 1.0f;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i17 = v1; i17 < v12; i17++) {
-        const int64_t v18 = i17 * v11;
-        const int64_t v19 = v18 + v11;
-        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
-        const int64_t v21 = i17 * d_BT;
-        for (int64_t i22 = v18; i22 < v20; i22++) {
-            const int64_t v23 = i22 * v9;
-            const int64_t v24 = v23 + v9;
-            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
-            const int64_t v26 = v25 - v23;
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i28 = v1; i28 < v26; i28++) {
-                const int64_t v29 = v23 + i28;
+    for (int64_t i19 = v1; i19 < v14; i19++) {
+        const int64_t v20 = i19 * v13;
+        const int64_t v21 = v20 + v13;
+        const int64_t v22 = ((v21 < v10 || v21 != v21) ? v21 : v10);
+        const int64_t v23 = i19 * d_BT;
+        for (int64_t i24 = v20; i24 < v22; i24++) {
+            const int64_t v25 = i24 * v9;
+            const int64_t v26 = v25 + v9;
+            const int64_t v27 = ((v26 < d_V || v26 != v26) ? v26 : d_V);
+            const int64_t v28 = v27 - v25;
+            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i30 = v1; i30 < v28; i30++) {
+                const int64_t v31 = v25 + i30;
                 #pragma omp simd
-                for (int64_t i30 = v1; i30 < d_H; i30++) {
-                    const float v31 = opgen_f16_to_f32(p_weight[v29 * st_weight_0 + i30 * st_weight_1]);
-                    l27[i28 * d_H + i30] = v31;
+                for (int64_t i32 = v1; i32 < d_H; i32++) {
+                    const float v33 = opgen_f16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                    l29[i30 * d_H + i32] = v33;
                 }
             }
-            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i33 = v1; i33 < v14; i33++) {
-                const int64_t v34 = i33 * v9;
-                const int64_t v35 = v34 + v9;
-                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
-                const int64_t v37 = v36 - v34;
-                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i39 = v1; i39 < v37; i39++) {
-                    const int64_t v40 = v34 + i39;
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i35 = v1; i35 < v16; i35++) {
+                const int64_t v36 = i35 * v9;
+                const int64_t v37 = v36 + v9;
+                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
+                const int64_t v39 = v38 - v36;
+                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i41 = v1; i41 < v39; i41++) {
+                    const int64_t v42 = v36 + i41;
                     #pragma omp simd
-                    for (int64_t i41 = v1; i41 < d_H; i41++) {
-                        const float v42 = opgen_f16_to_f32(p_input[v40 * st_input_0 + i41 * st_input_1]);
-                        l38[i39 * d_H + i41] = v42;
+                    for (int64_t i43 = v1; i43 < d_H; i43++) {
+                        const float v44 = opgen_f16_to_f32(p_input[v42 * st_input_0 + i43 * st_input_1]);
+                        l40[i41 * d_H + i43] = v44;
                     }
                 }
-                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
-                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i45 = v1; i45 < v37; i45++) {
-                    const int64_t v46 = v34 + i45;
-                    const float v47 = p_logits_max[v46 * st_logits_max_0];
-                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
-                    const int64_t v49 = p_target[v46];
-                    const bool v50 = p_no_target[v46 * st_no_target_0];
-                    const bool v51 = !v50;
-                    const float v52 = p_grad[v46 * st_grad_0];
+                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
+                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i47 = v1; i47 < v39; i47++) {
+                    const int64_t v48 = v36 + i47;
+                    const float v49 = p_logits_max[v48 * st_logits_max_0];
+                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
+                    const int64_t v51 = p_target[v48];
+                    const bool v52 = p_no_target[v48 * st_no_target_0];
+                    const bool v53 = !v52;
+                    const float v54 = p_grad[v48 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i53 = v1; i53 < v26; i53++) {
-                        const int64_t v54 = v23 + i53;
-                        const float v55 = l43[i45 * 256ll + i53];
-                        const float v56 = v55;
-                        const float v57 = v56 - v47;
-                        const float v58 = opgen_expf(v57);
-                        const float v59 = v58 / v48;
-                        const bool v60 = v54 == v49;
-                        const bool v61 = v60 && v51;
-                        const float v62 = v61 ? v15 : v16;
-                        const float v63 = v59 - v62;
-                        const float v64 = v63 * v52;
-                        l44[i45 * 256ll + i53] = v64;
+                    for (int64_t i55 = v1; i55 < v28; i55++) {
+                        const int64_t v56 = v25 + i55;
+                        const float v57 = l45[i47 * 256ll + i55];
+                        const float v58 = v57;
+                        const float v59 = v58 - v49;
+                        const float v60 = opgen_expf(v59);
+                        const float v61 = v60 / v50;
+                        const bool v62 = v56 == v51;
+                        const bool v63 = v62 && v53;
+                        const float v64 = v63 ? v17 : v18;
+                        const float v65 = v61 - v64;
+                        const float v66 = v65 * v54;
+                        l46[i47 * 256ll + i55] = v66;
                     }
                 }
-                const int64_t v65 = v21 + v34;
-                opgen_sgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
-                opgen_sgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
+                const int64_t v67 = v23 + v36;
+                opgen_sgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i66 = v1; i66 < v26; i66++) {
-                const int64_t v67 = v23 + i66;
+            for (int64_t i68 = v1; i68 < v28; i68++) {
+                const int64_t v69 = v25 + i68;
                 #pragma omp simd
-                for (int64_t i68 = v1; i68 < d_H; i68++) {
-                    const float v69 = l32[i66 * d_H + i68];
-                    const float v70 = v69;
-                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = opgen_f32_to_f16(v70);
+                for (int64_t i70 = v1; i70 < d_H; i70++) {
+                    const float v71 = l34[i68 * d_H + i70];
+                    const float v72 = v71;
+                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = opgen_f32_to_f16(v72);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v1; i71 < v14; i71++) {
-        const int64_t v72 = i71 * v9;
-        const int64_t v73 = v72 + v9;
-        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v1; i77 < v12; i77++) {
-            const int64_t v78 = i77 * d_BT;
-            const int64_t v79 = v78 + v72;
-            for (int64_t i80 = v1; i80 < v75; i80++) {
-                const int64_t v81 = v79 + i80;
+    for (int64_t i73 = v1; i73 < v16; i73++) {
+        const int64_t v74 = i73 * v9;
+        const int64_t v75 = v74 + v9;
+        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
+        const int64_t v77 = v76 - v74;
+        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i79 = v1; i79 < v14; i79++) {
+            const int64_t v80 = i79 * d_BT;
+            const int64_t v81 = v80 + v74;
+            for (int64_t i82 = v1; i82 < v77; i82++) {
+                const int64_t v83 = v81 + i82;
                 #pragma omp simd
-                for (int64_t i82 = v1; i82 < d_H; i82++) {
-                    const float v83 = t13[v81 * d_H + i82];
-                    l76[i80 * d_H + i82] += v83;
+                for (int64_t i84 = v1; i84 < d_H; i84++) {
+                    const float v85 = t15[v83 * d_H + i84];
+                    l78[i82 * d_H + i84] += v85;
                 }
             }
         }
-        for (int64_t i84 = v1; i84 < v75; i84++) {
-            const int64_t v85 = v72 + i84;
+        for (int64_t i86 = v1; i86 < v77; i86++) {
+            const int64_t v87 = v74 + i86;
             #pragma omp simd
-            for (int64_t i86 = v1; i86 < d_H; i86++) {
-                const float v87 = l76[i84 * d_H + i86];
-                const float v88 = v87;
-                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = opgen_f32_to_f16(v88);
+            for (int64_t i88 = v1; i88 < d_H; i88++) {
+                const float v89 = l78[i86 * d_H + i88];
+                const float v90 = v89;
+                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = opgen_f32_to_f16(v90);
             }
         }
     }
@@ -272,7 +274,7 @@ static size_t k_linear_cross_entropy_grad_bf16_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -317,13 +319,13 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -336,117 +338,119 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     }
     const int64_t v9 = 256ll;
     const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v15 = 1.0f;
-    const float v16 = 0.0f;
+    const int64_t v11 = 1ll;
+    const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v13 = v12 + v11;
+    const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v17 = 1.0f;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i17 = v1; i17 < v12; i17++) {
-        const int64_t v18 = i17 * v11;
-        const int64_t v19 = v18 + v11;
-        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
-        const int64_t v21 = i17 * d_BT;
-        for (int64_t i22 = v18; i22 < v20; i22++) {
-            const int64_t v23 = i22 * v9;
-            const int64_t v24 = v23 + v9;
-            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
-            const int64_t v26 = v25 - v23;
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i28 = v1; i28 < v26; i28++) {
-                const int64_t v29 = v23 + i28;
+    for (int64_t i19 = v1; i19 < v14; i19++) {
+        const int64_t v20 = i19 * v13;
+        const int64_t v21 = v20 + v13;
+        const int64_t v22 = ((v21 < v10 || v21 != v21) ? v21 : v10);
+        const int64_t v23 = i19 * d_BT;
+        for (int64_t i24 = v20; i24 < v22; i24++) {
+            const int64_t v25 = i24 * v9;
+            const int64_t v26 = v25 + v9;
+            const int64_t v27 = ((v26 < d_V || v26 != v26) ? v26 : d_V);
+            const int64_t v28 = v27 - v25;
+            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i30 = v1; i30 < v28; i30++) {
+                const int64_t v31 = v25 + i30;
                 #pragma omp simd
-                for (int64_t i30 = v1; i30 < d_H; i30++) {
-                    const float v31 = opgen_bf16_to_f32(p_weight[v29 * st_weight_0 + i30 * st_weight_1]);
-                    l27[i28 * d_H + i30] = v31;
+                for (int64_t i32 = v1; i32 < d_H; i32++) {
+                    const float v33 = opgen_bf16_to_f32(p_weight[v31 * st_weight_0 + i32 * st_weight_1]);
+                    l29[i30 * d_H + i32] = v33;
                 }
             }
-            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i33 = v1; i33 < v14; i33++) {
-                const int64_t v34 = i33 * v9;
-                const int64_t v35 = v34 + v9;
-                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
-                const int64_t v37 = v36 - v34;
-                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i39 = v1; i39 < v37; i39++) {
-                    const int64_t v40 = v34 + i39;
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i35 = v1; i35 < v16; i35++) {
+                const int64_t v36 = i35 * v9;
+                const int64_t v37 = v36 + v9;
+                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
+                const int64_t v39 = v38 - v36;
+                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i41 = v1; i41 < v39; i41++) {
+                    const int64_t v42 = v36 + i41;
                     #pragma omp simd
-                    for (int64_t i41 = v1; i41 < d_H; i41++) {
-                        const float v42 = opgen_bf16_to_f32(p_input[v40 * st_input_0 + i41 * st_input_1]);
-                        l38[i39 * d_H + i41] = v42;
+                    for (int64_t i43 = v1; i43 < d_H; i43++) {
+                        const float v44 = opgen_bf16_to_f32(p_input[v42 * st_input_0 + i43 * st_input_1]);
+                        l40[i41 * d_H + i43] = v44;
                     }
                 }
-                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
-                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i45 = v1; i45 < v37; i45++) {
-                    const int64_t v46 = v34 + i45;
-                    const float v47 = p_logits_max[v46 * st_logits_max_0];
-                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
-                    const int64_t v49 = p_target[v46];
-                    const bool v50 = p_no_target[v46 * st_no_target_0];
-                    const bool v51 = !v50;
-                    const float v52 = p_grad[v46 * st_grad_0];
+                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
+                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i47 = v1; i47 < v39; i47++) {
+                    const int64_t v48 = v36 + i47;
+                    const float v49 = p_logits_max[v48 * st_logits_max_0];
+                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
+                    const int64_t v51 = p_target[v48];
+                    const bool v52 = p_no_target[v48 * st_no_target_0];
+                    const bool v53 = !v52;
+                    const float v54 = p_grad[v48 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i53 = v1; i53 < v26; i53++) {
-                        const int64_t v54 = v23 + i53;
-                        const float v55 = l43[i45 * 256ll + i53];
-                        const float v56 = v55;
-                        const float v57 = v56 - v47;
-                        const float v58 = opgen_expf(v57);
-                        const float v59 = v58 / v48;
-                        const bool v60 = v54 == v49;
-                        const bool v61 = v60 && v51;
-                        const float v62 = v61 ? v15 : v16;
-                        const float v63 = v59 - v62;
-                        const float v64 = v63 * v52;
-                        l44[i45 * 256ll + i53] = v64;
+                    for (int64_t i55 = v1; i55 < v28; i55++) {
+                        const int64_t v56 = v25 + i55;
+                        const float v57 = l45[i47 * 256ll + i55];
+                        const float v58 = v57;
+                        const float v59 = v58 - v49;
+                        const float v60 = opgen_expf(v59);
+                        const float v61 = v60 / v50;
+                        const bool v62 = v56 == v51;
+                        const bool v63 = v62 && v53;
+                        const float v64 = v63 ? v17 : v18;
+                        const float v65 = v61 - v64;
+                        const float v66 = v65 * v54;
+                        l46[i47 * 256ll + i55] = v66;
                     }
                 }
-                const int64_t v65 = v21 + v34;
-                opgen_bgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
-                opgen_bgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
+                const int64_t v67 = v23 + v36;
+                opgen_bgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
+                opgen_bgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i66 = v1; i66 < v26; i66++) {
-                const int64_t v67 = v23 + i66;
+            for (int64_t i68 = v1; i68 < v28; i68++) {
+                const int64_t v69 = v25 + i68;
                 #pragma omp simd
-                for (int64_t i68 = v1; i68 < d_H; i68++) {
-                    const float v69 = l32[i66 * d_H + i68];
-                    const float v70 = v69;
-                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = opgen_f32_to_bf16(v70);
+                for (int64_t i70 = v1; i70 < d_H; i70++) {
+                    const float v71 = l34[i68 * d_H + i70];
+                    const float v72 = v71;
+                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = opgen_f32_to_bf16(v72);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v1; i71 < v14; i71++) {
-        const int64_t v72 = i71 * v9;
-        const int64_t v73 = v72 + v9;
-        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v1; i77 < v12; i77++) {
-            const int64_t v78 = i77 * d_BT;
-            const int64_t v79 = v78 + v72;
-            for (int64_t i80 = v1; i80 < v75; i80++) {
-                const int64_t v81 = v79 + i80;
+    for (int64_t i73 = v1; i73 < v16; i73++) {
+        const int64_t v74 = i73 * v9;
+        const int64_t v75 = v74 + v9;
+        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
+        const int64_t v77 = v76 - v74;
+        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i79 = v1; i79 < v14; i79++) {
+            const int64_t v80 = i79 * d_BT;
+            const int64_t v81 = v80 + v74;
+            for (int64_t i82 = v1; i82 < v77; i82++) {
+                const int64_t v83 = v81 + i82;
                 #pragma omp simd
-                for (int64_t i82 = v1; i82 < d_H; i82++) {
-                    const float v83 = t13[v81 * d_H + i82];
-                    l76[i80 * d_H + i82] += v83;
+                for (int64_t i84 = v1; i84 < d_H; i84++) {
+                    const float v85 = t15[v83 * d_H + i84];
+                    l78[i82 * d_H + i84] += v85;
                 }
             }
         }
-        for (int64_t i84 = v1; i84 < v75; i84++) {
-            const int64_t v85 = v72 + i84;
+        for (int64_t i86 = v1; i86 < v77; i86++) {
+            const int64_t v87 = v74 + i86;
             #pragma omp simd
-            for (int64_t i86 = v1; i86 < d_H; i86++) {
-                const float v87 = l76[i84 * d_H + i86];
-                const float v88 = v87;
-                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = opgen_f32_to_bf16(v88);
+            for (int64_t i88 = v1; i88 < d_H; i88++) {
+                const float v89 = l78[i86 * d_H + i88];
+                const float v90 = v89;
+                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = opgen_f32_to_bf16(v90);
             }
         }
     }
@@ -496,7 +500,7 @@ static size_t k_linear_cross_entropy_grad_f32_ws(const int64_t *dims) {
     const int64_t d_H = dims[1]; (void)d_H;
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
@@ -541,13 +545,13 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int64_t d_V = dims[2]; (void)d_V;
     size_t off = 0;
     char *wp = ws;
-    float *restrict t13 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l43_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l44_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l76_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -560,117 +564,119 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     }
     const int64_t v9 = 256ll;
     const int64_t v10 = (d_V / 256 + (d_V % 256 != 0));
-    const int64_t v11 = ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0));
-    const int64_t v12 = ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0));
-    memset(t13, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) + ((d_V / 256 + (d_V % 256 != 0)) % ((d_V / 256 + (d_V % 256 != 0)) / 4 + ((d_V / 256 + (d_V % 256 != 0)) % 4 != 0)) != 0)) * d_BT) * (size_t)d_H);
-    const int64_t v14 = (d_BT / 256 + (d_BT % 256 != 0));
-    const float v15 = 1.0f;
-    const float v16 = 0.0f;
+    const int64_t v11 = 1ll;
+    const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
+    const int64_t v13 = v12 + v11;
+    const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
+    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
+    const float v17 = 1.0f;
+    const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i17 = v1; i17 < v12; i17++) {
-        const int64_t v18 = i17 * v11;
-        const int64_t v19 = v18 + v11;
-        const int64_t v20 = ((v19 < v10 || v19 != v19) ? v19 : v10);
-        const int64_t v21 = i17 * d_BT;
-        for (int64_t i22 = v18; i22 < v20; i22++) {
-            const int64_t v23 = i22 * v9;
-            const int64_t v24 = v23 + v9;
-            const int64_t v25 = ((v24 < d_V || v24 != v24) ? v24 : d_V);
-            const int64_t v26 = v25 - v23;
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i28 = v1; i28 < v26; i28++) {
-                const int64_t v29 = v23 + i28;
+    for (int64_t i19 = v1; i19 < v14; i19++) {
+        const int64_t v20 = i19 * v13;
+        const int64_t v21 = v20 + v13;
+        const int64_t v22 = ((v21 < v10 || v21 != v21) ? v21 : v10);
+        const int64_t v23 = i19 * d_BT;
+        for (int64_t i24 = v20; i24 < v22; i24++) {
+            const int64_t v25 = i24 * v9;
+            const int64_t v26 = v25 + v9;
+            const int64_t v27 = ((v26 < d_V || v26 != v26) ? v26 : d_V);
+            const int64_t v28 = v27 - v25;
+            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i30 = v1; i30 < v28; i30++) {
+                const int64_t v31 = v25 + i30;
                 #pragma omp simd
-                for (int64_t i30 = v1; i30 < d_H; i30++) {
-                    const float v31 = p_weight[v29 * st_weight_0 + i30 * st_weight_1];
-                    l27[i28 * d_H + i30] = v31;
+                for (int64_t i32 = v1; i32 < d_H; i32++) {
+                    const float v33 = p_weight[v31 * st_weight_0 + i32 * st_weight_1];
+                    l29[i30 * d_H + i32] = v33;
                 }
             }
-            float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i33 = v1; i33 < v14; i33++) {
-                const int64_t v34 = i33 * v9;
-                const int64_t v35 = v34 + v9;
-                const int64_t v36 = ((v35 < d_BT || v35 != v35) ? v35 : d_BT);
-                const int64_t v37 = v36 - v34;
-                float *restrict l38 = l38_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i39 = v1; i39 < v37; i39++) {
-                    const int64_t v40 = v34 + i39;
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            for (int64_t i35 = v1; i35 < v16; i35++) {
+                const int64_t v36 = i35 * v9;
+                const int64_t v37 = v36 + v9;
+                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
+                const int64_t v39 = v38 - v36;
+                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i41 = v1; i41 < v39; i41++) {
+                    const int64_t v42 = v36 + i41;
                     #pragma omp simd
-                    for (int64_t i41 = v1; i41 < d_H; i41++) {
-                        const float v42 = p_input[v40 * st_input_0 + i41 * st_input_1];
-                        l38[i39 * d_H + i41] = v42;
+                    for (int64_t i43 = v1; i43 < d_H; i43++) {
+                        const float v44 = p_input[v42 * st_input_0 + i43 * st_input_1];
+                        l40[i41 * d_H + i43] = v44;
                     }
                 }
-                float *restrict l43 = l43_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v37, v26, d_H, l38, d_H, 1, l27, 1, d_H, l43, 256ll, 0);
-                float *restrict l44 = l44_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i45 = v1; i45 < v37; i45++) {
-                    const int64_t v46 = v34 + i45;
-                    const float v47 = p_logits_max[v46 * st_logits_max_0];
-                    const float v48 = p_sum_exp_logits[v46 * st_sum_exp_logits_0];
-                    const int64_t v49 = p_target[v46];
-                    const bool v50 = p_no_target[v46 * st_no_target_0];
-                    const bool v51 = !v50;
-                    const float v52 = p_grad[v46 * st_grad_0];
+                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
+                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i47 = v1; i47 < v39; i47++) {
+                    const int64_t v48 = v36 + i47;
+                    const float v49 = p_logits_max[v48 * st_logits_max_0];
+                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
+                    const int64_t v51 = p_target[v48];
+                    const bool v52 = p_no_target[v48 * st_no_target_0];
+                    const bool v53 = !v52;
+                    const float v54 = p_grad[v48 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i53 = v1; i53 < v26; i53++) {
-                        const int64_t v54 = v23 + i53;
-                        const float v55 = l43[i45 * 256ll + i53];
-                        const float v56 = v55;
-                        const float v57 = v56 - v47;
-                        const float v58 = opgen_expf(v57);
-                        const float v59 = v58 / v48;
-                        const bool v60 = v54 == v49;
-                        const bool v61 = v60 && v51;
-                        const float v62 = v61 ? v15 : v16;
-                        const float v63 = v59 - v62;
-                        const float v64 = v63 * v52;
-                        l44[i45 * 256ll + i53] = v64;
+                    for (int64_t i55 = v1; i55 < v28; i55++) {
+                        const int64_t v56 = v25 + i55;
+                        const float v57 = l45[i47 * 256ll + i55];
+                        const float v58 = v57;
+                        const float v59 = v58 - v49;
+                        const float v60 = opgen_expf(v59);
+                        const float v61 = v60 / v50;
+                        const bool v62 = v56 == v51;
+                        const bool v63 = v62 && v53;
+                        const float v64 = v63 ? v17 : v18;
+                        const float v65 = v61 - v64;
+                        const float v66 = v65 * v54;
+                        l46[i47 * 256ll + i55] = v66;
                     }
                 }
-                const int64_t v65 = v21 + v34;
-                opgen_sgemm(v37, d_H, v26, l44, 256ll, 1, l27, d_H, 1, t13 + v65 * d_H, d_H, 1);
-                opgen_sgemm(v26, d_H, v37, l44, 1, 256ll, l38, d_H, 1, l32, d_H, 1);
+                const int64_t v67 = v23 + v36;
+                opgen_sgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i66 = v1; i66 < v26; i66++) {
-                const int64_t v67 = v23 + i66;
+            for (int64_t i68 = v1; i68 < v28; i68++) {
+                const int64_t v69 = v25 + i68;
                 #pragma omp simd
-                for (int64_t i68 = v1; i68 < d_H; i68++) {
-                    const float v69 = l32[i66 * d_H + i68];
-                    const float v70 = v69;
-                    p_weight_grad[v67 * st_weight_grad_0 + i68 * st_weight_grad_1] = v70;
+                for (int64_t i70 = v1; i70 < d_H; i70++) {
+                    const float v71 = l34[i68 * d_H + i70];
+                    const float v72 = v71;
+                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = v72;
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i71 = v1; i71 < v14; i71++) {
-        const int64_t v72 = i71 * v9;
-        const int64_t v73 = v72 + v9;
-        const int64_t v74 = ((v73 < d_BT || v73 != v73) ? v73 : d_BT);
-        const int64_t v75 = v74 - v72;
-        float *restrict l76 = l76_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l76, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i77 = v1; i77 < v12; i77++) {
-            const int64_t v78 = i77 * d_BT;
-            const int64_t v79 = v78 + v72;
-            for (int64_t i80 = v1; i80 < v75; i80++) {
-                const int64_t v81 = v79 + i80;
+    for (int64_t i73 = v1; i73 < v16; i73++) {
+        const int64_t v74 = i73 * v9;
+        const int64_t v75 = v74 + v9;
+        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
+        const int64_t v77 = v76 - v74;
+        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i79 = v1; i79 < v14; i79++) {
+            const int64_t v80 = i79 * d_BT;
+            const int64_t v81 = v80 + v74;
+            for (int64_t i82 = v1; i82 < v77; i82++) {
+                const int64_t v83 = v81 + i82;
                 #pragma omp simd
-                for (int64_t i82 = v1; i82 < d_H; i82++) {
-                    const float v83 = t13[v81 * d_H + i82];
-                    l76[i80 * d_H + i82] += v83;
+                for (int64_t i84 = v1; i84 < d_H; i84++) {
+                    const float v85 = t15[v83 * d_H + i84];
+                    l78[i82 * d_H + i84] += v85;
                 }
             }
         }
-        for (int64_t i84 = v1; i84 < v75; i84++) {
-            const int64_t v85 = v72 + i84;
+        for (int64_t i86 = v1; i86 < v77; i86++) {
+            const int64_t v87 = v74 + i86;
             #pragma omp simd
-            for (int64_t i86 = v1; i86 < d_H; i86++) {
-                const float v87 = l76[i84 * d_H + i86];
-                const float v88 = v87;
-                p_input_grad[v85 * st_input_grad_0 + i86 * st_input_grad_1] = v88;
+            for (int64_t i88 = v1; i88 < d_H; i88++) {
+                const float v89 = l78[i86 * d_H + i88];
+                const float v90 = v89;
+                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = v90;
             }
         }
     }

@@ -254,7 +254,8 @@ class MatmulChainLowering(_Lowering):
         a_v, b_v = ch.p.lhs, ch.p.rhs
         b = _Builder(self.kblock)
         nblk = f"cdiv({n_dim},{self.col_block})"
-        per = f"cdiv({nblk},{self.groups})"  # column blocks per group
+        # column blocks per group: ceil(nblk / groups), at least 1 (no block: one, and no group)
+        per = f"div(sub({nblk},1),{self.groups})+1"
         ngroups = f"cdiv({nblk},{per})"
         out_of = {mm: (ir.tensor_type(mm.result).shape[1], ir.tensor_type(mm.result).dtype)
                   for _, _, mm in ch.row_out + ch.col_out}

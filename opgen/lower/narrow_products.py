@@ -5,8 +5,8 @@ tile units (AMX) where the machine has them; the sums stay in f32.
 Each operand must be
 
 * *exact* in a dtype D: a caller's input of dtype D, or a ``local``/``temp`` buffer of dtype D
-  whose every store copies an element just loaded from such an input — rounding it to D changes
-  nothing; or
+  (or f32/f64) whose every store copies an element just loaded from such an input, through
+  widening casts only — rounding it to D changes nothing; or
 * *rounded anyway*: the matmul's C is used by nothing but matmuls accumulating into it and loads
   whose values, through casts and sums into buffers that are themselves rounded anyway (the
   one-pass chain's partial sums), are stored into caller outputs of dtype D — the result is
