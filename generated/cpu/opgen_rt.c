@@ -448,6 +448,15 @@ static void bpack_b(int64_t nr, int64_t kc, int64_t kcp, const void *B, int64_t 
             for (int64_t k = 0; k < kc; k++) p[(j / 16) * kcp * 16 + (k / 2) * 32 + 2 * (j % 16) + (k & 1)] = b16(ld1(at(B, k * brs + j * bcs, bf), bf));
     }
 }
+/* 16-column group g of B's k block at k0 (kc of k, padded to kcp) at dst; past n (the second
+ * group of the last 32 columns): zeros, so no tile reads memory nothing wrote */
+static void bpack_group(int64_t n, int64_t k0, int64_t kc, int64_t kcp, int64_t g, const void *B, int64_t brs,
+                        int64_t bcs, int bf, uint16_t *restrict dst) {
+    if (16 * g < n)
+        bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, at(B, k0 * brs + 16 * g * bcs, bf), brs, bcs, bf, dst);
+    else
+        memset(dst, 0, sizeof(uint16_t) * 16 * (size_t)kcp);
+}
 /* C[32 x 32] (= or +=) 32 rows of A times 32 columns of B over every k block: A's block kb at
  * pa + kb * sa (rows BKC apart), B's at pb + kb * sb (16-column groups), C kept in the tiles */
 static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
@@ -526,9 +535,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
 #define OPGEN_PACK_OUT(q) do { /* group g of k block kb */ \
     const int64_t kb = (q) / groups, g = (q) % groups, k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
     const int64_t kcp = (kc + 31) & ~(int64_t)31; \
-    uint16_t *dst = pb + (size_t)kb * sb + g * kcp * 16; \
-    if (16 * g < n) bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, at(B, k0 * brs + 16 * g * bcs, 1), brs, bcs, 1, dst); \
-    else memset(dst, 0, sizeof(uint16_t) * 16 * (size_t)kcp); \
+    bpack_group(n, k0, kc, kcp, g, B, brs, bcs, 1, pb + (size_t)kb * sb + g * kcp * 16); \
 } while (0)
 #define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
     uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
@@ -576,7 +583,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
  * in whole 32-row strips; 0 when its buffers cannot be had */
 static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf, const void *B,
                  int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate, int threads) {
-    const int64_t strips = (m + 31) / 32, kcm = k < BKC ? (k + 31) & ~(int64_t)31 : BKC;
+    const int64_t strips = (m + 31) / 32, kcm = k < BKC ? (k + 31) & ~(int64_t)31 : BKC, groups = (n + 31) / 32 * 2;
     if (threads > strips) threads = (int)strips;
     const size_t na = sizeof(uint16_t) * BMC * BKC;
     const size_t nb = opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), (size_t)((n + 31) & ~(int64_t)31)), (size_t)kcm);
@@ -597,13 +604,11 @@ static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, in
 } while (0)
         if (threads > 1) {
             #pragma omp parallel for schedule(static) num_threads(threads)
-            for (int64_t g = 0; g < (n + 15) / 16; g++)
-                bpack_b(n - 16 * g < 16 ? n - 16 * g : 16, kc, kcp, at(B, k0 * brs + 16 * g * bcs, bbf), brs, bcs, bbf,
-                        pb + g * kcp * 16);
+            for (int64_t g = 0; g < groups; g++) bpack_group(n, k0, kc, kcp, g, B, brs, bcs, bbf, pb + g * kcp * 16);
             #pragma omp parallel num_threads(threads)
             OPGEN_BROWS(omp_get_thread_num(), omp_get_num_threads());
         } else {
-            bpack_b(n, kc, kcp, at(B, k0 * brs, bbf), brs, bcs, bbf, pb);
+            for (int64_t g = 0; g < groups; g++) bpack_group(n, k0, kc, kcp, g, B, brs, bcs, bbf, pb + g * kcp * 16);
             OPGEN_BROWS(0, 1);
         }
 #undef OPGEN_BROWS
@@ -693,22 +698,19 @@ static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, in
 #ifdef OPGEN_HAVE_AMX
     if (k > 0 && opgen_amx() && bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
 #endif
-    /* the f32 GEMM into an f32 copy of C, then rounded (without memory for it: row by row) */
+    /* the f32 GEMM into an f32 copy of C, then rounded; without memory for it, its loop (the
+       same k order, so the same bits) */
     const size_t nc = opgen_sz_mul(opgen_sz_mul((size_t)m, (size_t)n), sizeof(float));
     float *c = nc == SIZE_MAX ? NULL : (float *)malloc(nc);
-    const int64_t rows = c ? m : 1;
-    if (!c && !(c = (float *)malloc(sizeof(float) * (size_t)n))) { /* (n floats: the row) */
+    if (!c) {
         gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, NULL, C, ldc, accumulate);
         return;
     }
-    for (int64_t i0 = 0; i0 < m; i0 += rows) {
-        const int64_t r = m - i0 < rows ? m - i0 : rows;
-        for (int64_t i = 0; i < r; i++)
-            for (int64_t j = 0; j < n; j++) c[i * n + j] = accumulate ? opgen_bf16_to_f32(C[(i0 + i) * ldc + j]) : 0.0f;
-        gemm_bf16(r, n, k, A + i0 * ars, ars, acs, B, brs, bcs, c, n, accumulate, threads);
-        for (int64_t i = 0; i < r; i++)
-            for (int64_t j = 0; j < n; j++) C[(i0 + i) * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
-    }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) c[i * n + j] = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
+    gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, c, n, accumulate, threads);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) C[i * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
     free(c);
 }
 

@@ -54,10 +54,6 @@ def _through_casts(v: SSAValue) -> SSAValue:
     return v
 
 
-#: ops whose presence keeps a loop nest (anything else in it only computes values)
-EFFECTS = (s.StoreOp, s.AccumOp, s.RequireOp, s.BufferMatmulOp, s.SegmentsOp, s.PrefetchOp)
-
-
 def target(k: s.KernelOp, alloc: s.AllocOp) -> tuple[SSAValue, s.StoreOp | None] | None:
     """The caller output the matmul into ``alloc``'s temporary may write instead (module
     docstring), with the epilogue's store when the epilogue is the identity; or None."""
@@ -120,12 +116,8 @@ class MatmulIntoOutput(ModulePass):
                 alloc.detach()
                 alloc.erase()
                 if store is not None:  # y = y: nothing to do
-                    top = _top(store, k)
                     store.detach()
                     store.erase(safe_erase=False)
-                    if not any(isinstance(o, EFFECTS) for o in top.walk()):
-                        top.detach()
-                        top.erase(safe_erase=False)
                     removed = True
-        if removed:  # (the scalars only the removed epilogue used)
+        if removed:  # (the epilogue's loop nest, now without effects, and the scalars only it used)
             DeadCodeElimination().apply(ctx, op)

@@ -1300,7 +1300,6 @@ class LowerToTtKernel(ModulePass):
                        for d in kern.dtype_vars.data.values()):
                     op.body.block.erase_op(kern)  # (f16, f64: no TT-Metal instance)
                     continue
-
                 sched = kern.attributes.get("schedule")
                 if sched is not None and sched.data == "streamed" and \
                         any(isinstance(o, t.SegmentsOp) for o in kern.walk()):
