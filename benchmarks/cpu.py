@@ -2,10 +2,15 @@
 
     OMP_NUM_THREADS=2 python benchmarks/cpu.py [--quick] [--rows NAME,...] [--out docs/bench.json]
 
-Runs alternate (ours, torch, ours, torch, ...) and report medians. Memory-bound rows also show
-the fraction of this machine's copy bandwidth (measured in the same run: bytes read + written by
-a large numpy copy). FLCE peak memory is measured in a fresh subprocess per contender
-(resident-set growth over the call, sampled every millisecond).
+Runs alternate (ours, torch, ours, torch, ...) and report medians; both sides allocate their
+outputs, as a caller of either would. Memory-bound rows also show opgen's time with its outputs
+given (the kernel alone, without the zeroing of fresh pages) and that time as a fraction of this
+machine's copy bandwidth (measured in the same run: bytes read + written by the faster of a large
+numpy copy and PyTorch's ``copy_`` on the same threads); the new ops' rows add their time with the
+data in cache, which shows the rows that are compute-bound here. Products in f32 show the fraction
+of the f32 FMA peak (benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is
+measured in a fresh subprocess per contender (resident-set growth over the call, sampled every
+millisecond).
 """
 
 from __future__ import annotations
@@ -56,11 +61,36 @@ def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: in
 
 
 def copy_bandwidth() -> float:
-    """GB/s of a large memcpy (bytes read + bytes written), best of 5."""
+    """GB/s of a large copy (bytes read + bytes written), best of 5, the faster of numpy's
+    (one thread) and PyTorch's ``copy_`` on THREADS threads."""
     src = np.ones(64 * 2**20, np.float32)  # 256 MiB
     dst = np.empty_like(src)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+    best = min(min(_timed(lambda: np.copyto(dst, src)), _timed(lambda: td.copy_(ts))) for _ in range(5))
     return 2 * src.nbytes / best / 1e9
+
+
+def fma_peak() -> float | None:
+    """GFLOP/s of f32 multiply-adds on THREADS threads (benchmarks/fma_peak.c, compiled here),
+    or None without a C compiler."""
+    import tempfile
+
+    from opgen import compile as cc
+
+    exe = os.path.join(tempfile.mkdtemp(), "fma_peak")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fma_peak.c")
+    r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fast",
+                        "-fopenmp", src, "-o", exe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
+
+
+def given_ms(call: Callable[[], object], reps: int = 5) -> float:
+    """Median ms of ``call`` with its outputs passed in and already written once (the kernel
+    without the operating system's zeroing of fresh output pages)."""
+    call()
+    return statistics.median(_timed(call) for _ in range(reps)) * 1e3
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -85,11 +115,13 @@ def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
     args, grad, idx = embedding_inputs(dtype, scale, quick)
     N, D = grad.shape
     V = args["num_weights"]
-    t_ours, t_torch = alternate(lambda: runtime.call("embedding_dense_backward", **args),
+    fresh = {k: v for k, v in args.items() if k != "out"}  # (allocating its output, as PyTorch does)
+    t_ours, t_torch = alternate(lambda: runtime.call("embedding_dense_backward", **fresh),
                                 lambda: torch.ops.aten.embedding_dense_backward(grad, idx, V, -1, scale), 5)
     nbytes = grad.numel() * grad.element_size() + idx.numel() * 8 + V * D * grad.element_size()
     return {"row": f"embedding_dense_backward V={V} N={N} D={D} {str(dtype)[6:]} scale={scale}",
-            "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes}
+            "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes,
+            "given_ms": given_ms(lambda: runtime.call("embedding_dense_backward", **args))}
 
 
 def rms_inputs(dtype: torch.dtype, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,11 +141,13 @@ def row_rms(dtype: torch.dtype, quick: bool) -> dict:
     args, x, w, gy = rms_inputs(dtype, quick)
     N, D = x.shape
     y = torch.nn.functional.rms_norm(x, (D,), w, eps=1e-6)
-    t_ours, t_torch = alternate(lambda: runtime.call("rms_norm_backward", **args),
+    fresh = {k: v for k, v in args.items() if k not in ("grad_x", "grad_w")}
+    t_ours, t_torch = alternate(lambda: runtime.call("rms_norm_backward", **fresh),
                                 lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True), 5)
     nbytes = 3 * N * D * x.element_size() + 2 * D * x.element_size()
     return {"row": f"rms_norm_backward {N}x{D} {str(dtype)[6:]}", "ours_ms": t_ours * 1e3,
-            "torch_ms": t_torch * 1e3, "bytes": nbytes}
+            "torch_ms": t_torch * 1e3, "bytes": nbytes,
+            "given_ms": given_ms(lambda: runtime.call("rms_norm_backward", **args))}
 
 
 def flce_inputs(quick: bool) -> dict:
@@ -196,6 +230,36 @@ def peak_main(who: str, quick: bool) -> None:
     print(max(0.0, max(peak[0], rss_mb()) - before))
 
 
+def table(rows: list[dict], bw: float, peak: float | None) -> str:
+    """The markdown table: speed-up with both sides allocating their outputs; % copy BW from the
+    time with the outputs given (the kernel alone: fresh pages cost both sides their zeroing,
+    which no kernel avoids), and for a row whose in-cache time alone exceeds 80% of that, a
+    note that it is compute-bound on this machine; % FMA peak for f32 products."""
+    lines = ["| case | opgen ms | PyTorch ms | speed-up | opgen ms, outputs given | % copy BW | notes |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        sp = r["torch_ms"] / r["ours_ms"]
+        t = r.get("given_ms", r["ours_ms"])
+        bwp = f"{100 * r['bytes'] / (t / 1e3) / 1e9 / bw:.0f}%" if "bytes" in r else "-"
+        notes = []
+        if "cache_ms" in r:
+            copy_ms = r["bytes"] / bw / 1e6
+            bound = " (compute-bound here)" if r["cache_ms"] > 0.8 * copy_ms else ""
+            notes.append(f"in cache {r['cache_ms']:.1f} ms{bound}")
+        if "flops" in r:
+            gf = r["flops"] / (r["ours_ms"] / 1e3) / 1e9
+            note = f"{gf:.0f} GFLOP/s (PyTorch {r['flops'] / (r['torch_ms'] / 1e3) / 1e9:.0f})"
+            if peak and r.get("f32_products"):
+                note += f", {100 * gf / peak:.0f}% of the f32 FMA peak"
+            notes.append(note)
+        if "peak_ours_mb" in r:
+            notes.append(f"peak +{r['peak_ours_mb']:.0f} MB vs +{r['peak_torch_mb']:.0f} MB")
+        given = f"{r['given_ms']:.1f}" if "given_ms" in r else "-"
+        lines.append(f"| {r['row']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {sp:.2f}x | {given} | {bwp} "
+                     f"| {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
@@ -208,9 +272,10 @@ def main() -> None:
         peak_main(a.peak, a.quick)
         return
     rows_wanted = a.rows.split(",")
-    bw = copy_bandwidth()
+    bw, peak = copy_bandwidth(), fma_peak()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s", flush=True)
+          f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s, "
+          f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s", flush=True)
     rows = []
     if "embedding" in rows_wanted:
         for dt in (torch.float32, torch.bfloat16):
@@ -231,21 +296,10 @@ def main() -> None:
             rows.append(r)
             print(r, flush=True)
     print()
-    print("| case | opgen ms | PyTorch ms | speed-up | % copy BW | notes |")
-    print("|---|---:|---:|---:|---:|---|")
-    for r in rows:
-        sp = r["torch_ms"] / r["ours_ms"]
-        bwp = f"{100 * r['bytes'] / (r['ours_ms'] / 1e3) / 1e9 / bw:.0f}%" if "bytes" in r else "-"
-        note = ""
-        if "flops" in r:
-            note = (f"{r['flops'] / (r['ours_ms'] / 1e3) / 1e9:.0f} GFLOP/s "
-                    f"(PyTorch {r['flops'] / (r['torch_ms'] / 1e3) / 1e9:.0f})")
-        if "peak_ours_mb" in r:
-            note += f"; peak +{r['peak_ours_mb']:.0f} MB vs +{r['peak_torch_mb']:.0f} MB"
-        print(f"| {r['row']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | {sp:.2f}x | {bwp} | {note} |")
+    print(table(rows, bw, peak))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"copy_bw_gbs": bw, "threads": THREADS, "rows": rows}, f, indent=1)
+            json.dump({"copy_bw_gbs": bw, "fma_peak_gflops": peak, "threads": THREADS, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from opgen import registry, runtime
+from opgen.binding import aligned_zeros
 
 ROOT = registry.REPO_ROOT / "build" / "bench-ops"
 OPS = ROOT / "opgen_bench_ops"
@@ -64,6 +65,55 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     return best
 
 
+def _given_ms(call: Callable[[], object], reps: int = 5) -> float:
+    """Median ms of ``call`` (outputs passed in, already written once: the kernel without the
+    operating system's zeroing of fresh output pages)."""
+    import statistics
+    import time
+
+    call()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float:
+    """The ms a call on ``full_rows`` rows would take with its data in cache: the time per row of
+    calls on 2 and 18 rows (their difference: the call's fixed cost cancels; both sizes fit the
+    L2 cache), times ``full_rows``. Above the copy time, a row is compute-bound on this machine."""
+    import time
+
+    per = []
+    for n in (2, 18):
+        kw = make(n)
+        for _ in range(30):
+            runtime.call(op, lib=lib, **kw)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                runtime.call(op, lib=lib, **kw)
+            best = min(best, (time.perf_counter() - t0) / 100)
+        per.append(best)
+    return max(0.0, per[1] - per[0]) / 16 * full_rows * 1e3
+
+
+def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: str,
+         make: Callable[[int], dict], outs: tuple[str, ...], full_rows: int, theirs: Callable[[], object],
+         nbytes: int) -> dict:
+    """One memory-bound row: opgen allocating its outputs (as PyTorch does) against ``theirs``,
+    then opgen with its outputs given, and the in-cache estimate."""
+    kw = make(full_rows)
+    inputs = {k: v for k, v in kw.items() if k not in outs}
+    t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 5)
+    return {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
+            "given_ms": _given_ms(lambda: runtime.call(op, lib=lib, **kw)),
+            "cache_ms": _in_cache_ms(lib, op, make, full_rows)}
+
+
 def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
                        np_of: Callable[[torch.Tensor], np.ndarray], dt: torch.dtype, shape: tuple[int, int],
                        g: torch.Generator) -> list[dict]:
@@ -75,49 +125,48 @@ def _memory_bound_rows(lib: Any, alternate: Callable[..., tuple[float, float]],
     gy = torch.randn(N, D, generator=g).to(dt)
     x = torch.randn(N, D, generator=g).to(dt)
     w = torch.randn(D, generator=g).to(dt)
-    a = {"grad": np_of(gy), "x": np_of(x)}
-    xr = x.clone().requires_grad_()
-    y = torch.nn.functional.gelu(xr, approximate="none")
-    theirs = _fastest([lambda: torch.ops.aten.gelu_backward(gy, x, approximate="none"),
-                       lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
-    t_o, t_t = alternate(lambda: runtime.call("gelu_backward", lib=lib, **a), theirs, 5)
-    out.append({"row": f"new: gelu_backward (erf) {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "bytes": 3 * N * D * es})
-    xr = x.clone().requires_grad_()
-    y = torch.nn.functional.gelu(xr, approximate="tanh")
-    theirs = _fastest([lambda: torch.ops.aten.gelu_backward(gy, x, approximate="tanh"),
-                       lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
-    t_o, t_t = alternate(lambda: runtime.call("gelu_tanh_backward", lib=lib, **a), theirs, 5)
-    out.append({"row": f"new: gelu_tanh_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "bytes": 3 * N * D * es})
+    npdt = np_of(gy).dtype
+
+    def elementwise(**named: torch.Tensor) -> Callable[[int], dict]:
+        return lambda n: {**{k: np_of(v[:n]) for k, v in named.items()}, "dx": aligned_zeros((n, D), npdt)}
+
+    ew = elementwise(grad=gy, x=x)
+    for op, approx, label in (("gelu_backward", "none", "gelu_backward (erf)"),
+                              ("gelu_tanh_backward", "tanh", "gelu_tanh_backward")):
+        xr = x.clone().requires_grad_()
+        y = torch.nn.functional.gelu(xr, approximate=approx)
+        theirs = _fastest([lambda a=approx: torch.ops.aten.gelu_backward(gy, x, approximate=a),
+                           lambda y=y, xr=xr: torch.autograd.grad(y, xr, gy, retain_graph=True)])
+        out.append(_row(lib, alternate, f"new: {label} {N}x{D} {name}", op, ew, ("dx",), N, theirs, 3 * N * D * es))
     # SiLU backward
     xr = x.clone().requires_grad_()
     y = torch.nn.functional.silu(xr)
     theirs = _fastest([lambda: torch.ops.aten.silu_backward(gy, x),
                        lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
-    t_o, t_t = alternate(lambda: runtime.call("silu_backward", lib=lib, **a), theirs, 5)
-    out.append({"row": f"new: silu_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "bytes": 3 * N * D * es})
+    out.append(_row(lib, alternate, f"new: silu_backward {N}x{D} {name}", "silu_backward", ew, ("dx",), N, theirs,
+                    3 * N * D * es))
     # softmax backward
     sm = torch.softmax(x.float(), -1).to(dt)
-    b = {"grad": np_of(gy), "y": np_of(sm)}
     theirs = _fastest([lambda: torch.ops.aten._softmax_backward_data(gy, sm, -1, dt)])
-    t_o, t_t = alternate(lambda: runtime.call("softmax_backward", lib=lib, **b), theirs, 5)
-    out.append({"row": f"new: softmax_backward {N}x{D} {name}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "bytes": 3 * N * D * es})
+    out.append(_row(lib, alternate, f"new: softmax_backward {N}x{D} {name}", "softmax_backward",
+                    elementwise(grad=gy, y=sm), ("dx",), N, theirs, 3 * N * D * es))
     # LayerNorm backward from PyTorch's saved statistics
     bias = torch.zeros(D, dtype=dt)
     _, mean, rstd = torch.ops.aten.native_layer_norm(x, [D], w, bias, 1e-5)  # (what autograd saves)
-    c = {"grad_y": np_of(gy), "x": np_of(x), "w": np_of(w), "mean_": mean.float().reshape(N).numpy(),
-         "rstd": rstd.float().reshape(N).numpy()}
+    mean_f, rstd_f = mean.float().reshape(N), rstd.float().reshape(N)
+
+    def ln(n: int) -> dict:
+        return {"grad_y": np_of(gy[:n]), "x": np_of(x[:n]), "w": np_of(w), "mean_": mean_f[:n].numpy(),
+                "rstd": rstd_f[:n].numpy(), "grad_x": aligned_zeros((n, D), npdt),
+                "grad_w": aligned_zeros((D,), npdt), "grad_b": aligned_zeros((D,), npdt)}
+
     xr, wr, br = x.clone().requires_grad_(), w.clone().requires_grad_(), bias.clone().requires_grad_()
     y = torch.nn.functional.layer_norm(xr, (D,), wr, br, 1e-5)
     theirs = _fastest([lambda: torch.ops.aten.native_layer_norm_backward(
         gy, x, [D], mean, rstd, w, bias, [True, True, True]),
         lambda: torch.autograd.grad(y, (xr, wr, br), gy, retain_graph=True)])
-    t_o, t_t = alternate(lambda: runtime.call("ln_cast_backward", lib=lib, **c), theirs, 5)
-    out.append({"row": f"new: layer_norm_backward (saved f32 stats) {N}x{D} {name}", "ours_ms": t_o * 1e3,
-                "torch_ms": t_t * 1e3, "bytes": 3 * N * D * es})
+    out.append(_row(lib, alternate, f"new: layer_norm_backward (saved f32 stats) {N}x{D} {name}", "ln_cast_backward",
+                    ln, ("grad_x", "grad_w", "grad_b"), N, theirs, 3 * N * D * es))
     return out
 
 
@@ -142,11 +191,14 @@ def _rope_row(lib: Any, alternate: Callable[..., tuple[float, float]], np_of: Ca
         return gy * c4 + torch.cat((u[..., k:], -u[..., :k]), dim=-1)
 
     theirs = _fastest([explicit, lambda: torch.autograd.grad(y, xr, gy, retain_graph=True)])
-    a = {"grad": np_of(gy), "cos": np_of(cos), "sin": np_of(sin)}
-    t_o, t_t = alternate(lambda: runtime.call("rope_backward", lib=lib, **a), theirs, 5)
+
+    def make(n: int) -> dict:
+        return {"grad": np_of(gy[:n]), "cos": np_of(cos[:n]), "sin": np_of(sin[:n]),
+                "dx": aligned_zeros((n, H, D), np_of(gy).dtype)}
+
     es = gy.element_size()
-    return {"row": f"new: rope_backward {N}x{H}x{D} {str(dt)[6:]}", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-            "bytes": (2 * N * H * D + 2 * N * D) * es}
+    return _row(lib, alternate, f"new: rope_backward {N}x{H}x{D} {str(dt)[6:]}", "rope_backward", make, ("dx",),
+                N, theirs, (2 * N * H * D + 2 * N * D) * es)
 
 
 def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.Tensor], np.ndarray],
@@ -167,7 +219,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
                        lambda: torch.relu(torch.nn.functional.linear(xl, wl, bl))])
     t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 5)
     out.append({"row": f"new: linear+bias+relu {M}x{K} @ {K}x{F} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "flops": 2 * M * K * F})
+                "flops": 2 * M * K * F, "f32_products": True})
     # the same product in bf16 (bf16 result): both on the bf16 units where the CPU has them
     xb, wb = xl.to(torch.bfloat16), wl.to(torch.bfloat16)
     d = {"x": np_of(xb), "w": np_of(wb)}

@@ -26,6 +26,7 @@ import torch
 from opgen import compile as cc
 from opgen import oracle, runtime
 from opgen.binding import OpError
+from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from tests.cuda_emu import emu_build, emu_worker
 from tests.ops_dirs import built_ops
@@ -443,7 +444,7 @@ def test_stream_loops_prefetch_rows_read_first(built):
         for o in loops:  # prefetches sit in stream loops only, before the body's work
             hints = [x for x in o.body.block.ops if isinstance(x, s.PrefetchOp)]
             assert bool(hints) == (cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM)
-            assert all(x.ahead.data == cpu_map.PREFETCH_AHEAD and x.idx[-1] is o.iv for x in hints)
+            assert all(x.ahead.data in (0, cpu_map.PREFETCH_AHEAD) and x.idx[-1] is o.iv for x in hints)
         return [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
 
     (loop,) = stream_loops("gelu_backward")
@@ -451,15 +452,9 @@ def test_stream_loops_prefetch_rows_read_first(built):
     while not isinstance(k, s.KernelOp):
         k = k.parent_op()
     names = k.param_names
-    hinted = sorted(names[x.buf] for x in loop.body.block.ops if isinstance(x, s.PrefetchOp))
-    assert hinted == ["grad", "x"]  # read rows, once each; never dx
-    # LayerNorm: the row sums (a lanes loop) read grad_y and x first; the sibling loop computing
-    # grad_x re-reads them from cache, so it stays a plain loop, and nothing else streams
-    assert stream_loops("ln_cast_backward") == []
-    m = built["ops"]["ln_cast_backward"].module()
-    pipeline.run(m, "cpu")
-    rows = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
-    assert rows and any(isinstance(x, s.ForOp) and x.kind.data == "parallel" for x in _after(rows[0]))
+    hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp)]
+    assert sorted(names[x.buf] for x in hints) == ["grad", "x"]  # read rows, once each; never dx
+    assert all(x.ahead.data == cpu_map.PREFETCH_AHEAD for x in hints)  # (ahead in the row they read)
     text = cpu.op_source(built["ops"]["gelu_backward"])
     f32 = text[text.index("k_gelu_backward_f32_u("):]
     bf16 = text[text.index("k_gelu_backward_bf16_u("):]
@@ -467,6 +462,53 @@ def test_stream_loops_prefetch_rows_read_first(built):
     assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
     assert text.count("OPGEN_PREFETCH(p_grad, ") == text.count("OPGEN_PREFETCH(p_x, ") > 0
     assert "OPGEN_PREFETCH(p_dx" not in text
+
+
+def test_second_pass_over_a_row_prefetches_the_next_row(built):
+    """LayerNorm backward: the row sums (a lanes loop) read grad_y and x first; the sibling loop
+    computing grad_x re-reads them from cache, so instead of its own row it prefetches the same
+    columns of the next row (``min(r + 1, hi - 1)``: the last row names itself, never a row past
+    the tensor), which the row sums read next. w (one row for all) and the output are never
+    prefetched; the row sums' loop itself is not a stream."""
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+    from opgen.passes import pipeline
+
+    m = built["ops"]["ln_cast_backward"].module()
+    pipeline.run(m, "cpu")
+    (k,) = m.body.block.ops
+    names = k.param_names
+    loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
+    (loop,) = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+    rows = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
+    assert rows and loop in _after(rows[0])
+    outer = loop.parent_op()
+    hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp)]
+    assert sorted(names[x.buf] for x in hints) == ["grad_y", "x"]
+    for h in hints:
+        assert h.ahead.data == 0 and h.idx[-1] is loop.iv
+        row = h.idx[-2].owner  # min(r + 1, hi - 1)
+        assert isinstance(row, ir.MinOp)
+        nxt, last = row.operands[0].owner, row.operands[1].owner
+        assert isinstance(nxt, ir.AddOp) and nxt.operands[0] is outer.iv
+        assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
+    text = cpu.op_source(built["ops"]["ln_cast_backward"])
+    assert "OPGEN_PREFETCH(p_grad_y, " in text and "OPGEN_PREFETCH(p_w" not in text
+    assert "OPGEN_PREFETCH(p_grad_x" not in text
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("n", [1, 2, 31, 33, 64])
+def test_next_row_prefetch_at_the_last_row(built, rng, T, n):
+    """Every row count around the row groups of 32 (the next row of a group's last row is its
+    own): LayerNorm backward against the oracle, contiguous and with a Batch dim over strided rows."""
+    for strided in (False, True):
+        a = ln_cast_args(rng, T, (2 * n if strided else n, 40))
+        if strided:
+            a = {k: (v[::2] if k in ("grad_y", "x", "mean_", "rstd") else v) for k, v in a.items()}
+        got, ref = run_both(built, "ln_cast_backward", **a)
+        for k_ in ("grad_x", "grad_w", "grad_b"):
+            assert np.allclose(f64(got[k_]), f64(ref[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), (k_, n)
 
 
 def test_independent_inner_loops_are_vector_loops(built):
@@ -483,7 +525,8 @@ def test_independent_inner_loops_are_vector_loops(built):
     pipeline.run(m, "cpu")
     loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
     simd = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.SIMD]
-    stores = {x.buf for o in simd for x in o.body.block.ops if isinstance(x, s.StoreOp)}
+    streams = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+    stores = {x.buf for o in simd + streams for x in o.body.block.ops if isinstance(x, s.StoreOp)}
     k = next(o for o in m.walk() if isinstance(o, s.KernelOp))
     names = k.param_names
     assert "grad_x" in {names.get(b) for b in stores}
@@ -500,7 +543,8 @@ def test_independent_inner_loops_are_vector_loops(built):
     text = cpu.op_source(built["ops"]["ln_cast_backward"])
     fast, general = text[text.index("k_ln_cast_backward_f32_u("):], text[text.index("k_ln_cast_backward_f32_g("):]
     fast, general = fast[:fast.index("return OPGEN_SUCCESS")], general[:general.index("return OPGEN_SUCCESS")]
-    assert fast.count("#pragma omp simd") == len(simd) and "#pragma omp simd" not in general
+    # (a stream loop runs its strips and its tail each under the pragma)
+    assert fast.count("#pragma omp simd") == len(simd) + 2 * len(streams) and "#pragma omp simd" not in general
 
 
 @pytest.mark.parametrize("T", ["f32", "bf16"])

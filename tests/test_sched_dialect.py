@@ -106,7 +106,7 @@ def test_verifiers():
     rejects(s.FlagsPerElemOp(buf(["A", "B"], "bool")), r"sched.flags_per_elem: the mask must be a 1-D buffer")
     rejects(s.SegmentStartOp(buf(["segs(V,N)"], "i64", "temp"), f, i, n), r"sched.segment_start: v must be")
     rejects(s.PrefetchOp(buf(["N", "D"], "f32"), [i], 64), r"sched.prefetch: 1 indices for a rank-2 buffer")
-    rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 0), r"sched.prefetch: ahead must be a positive number of bytes")
+    rejects(s.PrefetchOp(buf(["N"], "f32"), [i], -1), r"sched.prefetch: ahead must be a number of bytes, 0 or more")
     rows = buf(["N"], "i64", "temp")
     rejects(s.SegmentsOp(buf(["N"], "i32", "temp"), buf(["segs(V,N)"], "i64", "temp"), rows, i),
             r"sched.segments: idx must be a 1-D i64 buffer")

@@ -133,43 +133,77 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
-                const float v41 = opgen_f16_to_f32(p_x[ro_x[i14] + i39]);
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = opgen_f16_to_f32(p_w[i39 * st_w_0]);
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                    }
+                }
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v64 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v80);
+                }
             }
         }
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60 * st_grad_w_0] = opgen_f32_to_f16(v64);
+        const float v87 = l84;
+        p_grad_w[i83 * st_grad_w_0] = opgen_f32_to_f16(v87);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -267,45 +301,80 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            #pragma omp simd
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
-                const float v41 = opgen_f16_to_f32(p_x[ro_x[i14] + i39]);
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = opgen_f16_to_f32(p_w[i39]);
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_f16(v57);
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = opgen_f16_to_f32(p_w[i43]);
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v64 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = opgen_f16_to_f32(p_w[i43]);
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v80);
+                }
             }
         }
         #pragma omp simd
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60] = opgen_f32_to_f16(v64);
+        const float v87 = l84;
+        p_grad_w[i83] = opgen_f32_to_f16(v87);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -444,43 +513,77 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = p_grad_y[ro_grad_y[i14] + i39];
-                const float v41 = p_x[ro_x[i14] + i39];
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = p_w[i39 * st_w_0];
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = v57;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 16 <= d_D; r44 += 16) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v46 = p_x[ro_x[i14] + i43];
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = p_w[i43 * st_w_0];
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = v62;
+                    }
+                }
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v64 = p_x[ro_x[i14] + i43];
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = p_w[i43 * st_w_0];
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = v80;
+                }
             }
         }
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60 * st_grad_w_0] = v64;
+        const float v87 = l84;
+        p_grad_w[i83 * st_grad_w_0] = v87;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -578,45 +681,80 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            #pragma omp simd
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = p_grad_y[ro_grad_y[i14] + i39];
-                const float v41 = p_x[ro_x[i14] + i39];
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = p_w[i39];
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = v57;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 16 <= d_D; r44 += 16) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v46 = p_x[ro_x[i14] + i43];
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = p_w[i43];
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = v62;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v64 = p_x[ro_x[i14] + i43];
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = p_w[i43];
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = v80;
+                }
             }
         }
         #pragma omp simd
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60] = v64;
+        const float v87 = l84;
+        p_grad_w[i83] = v87;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -755,43 +893,77 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
-                const float v41 = opgen_bf16_to_f32(p_x[ro_x[i14] + i39]);
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = opgen_bf16_to_f32(p_w[i39 * st_w_0]);
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v46 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v62);
+                    }
+                }
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v64 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v80);
+                }
             }
         }
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60 * st_grad_w_0] = opgen_f32_to_bf16(v64);
+        const float v87 = l84;
+        p_grad_w[i83 * st_grad_w_0] = opgen_f32_to_bf16(v87);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -889,45 +1061,80 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             l15 = v37;
             const float v38 = l18;
             l17 = v38;
-            #pragma omp simd
-            for (int64_t i39 = v1; i39 < d_D; i39++) {
-                const float v40 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i39]);
-                const float v41 = opgen_bf16_to_f32(p_x[ro_x[i14] + i39]);
-                const float v42 = v40 * v41;
-                const float v43 = l15;
-                const float v44 = v43 / v7;
-                const float v45 = v44 + v8;
-                const float v46 = 1.0f / sqrtf(v45);
-                const float v47 = v42 * v46;
-                l10[i39] += v47;
-                const float v48 = opgen_bf16_to_f32(p_w[i39]);
-                const float v49 = v40 * v48;
-                const float v50 = v49 * v46;
-                const float v51 = l17;
-                const float v52 = v51 / v7;
-                const float v53 = v52 * v46;
-                const float v54 = v53 * v46;
-                const float v55 = v54 * v46;
-                const float v56 = v41 * v55;
-                const float v57 = v50 - v56;
-                p_grad_x[ro_grad_x[i14] + i39] = opgen_f32_to_bf16(v57);
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            {
+                int64_t r44 = v1;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i43 = r44 + l;
+                        const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v46 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v47 = v45 * v46;
+                        const float v48 = l15;
+                        const float v49 = v48 / v7;
+                        const float v50 = v49 + v8;
+                        const float v51 = 1.0f / sqrtf(v50);
+                        const float v52 = v47 * v51;
+                        l10[i43] += v52;
+                        const float v53 = opgen_bf16_to_f32(p_w[i43]);
+                        const float v54 = v45 * v53;
+                        const float v55 = v54 * v51;
+                        const float v56 = l17;
+                        const float v57 = v56 / v7;
+                        const float v58 = v57 * v51;
+                        const float v59 = v58 * v51;
+                        const float v60 = v59 * v51;
+                        const float v61 = v46 * v60;
+                        const float v62 = v55 - v61;
+                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v62);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v63 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v64 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v65 = v63 * v64;
+                    const float v66 = l15;
+                    const float v67 = v66 / v7;
+                    const float v68 = v67 + v8;
+                    const float v69 = 1.0f / sqrtf(v68);
+                    const float v70 = v65 * v69;
+                    l10[i43] += v70;
+                    const float v71 = opgen_bf16_to_f32(p_w[i43]);
+                    const float v72 = v63 * v71;
+                    const float v73 = v72 * v69;
+                    const float v74 = l17;
+                    const float v75 = v74 / v7;
+                    const float v76 = v75 * v69;
+                    const float v77 = v76 * v69;
+                    const float v78 = v77 * v69;
+                    const float v79 = v64 * v78;
+                    const float v80 = v73 - v79;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v80);
+                }
             }
         }
         #pragma omp simd
-        for (int64_t i58 = v1; i58 < d_D; i58++) {
-            const float v59 = l10[i58];
-            t5[i9 * d_D + i58] = v59;
+        for (int64_t i81 = v1; i81 < d_D; i81++) {
+            const float v82 = l10[i81];
+            t5[i9 * d_D + i81] = v82;
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i60 = v1; i60 < d_D; i60++) {
-        float l61 = 0;
-        for (int64_t i62 = v1; i62 < v4; i62++) {
-            const float v63 = t5[i62 * d_D + i60];
-            l61 += v63;
+    for (int64_t i83 = v1; i83 < d_D; i83++) {
+        float l84 = 0;
+        for (int64_t i85 = v1; i85 < v4; i85++) {
+            const float v86 = t5[i85 * d_D + i83];
+            l84 += v86;
         }
-        const float v64 = l61;
-        p_grad_w[i60] = opgen_f32_to_bf16(v64);
+        const float v87 = l84;
+        p_grad_w[i83] = opgen_f32_to_bf16(v87);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

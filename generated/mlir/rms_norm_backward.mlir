@@ -319,51 +319,54 @@ builtin.module {
               memref.store %231, %67[] : memref<f32>
               %232 = memref.load %70[] : memref<f32>
               memref.store %232, %69[] : memref<f32>
+              %233 = arith.addi %66, %65 : i64
+              %234 = arith.subi %64, %65 : i64
+              %235 = arith.cmpi slt, %233, %234 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%233: index):
-                %234 = arith.index_cast %233 : index to i64
-                %235 = arith.index_cast %66 : i64 to index
-                %236 = arith.index_cast %234 : i64 to index
-                %237 = memref.load %grad_y[%235, %236] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %238 = arith.extf %237 : f16 to f32
-                %239 = memref.load %x[%235, %236] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %240 = arith.extf %239 : f16 to f32
-                %241 = arith.mulf %238, %240 : f32
-                %242 = memref.load %67[] : memref<f32>
-                %243 = arith.divf %242, %53 : f32
-                %244 = arith.addf %243, %eps : f32
-                %245 = arith.constant 1.000000e+00 : f32
-                %246 = math.sqrt %244 : f32
-                %247 = arith.divf %245, %246 : f32
-                %248 = arith.mulf %241, %247 : f32
-                %249 = memref.load %58[%236] : memref<?xf32>
-                %250 = arith.addf %249, %248 : f32
-                memref.store %250, %58[%236] : memref<?xf32>
-                %251 = memref.load %w[%236] : memref<?xf16, strided<[?], offset: ?>>
-                %252 = arith.extf %251 : f16 to f32
-                %253 = arith.mulf %238, %252 : f32
-                %254 = arith.mulf %253, %247 : f32
-                %255 = memref.load %69[] : memref<f32>
-                %256 = arith.divf %255, %53 : f32
-                %257 = arith.mulf %256, %247 : f32
-                %258 = arith.mulf %257, %247 : f32
-                %259 = arith.mulf %258, %247 : f32
-                %260 = arith.mulf %240, %259 : f32
-                %261 = arith.subf %254, %260 : f32
-                %262 = arith.truncf %261 : f32 to f16
-                memref.store %262, %grad_x[%235, %236] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+              ^bb0(%236: index):
+                %237 = arith.index_cast %236 : index to i64
+                %238 = arith.index_cast %66 : i64 to index
+                %239 = arith.index_cast %237 : i64 to index
+                %240 = memref.load %grad_y[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %241 = arith.extf %240 : f16 to f32
+                %242 = memref.load %x[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %243 = arith.extf %242 : f16 to f32
+                %244 = arith.mulf %241, %243 : f32
+                %245 = memref.load %67[] : memref<f32>
+                %246 = arith.divf %245, %53 : f32
+                %247 = arith.addf %246, %eps : f32
+                %248 = arith.constant 1.000000e+00 : f32
+                %249 = math.sqrt %247 : f32
+                %250 = arith.divf %248, %249 : f32
+                %251 = arith.mulf %244, %250 : f32
+                %252 = memref.load %58[%239] : memref<?xf32>
+                %253 = arith.addf %252, %251 : f32
+                memref.store %253, %58[%239] : memref<?xf32>
+                %254 = memref.load %w[%239] : memref<?xf16, strided<[?], offset: ?>>
+                %255 = arith.extf %254 : f16 to f32
+                %256 = arith.mulf %241, %255 : f32
+                %257 = arith.mulf %256, %250 : f32
+                %258 = memref.load %69[] : memref<f32>
+                %259 = arith.divf %258, %53 : f32
+                %260 = arith.mulf %259, %250 : f32
+                %261 = arith.mulf %260, %250 : f32
+                %262 = arith.mulf %261, %250 : f32
+                %263 = arith.mulf %243, %262 : f32
+                %264 = arith.subf %257, %263 : f32
+                %265 = arith.truncf %264 : f32 to f16
+                memref.store %265, %grad_x[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%263: index):
-            %264 = arith.index_cast %263 : index to i64
-            %265 = arith.index_cast %264 : i64 to index
-            %266 = memref.load %58[%265] : memref<?xf32>
-            %267 = arith.index_cast %57 : i64 to index
-            memref.store %266, %51[%267, %265] : memref<?x?xf32>
+          ^bb0(%266: index):
+            %267 = arith.index_cast %266 : index to i64
+            %268 = arith.index_cast %267 : i64 to index
+            %269 = memref.load %58[%268] : memref<?xf32>
+            %270 = arith.index_cast %57 : i64 to index
+            memref.store %269, %51[%270, %268] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -371,33 +374,33 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%268: index):
-        %269 = arith.index_cast %268 : index to i64
+      ^bb0(%271: index):
+        %272 = arith.index_cast %271 : index to i64
         "memref.alloca_scope"() ({
-          %270 = memref.alloca() : memref<f32>
-          %271 = arith.constant 0.000000e+00 : f32
-          memref.store %271, %270[] : memref<f32>
-          %272 = arith.constant 1 : i64
-          scf.for %273 = %41 to %48 step %272 : i64 {
-            %274 = arith.index_cast %273 : i64 to index
-            %275 = arith.index_cast %269 : i64 to index
-            %276 = memref.load %51[%274, %275] : memref<?x?xf32>
-            %277 = memref.load %270[] : memref<f32>
-            %278 = arith.addf %277, %276 : f32
-            memref.store %278, %270[] : memref<f32>
+          %273 = memref.alloca() : memref<f32>
+          %274 = arith.constant 0.000000e+00 : f32
+          memref.store %274, %273[] : memref<f32>
+          %275 = arith.constant 1 : i64
+          scf.for %276 = %41 to %48 step %275 : i64 {
+            %277 = arith.index_cast %276 : i64 to index
+            %278 = arith.index_cast %272 : i64 to index
+            %279 = memref.load %51[%277, %278] : memref<?x?xf32>
+            %280 = memref.load %273[] : memref<f32>
+            %281 = arith.addf %280, %279 : f32
+            memref.store %281, %273[] : memref<f32>
           }
-          %279 = memref.load %270[] : memref<f32>
-          %280 = arith.index_cast %269 : i64 to index
-          %281 = arith.truncf %279 : f32 to f16
-          memref.store %281, %grad_w[%280] : memref<?xf16, strided<[?], offset: ?>>
+          %282 = memref.load %273[] : memref<f32>
+          %283 = arith.index_cast %272 : i64 to index
+          %284 = arith.truncf %282 : f32 to f16
+          memref.store %284, %grad_w[%283] : memref<?xf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %282 = memref.load %0[] : memref<i32>
-    func.return %282 : i32
+    %285 = memref.load %0[] : memref<i32>
+    func.return %285 : i32
   }
   func.func @rms_norm_backward_f32(%grad_y: memref<?x?xf32, strided<[?, ?], offset: ?>>, %x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %w: memref<?xf32, strided<[?], offset: ?>>, %eps: f32, %grad_x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %grad_w: memref<?xf32, strided<[?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], opgen.variant = "rms_norm_backward", opgen.dtypes = {T = "f32"}} {
     %0 = memref.alloca() : memref<i32>
@@ -710,47 +713,50 @@ builtin.module {
               memref.store %223, %67[] : memref<f32>
               %224 = memref.load %70[] : memref<f32>
               memref.store %224, %69[] : memref<f32>
+              %225 = arith.addi %66, %65 : i64
+              %226 = arith.subi %64, %65 : i64
+              %227 = arith.cmpi slt, %225, %226 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%225: index):
-                %226 = arith.index_cast %225 : index to i64
-                %227 = arith.index_cast %66 : i64 to index
-                %228 = arith.index_cast %226 : i64 to index
-                %229 = memref.load %grad_y[%227, %228] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %230 = memref.load %x[%227, %228] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %231 = arith.mulf %229, %230 : f32
-                %232 = memref.load %67[] : memref<f32>
-                %233 = arith.divf %232, %53 : f32
-                %234 = arith.addf %233, %eps : f32
-                %235 = arith.constant 1.000000e+00 : f32
-                %236 = math.sqrt %234 : f32
-                %237 = arith.divf %235, %236 : f32
-                %238 = arith.mulf %231, %237 : f32
-                %239 = memref.load %58[%228] : memref<?xf32>
-                %240 = arith.addf %239, %238 : f32
-                memref.store %240, %58[%228] : memref<?xf32>
-                %241 = memref.load %w[%228] : memref<?xf32, strided<[?], offset: ?>>
-                %242 = arith.mulf %229, %241 : f32
-                %243 = arith.mulf %242, %237 : f32
-                %244 = memref.load %69[] : memref<f32>
-                %245 = arith.divf %244, %53 : f32
-                %246 = arith.mulf %245, %237 : f32
-                %247 = arith.mulf %246, %237 : f32
-                %248 = arith.mulf %247, %237 : f32
-                %249 = arith.mulf %230, %248 : f32
-                %250 = arith.subf %243, %249 : f32
-                memref.store %250, %grad_x[%227, %228] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+              ^bb0(%228: index):
+                %229 = arith.index_cast %228 : index to i64
+                %230 = arith.index_cast %66 : i64 to index
+                %231 = arith.index_cast %229 : i64 to index
+                %232 = memref.load %grad_y[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %233 = memref.load %x[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %234 = arith.mulf %232, %233 : f32
+                %235 = memref.load %67[] : memref<f32>
+                %236 = arith.divf %235, %53 : f32
+                %237 = arith.addf %236, %eps : f32
+                %238 = arith.constant 1.000000e+00 : f32
+                %239 = math.sqrt %237 : f32
+                %240 = arith.divf %238, %239 : f32
+                %241 = arith.mulf %234, %240 : f32
+                %242 = memref.load %58[%231] : memref<?xf32>
+                %243 = arith.addf %242, %241 : f32
+                memref.store %243, %58[%231] : memref<?xf32>
+                %244 = memref.load %w[%231] : memref<?xf32, strided<[?], offset: ?>>
+                %245 = arith.mulf %232, %244 : f32
+                %246 = arith.mulf %245, %240 : f32
+                %247 = memref.load %69[] : memref<f32>
+                %248 = arith.divf %247, %53 : f32
+                %249 = arith.mulf %248, %240 : f32
+                %250 = arith.mulf %249, %240 : f32
+                %251 = arith.mulf %250, %240 : f32
+                %252 = arith.mulf %233, %251 : f32
+                %253 = arith.subf %246, %252 : f32
+                memref.store %253, %grad_x[%230, %231] : memref<?x?xf32, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%251: index):
-            %252 = arith.index_cast %251 : index to i64
-            %253 = arith.index_cast %252 : i64 to index
-            %254 = memref.load %58[%253] : memref<?xf32>
-            %255 = arith.index_cast %57 : i64 to index
-            memref.store %254, %51[%255, %253] : memref<?x?xf32>
+          ^bb0(%254: index):
+            %255 = arith.index_cast %254 : index to i64
+            %256 = arith.index_cast %255 : i64 to index
+            %257 = memref.load %58[%256] : memref<?xf32>
+            %258 = arith.index_cast %57 : i64 to index
+            memref.store %257, %51[%258, %256] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -758,32 +764,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%256: index):
-        %257 = arith.index_cast %256 : index to i64
+      ^bb0(%259: index):
+        %260 = arith.index_cast %259 : index to i64
         "memref.alloca_scope"() ({
-          %258 = memref.alloca() : memref<f32>
-          %259 = arith.constant 0.000000e+00 : f32
-          memref.store %259, %258[] : memref<f32>
-          %260 = arith.constant 1 : i64
-          scf.for %261 = %41 to %48 step %260 : i64 {
-            %262 = arith.index_cast %261 : i64 to index
-            %263 = arith.index_cast %257 : i64 to index
-            %264 = memref.load %51[%262, %263] : memref<?x?xf32>
-            %265 = memref.load %258[] : memref<f32>
-            %266 = arith.addf %265, %264 : f32
-            memref.store %266, %258[] : memref<f32>
+          %261 = memref.alloca() : memref<f32>
+          %262 = arith.constant 0.000000e+00 : f32
+          memref.store %262, %261[] : memref<f32>
+          %263 = arith.constant 1 : i64
+          scf.for %264 = %41 to %48 step %263 : i64 {
+            %265 = arith.index_cast %264 : i64 to index
+            %266 = arith.index_cast %260 : i64 to index
+            %267 = memref.load %51[%265, %266] : memref<?x?xf32>
+            %268 = memref.load %261[] : memref<f32>
+            %269 = arith.addf %268, %267 : f32
+            memref.store %269, %261[] : memref<f32>
           }
-          %267 = memref.load %258[] : memref<f32>
-          %268 = arith.index_cast %257 : i64 to index
-          memref.store %267, %grad_w[%268] : memref<?xf32, strided<[?], offset: ?>>
+          %270 = memref.load %261[] : memref<f32>
+          %271 = arith.index_cast %260 : i64 to index
+          memref.store %270, %grad_w[%271] : memref<?xf32, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %269 = memref.load %0[] : memref<i32>
-    func.return %269 : i32
+    %272 = memref.load %0[] : memref<i32>
+    func.return %272 : i32
   }
   func.func @rms_norm_backward_bf16(%grad_y: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %x: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %w: memref<?xbf16, strided<[?], offset: ?>>, %eps: f32, %grad_x: memref<?x?xbf16, strided<[?, ?], offset: ?>>, %grad_w: memref<?xbf16, strided<[?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], opgen.variant = "rms_norm_backward", opgen.dtypes = {T = "bf16"}} {
     %0 = memref.alloca() : memref<i32>
@@ -1104,51 +1110,54 @@ builtin.module {
               memref.store %231, %67[] : memref<f32>
               %232 = memref.load %70[] : memref<f32>
               memref.store %232, %69[] : memref<f32>
+              %233 = arith.addi %66, %65 : i64
+              %234 = arith.subi %64, %65 : i64
+              %235 = arith.cmpi slt, %233, %234 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%233: index):
-                %234 = arith.index_cast %233 : index to i64
-                %235 = arith.index_cast %66 : i64 to index
-                %236 = arith.index_cast %234 : i64 to index
-                %237 = memref.load %grad_y[%235, %236] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %238 = arith.extf %237 : bf16 to f32
-                %239 = memref.load %x[%235, %236] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %240 = arith.extf %239 : bf16 to f32
-                %241 = arith.mulf %238, %240 : f32
-                %242 = memref.load %67[] : memref<f32>
-                %243 = arith.divf %242, %53 : f32
-                %244 = arith.addf %243, %eps : f32
-                %245 = arith.constant 1.000000e+00 : f32
-                %246 = math.sqrt %244 : f32
-                %247 = arith.divf %245, %246 : f32
-                %248 = arith.mulf %241, %247 : f32
-                %249 = memref.load %58[%236] : memref<?xf32>
-                %250 = arith.addf %249, %248 : f32
-                memref.store %250, %58[%236] : memref<?xf32>
-                %251 = memref.load %w[%236] : memref<?xbf16, strided<[?], offset: ?>>
-                %252 = arith.extf %251 : bf16 to f32
-                %253 = arith.mulf %238, %252 : f32
-                %254 = arith.mulf %253, %247 : f32
-                %255 = memref.load %69[] : memref<f32>
-                %256 = arith.divf %255, %53 : f32
-                %257 = arith.mulf %256, %247 : f32
-                %258 = arith.mulf %257, %247 : f32
-                %259 = arith.mulf %258, %247 : f32
-                %260 = arith.mulf %240, %259 : f32
-                %261 = arith.subf %254, %260 : f32
-                %262 = arith.truncf %261 : f32 to bf16
-                memref.store %262, %grad_x[%235, %236] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              ^bb0(%236: index):
+                %237 = arith.index_cast %236 : index to i64
+                %238 = arith.index_cast %66 : i64 to index
+                %239 = arith.index_cast %237 : i64 to index
+                %240 = memref.load %grad_y[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %241 = arith.extf %240 : bf16 to f32
+                %242 = memref.load %x[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %243 = arith.extf %242 : bf16 to f32
+                %244 = arith.mulf %241, %243 : f32
+                %245 = memref.load %67[] : memref<f32>
+                %246 = arith.divf %245, %53 : f32
+                %247 = arith.addf %246, %eps : f32
+                %248 = arith.constant 1.000000e+00 : f32
+                %249 = math.sqrt %247 : f32
+                %250 = arith.divf %248, %249 : f32
+                %251 = arith.mulf %244, %250 : f32
+                %252 = memref.load %58[%239] : memref<?xf32>
+                %253 = arith.addf %252, %251 : f32
+                memref.store %253, %58[%239] : memref<?xf32>
+                %254 = memref.load %w[%239] : memref<?xbf16, strided<[?], offset: ?>>
+                %255 = arith.extf %254 : bf16 to f32
+                %256 = arith.mulf %241, %255 : f32
+                %257 = arith.mulf %256, %250 : f32
+                %258 = memref.load %69[] : memref<f32>
+                %259 = arith.divf %258, %53 : f32
+                %260 = arith.mulf %259, %250 : f32
+                %261 = arith.mulf %260, %250 : f32
+                %262 = arith.mulf %261, %250 : f32
+                %263 = arith.mulf %243, %262 : f32
+                %264 = arith.subf %257, %263 : f32
+                %265 = arith.truncf %264 : f32 to bf16
+                memref.store %265, %grad_x[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%263: index):
-            %264 = arith.index_cast %263 : index to i64
-            %265 = arith.index_cast %264 : i64 to index
-            %266 = memref.load %58[%265] : memref<?xf32>
-            %267 = arith.index_cast %57 : i64 to index
-            memref.store %266, %51[%267, %265] : memref<?x?xf32>
+          ^bb0(%266: index):
+            %267 = arith.index_cast %266 : index to i64
+            %268 = arith.index_cast %267 : i64 to index
+            %269 = memref.load %58[%268] : memref<?xf32>
+            %270 = arith.index_cast %57 : i64 to index
+            memref.store %269, %51[%270, %268] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -1156,32 +1165,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%268: index):
-        %269 = arith.index_cast %268 : index to i64
+      ^bb0(%271: index):
+        %272 = arith.index_cast %271 : index to i64
         "memref.alloca_scope"() ({
-          %270 = memref.alloca() : memref<f32>
-          %271 = arith.constant 0.000000e+00 : f32
-          memref.store %271, %270[] : memref<f32>
-          %272 = arith.constant 1 : i64
-          scf.for %273 = %41 to %48 step %272 : i64 {
-            %274 = arith.index_cast %273 : i64 to index
-            %275 = arith.index_cast %269 : i64 to index
-            %276 = memref.load %51[%274, %275] : memref<?x?xf32>
-            %277 = memref.load %270[] : memref<f32>
-            %278 = arith.addf %277, %276 : f32
-            memref.store %278, %270[] : memref<f32>
+          %273 = memref.alloca() : memref<f32>
+          %274 = arith.constant 0.000000e+00 : f32
+          memref.store %274, %273[] : memref<f32>
+          %275 = arith.constant 1 : i64
+          scf.for %276 = %41 to %48 step %275 : i64 {
+            %277 = arith.index_cast %276 : i64 to index
+            %278 = arith.index_cast %272 : i64 to index
+            %279 = memref.load %51[%277, %278] : memref<?x?xf32>
+            %280 = memref.load %273[] : memref<f32>
+            %281 = arith.addf %280, %279 : f32
+            memref.store %281, %273[] : memref<f32>
           }
-          %279 = memref.load %270[] : memref<f32>
-          %280 = arith.index_cast %269 : i64 to index
-          %281 = arith.truncf %279 : f32 to bf16
-          memref.store %281, %grad_w[%280] : memref<?xbf16, strided<[?], offset: ?>>
+          %282 = memref.load %273[] : memref<f32>
+          %283 = arith.index_cast %272 : i64 to index
+          %284 = arith.truncf %282 : f32 to bf16
+          memref.store %284, %grad_w[%283] : memref<?xbf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %282 = memref.load %0[] : memref<i32>
-    func.return %282 : i32
+    %285 = memref.load %0[] : memref<i32>
+    func.return %285 : i32
   }
 }

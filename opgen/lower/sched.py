@@ -385,8 +385,8 @@ class LoadOp(IRDLOperation):
 
 @irdl_op_definition
 class PrefetchOp(IRDLOperation):
-    """A hint that the bytes ``ahead`` past element ``buf[idx...]`` will be read soon (a
-    target's software prefetch; it reads nothing, never faults, and may be dropped)."""
+    """A hint that the bytes ``ahead`` (0 or more) past element ``buf[idx...]`` will be read
+    soon (a target's software prefetch; it reads nothing, never faults, and may be dropped)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
@@ -400,8 +400,8 @@ class PrefetchOp(IRDLOperation):
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
-        if self.ahead.data <= 0:
-            raise VerifyException("sched.prefetch: ahead must be a positive number of bytes")
+        if self.ahead.data < 0:
+            raise VerifyException("sched.prefetch: ahead must be a number of bytes, 0 or more")
 
 
 @irdl_op_definition
