@@ -107,6 +107,28 @@ def test_tensor_core_operands_are_split_unless_exact_in_tf32(sources: dict[str, 
     assert calls and all(got == [("true", "true")] * 2 for got in calls.values()), calls
 
 
+def test_exact_operands_pass_decides_the_splits(op_files) -> None:
+    """The split is decided by a pass (exact-operands), not by the printer: every tensor-core
+    matmul of the CUDA pipeline carries ``exact`` per operand, the FLCE logits' X and W (copies
+    of the T inputs) as ``T`` and the gradient G as unknown, the f32 chain's copies of f32 data
+    as ``f32`` (not exact in TF32: split), and the printer's calls follow those properties."""
+    from opgen import registry
+    from opgen.lower import sched as s
+    from opgen.passes import pipeline
+
+    for name, files in (("fused_linear_cross_entropy_loss_grad", None), ("f32_linear_grad", F32_CHAIN)):
+        o = registry.get(name) if files is None else op_files({"f32_linear_grad.py": files})[name]
+        m = o.module()
+        pipeline.run(m, "cuda")
+        mms = [x for x in m.walk() if isinstance(x, s.BufferMatmulOp)]
+        assert mms and all(x.exact is not None for x in mms)
+        got = sorted({tuple(e.data for e in x.exact.data) for x in mms})
+        if files is None:
+            assert ("T", "T") in got and ("", "T") in got, got
+        else:
+            assert all(e in ("f32", "") for pair in got for e in pair), got
+
+
 def _write(sources: dict[str, str]) -> tuple[Path, Path]:
     """The CUDA sources and headers under build/cuda/test-src/ (only changed files rewritten)."""
     root = OUT / "test-src"

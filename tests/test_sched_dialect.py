@@ -5,6 +5,7 @@ that parses back."""
 from __future__ import annotations
 
 import pytest
+from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Block
 from xdsl.parser import Parser
 from xdsl.traits import MemoryEffectKind, get_effects
@@ -114,6 +115,10 @@ def test_verifiers():
                              False, False), r"sched.matmul: operands must be 2-D buffers")
     rejects(s.BufferMatmulOp(buf(["N", "K"], "f32"), buf(["K", "N"], "f32"), buf(["N", "N"], "f32", "temp"),
                              i, f, n, False, False), r"sched.matmul: n must be a rank-0 i64")
+    one_exact = s.BufferMatmulOp(buf(["N", "K"], "f32"), buf(["K", "N"], "f32"), buf(["N", "N"], "f32", "temp"),
+                                 i, n, n, False, False)
+    one_exact.properties["exact"] = ArrayAttr([StringAttr("bf16")])
+    rejects(one_exact, r"sched.matmul: exact must give one dtype per operand \(A, B\)")
     vec = ir.TensorType.make(["N"], "f32")
     (v,) = Block(arg_types=[vec]).args
     rejects(s.StoreOp(v, buf(["N"], "f32", "out"), [i]), r"sched.store: the value must be a rank-0 scalar")

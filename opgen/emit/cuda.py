@@ -81,6 +81,9 @@ from opgen.lower.sched import GpuMapping
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
 MAX_WS = 32  # OPGEN_CUDA_MAX_WS
 REDUCE_KIND = {"sum": 0, "max": 1, "min": 2}
+#: storage dtypes whose values TF32 holds exactly: a tensor-core operand exact in one of them
+#: (sched.matmul's ``exact``) is taken without the error-compensating high/low split
+TF32_EXACT = (dtypes.BF16, dtypes.F16)
 
 
 class CudaUnsupported(NotImplementedError):
@@ -528,32 +531,16 @@ class CudaPrinter(CPrinter):
             ars, acs = strides(op.a, ta)
             brs, bcs = strides(op.b, tb)
             ct = cts.pop()
-            # f32: tensor cores (TF32), operands not provably exact in TF32 split in two
-            fn = (f"opgen_block_gemm_tc<{str(not self.tf32_exact(op.a)).lower()}, "
-                  f"{str(not self.tf32_exact(op.b)).lower()}>") if ct == "float" else f"opgen_block_gemm<{ct}>"
+            # f32: tensor cores (TF32); an operand not exact in a dtype TF32 keeps (exact-operands) split in two
+            exact = [e.data for e in op.exact.data] if op.exact is not None else ["", ""]
+            split = [not (e and self.dtype(e) in TF32_EXACT) for e in exact]
+            fn = (f"opgen_block_gemm_tc<{str(split[0]).lower()}, {str(split[1]).lower()}>") if ct == "float" \
+                else f"opgen_block_gemm<{ct}>"
             self.line(f"{fn}({m}, {n}, {k}, {self.name(op.a)}, {ars}, {acs}, "
                       f"{self.name(op.b)}, {brs}, {bcs}, {self.name(op.c)}, {self.extents(op.c)[1]}, "
                       f"{op.accumulate.data});")
             return
         self.matmul_elements(op, "block" if self.ctx == "uniform" else "seq")
-
-    def tf32_exact(self, buf: SSAValue) -> bool:
-        """Every value ever in scratch ``buf`` is exact in TF32: it is only zero-filled and
-        stored with elements loaded from bf16/f16 memory (through value-preserving casts)."""
-        def narrow(v: SSAValue) -> bool:
-            while isinstance(v.owner, ir.CastOp) and self.dtype(ir.tensor_type(v).dtype).compute == dtypes.F32:
-                v = v.owner.x
-            if not isinstance(v.owner, s.LoadOp):
-                return False
-            t = s.buf_type(v.owner.buf)
-            return t.role.data in ("in", "out") and self.dtype(t.dtype) in (dtypes.BF16, dtypes.F16)
-
-        for o in self.k.walk():
-            if isinstance(o, s.StoreOp) and o.buf is buf and not narrow(o.value):
-                return False
-            if isinstance(o, s.AccumOp | s.BufferMatmulOp | s.SegmentsOp) and buf in s.effects(o)[1]:
-                return False
-        return True
 
     def matmul_elements(self, op: s.BufferMatmulOp, mode: str) -> None:
         """One output element per iteration, k summed in order: ``seq`` (this thread does all),

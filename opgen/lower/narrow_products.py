@@ -16,12 +16,17 @@ Each operand must be
 At least one operand must be exact, and D a narrow float (below 32 bits) or a dtype variable,
 whose instances decide: the cross-entropy gradient's ``T`` gives bf16 products in its bf16
 instance and f32 ones (``opgen_sgemm``) in its f32 instance.
+
+``exact-operands`` records the first rule's answer for each operand of every matmul
+(``sched.matmul``'s ``exact``) for the CUDA target, whose TF32 tensor-core products split an f32
+operand in two (high and low parts) unless its values are exact in TF32 (bf16 and f16 values
+are).
 """
 
 from __future__ import annotations
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
@@ -132,3 +137,15 @@ class NarrowProducts(ModulePass):
         for mm in op.walk():
             if isinstance(mm, s.BufferMatmulOp) and (d := products(mm)) is not None:
                 mm.properties["products"] = StringAttr(d)
+
+
+class ExactOperands(ModulePass):
+    """Record, for each operand of every matmul, the dtype it holds exact values of (module
+    docstring): ``sched.matmul``'s ``exact``."""
+
+    name = "exact-operands"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for mm in op.walk():
+            if isinstance(mm, s.BufferMatmulOp):
+                mm.properties["exact"] = ArrayAttr([StringAttr(exact(x) or "") for x in (mm.a, mm.b)])

@@ -598,7 +598,12 @@ class BufferMatmulOp(IRDLOperation):
     ``products`` (set by narrow-products: opgen/lower/narrow_products.py) names a storage dtype
     (or dtype variable) the operands may be rounded to for the products, where the target has
     units for it (bf16 tile units: the CPU runtime's opgen_bgemm on AMX); the k blocks stay, but
-    the bits within a block are then the units' own, fixed per machine and thread-independent."""
+    the bits within a block are then the units' own, fixed per machine and thread-independent.
+
+    ``exact`` (set by exact-operands: opgen/lower/narrow_products.py) gives, for A and B, the
+    dtype (or dtype variable) whose values the operand holds exactly, "" where none is known: a
+    target whose products round f32 operands (CUDA's TF32 tensor cores) splits only the operands
+    not exact in a dtype those products keep."""
 
     name = "sched.matmul"
     a = operand_def(BufType)
@@ -611,6 +616,7 @@ class BufferMatmulOp(IRDLOperation):
     trans = prop_def(ArrayAttr[IntAttr])
     accumulate = prop_def(IntAttr)
     products = opt_prop_def(StringAttr)
+    exact = opt_prop_def(ArrayAttr[StringAttr])
     traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
 
     def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
@@ -631,6 +637,8 @@ class BufferMatmulOp(IRDLOperation):
                 _scalar(self, x, "i64", what)
         if len(self.trans.data) != 2:
             raise VerifyException("sched.matmul: trans must give one flag per operand (A, B)")
+        if self.exact is not None and len(self.exact.data) != 2:
+            raise VerifyException("sched.matmul: exact must give one dtype per operand (A, B)")
 
 
 def scalar_accums(loop: ForOp) -> list[AccumOp]:

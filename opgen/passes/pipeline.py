@@ -32,7 +32,7 @@ from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
 from opgen.lower.matmul_chain import CHAIN_GROUPS
 from opgen.lower.matmul_output import MatmulIntoOutput
-from opgen.lower.narrow_products import NarrowProducts
+from opgen.lower.narrow_products import ExactOperands, NarrowProducts
 from opgen.lower.sched import Sched
 from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
@@ -73,9 +73,11 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
     # chunks, place-gpu-barriers the block's barriers (opgen/lower/gpu_sync.py); printed by
     # opgen/emit/cuda.py. Matmul chains in tiles of 64 rows: one block per 64 rows of the
-    # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high.
+    # row pass (BT = 8192 -> 128 blocks, enough for an H100's 132 SMs), one tensor-core tile high;
+    # exact-operands records the operands holding bf16/f16 values, which the TF32 tensor-core
+    # products take without an error-compensating split (opgen/lower/narrow_products.py).
     "cuda": [*L0, ConvertAtBoundary(), LowerToLoops(chain_rows=64), FuseReductions(), CommonSubexpressionElimination(),
-             CanonicalizePass(), *GPU_MAPPING],
+             CanonicalizePass(), ExactOperands(), *GPU_MAPPING],
     # Upstream MLIR: the CPU pipeline's loops, then func/scf/memref/arith/math, one function per
     # dtype binding (opgen/lower/to_std.py); printed in MLIR's textual syntax, which mlir-opt and
     # MLIR's Python bindings parse (generated/mlir/; opgen/mlir.py runs it).
