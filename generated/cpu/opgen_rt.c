@@ -377,25 +377,29 @@ static inline void tr16(const uint32_t *s, int64_t src, uint32_t *d, int64_t dst
 }
 /* Operands are f32, or bf16 storage (bf: opgen_gemm_bf16's caller tensors); offsets in elements */
 static inline const void *at(const void *p, int64_t n, int bf) { return (const char *)p + n * (bf ? 2 : 4); }
-/* the elements of p under mask m as f32 */
-static inline __m512 ld16(const void *p, __mmask16 m, int bf) {
-    if (bf) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-    return _mm512_maskz_loadu_ps(m, p);
-}
+/* the f32 elements of p under mask m */
+static inline __m512 ld16(const void *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 static inline float ld1(const void *p, int bf) { return bf ? opgen_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p; }
-/* n (<= 16) elements of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n */
+/* n (<= 16) elements of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n.
+ * bf16 rows are interleaved as they are (their words are already the products' operands); f32
+ * rows are rounded to bf16 first. */
 static inline __m512i pairs16(const void *a, const void *b, int64_t n, int bf) {
     const __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                          23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    __m512 va = ld16(a, m, bf), vb = b ? ld16(b, m, bf) : _mm512_setzero_ps();
+    if (bf) {
+        const __m256i wa = _mm256_maskz_loadu_epi16(m, a), wb = b ? _mm256_maskz_loadu_epi16(m, b) : _mm256_setzero_si256();
+        return _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1));
+    }
+    __m512 va = ld16(a, m), vb = b ? ld16(b, m) : _mm512_setzero_ps();
     return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
 }
-/* n (<= 32) elements -> bf16, zero past n, 32 lanes */
+/* n (<= 32) elements -> bf16, zero past n, 32 lanes (bf16 elements: as they are) */
 static inline __m512i bf16x32(const void *s, int64_t n, int bf) {
+    if (bf) return _mm512_maskz_loadu_epi16(n >= 32 ? ~(__mmask32)0 : n <= 0 ? 0 : ((__mmask32)1 << n) - 1, s);
     const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
     const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
-    return (__m512i)_mm512_cvtne2ps_pbh(m1 ? ld16(at(s, 16, bf), m1, bf) : _mm512_setzero_ps(), ld16(s, m0, bf));
+    return (__m512i)_mm512_cvtne2ps_pbh(m1 ? ld16(at(s, 16, 0), m1) : _mm512_setzero_ps(), ld16(s, m0));
 }
 /* A (mr x kc; rows padded to 32, k to kcp, with zeros) at p[i * BKC + k] */
 static void bpack_a(int64_t mr, int64_t kc, int64_t kcp, const void *A, int64_t ars, int64_t acs, int bf,
