@@ -192,3 +192,23 @@ def test_bf16_output(drivers, tmp_path, m, n, k):
             got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
             assert np.array_equal(got[:, :n].view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc)
             assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
+
+
+@pytest.mark.parametrize(("m", "n", "k"), BF16_SHAPES)
+def test_packed_right_hand_operand(drivers, tmp_path, m, n, k):
+    """opgen_bpack + opgen_bgemm_pb (hoist-packing's B packed ahead of the loop): bitwise
+    opgen_bgemm's result on every shape and stride (the same products on the same packed words),
+    never writing past round32(k) x round32(n) words nor reading a word it did not pack (the
+    buffer starts as NaN patterns); with OPGEN_NO_AMX=1 exactly opgen_sgemm."""
+    exe = drivers["native"]
+    rng = np.random.default_rng(m * 3 + n * 7 + k)
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
+        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
+        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (ta, tb, acc, pad)
+        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8, amx=False)
+        sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
+        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), ("no AMX", ta, tb, acc, pad)

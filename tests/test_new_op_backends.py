@@ -902,6 +902,49 @@ def test_narrow_products_marks_only_matmuls_of_narrow_values(built):
     assert sum(f.count("opgen_bgemm(") for f in bf16) >= 1 and sum(f.count("opgen_sgemm(") for f in bf16) >= 1
 
 
+def test_hoist_packing_packs_a_loop_invariant_right_hand_operand_once():
+    """hoist-packing on FLCE's memory-saving chain: W_j (the right-hand operand of the logits
+    ``X_i W_j^T`` and of ``G W_j``) is packed once per column block, before the loop over row
+    blocks that leaves it alone, into a u16 buffer of round32(k) x round32(n) words; X_i (``G^T X_i``)
+    changes in that loop and is packed at each call. The bf16 instance calls opgen_bpack and
+    opgen_bgemm_pb; the f16 one (products the runtime does not pack) reads B as before. The
+    results are bitwise those of the unhoisted GEMM: tests/test_gemm.py
+    (test_packed_right_hand_operand) and the FLCE tests against the oracle."""
+    from opgen import registry
+    from opgen.emit import cpu
+    from opgen.passes import pipeline
+
+    o = registry.load_all(str(registry.REPO_ROOT / "ops_dsl"))["fused_linear_cross_entropy_loss_grad"]
+    m = o.module()
+    pipeline.run(m, "cpu")
+    packs = [x for x in m.walk() if isinstance(x, s.PackOp)]
+    assert len(packs) == 2
+    for pk in packs:
+        loop = pk.next_op
+        while not isinstance(loop, s.ForOp):
+            loop = loop.next_op
+        users = [u.operation for u in pk.dst.uses if u.operation is not pk]
+        assert users and all(isinstance(u, s.BufferMatmulOp) and u.b_packed is pk.dst and u.b is pk.src
+                             and loop.is_ancestor(u) for u in users)
+        assert pk.src not in s.effects(loop)[1]  # (the loop does not write W_j)
+        t = s.buf_type(pk.dst)
+        assert t.dtype == "u16" and t.role.data == "local"
+        assert all(int(d) % 32 == 0 if d.isdigit() else d.startswith("mul(cdiv(") and d.endswith(",32),32)")
+                   for d in t.shape), t.shape
+    kernel = packs[0].parent_op()
+    while not isinstance(kernel, s.KernelOp):
+        kernel = kernel.parent_op()
+    unpacked = [x for x in kernel.walk() if isinstance(x, s.BufferMatmulOp) and x.b_packed is None]
+    assert len(unpacked) == 1 and unpacked[0].trans.data[0].data == 1  # G^T X_i
+    text = cpu.op_source(o)
+    split = text.split("static opgen_status_t k_fused_linear_cross_entropy_loss_grad_")[1:]
+    parts = {f.split("(")[0]: f for f in split}
+    bf16 = "".join(f for n, f in parts.items() if n.startswith("_logits_max_sum_exp_logits_bf16"))
+    f16 = "".join(f for n, f in parts.items() if n.startswith("_logits_max_sum_exp_logits_f16"))
+    assert "opgen_bpack(" in bf16 and "opgen_bgemm_pb(" in bf16
+    assert f16 and "opgen_bpack(" not in f16 and "opgen_bgemm_pb(" not in f16
+
+
 def test_bf16_products_are_right(built, rng):
     """The bf16 linear layer against PyTorch in float64: exact bf16 products summed in f32 and
     rounded once, so within one bf16 ulp (2^-7 relative at most) of the float64 result and of

@@ -1020,6 +1020,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1067,10 +1069,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1122,89 +1126,93 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i48 = v15; i48 < v30; i48++) {
-                const int64_t v49 = i48 * v23;
-                const int64_t v50 = v49 + v23;
-                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
-                const int64_t v52 = v51 - v49;
-                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i54 = v15; i54 < v52; i54++) {
-                    const int64_t v55 = v49 + i54;
+            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            (void)l48;
+            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            (void)l49;
+            for (int64_t i50 = v15; i50 < v30; i50++) {
+                const int64_t v51 = i50 * v23;
+                const int64_t v52 = v51 + v23;
+                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
+                const int64_t v54 = v53 - v51;
+                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i56 = v15; i56 < v54; i56++) {
+                    const int64_t v57 = v51 + i56;
                     #pragma omp simd
-                    for (int64_t i56 = v15; i56 < d_H; i56++) {
-                        const float v57 = opgen_f16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
-                        l53[i54 * d_H + i56] = v57;
+                    for (int64_t i58 = v15; i58 < d_H; i58++) {
+                        const float v59 = opgen_f16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
+                        l55[i56 * d_H + i58] = v59;
                     }
                 }
-                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
-                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i60 = v15; i60 < v52; i60++) {
-                    const int64_t v61 = v49 + i60;
-                    const float v62 = p_logits_max[v61 * st_logits_max_0];
-                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
-                    const int64_t v64 = p_masked_target[v61];
-                    const bool v65 = (bool)((p_target_mask[(v61 >> 3) * st_target_mask_0] >> (v61 & 7)) & 1);
-                    const bool v66 = !v65;
-                    const float v67 = p_grad[v61 * st_grad_0];
+                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l60, 256ll, 0);
+                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i62 = v15; i62 < v54; i62++) {
+                    const int64_t v63 = v51 + i62;
+                    const float v64 = p_logits_max[v63 * st_logits_max_0];
+                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
+                    const int64_t v66 = p_masked_target[v63];
+                    const bool v67 = (bool)((p_target_mask[(v63 >> 3) * st_target_mask_0] >> (v63 & 7)) & 1);
+                    const bool v68 = !v67;
+                    const float v69 = p_grad[v63 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i68 = v15; i68 < v41; i68++) {
-                        const int64_t v69 = v38 + i68;
-                        const float v70 = l58[i60 * 256ll + i68];
-                        const float v71 = v70;
-                        const float v72 = v71 - v62;
-                        const float v73 = opgen_expf(v72);
-                        const float v74 = v73 / v63;
-                        const bool v75 = v69 == v64;
-                        const bool v76 = v75 && v66;
-                        const float v77 = v76 ? v31 : v8;
-                        const float v78 = v74 - v77;
-                        const float v79 = v78 * v67;
-                        l59[i60 * 256ll + i68] = v79;
+                    for (int64_t i70 = v15; i70 < v41; i70++) {
+                        const int64_t v71 = v38 + i70;
+                        const float v72 = l60[i62 * 256ll + i70];
+                        const float v73 = v72;
+                        const float v74 = v73 - v64;
+                        const float v75 = opgen_expf(v74);
+                        const float v76 = v75 / v65;
+                        const bool v77 = v71 == v66;
+                        const bool v78 = v77 && v68;
+                        const float v79 = v78 ? v31 : v8;
+                        const float v80 = v76 - v79;
+                        const float v81 = v80 * v69;
+                        l61[i62 * 256ll + i70] = v81;
                     }
                 }
-                const int64_t v80 = v36 + v49;
-                opgen_sgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
-                opgen_sgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
+                const int64_t v82 = v36 + v51;
+                opgen_sgemm(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, t29 + v82 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i81 = v15; i81 < v41; i81++) {
-                const int64_t v82 = v38 + i81;
+            for (int64_t i83 = v15; i83 < v41; i83++) {
+                const int64_t v84 = v38 + i83;
                 #pragma omp simd
-                for (int64_t i83 = v15; i83 < d_H; i83++) {
-                    const float v84 = l47[i81 * d_H + i83];
-                    const float v85 = v84;
-                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_f16(v85);
+                for (int64_t i85 = v15; i85 < d_H; i85++) {
+                    const float v86 = l47[i83 * d_H + i85];
+                    const float v87 = v86;
+                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v87);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v15; i86 < v30; i86++) {
-        const int64_t v87 = i86 * v23;
-        const int64_t v88 = v87 + v23;
-        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v15; i92 < v28; i92++) {
-            const int64_t v93 = i92 * d_BT;
-            const int64_t v94 = v93 + v87;
-            for (int64_t i95 = v15; i95 < v90; i95++) {
-                const int64_t v96 = v94 + i95;
+    for (int64_t i88 = v15; i88 < v30; i88++) {
+        const int64_t v89 = i88 * v23;
+        const int64_t v90 = v89 + v23;
+        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v15; i94 < v28; i94++) {
+            const int64_t v95 = i94 * d_BT;
+            const int64_t v96 = v95 + v89;
+            for (int64_t i97 = v15; i97 < v92; i97++) {
+                const int64_t v98 = v96 + i97;
                 #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = t29[v96 * d_H + i97];
-                    l91[i95 * d_H + i97] += v98;
+                for (int64_t i99 = v15; i99 < d_H; i99++) {
+                    const float v100 = t29[v98 * d_H + i99];
+                    l93[i97 * d_H + i99] += v100;
                 }
             }
         }
-        for (int64_t i99 = v15; i99 < v90; i99++) {
-            const int64_t v100 = v87 + i99;
+        for (int64_t i101 = v15; i101 < v92; i101++) {
+            const int64_t v102 = v89 + i101;
             #pragma omp simd
-            for (int64_t i101 = v15; i101 < d_H; i101++) {
-                const float v102 = l91[i99 * d_H + i101];
-                const float v103 = v102;
-                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_f16(v103);
+            for (int64_t i103 = v15; i103 < d_H; i103++) {
+                const float v104 = l93[i101 * d_H + i103];
+                const float v105 = v104;
+                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_f16(v105);
             }
         }
     }
@@ -1270,6 +1278,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1317,10 +1327,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1372,89 +1384,93 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i48 = v15; i48 < v30; i48++) {
-                const int64_t v49 = i48 * v23;
-                const int64_t v50 = v49 + v23;
-                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
-                const int64_t v52 = v51 - v49;
-                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i54 = v15; i54 < v52; i54++) {
-                    const int64_t v55 = v49 + i54;
+            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            (void)l48;
+            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            (void)l49;
+            for (int64_t i50 = v15; i50 < v30; i50++) {
+                const int64_t v51 = i50 * v23;
+                const int64_t v52 = v51 + v23;
+                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
+                const int64_t v54 = v53 - v51;
+                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i56 = v15; i56 < v54; i56++) {
+                    const int64_t v57 = v51 + i56;
                     #pragma omp simd
-                    for (int64_t i56 = v15; i56 < d_H; i56++) {
-                        const float v57 = opgen_f16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
-                        l53[i54 * d_H + i56] = v57;
+                    for (int64_t i58 = v15; i58 < d_H; i58++) {
+                        const float v59 = opgen_f16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
+                        l55[i56 * d_H + i58] = v59;
                     }
                 }
-                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
-                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i60 = v15; i60 < v52; i60++) {
-                    const int64_t v61 = v49 + i60;
-                    const float v62 = p_logits_max[v61 * st_logits_max_0];
-                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
-                    const int64_t v64 = p_masked_target[v61];
-                    const bool v65 = p_target_mask[v61 * st_target_mask_0];
-                    const bool v66 = !v65;
-                    const float v67 = p_grad[v61 * st_grad_0];
+                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l60, 256ll, 0);
+                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i62 = v15; i62 < v54; i62++) {
+                    const int64_t v63 = v51 + i62;
+                    const float v64 = p_logits_max[v63 * st_logits_max_0];
+                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
+                    const int64_t v66 = p_masked_target[v63];
+                    const bool v67 = p_target_mask[v63 * st_target_mask_0];
+                    const bool v68 = !v67;
+                    const float v69 = p_grad[v63 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i68 = v15; i68 < v41; i68++) {
-                        const int64_t v69 = v38 + i68;
-                        const float v70 = l58[i60 * 256ll + i68];
-                        const float v71 = v70;
-                        const float v72 = v71 - v62;
-                        const float v73 = opgen_expf(v72);
-                        const float v74 = v73 / v63;
-                        const bool v75 = v69 == v64;
-                        const bool v76 = v75 && v66;
-                        const float v77 = v76 ? v31 : v8;
-                        const float v78 = v74 - v77;
-                        const float v79 = v78 * v67;
-                        l59[i60 * 256ll + i68] = v79;
+                    for (int64_t i70 = v15; i70 < v41; i70++) {
+                        const int64_t v71 = v38 + i70;
+                        const float v72 = l60[i62 * 256ll + i70];
+                        const float v73 = v72;
+                        const float v74 = v73 - v64;
+                        const float v75 = opgen_expf(v74);
+                        const float v76 = v75 / v65;
+                        const bool v77 = v71 == v66;
+                        const bool v78 = v77 && v68;
+                        const float v79 = v78 ? v31 : v8;
+                        const float v80 = v76 - v79;
+                        const float v81 = v80 * v69;
+                        l61[i62 * 256ll + i70] = v81;
                     }
                 }
-                const int64_t v80 = v36 + v49;
-                opgen_sgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
-                opgen_sgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
+                const int64_t v82 = v36 + v51;
+                opgen_sgemm(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, t29 + v82 * d_H, d_H, 1);
+                opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i81 = v15; i81 < v41; i81++) {
-                const int64_t v82 = v38 + i81;
+            for (int64_t i83 = v15; i83 < v41; i83++) {
+                const int64_t v84 = v38 + i83;
                 #pragma omp simd
-                for (int64_t i83 = v15; i83 < d_H; i83++) {
-                    const float v84 = l47[i81 * d_H + i83];
-                    const float v85 = v84;
-                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_f16(v85);
+                for (int64_t i85 = v15; i85 < d_H; i85++) {
+                    const float v86 = l47[i83 * d_H + i85];
+                    const float v87 = v86;
+                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v87);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v15; i86 < v30; i86++) {
-        const int64_t v87 = i86 * v23;
-        const int64_t v88 = v87 + v23;
-        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v15; i92 < v28; i92++) {
-            const int64_t v93 = i92 * d_BT;
-            const int64_t v94 = v93 + v87;
-            for (int64_t i95 = v15; i95 < v90; i95++) {
-                const int64_t v96 = v94 + i95;
+    for (int64_t i88 = v15; i88 < v30; i88++) {
+        const int64_t v89 = i88 * v23;
+        const int64_t v90 = v89 + v23;
+        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v15; i94 < v28; i94++) {
+            const int64_t v95 = i94 * d_BT;
+            const int64_t v96 = v95 + v89;
+            for (int64_t i97 = v15; i97 < v92; i97++) {
+                const int64_t v98 = v96 + i97;
                 #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = t29[v96 * d_H + i97];
-                    l91[i95 * d_H + i97] += v98;
+                for (int64_t i99 = v15; i99 < d_H; i99++) {
+                    const float v100 = t29[v98 * d_H + i99];
+                    l93[i97 * d_H + i99] += v100;
                 }
             }
         }
-        for (int64_t i99 = v15; i99 < v90; i99++) {
-            const int64_t v100 = v87 + i99;
+        for (int64_t i101 = v15; i101 < v92; i101++) {
+            const int64_t v102 = v89 + i101;
             #pragma omp simd
-            for (int64_t i101 = v15; i101 < d_H; i101++) {
-                const float v102 = l91[i99 * d_H + i101];
-                const float v103 = v102;
-                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_f16(v103);
+            for (int64_t i103 = v15; i103 < d_H; i103++) {
+                const float v104 = l93[i101 * d_H + i103];
+                const float v105 = v104;
+                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_f16(v105);
             }
         }
     }
@@ -1520,6 +1536,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1567,10 +1585,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1622,89 +1642,93 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i48 = v15; i48 < v30; i48++) {
-                const int64_t v49 = i48 * v23;
-                const int64_t v50 = v49 + v23;
-                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
-                const int64_t v52 = v51 - v49;
-                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i54 = v15; i54 < v52; i54++) {
-                    const int64_t v55 = v49 + i54;
+            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, l48);
+            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, l49);
+            for (int64_t i50 = v15; i50 < v30; i50++) {
+                const int64_t v51 = i50 * v23;
+                const int64_t v52 = v51 + v23;
+                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
+                const int64_t v54 = v53 - v51;
+                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i56 = v15; i56 < v54; i56++) {
+                    const int64_t v57 = v51 + i56;
                     #pragma omp simd
-                    for (int64_t i56 = v15; i56 < d_H; i56++) {
-                        const float v57 = opgen_bf16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
-                        l53[i54 * d_H + i56] = v57;
+                    for (int64_t i58 = v15; i58 < d_H; i58++) {
+                        const float v59 = opgen_bf16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
+                        l55[i56 * d_H + i58] = v59;
                     }
                 }
-                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
-                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i60 = v15; i60 < v52; i60++) {
-                    const int64_t v61 = v49 + i60;
-                    const float v62 = p_logits_max[v61 * st_logits_max_0];
-                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
-                    const int64_t v64 = p_masked_target[v61];
-                    const bool v65 = (bool)((p_target_mask[(v61 >> 3) * st_target_mask_0] >> (v61 & 7)) & 1);
-                    const bool v66 = !v65;
-                    const float v67 = p_grad[v61 * st_grad_0];
+                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
+                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i62 = v15; i62 < v54; i62++) {
+                    const int64_t v63 = v51 + i62;
+                    const float v64 = p_logits_max[v63 * st_logits_max_0];
+                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
+                    const int64_t v66 = p_masked_target[v63];
+                    const bool v67 = (bool)((p_target_mask[(v63 >> 3) * st_target_mask_0] >> (v63 & 7)) & 1);
+                    const bool v68 = !v67;
+                    const float v69 = p_grad[v63 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i68 = v15; i68 < v41; i68++) {
-                        const int64_t v69 = v38 + i68;
-                        const float v70 = l58[i60 * 256ll + i68];
-                        const float v71 = v70;
-                        const float v72 = v71 - v62;
-                        const float v73 = opgen_expf(v72);
-                        const float v74 = v73 / v63;
-                        const bool v75 = v69 == v64;
-                        const bool v76 = v75 && v66;
-                        const float v77 = v76 ? v31 : v8;
-                        const float v78 = v74 - v77;
-                        const float v79 = v78 * v67;
-                        l59[i60 * 256ll + i68] = v79;
+                    for (int64_t i70 = v15; i70 < v41; i70++) {
+                        const int64_t v71 = v38 + i70;
+                        const float v72 = l60[i62 * 256ll + i70];
+                        const float v73 = v72;
+                        const float v74 = v73 - v64;
+                        const float v75 = opgen_expf(v74);
+                        const float v76 = v75 / v65;
+                        const bool v77 = v71 == v66;
+                        const bool v78 = v77 && v68;
+                        const float v79 = v78 ? v31 : v8;
+                        const float v80 = v76 - v79;
+                        const float v81 = v80 * v69;
+                        l61[i62 * 256ll + i70] = v81;
                     }
                 }
-                const int64_t v80 = v36 + v49;
-                opgen_bgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
-                opgen_bgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
+                const int64_t v82 = v36 + v51;
+                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i81 = v15; i81 < v41; i81++) {
-                const int64_t v82 = v38 + i81;
+            for (int64_t i83 = v15; i83 < v41; i83++) {
+                const int64_t v84 = v38 + i83;
                 #pragma omp simd
-                for (int64_t i83 = v15; i83 < d_H; i83++) {
-                    const float v84 = l47[i81 * d_H + i83];
-                    const float v85 = v84;
-                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_bf16(v85);
+                for (int64_t i85 = v15; i85 < d_H; i85++) {
+                    const float v86 = l47[i83 * d_H + i85];
+                    const float v87 = v86;
+                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v87);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v15; i86 < v30; i86++) {
-        const int64_t v87 = i86 * v23;
-        const int64_t v88 = v87 + v23;
-        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v15; i92 < v28; i92++) {
-            const int64_t v93 = i92 * d_BT;
-            const int64_t v94 = v93 + v87;
-            for (int64_t i95 = v15; i95 < v90; i95++) {
-                const int64_t v96 = v94 + i95;
+    for (int64_t i88 = v15; i88 < v30; i88++) {
+        const int64_t v89 = i88 * v23;
+        const int64_t v90 = v89 + v23;
+        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v15; i94 < v28; i94++) {
+            const int64_t v95 = i94 * d_BT;
+            const int64_t v96 = v95 + v89;
+            for (int64_t i97 = v15; i97 < v92; i97++) {
+                const int64_t v98 = v96 + i97;
                 #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = t29[v96 * d_H + i97];
-                    l91[i95 * d_H + i97] += v98;
+                for (int64_t i99 = v15; i99 < d_H; i99++) {
+                    const float v100 = t29[v98 * d_H + i99];
+                    l93[i97 * d_H + i99] += v100;
                 }
             }
         }
-        for (int64_t i99 = v15; i99 < v90; i99++) {
-            const int64_t v100 = v87 + i99;
+        for (int64_t i101 = v15; i101 < v92; i101++) {
+            const int64_t v102 = v89 + i101;
             #pragma omp simd
-            for (int64_t i101 = v15; i101 < d_H; i101++) {
-                const float v102 = l91[i99 * d_H + i101];
-                const float v103 = v102;
-                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_bf16(v103);
+            for (int64_t i103 = v15; i103 < d_H; i103++) {
+                const float v104 = l93[i101 * d_H + i103];
+                const float v105 = v104;
+                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_bf16(v105);
             }
         }
     }
@@ -1770,6 +1794,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1817,10 +1843,12 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l58_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l59_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1872,89 +1900,93 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i48 = v15; i48 < v30; i48++) {
-                const int64_t v49 = i48 * v23;
-                const int64_t v50 = v49 + v23;
-                const int64_t v51 = ((v50 < d_BT || v50 != v50) ? v50 : d_BT);
-                const int64_t v52 = v51 - v49;
-                float *restrict l53 = l53_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i54 = v15; i54 < v52; i54++) {
-                    const int64_t v55 = v49 + i54;
+            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, l48);
+            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, l49);
+            for (int64_t i50 = v15; i50 < v30; i50++) {
+                const int64_t v51 = i50 * v23;
+                const int64_t v52 = v51 + v23;
+                const int64_t v53 = ((v52 < d_BT || v52 != v52) ? v52 : d_BT);
+                const int64_t v54 = v53 - v51;
+                float *restrict l55 = l55_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i56 = v15; i56 < v54; i56++) {
+                    const int64_t v57 = v51 + i56;
                     #pragma omp simd
-                    for (int64_t i56 = v15; i56 < d_H; i56++) {
-                        const float v57 = opgen_bf16_to_f32(p_input[v55 * st_input_0 + i56 * st_input_1]);
-                        l53[i54 * d_H + i56] = v57;
+                    for (int64_t i58 = v15; i58 < d_H; i58++) {
+                        const float v59 = opgen_bf16_to_f32(p_input[v57 * st_input_0 + i58 * st_input_1]);
+                        l55[i56 * d_H + i58] = v59;
                     }
                 }
-                float *restrict l58 = l58_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v52, v41, d_H, l53, d_H, 1, l42, 1, d_H, l58, 256ll, 0);
-                float *restrict l59 = l59_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i60 = v15; i60 < v52; i60++) {
-                    const int64_t v61 = v49 + i60;
-                    const float v62 = p_logits_max[v61 * st_logits_max_0];
-                    const float v63 = p_sum_exp_logits[v61 * st_sum_exp_logits_0];
-                    const int64_t v64 = p_masked_target[v61];
-                    const bool v65 = p_target_mask[v61 * st_target_mask_0];
-                    const bool v66 = !v65;
-                    const float v67 = p_grad[v61 * st_grad_0];
+                float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
+                float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i62 = v15; i62 < v54; i62++) {
+                    const int64_t v63 = v51 + i62;
+                    const float v64 = p_logits_max[v63 * st_logits_max_0];
+                    const float v65 = p_sum_exp_logits[v63 * st_sum_exp_logits_0];
+                    const int64_t v66 = p_masked_target[v63];
+                    const bool v67 = p_target_mask[v63 * st_target_mask_0];
+                    const bool v68 = !v67;
+                    const float v69 = p_grad[v63 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i68 = v15; i68 < v41; i68++) {
-                        const int64_t v69 = v38 + i68;
-                        const float v70 = l58[i60 * 256ll + i68];
-                        const float v71 = v70;
-                        const float v72 = v71 - v62;
-                        const float v73 = opgen_expf(v72);
-                        const float v74 = v73 / v63;
-                        const bool v75 = v69 == v64;
-                        const bool v76 = v75 && v66;
-                        const float v77 = v76 ? v31 : v8;
-                        const float v78 = v74 - v77;
-                        const float v79 = v78 * v67;
-                        l59[i60 * 256ll + i68] = v79;
+                    for (int64_t i70 = v15; i70 < v41; i70++) {
+                        const int64_t v71 = v38 + i70;
+                        const float v72 = l60[i62 * 256ll + i70];
+                        const float v73 = v72;
+                        const float v74 = v73 - v64;
+                        const float v75 = opgen_expf(v74);
+                        const float v76 = v75 / v65;
+                        const bool v77 = v71 == v66;
+                        const bool v78 = v77 && v68;
+                        const float v79 = v78 ? v31 : v8;
+                        const float v80 = v76 - v79;
+                        const float v81 = v80 * v69;
+                        l61[i62 * 256ll + i70] = v81;
                     }
                 }
-                const int64_t v80 = v36 + v49;
-                opgen_bgemm(v52, d_H, v41, l59, 256ll, 1, l42, d_H, 1, t29 + v80 * d_H, d_H, 1);
-                opgen_bgemm(v41, d_H, v52, l59, 1, 256ll, l53, d_H, 1, l47, d_H, 1);
+                const int64_t v82 = v36 + v51;
+                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
+                opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
-            for (int64_t i81 = v15; i81 < v41; i81++) {
-                const int64_t v82 = v38 + i81;
+            for (int64_t i83 = v15; i83 < v41; i83++) {
+                const int64_t v84 = v38 + i83;
                 #pragma omp simd
-                for (int64_t i83 = v15; i83 < d_H; i83++) {
-                    const float v84 = l47[i81 * d_H + i83];
-                    const float v85 = v84;
-                    p_weight_grad[v82 * st_weight_grad_0 + i83 * st_weight_grad_1] = opgen_f32_to_bf16(v85);
+                for (int64_t i85 = v15; i85 < d_H; i85++) {
+                    const float v86 = l47[i83 * d_H + i85];
+                    const float v87 = v86;
+                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v87);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i86 = v15; i86 < v30; i86++) {
-        const int64_t v87 = i86 * v23;
-        const int64_t v88 = v87 + v23;
-        const int64_t v89 = ((v88 < d_BT || v88 != v88) ? v88 : d_BT);
-        const int64_t v90 = v89 - v87;
-        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l91, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i92 = v15; i92 < v28; i92++) {
-            const int64_t v93 = i92 * d_BT;
-            const int64_t v94 = v93 + v87;
-            for (int64_t i95 = v15; i95 < v90; i95++) {
-                const int64_t v96 = v94 + i95;
+    for (int64_t i88 = v15; i88 < v30; i88++) {
+        const int64_t v89 = i88 * v23;
+        const int64_t v90 = v89 + v23;
+        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
+        const int64_t v92 = v91 - v89;
+        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i94 = v15; i94 < v28; i94++) {
+            const int64_t v95 = i94 * d_BT;
+            const int64_t v96 = v95 + v89;
+            for (int64_t i97 = v15; i97 < v92; i97++) {
+                const int64_t v98 = v96 + i97;
                 #pragma omp simd
-                for (int64_t i97 = v15; i97 < d_H; i97++) {
-                    const float v98 = t29[v96 * d_H + i97];
-                    l91[i95 * d_H + i97] += v98;
+                for (int64_t i99 = v15; i99 < d_H; i99++) {
+                    const float v100 = t29[v98 * d_H + i99];
+                    l93[i97 * d_H + i99] += v100;
                 }
             }
         }
-        for (int64_t i99 = v15; i99 < v90; i99++) {
-            const int64_t v100 = v87 + i99;
+        for (int64_t i101 = v15; i101 < v92; i101++) {
+            const int64_t v102 = v89 + i101;
             #pragma omp simd
-            for (int64_t i101 = v15; i101 < d_H; i101++) {
-                const float v102 = l91[i99 * d_H + i101];
-                const float v103 = v102;
-                p_input_grad[v100 * st_input_grad_0 + i101 * st_input_grad_1] = opgen_f32_to_bf16(v103);
+            for (int64_t i103 = v15; i103 < d_H; i103++) {
+                const float v104 = l93[i101 * d_H + i103];
+                const float v105 = v104;
+                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_bf16(v105);
             }
         }
     }

@@ -51,6 +51,8 @@ static size_t k_linear_cross_entropy_grad_f16_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -96,10 +98,12 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -142,89 +146,93 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i35 = v1; i35 < v16; i35++) {
-                const int64_t v36 = i35 * v9;
-                const int64_t v37 = v36 + v9;
-                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
-                const int64_t v39 = v38 - v36;
-                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i41 = v1; i41 < v39; i41++) {
-                    const int64_t v42 = v36 + i41;
+            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            (void)l35;
+            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            (void)l36;
+            for (int64_t i37 = v1; i37 < v16; i37++) {
+                const int64_t v38 = i37 * v9;
+                const int64_t v39 = v38 + v9;
+                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
+                const int64_t v41 = v40 - v38;
+                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i43 = v1; i43 < v41; i43++) {
+                    const int64_t v44 = v38 + i43;
                     #pragma omp simd
-                    for (int64_t i43 = v1; i43 < d_H; i43++) {
-                        const float v44 = opgen_f16_to_f32(p_input[v42 * st_input_0 + i43 * st_input_1]);
-                        l40[i41 * d_H + i43] = v44;
+                    for (int64_t i45 = v1; i45 < d_H; i45++) {
+                        const float v46 = opgen_f16_to_f32(p_input[v44 * st_input_0 + i45 * st_input_1]);
+                        l42[i43 * d_H + i45] = v46;
                     }
                 }
-                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
-                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i47 = v1; i47 < v39; i47++) {
-                    const int64_t v48 = v36 + i47;
-                    const float v49 = p_logits_max[v48 * st_logits_max_0];
-                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
-                    const int64_t v51 = p_target[v48];
-                    const bool v52 = p_no_target[v48 * st_no_target_0];
-                    const bool v53 = !v52;
-                    const float v54 = p_grad[v48 * st_grad_0];
+                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l47, 256ll, 0);
+                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i49 = v1; i49 < v41; i49++) {
+                    const int64_t v50 = v38 + i49;
+                    const float v51 = p_logits_max[v50 * st_logits_max_0];
+                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
+                    const int64_t v53 = p_target[v50];
+                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v55 = !v54;
+                    const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i55 = v1; i55 < v28; i55++) {
-                        const int64_t v56 = v25 + i55;
-                        const float v57 = l45[i47 * 256ll + i55];
-                        const float v58 = v57;
-                        const float v59 = v58 - v49;
-                        const float v60 = opgen_expf(v59);
-                        const float v61 = v60 / v50;
-                        const bool v62 = v56 == v51;
-                        const bool v63 = v62 && v53;
-                        const float v64 = v63 ? v17 : v18;
-                        const float v65 = v61 - v64;
-                        const float v66 = v65 * v54;
-                        l46[i47 * 256ll + i55] = v66;
+                    for (int64_t i57 = v1; i57 < v28; i57++) {
+                        const int64_t v58 = v25 + i57;
+                        const float v59 = l47[i49 * 256ll + i57];
+                        const float v60 = v59;
+                        const float v61 = v60 - v51;
+                        const float v62 = opgen_expf(v61);
+                        const float v63 = v62 / v52;
+                        const bool v64 = v58 == v53;
+                        const bool v65 = v64 && v55;
+                        const float v66 = v65 ? v17 : v18;
+                        const float v67 = v63 - v66;
+                        const float v68 = v67 * v56;
+                        l48[i49 * 256ll + i57] = v68;
                     }
                 }
-                const int64_t v67 = v23 + v36;
-                opgen_sgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
-                opgen_sgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
+                const int64_t v69 = v23 + v38;
+                opgen_sgemm(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, t15 + v69 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i68 = v1; i68 < v28; i68++) {
-                const int64_t v69 = v25 + i68;
+            for (int64_t i70 = v1; i70 < v28; i70++) {
+                const int64_t v71 = v25 + i70;
                 #pragma omp simd
-                for (int64_t i70 = v1; i70 < d_H; i70++) {
-                    const float v71 = l34[i68 * d_H + i70];
-                    const float v72 = v71;
-                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = opgen_f32_to_f16(v72);
+                for (int64_t i72 = v1; i72 < d_H; i72++) {
+                    const float v73 = l34[i70 * d_H + i72];
+                    const float v74 = v73;
+                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_f16(v74);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i73 = v1; i73 < v16; i73++) {
-        const int64_t v74 = i73 * v9;
-        const int64_t v75 = v74 + v9;
-        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-        const int64_t v77 = v76 - v74;
-        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i79 = v1; i79 < v14; i79++) {
-            const int64_t v80 = i79 * d_BT;
-            const int64_t v81 = v80 + v74;
-            for (int64_t i82 = v1; i82 < v77; i82++) {
-                const int64_t v83 = v81 + i82;
+    for (int64_t i75 = v1; i75 < v16; i75++) {
+        const int64_t v76 = i75 * v9;
+        const int64_t v77 = v76 + v9;
+        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v1; i81 < v14; i81++) {
+            const int64_t v82 = i81 * d_BT;
+            const int64_t v83 = v82 + v76;
+            for (int64_t i84 = v1; i84 < v79; i84++) {
+                const int64_t v85 = v83 + i84;
                 #pragma omp simd
-                for (int64_t i84 = v1; i84 < d_H; i84++) {
-                    const float v85 = t15[v83 * d_H + i84];
-                    l78[i82 * d_H + i84] += v85;
+                for (int64_t i86 = v1; i86 < d_H; i86++) {
+                    const float v87 = t15[v85 * d_H + i86];
+                    l80[i84 * d_H + i86] += v87;
                 }
             }
         }
-        for (int64_t i86 = v1; i86 < v77; i86++) {
-            const int64_t v87 = v74 + i86;
+        for (int64_t i88 = v1; i88 < v79; i88++) {
+            const int64_t v89 = v76 + i88;
             #pragma omp simd
-            for (int64_t i88 = v1; i88 < d_H; i88++) {
-                const float v89 = l78[i86 * d_H + i88];
-                const float v90 = v89;
-                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = opgen_f32_to_f16(v90);
+            for (int64_t i90 = v1; i90 < d_H; i90++) {
+                const float v91 = l80[i88 * d_H + i90];
+                const float v92 = v91;
+                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = opgen_f32_to_f16(v92);
             }
         }
     }
@@ -277,6 +285,8 @@ static size_t k_linear_cross_entropy_grad_bf16_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -322,10 +332,12 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -368,89 +380,93 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i35 = v1; i35 < v16; i35++) {
-                const int64_t v36 = i35 * v9;
-                const int64_t v37 = v36 + v9;
-                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
-                const int64_t v39 = v38 - v36;
-                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i41 = v1; i41 < v39; i41++) {
-                    const int64_t v42 = v36 + i41;
+            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v28, l29, 1, d_H, l35);
+            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v28, d_H, l29, d_H, 1, l36);
+            for (int64_t i37 = v1; i37 < v16; i37++) {
+                const int64_t v38 = i37 * v9;
+                const int64_t v39 = v38 + v9;
+                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
+                const int64_t v41 = v40 - v38;
+                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i43 = v1; i43 < v41; i43++) {
+                    const int64_t v44 = v38 + i43;
                     #pragma omp simd
-                    for (int64_t i43 = v1; i43 < d_H; i43++) {
-                        const float v44 = opgen_bf16_to_f32(p_input[v42 * st_input_0 + i43 * st_input_1]);
-                        l40[i41 * d_H + i43] = v44;
+                    for (int64_t i45 = v1; i45 < d_H; i45++) {
+                        const float v46 = opgen_bf16_to_f32(p_input[v44 * st_input_0 + i45 * st_input_1]);
+                        l42[i43 * d_H + i45] = v46;
                     }
                 }
-                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
-                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i47 = v1; i47 < v39; i47++) {
-                    const int64_t v48 = v36 + i47;
-                    const float v49 = p_logits_max[v48 * st_logits_max_0];
-                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
-                    const int64_t v51 = p_target[v48];
-                    const bool v52 = p_no_target[v48 * st_no_target_0];
-                    const bool v53 = !v52;
-                    const float v54 = p_grad[v48 * st_grad_0];
+                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_bgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
+                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i49 = v1; i49 < v41; i49++) {
+                    const int64_t v50 = v38 + i49;
+                    const float v51 = p_logits_max[v50 * st_logits_max_0];
+                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
+                    const int64_t v53 = p_target[v50];
+                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v55 = !v54;
+                    const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i55 = v1; i55 < v28; i55++) {
-                        const int64_t v56 = v25 + i55;
-                        const float v57 = l45[i47 * 256ll + i55];
-                        const float v58 = v57;
-                        const float v59 = v58 - v49;
-                        const float v60 = opgen_expf(v59);
-                        const float v61 = v60 / v50;
-                        const bool v62 = v56 == v51;
-                        const bool v63 = v62 && v53;
-                        const float v64 = v63 ? v17 : v18;
-                        const float v65 = v61 - v64;
-                        const float v66 = v65 * v54;
-                        l46[i47 * 256ll + i55] = v66;
+                    for (int64_t i57 = v1; i57 < v28; i57++) {
+                        const int64_t v58 = v25 + i57;
+                        const float v59 = l47[i49 * 256ll + i57];
+                        const float v60 = v59;
+                        const float v61 = v60 - v51;
+                        const float v62 = opgen_expf(v61);
+                        const float v63 = v62 / v52;
+                        const bool v64 = v58 == v53;
+                        const bool v65 = v64 && v55;
+                        const float v66 = v65 ? v17 : v18;
+                        const float v67 = v63 - v66;
+                        const float v68 = v67 * v56;
+                        l48[i49 * 256ll + i57] = v68;
                     }
                 }
-                const int64_t v67 = v23 + v36;
-                opgen_bgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
-                opgen_bgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
+                const int64_t v69 = v23 + v38;
+                opgen_bgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
+                opgen_bgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i68 = v1; i68 < v28; i68++) {
-                const int64_t v69 = v25 + i68;
+            for (int64_t i70 = v1; i70 < v28; i70++) {
+                const int64_t v71 = v25 + i70;
                 #pragma omp simd
-                for (int64_t i70 = v1; i70 < d_H; i70++) {
-                    const float v71 = l34[i68 * d_H + i70];
-                    const float v72 = v71;
-                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = opgen_f32_to_bf16(v72);
+                for (int64_t i72 = v1; i72 < d_H; i72++) {
+                    const float v73 = l34[i70 * d_H + i72];
+                    const float v74 = v73;
+                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_bf16(v74);
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i73 = v1; i73 < v16; i73++) {
-        const int64_t v74 = i73 * v9;
-        const int64_t v75 = v74 + v9;
-        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-        const int64_t v77 = v76 - v74;
-        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i79 = v1; i79 < v14; i79++) {
-            const int64_t v80 = i79 * d_BT;
-            const int64_t v81 = v80 + v74;
-            for (int64_t i82 = v1; i82 < v77; i82++) {
-                const int64_t v83 = v81 + i82;
+    for (int64_t i75 = v1; i75 < v16; i75++) {
+        const int64_t v76 = i75 * v9;
+        const int64_t v77 = v76 + v9;
+        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v1; i81 < v14; i81++) {
+            const int64_t v82 = i81 * d_BT;
+            const int64_t v83 = v82 + v76;
+            for (int64_t i84 = v1; i84 < v79; i84++) {
+                const int64_t v85 = v83 + i84;
                 #pragma omp simd
-                for (int64_t i84 = v1; i84 < d_H; i84++) {
-                    const float v85 = t15[v83 * d_H + i84];
-                    l78[i82 * d_H + i84] += v85;
+                for (int64_t i86 = v1; i86 < d_H; i86++) {
+                    const float v87 = t15[v85 * d_H + i86];
+                    l80[i84 * d_H + i86] += v87;
                 }
             }
         }
-        for (int64_t i86 = v1; i86 < v77; i86++) {
-            const int64_t v87 = v74 + i86;
+        for (int64_t i88 = v1; i88 < v79; i88++) {
+            const int64_t v89 = v76 + i88;
             #pragma omp simd
-            for (int64_t i88 = v1; i88 < d_H; i88++) {
-                const float v89 = l78[i86 * d_H + i88];
-                const float v90 = v89;
-                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = opgen_f32_to_bf16(v90);
+            for (int64_t i90 = v1; i90 < d_H; i90++) {
+                const float v91 = l80[i88 * d_H + i90];
+                const float v92 = v91;
+                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = opgen_f32_to_bf16(v92);
             }
         }
     }
@@ -503,6 +519,8 @@ static size_t k_linear_cross_entropy_grad_f32_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -548,10 +566,12 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l40_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l45_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l78_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -594,89 +614,93 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            for (int64_t i35 = v1; i35 < v16; i35++) {
-                const int64_t v36 = i35 * v9;
-                const int64_t v37 = v36 + v9;
-                const int64_t v38 = ((v37 < d_BT || v37 != v37) ? v37 : d_BT);
-                const int64_t v39 = v38 - v36;
-                float *restrict l40 = l40_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-                for (int64_t i41 = v1; i41 < v39; i41++) {
-                    const int64_t v42 = v36 + i41;
+            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            (void)l35;
+            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            (void)l36;
+            for (int64_t i37 = v1; i37 < v16; i37++) {
+                const int64_t v38 = i37 * v9;
+                const int64_t v39 = v38 + v9;
+                const int64_t v40 = ((v39 < d_BT || v39 != v39) ? v39 : d_BT);
+                const int64_t v41 = v40 - v38;
+                float *restrict l42 = l42_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+                for (int64_t i43 = v1; i43 < v41; i43++) {
+                    const int64_t v44 = v38 + i43;
                     #pragma omp simd
-                    for (int64_t i43 = v1; i43 < d_H; i43++) {
-                        const float v44 = p_input[v42 * st_input_0 + i43 * st_input_1];
-                        l40[i41 * d_H + i43] = v44;
+                    for (int64_t i45 = v1; i45 < d_H; i45++) {
+                        const float v46 = p_input[v44 * st_input_0 + i45 * st_input_1];
+                        l42[i43 * d_H + i45] = v46;
                     }
                 }
-                float *restrict l45 = l45_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v39, v28, d_H, l40, d_H, 1, l29, 1, d_H, l45, 256ll, 0);
-                float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                for (int64_t i47 = v1; i47 < v39; i47++) {
-                    const int64_t v48 = v36 + i47;
-                    const float v49 = p_logits_max[v48 * st_logits_max_0];
-                    const float v50 = p_sum_exp_logits[v48 * st_sum_exp_logits_0];
-                    const int64_t v51 = p_target[v48];
-                    const bool v52 = p_no_target[v48 * st_no_target_0];
-                    const bool v53 = !v52;
-                    const float v54 = p_grad[v48 * st_grad_0];
+                float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                opgen_sgemm(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l47, 256ll, 0);
+                float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+                for (int64_t i49 = v1; i49 < v41; i49++) {
+                    const int64_t v50 = v38 + i49;
+                    const float v51 = p_logits_max[v50 * st_logits_max_0];
+                    const float v52 = p_sum_exp_logits[v50 * st_sum_exp_logits_0];
+                    const int64_t v53 = p_target[v50];
+                    const bool v54 = p_no_target[v50 * st_no_target_0];
+                    const bool v55 = !v54;
+                    const float v56 = p_grad[v50 * st_grad_0];
                     #pragma omp simd
-                    for (int64_t i55 = v1; i55 < v28; i55++) {
-                        const int64_t v56 = v25 + i55;
-                        const float v57 = l45[i47 * 256ll + i55];
-                        const float v58 = v57;
-                        const float v59 = v58 - v49;
-                        const float v60 = opgen_expf(v59);
-                        const float v61 = v60 / v50;
-                        const bool v62 = v56 == v51;
-                        const bool v63 = v62 && v53;
-                        const float v64 = v63 ? v17 : v18;
-                        const float v65 = v61 - v64;
-                        const float v66 = v65 * v54;
-                        l46[i47 * 256ll + i55] = v66;
+                    for (int64_t i57 = v1; i57 < v28; i57++) {
+                        const int64_t v58 = v25 + i57;
+                        const float v59 = l47[i49 * 256ll + i57];
+                        const float v60 = v59;
+                        const float v61 = v60 - v51;
+                        const float v62 = opgen_expf(v61);
+                        const float v63 = v62 / v52;
+                        const bool v64 = v58 == v53;
+                        const bool v65 = v64 && v55;
+                        const float v66 = v65 ? v17 : v18;
+                        const float v67 = v63 - v66;
+                        const float v68 = v67 * v56;
+                        l48[i49 * 256ll + i57] = v68;
                     }
                 }
-                const int64_t v67 = v23 + v36;
-                opgen_sgemm(v39, d_H, v28, l46, 256ll, 1, l29, d_H, 1, t15 + v67 * d_H, d_H, 1);
-                opgen_sgemm(v28, d_H, v39, l46, 1, 256ll, l40, d_H, 1, l34, d_H, 1);
+                const int64_t v69 = v23 + v38;
+                opgen_sgemm(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, t15 + v69 * d_H, d_H, 1);
+                opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
-            for (int64_t i68 = v1; i68 < v28; i68++) {
-                const int64_t v69 = v25 + i68;
+            for (int64_t i70 = v1; i70 < v28; i70++) {
+                const int64_t v71 = v25 + i70;
                 #pragma omp simd
-                for (int64_t i70 = v1; i70 < d_H; i70++) {
-                    const float v71 = l34[i68 * d_H + i70];
-                    const float v72 = v71;
-                    p_weight_grad[v69 * st_weight_grad_0 + i70 * st_weight_grad_1] = v72;
+                for (int64_t i72 = v1; i72 < d_H; i72++) {
+                    const float v73 = l34[i70 * d_H + i72];
+                    const float v74 = v73;
+                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = v74;
                 }
             }
         }
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i73 = v1; i73 < v16; i73++) {
-        const int64_t v74 = i73 * v9;
-        const int64_t v75 = v74 + v9;
-        const int64_t v76 = ((v75 < d_BT || v75 != v75) ? v75 : d_BT);
-        const int64_t v77 = v76 - v74;
-        float *restrict l78 = l78_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l78, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i79 = v1; i79 < v14; i79++) {
-            const int64_t v80 = i79 * d_BT;
-            const int64_t v81 = v80 + v74;
-            for (int64_t i82 = v1; i82 < v77; i82++) {
-                const int64_t v83 = v81 + i82;
+    for (int64_t i75 = v1; i75 < v16; i75++) {
+        const int64_t v76 = i75 * v9;
+        const int64_t v77 = v76 + v9;
+        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
+        const int64_t v79 = v78 - v76;
+        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i81 = v1; i81 < v14; i81++) {
+            const int64_t v82 = i81 * d_BT;
+            const int64_t v83 = v82 + v76;
+            for (int64_t i84 = v1; i84 < v79; i84++) {
+                const int64_t v85 = v83 + i84;
                 #pragma omp simd
-                for (int64_t i84 = v1; i84 < d_H; i84++) {
-                    const float v85 = t15[v83 * d_H + i84];
-                    l78[i82 * d_H + i84] += v85;
+                for (int64_t i86 = v1; i86 < d_H; i86++) {
+                    const float v87 = t15[v85 * d_H + i86];
+                    l80[i84 * d_H + i86] += v87;
                 }
             }
         }
-        for (int64_t i86 = v1; i86 < v77; i86++) {
-            const int64_t v87 = v74 + i86;
+        for (int64_t i88 = v1; i88 < v79; i88++) {
+            const int64_t v89 = v76 + i88;
             #pragma omp simd
-            for (int64_t i88 = v1; i88 < d_H; i88++) {
-                const float v89 = l78[i86 * d_H + i88];
-                const float v90 = v89;
-                p_input_grad[v87 * st_input_grad_0 + i88 * st_input_grad_1] = v90;
+            for (int64_t i90 = v1; i90 < d_H; i90++) {
+                const float v91 = l80[i88 * d_H + i90];
+                const float v92 = v91;
+                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = v92;
             }
         }
     }

@@ -621,6 +621,30 @@ static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, in
     free(pb);
     return 1;
 }
+/* op(B) (k x n) packed as opgen_bgemm packs it, every k block: block kb at p + kb * BKC * npad
+ * (npad: n rounded up to 32), its 16-column groups kcp * 16 words apart */
+static void bpack_all(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p) {
+    const int64_t npad = (n + 31) & ~(int64_t)31;
+    for (int64_t kb = 0, k0 = 0; k0 < k; kb++, k0 += BKC) {
+        const int64_t kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
+        for (int64_t g = 0; g < npad / 16; g++)
+            bpack_group(n, k0, kc, kcp, g, B, brs, bcs, 0, p + (size_t)kb * BKC * npad + g * kcp * 16);
+    }
+}
+
+/* opgen_bgemm on one thread with B packed by bpack_all (the same instructions: the same bits);
+ * 0 when its A buffer cannot be had */
+static int bgemm_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const uint16_t *pb,
+                        float *C, int64_t ldc, int accumulate) {
+    const int64_t npad = (n + 31) & ~(int64_t)31;
+    uint16_t *pa = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * BMC * BKC);
+    if (!pa) return 0;
+    for (int64_t kb = 0, k0 = 0; k0 < k; kb++, k0 += BKC)
+        bgemm_rows(0, m, n, k0, k - k0 < BKC ? k - k0 : BKC, A, ars, acs, 0, pb + (size_t)kb * BKC * npad, C, ldc,
+                   accumulate || k0 > 0, pa);
+    free(pa);
+    return 1;
+}
 #undef BKC
 #undef BMC
 #else
@@ -645,6 +669,25 @@ void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     bgemm_any(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
+}
+
+void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p) {
+#ifdef OPGEN_HAVE_AMX
+    if (k > 0 && n > 0 && opgen_amx()) bpack_all(k, n, B, brs, bcs, p);
+#else
+    (void)k, (void)n, (void)B, (void)brs, (void)bcs, (void)p;
+#endif
+}
+
+void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate) {
+#ifdef OPGEN_HAVE_AMX
+    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm_packed(m, n, k, A, ars, acs, pb, C, ldc, accumulate))
+        return;
+#else
+    (void)pb;
+#endif
+    sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
 }
 
 /* op(X) (rows x cols; element (i, j) at X[i * rs + j * cs], bf16) as a row-major f32 copy, or NULL */

@@ -117,6 +117,13 @@ void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* opgen_bgemm's right-hand operand packed ahead (sched.pack): op(B) (k x n) into p, which holds
+ * round32(k) x round32(n) words; nothing where opgen_bgemm does not run on AMX tiles.
+ * opgen_bgemm_pb: opgen_bgemm (one thread, the same bits) reading B from p where opgen_bpack
+ * packed it, else from B (the same B: a matmul given both, hoist-packing). */
+void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p);
+void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate);
 /* opgen_sgemm for bf16 operands in memory (caller tensors): on AMX tiles where opgen_bgemm runs
  * there, else the f32 GEMM on their exact f32 values (bitwise opgen_sgemm's result on them). */
 void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,

@@ -111,6 +111,9 @@ class CPrinter:
         ("bf16", "bf16", "bf16"): "opgen_gemm_bf16_out"}
     #: ... and, for f32 operands, by the dtype of sched.matmul's products
     NARROW_GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
+    #: sched.pack by the dtype of its products (none: this instance's products pack nothing), and
+    #: the GEMM reading a matmul's b_packed
+    PACK: ClassVar[dict[str, tuple[str, str]]] = {"bf16": ("opgen_bpack", "opgen_bgemm_pb")}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -407,6 +410,8 @@ class CPrinter:
                       f"{self.name(op.seg)}, {self.name(op.order)});")
         elif isinstance(op, s.BufferMatmulOp):
             self.matmul(op)
+        elif isinstance(op, s.PackOp):
+            self.pack(op)
         elif isinstance(op, s.PrefetchOp):
             self.line(f"OPGEN_PREFETCH({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
@@ -548,14 +553,19 @@ class CPrinter:
         fn = self.GEMM.get((sa[2], sb[2], sc[2])) if sa and sb and sc else None
         if fn and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
             (ars, acs, _), (brs, bcs, _), ldc = sa, sb, sc[0]
-            if op.products is not None and sa[2] == "f32":
-                fn = self.NARROW_GEMM.get(self.dtype(op.products.data).name, fn)
+            narrow = self.dtype(op.products.data).name if op.products is not None and sa[2] == "f32" else None
+            fn = self.NARROW_GEMM.get(narrow, fn) if narrow else fn
             # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
             # each element's k in the same order whatever the split (the bits do not depend on it)
-            fn += "_par" if cpu_mapping(op) == CpuMapping.OMP_FOR else ""
+            par = cpu_mapping(op) == CpuMapping.OMP_FOR
             cp = self.name(c) if op.c_row is None else f"{self.name(c)} + {self.name(op.c_row)} * {ldc}"
-            self.line(f"{fn}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, {brs}, "
-                      f"{bcs}, {cp}, {ldc}, {acc_flag});")
+            bp = ""
+            if op.b_packed is not None and narrow in self.PACK and sb[2] == "f32":  # (packed by sched.pack)
+                if par:
+                    raise NotImplementedError("C printer: a packed right-hand operand in a parallel matmul")
+                fn, bp = self.PACK[narrow][1], f"{self.name(op.b_packed)}, "
+            self.line(f"{fn}{'_par' if par else ''}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, "
+                      f"{brs}, {bcs}, {bp}{cp}, {ldc}, {acc_flag});")
             return
         i, j, kk = self.fresh("i"), self.fresh("j"), self.fresh("k")
         acc = self.fresh("acc")
@@ -583,6 +593,17 @@ class CPrinter:
                   f"{self.store_value(bufs[2], acc, bufs[2].dtype)};")
         self.line("    }")
         self.line("}")
+
+    def pack(self, op: s.PackOp) -> None:
+        """sched.pack: the runtime's packing for this instance's products, or nothing (products
+        the runtime does not pack, e.g. f32 ones)."""
+        fns = self.PACK.get(self.dtype(op.products.data).name)
+        src = self.gemm_operand(op.src, op.trans.data)
+        if fns is None or src is None or src[2] != "f32":  # (the matmul then reads B: matmul())
+            self.line(f"(void){self.name(op.dst)};")
+            return
+        self.line(f"{fns[0]}({self.name(op.k)}, {self.name(op.n)}, {self.name(op.src)}, {src[0]}, {src[1]}, "
+                  f"{self.name(op.dst)});")
 
     def gemm_operand(self, x: SSAValue, trans: int) -> tuple[str, str, str] | None:
         """(row stride, column stride, storage) of 2-D buffer ``x`` as the runtime GEMMs read it

@@ -28,6 +28,7 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     EqAttrConstraint,
     IRDLOperation,
     irdl_attr_definition,
@@ -603,7 +604,11 @@ class BufferMatmulOp(IRDLOperation):
     ``exact`` (set by exact-operands: opgen/lower/narrow_products.py) gives, for A and B, the
     dtype (or dtype variable) whose values the operand holds exactly, "" where none is known: a
     target whose products round f32 operands (CUDA's TF32 tensor cores) splits only the operands
-    not exact in a dtype those products keep."""
+    not exact in a dtype those products keep.
+
+    ``b_packed`` (optional; placed by hoist-packing: opgen/lower/hoist_packing.py): a buffer that
+    ``sched.pack`` filled from B for these products before the loops around this matmul, which do
+    not write B; a target reads B from it, or from B where it packs nothing."""
 
     name = "sched.matmul"
     a = operand_def(BufType)
@@ -613,20 +618,23 @@ class BufferMatmulOp(IRDLOperation):
     n = operand_def(TensorType)
     k = operand_def(TensorType)
     c_row = opt_operand_def(TensorType)
+    b_packed = opt_operand_def(BufType)
     trans = prop_def(ArrayAttr[IntAttr])
     accumulate = prop_def(IntAttr)
     products = opt_prop_def(StringAttr)
     exact = opt_prop_def(ArrayAttr[StringAttr])
     traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     def __init__(self, a: SSAValue, b: SSAValue, c: SSAValue, m: SSAValue, n: SSAValue, k: SSAValue,
                  trans_a: bool, trans_b: bool, accumulate: bool = False, products: str | None = None,
-                 c_row: SSAValue | None = None):
+                 c_row: SSAValue | None = None, b_packed: SSAValue | None = None):
         props: dict[str, Attribute] = {"trans": ArrayAttr([IntAttr(int(trans_a)), IntAttr(int(trans_b))]),
                                        "accumulate": IntAttr(int(accumulate))}
         if products is not None:
             props["products"] = StringAttr(products)
-        super().__init__(operands=[a, b, c, m, n, k, [c_row] if c_row is not None else []], properties=props)
+        super().__init__(operands=[a, b, c, m, n, k, [c_row] if c_row is not None else [],
+                                   [b_packed] if b_packed is not None else []], properties=props)
 
     def verify_(self) -> None:
         for v in (self.a, self.b, self.c):
@@ -639,6 +647,36 @@ class BufferMatmulOp(IRDLOperation):
             raise VerifyException("sched.matmul: trans must give one flag per operand (A, B)")
         if self.exact is not None and len(self.exact.data) != 2:
             raise VerifyException("sched.matmul: exact must give one dtype per operand (A, B)")
+
+
+@irdl_op_definition
+class PackOp(IRDLOperation):
+    """``dst`` = op(``src``) (``k`` x ``n``; ``trans``: src is its transpose) laid out as the right-hand
+    operand of a matmul whose ``products`` are ``products`` (sched.matmul's ``b_packed``): the target's
+    packed layout (the CPU runtime's opgen_bpack: AMX groups of bf16 pairs, round32(k) x round32(n)
+    words), or nothing where that target packs nothing."""
+
+    name = "sched.pack"
+    src = operand_def(BufType)
+    dst = operand_def(BufType)
+    k = operand_def(TensorType)
+    n = operand_def(TensorType)
+    trans = prop_def(IntAttr)
+    products = prop_def(StringAttr)
+    traits = traits_def(MemoryReadEffect(), MemoryWriteEffect())
+    assembly_format = ("$src `->` $dst `,` $k `x` $n `trans` $trans `products` $products attr-dict "
+                       "`:` type($src) `,` type($dst) `,` type($k) `,` type($n)")
+
+    def __init__(self, src: SSAValue, dst: SSAValue, k: SSAValue, n: SSAValue, trans: bool, products: str):
+        super().__init__(operands=[src, dst, k, n], properties={"trans": IntAttr(int(trans)),
+                                                               "products": StringAttr(products)})
+
+    def verify_(self) -> None:
+        for v in (self.src, self.dst):
+            if buf_type(v).rank != 2:
+                raise VerifyException("sched.pack: src and dst must be 2-D buffers")
+        for what, x in (("k", self.k), ("n", self.n)):
+            _scalar(self, x, "i64", what)
 
 
 def scalar_accums(loop: ForOp) -> list[AccumOp]:
@@ -660,8 +698,11 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
         elif isinstance(o, StoreOp | AccumOp):
             writes.add(o.buf)
         elif isinstance(o, BufferMatmulOp):
-            reads |= {o.a, o.b, o.c}
+            reads |= {o.a, o.b, o.c} | ({o.b_packed} if o.b_packed is not None else set())
             writes.add(o.c)
+        elif isinstance(o, PackOp):
+            reads.add(o.src)
+            writes.add(o.dst)
         elif isinstance(o, SegmentsOp):
             reads.add(o.idx)
             writes |= {o.seg, o.order}
@@ -669,5 +710,5 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 
 Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, PrefetchOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp,
-                          SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, BarrierOp, SegWordsOp],
+                          SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, PackOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

@@ -30,6 +30,7 @@ from opgen.lower.cpu_map import MapCpu
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
+from opgen.lower.hoist_packing import HoistPacking
 from opgen.lower.matmul_chain import CHAIN_GROUPS
 from opgen.lower.matmul_output import MatmulIntoOutput
 from opgen.lower.narrow_products import ExactOperands, NarrowProducts
@@ -61,13 +62,15 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # C11 + OpenMP: loops over buffers (independent reductions over one range fused; a matmul
     # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py; a
     # matmul of bf16 values takes bf16 products, AMX where the machine has it:
-    # opgen/lower/narrow_products.py; matmul chains in one pass of 3 tile products over column
-    # groups: opgen/lower/matmul_chain.py); map-cpu
+    # opgen/lower/narrow_products.py, its right-hand operand packed once before the loops that
+    # leave it alone: opgen/lower/hoist_packing.py; matmul chains in one pass of 3 tile products
+    # over column groups: opgen/lower/matmul_chain.py); map-cpu
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py). Index and mask parameters are
     # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
-            CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), MapCpu()],
+            CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), HoistPacking(),
+            MapCpu()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector

@@ -9,7 +9,9 @@
  * written to OUT whole (the padding columns must come back untouched). fn: 0 opgen_sgemm,
  * 1 opgen_sgemm_par, 2 opgen_bgemm, 3 opgen_bgemm_par, 4 opgen_gemm_bf16, 5 opgen_gemm_bf16_par
  * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken),
- * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32). */
+ * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32),
+ * 8 opgen_bpack then opgen_bgemm_pb (B packed ahead; the pack buffer filled with 0xff first, so a
+ * word the GEMM reads but the pack did not write shows). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,9 @@ void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int
                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                              const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
+void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p);
+void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate);
 int opgen_amx(void);
 
 typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
@@ -60,11 +65,23 @@ int main(int argc, char **argv) {
     const int64_t ars = ta == 2 ? 2 * k : ta ? 1 : k, acs = ta == 2 ? 2 : ta ? m : 1;
     const int64_t brs = tb == 2 ? 2 * n : tb ? 1 : n, bcs = tb == 2 ? 2 : tb ? k : 1;
     gemm_fn *const fns[] = {opgen_sgemm, opgen_sgemm_par, opgen_bgemm, opgen_bgemm_par};
-    if (fn < 0 || fn > 7) {
-        fprintf(stderr, "gemm_check: fn must be 0 to 7\n");
+    if (fn < 0 || fn > 8) {
+        fprintf(stderr, "gemm_check: fn must be 0 to 8\n");
         return 2;
     }
-    if (fn >= 4) {
+    if (fn == 8) {
+        const size_t words = (size_t)((k + 31) / 32 * 32) * (size_t)((n + 31) / 32 * 32);
+        uint16_t *pb = malloc(sizeof(uint16_t) * (words + 1));
+        if (!pb) return 2;
+        memset(pb, 0xff, sizeof(uint16_t) * (words + 1));
+        opgen_bpack(k, n, B, brs, bcs, pb);
+        opgen_bgemm_pb(m, n, k, A, ars, acs, B, brs, bcs, pb, C, ldc, acc);
+        if (pb[words] != 0xffff) {
+            fprintf(stderr, "gemm_check: opgen_bpack wrote past round32(k) x round32(n) words\n");
+            return 3;
+        }
+        free(pb);
+    } else if (fn >= 4) {
         uint16_t *h = malloc(sizeof(uint16_t) * (na + nb + nc + 1));
         if (!h) return 2;
         for (size_t i = 0; i < na + nb + nc; i++) {
