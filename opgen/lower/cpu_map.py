@@ -76,12 +76,13 @@ def strip(elem_bytes: list[int]) -> int:
 
 def independent(op: s.ForOp) -> bool:
     """Whether vector lanes may run ``op``'s iterations side by side: a ``parallel`` loop
-    holding no loop, check or segment op, whose stores and accumulations all index with its
+    holding no loop, check, segment, matmul, pack or allocation op, whose stores and accumulations all index with its
     counter (each iteration writes its own elements; no scalar carried between iterations)."""
     if op.kind.data != "parallel":
         return False
     for o in op.body.block.ops:
-        if isinstance(o, s.ForOp | s.RequireOp | s.SegmentsOp | s.SegmentStartOp | s.BufferMatmulOp | s.AllocOp):
+        if isinstance(o, s.ForOp | s.RequireOp | s.SegmentsOp | s.SegmentStartOp | s.BufferMatmulOp | s.PackOp
+                      | s.AllocOp):
             return False
         if isinstance(o, s.StoreOp | s.AccumOp) and not any(i is op.iv for i in o.idx):
             return False
