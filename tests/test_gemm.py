@@ -212,3 +212,19 @@ def test_packed_right_hand_operand(drivers, tmp_path, m, n, k):
         off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8, amx=False)
         sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
         assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), ("no AMX", ta, tb, acc, pad)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+def test_packed_right_hand_operand_f32(drivers, tmp_path, m, n, k):
+    """opgen_spack + opgen_sgemm_pb (hoist-packing for f32 products): bitwise opgen_sgemm's result,
+    built with AVX-512 and without (its other kernel), every stride and accumulation; never
+    writing past k x round32(n) floats nor reading an element it did not pack (NaN patterns)."""
+    rng = np.random.default_rng(m * 13 + n + k * 5)
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
+        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
+        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        for exe in drivers.values():
+            want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
+            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 9)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (exe.name, ta, tb, acc, pad)

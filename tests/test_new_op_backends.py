@@ -905,11 +905,11 @@ def test_narrow_products_marks_only_matmuls_of_narrow_values(built):
 def test_hoist_packing_packs_a_loop_invariant_right_hand_operand_once():
     """hoist-packing on FLCE's memory-saving chain: W_j (the right-hand operand of the logits
     ``X_i W_j^T`` and of ``G W_j``) is packed once per column block, before the loop over row
-    blocks that leaves it alone, into a u16 buffer of round32(k) x round32(n) words; X_i (``G^T X_i``)
-    changes in that loop and is packed at each call. The bf16 instance calls opgen_bpack and
-    opgen_bgemm_pb; the f16 one (products the runtime does not pack) reads B as before. The
-    results are bitwise those of the unhoisted GEMM: tests/test_gemm.py
-    (test_packed_right_hand_operand) and the FLCE tests against the oracle."""
+    blocks that leaves it alone, into an f32 buffer of round32(k) x round32(n) elements; X_i
+    (``G^T X_i``) changes in that loop and is packed at each call. The bf16 instance calls
+    opgen_bpack and opgen_bgemm_pb (AMX layout), the f16 one (f32 GEMM) opgen_spack and
+    opgen_sgemm_pb. The results are bitwise those of the unhoisted GEMMs: tests/test_gemm.py
+    (test_packed_right_hand_operand*) and the FLCE tests against the oracle."""
     from opgen import registry
     from opgen.emit import cpu
     from opgen.passes import pipeline
@@ -928,7 +928,7 @@ def test_hoist_packing_packs_a_loop_invariant_right_hand_operand_once():
                              and loop.is_ancestor(u) for u in users)
         assert pk.src not in s.effects(loop)[1]  # (the loop does not write W_j)
         t = s.buf_type(pk.dst)
-        assert t.dtype == "u16" and t.role.data == "local"
+        assert t.dtype == "f32" and t.role.data == "local"
         assert all(int(d) % 32 == 0 if d.isdigit() else d.startswith("mul(cdiv(") and d.endswith(",32),32)")
                    for d in t.shape), t.shape
     kernel = packs[0].parent_op()
@@ -941,8 +941,8 @@ def test_hoist_packing_packs_a_loop_invariant_right_hand_operand_once():
     parts = {f.split("(")[0]: f for f in split}
     bf16 = "".join(f for n, f in parts.items() if n.startswith("_logits_max_sum_exp_logits_bf16"))
     f16 = "".join(f for n, f in parts.items() if n.startswith("_logits_max_sum_exp_logits_f16"))
-    assert "opgen_bpack(" in bf16 and "opgen_bgemm_pb(" in bf16
-    assert f16 and "opgen_bpack(" not in f16 and "opgen_bgemm_pb(" not in f16
+    assert "opgen_bpack(" in bf16 and "opgen_bgemm_pb(" in bf16 and "opgen_spack(" not in bf16
+    assert "opgen_spack(" in f16 and "opgen_sgemm_pb(" in f16 and "opgen_bpack(" not in f16
 
 
 def test_bf16_products_are_right(built, rng):

@@ -1020,8 +1020,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1069,8 +1069,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -1126,10 +1126,10 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            (void)l48;
-            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            (void)l49;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v41, l42, 1, d_H, l48);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v41, d_H, l42, d_H, 1, l49);
             for (int64_t i50 = v15; i50 < v30; i50++) {
                 const int64_t v51 = i50 * v23;
                 const int64_t v52 = v51 + v23;
@@ -1145,7 +1145,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l60, 256ll, 0);
+                opgen_sgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
                 float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i62 = v15; i62 < v54; i62++) {
                     const int64_t v63 = v51 + i62;
@@ -1172,7 +1172,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 const int64_t v82 = v36 + v51;
-                opgen_sgemm(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, t29 + v82 * d_H, d_H, 1);
+                opgen_sgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
                 opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
@@ -1278,8 +1278,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1327,8 +1327,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -1384,10 +1384,10 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            (void)l48;
-            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            (void)l49;
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v41, l42, 1, d_H, l48);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v41, d_H, l42, d_H, 1, l49);
             for (int64_t i50 = v15; i50 < v30; i50++) {
                 const int64_t v51 = i50 * v23;
                 const int64_t v52 = v51 + v23;
@@ -1403,7 +1403,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l60, 256ll, 0);
+                opgen_sgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
                 float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i62 = v15; i62 < v54; i62++) {
                     const int64_t v63 = v51 + i62;
@@ -1430,7 +1430,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 const int64_t v82 = v36 + v51;
-                opgen_sgemm(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, t29 + v82 * d_H, d_H, 1);
+                opgen_sgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
                 opgen_sgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
@@ -1536,8 +1536,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1585,8 +1585,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -1642,10 +1642,10 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v41, l42, 1, d_H, l48);
-            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v41, d_H, l42, d_H, 1, l49);
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l49);
             for (int64_t i50 = v15; i50 < v30; i50++) {
                 const int64_t v51 = i50 * v23;
                 const int64_t v52 = v51 + v23;
@@ -1661,7 +1661,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
+                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, (uint16_t *)l48, l60, 256ll, 0);
                 float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i62 = v15; i62 < v54; i62++) {
                     const int64_t v63 = v51 + i62;
@@ -1688,7 +1688,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 const int64_t v82 = v36 + v51;
-                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
+                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, (uint16_t *)l49, t29 + v82 * d_H, d_H, 1);
                 opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
@@ -1794,8 +1794,8 @@ static size_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -1843,8 +1843,8 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *restrict t29 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l48_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l49_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l49_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -1900,10 +1900,10 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v41, l42, 1, d_H, l48);
-            uint16_t *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v41, d_H, l42, d_H, 1, l49);
+            float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
+            float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v41, d_H, l42, d_H, 1, (uint16_t *)l49);
             for (int64_t i50 = v15; i50 < v30; i50++) {
                 const int64_t v51 = i50 * v23;
                 const int64_t v52 = v51 + v23;
@@ -1919,7 +1919,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 float *restrict l60 = l60_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, l48, l60, 256ll, 0);
+                opgen_bgemm_pb(v54, v41, d_H, l55, d_H, 1, l42, 1, d_H, (uint16_t *)l48, l60, 256ll, 0);
                 float *restrict l61 = l61_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i62 = v15; i62 < v54; i62++) {
                     const int64_t v63 = v51 + i62;
@@ -1946,7 +1946,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                     }
                 }
                 const int64_t v82 = v36 + v51;
-                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, l49, t29 + v82 * d_H, d_H, 1);
+                opgen_bgemm_pb(v54, d_H, v41, l61, 256ll, 1, l42, d_H, 1, (uint16_t *)l49, t29 + v82 * d_H, d_H, 1);
                 opgen_bgemm(v41, d_H, v54, l61, 1, 256ll, l55, d_H, 1, l47, d_H, 1);
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {

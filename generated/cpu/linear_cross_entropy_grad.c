@@ -51,8 +51,8 @@ static size_t k_linear_cross_entropy_grad_f16_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -98,8 +98,8 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -146,10 +146,10 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            (void)l35;
-            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            (void)l36;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v28, l29, 1, d_H, l35);
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v28, d_H, l29, d_H, 1, l36);
             for (int64_t i37 = v1; i37 < v16; i37++) {
                 const int64_t v38 = i37 * v9;
                 const int64_t v39 = v38 + v9;
@@ -165,7 +165,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                     }
                 }
                 float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l47, 256ll, 0);
+                opgen_sgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
                 float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i49 = v1; i49 < v41; i49++) {
                     const int64_t v50 = v38 + i49;
@@ -192,7 +192,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                     }
                 }
                 const int64_t v69 = v23 + v38;
-                opgen_sgemm(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, t15 + v69 * d_H, d_H, 1);
+                opgen_sgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
                 opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {
@@ -285,8 +285,8 @@ static size_t k_linear_cross_entropy_grad_bf16_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -332,8 +332,8 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -380,10 +380,10 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            opgen_bpack(d_H, v28, l29, 1, d_H, l35);
-            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            opgen_bpack(v28, d_H, l29, d_H, 1, l36);
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_bpack(d_H, v28, l29, 1, d_H, (uint16_t *)l35);
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_bpack(v28, d_H, l29, d_H, 1, (uint16_t *)l36);
             for (int64_t i37 = v1; i37 < v16; i37++) {
                 const int64_t v38 = i37 * v9;
                 const int64_t v39 = v38 + v9;
@@ -399,7 +399,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                     }
                 }
                 float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_bgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
+                opgen_bgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, (uint16_t *)l35, l47, 256ll, 0);
                 float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i49 = v1; i49 < v41; i49++) {
                     const int64_t v50 = v38 + i49;
@@ -426,7 +426,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                     }
                 }
                 const int64_t v69 = v23 + v38;
-                opgen_bgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
+                opgen_bgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, (uint16_t *)l36, t15 + v69 * d_H, d_H, 1);
                 opgen_bgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {
@@ -519,8 +519,8 @@ static size_t k_linear_cross_entropy_grad_f32_ws(const int64_t *dims) {
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT)), opgen_sz_dim(d_H)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(uint16_t), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll)), opgen_sz_dim((32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll)))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(d_H))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim(256ll), opgen_sz_dim(256ll))), (size_t)opgen_threads())));
@@ -566,8 +566,8 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     float *restrict t15 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    uint16_t *l35_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
-    uint16_t *l36_base = (uint16_t *)(wp + off); off += opgen_align(sizeof(uint16_t) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)opgen_threads());
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)opgen_threads());
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
@@ -614,10 +614,10 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
             memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-            uint16_t *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
-            (void)l35;
-            uint16_t *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
-            (void)l36;
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
+            opgen_spack(d_H, v28, l29, 1, d_H, l35);
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
+            opgen_spack(v28, d_H, l29, d_H, 1, l36);
             for (int64_t i37 = v1; i37 < v16; i37++) {
                 const int64_t v38 = i37 * v9;
                 const int64_t v39 = v38 + v9;
@@ -633,7 +633,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                     }
                 }
                 float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-                opgen_sgemm(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l47, 256ll, 0);
+                opgen_sgemm_pb(v41, v28, d_H, l42, d_H, 1, l29, 1, d_H, l35, l47, 256ll, 0);
                 float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
                 for (int64_t i49 = v1; i49 < v41; i49++) {
                     const int64_t v50 = v38 + i49;
@@ -660,7 +660,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                     }
                 }
                 const int64_t v69 = v23 + v38;
-                opgen_sgemm(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, t15 + v69 * d_H, d_H, 1);
+                opgen_sgemm_pb(v41, d_H, v28, l48, 256ll, 1, l29, d_H, 1, l36, t15 + v69 * d_H, d_H, 1);
                 opgen_sgemm(v28, d_H, v41, l48, 1, 256ll, l42, d_H, 1, l34, d_H, 1);
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {

@@ -281,6 +281,36 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
 }
 
+/* op(B) (k x n) packed as sgemm packs it, every k block: block k0 at p + k0 * npan * OPGEN_NR,
+ * its panels OPGEN_NR * kc floats apart (k * round32(n) floats in all) */
+void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, float *p) {
+    const int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR;
+    for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+        const int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
+        for (int64_t q = 0; q < npan; q++)
+            pack_b(n - q * OPGEN_NR < OPGEN_NR ? n - q * OPGEN_NR : OPGEN_NR, kc, B + k0 * brs + q * OPGEN_NR * bcs, brs,
+                   bcs, p + k0 * npan * OPGEN_NR + q * OPGEN_NR * kc);
+    }
+}
+
+/* opgen_sgemm (one thread: the same blocks, so the same bits) with B packed by opgen_spack */
+void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate) {
+    const int64_t npan = (n + OPGEN_NR - 1) / OPGEN_NR, mpan = ((m < OPGEN_MC ? m : OPGEN_MC) + OPGEN_MR - 1) / OPGEN_MR;
+    float *pa = m > 0 && n > 0 && k > 0 ? (float *)malloc(sizeof(float) * OPGEN_MR * OPGEN_KC * (size_t)mpan) : NULL;
+    if (!pa) { /* (nothing to multiply, or no memory for A's panels: sgemm decides) */
+        sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
+        return;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+        const int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
+        for (int64_t i = 0; i < m; i += OPGEN_MC)
+            sgemm_block(m - i < OPGEN_MC ? m - i : OPGEN_MC, n, kc, A + i * ars + k0 * acs, ars, acs,
+                        pb + k0 * npan * OPGEN_NR, C + i * ldc, ldc, accumulate || k0 > 0, pa);
+    }
+    free(pa);
+}
+
 void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());

@@ -117,6 +117,12 @@ void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
+/* opgen_sgemm's right-hand operand packed ahead (sched.pack of f32 products): op(B) (k x n) into
+ * p, which holds k x round32(n) floats; opgen_sgemm_pb: opgen_sgemm (one thread, the same bits)
+ * reading B from p. */
+void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, float *p);
+void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate);
 /* opgen_bgemm's right-hand operand packed ahead (sched.pack): op(B) (k x n) into p, which holds
  * round32(k) x round32(n) words; nothing where opgen_bgemm does not run on AMX tiles.
  * opgen_bgemm_pb: opgen_bgemm (one thread, the same bits) reading B from p where opgen_bpack

@@ -111,9 +111,11 @@ class CPrinter:
         ("bf16", "bf16", "bf16"): "opgen_gemm_bf16_out"}
     #: ... and, for f32 operands, by the dtype of sched.matmul's products
     NARROW_GEMM: ClassVar[dict[str, str]] = {"bf16": "opgen_bgemm"}
-    #: sched.pack by the dtype of its products (none: this instance's products pack nothing), and
-    #: the GEMM reading a matmul's b_packed
-    PACK: ClassVar[dict[str, tuple[str, str]]] = {"bf16": ("opgen_bpack", "opgen_bgemm_pb")}
+    #: sched.pack by the dtype of its products (f16 ones run on the f32 GEMM), and the GEMM reading
+    #: a matmul's b_packed (with the cast of the packed buffer)
+    PACK: ClassVar[dict[str, tuple[str, str, str]]] = {"bf16": ("opgen_bpack", "opgen_bgemm_pb", "(uint16_t *)"),
+                                                         "f32": ("opgen_spack", "opgen_sgemm_pb", ""),
+                                                         "f16": ("opgen_spack", "opgen_sgemm_pb", "")}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -553,7 +555,9 @@ class CPrinter:
         fn = self.GEMM.get((sa[2], sb[2], sc[2])) if sa and sb and sc else None
         if fn and sc and sc[1] == "1" and self.arg_of.get(c) not in self.k.aliased:
             (ars, acs, _), (brs, bcs, _), ldc = sa, sb, sc[0]
-            narrow = self.dtype(op.products.data).name if op.products is not None and sa[2] == "f32" else None
+            # the products of f32 operands: sched.matmul's, else f32 (the f32 GEMM)
+            narrow = (self.dtype(op.products.data).name if op.products is not None else "f32") if sa[2] == "f32" \
+                else None
             fn = self.NARROW_GEMM.get(narrow, fn) if narrow else fn
             # rows of C in parallel (map-cpu): the runtime spreads row blocks over the threads,
             # each element's k in the same order whatever the split (the bits do not depend on it)
@@ -563,7 +567,7 @@ class CPrinter:
             if op.b_packed is not None and narrow in self.PACK and sb[2] == "f32":  # (packed by sched.pack)
                 if par:
                     raise NotImplementedError("C printer: a packed right-hand operand in a parallel matmul")
-                fn, bp = self.PACK[narrow][1], f"{self.name(op.b_packed)}, "
+                fn, bp = self.PACK[narrow][1], f"{self.PACK[narrow][2]}{self.name(op.b_packed)}, "
             self.line(f"{fn}{'_par' if par else ''}({m}, {n}, {k}, {self.name(a)}, {ars}, {acs}, {self.name(b)}, "
                       f"{brs}, {bcs}, {bp}{cp}, {ldc}, {acc_flag});")
             return
@@ -603,7 +607,7 @@ class CPrinter:
             self.line(f"(void){self.name(op.dst)};")
             return
         self.line(f"{fns[0]}({self.name(op.k)}, {self.name(op.n)}, {self.name(op.src)}, {src[0]}, {src[1]}, "
-                  f"{self.name(op.dst)});")
+                  f"{fns[2]}{self.name(op.dst)});")
 
     def gemm_operand(self, x: SSAValue, trans: int) -> tuple[str, str, str] | None:
         """(row stride, column stride, storage) of 2-D buffer ``x`` as the runtime GEMMs read it

@@ -1,20 +1,21 @@
-"""``hoist-packing``: a matmul taking narrow tile products (``sched.matmul``'s ``products``, set by
-narrow-products) inside loops that leave its right-hand operand B alone gets B packed once, before
-the outermost of those loops, instead of at every call.
+"""``hoist-packing``: a matmul inside loops that leave its right-hand operand B alone gets B
+packed once, before the outermost of those loops, instead of at every call.
 
-The CPU runtime's tile products (``opgen_bgemm``) pack B into the tile units' layout (bf16 pairs
-in groups of 16 columns) at each call. In a matmul chain's tile loop the same B comes back for
-every row block: FLCE's ``W_j`` (``X_i W_j^T`` and ``G W_j``) is the same for all the row blocks
-of column block j, and under ``perf`` packing took about as long as the products themselves. The
-pass places ``sched.pack`` (B into a ``local`` buffer of round32(k) x round32(n) u16 words) right
-before that loop and gives the matmul the packed buffer (``b_packed``); the printer calls
-``opgen_bpack`` there and ``opgen_bgemm_pb`` in the loop, whose products are the same
-instructions on the same packed words: the same bits.
+The CPU runtime's GEMMs pack B at each call: ``opgen_bgemm`` into the AMX tiles' layout (bf16
+pairs in groups of 16 columns), ``opgen_sgemm`` into panels of 32 columns. In a matmul chain's
+tile loop the same B comes back for every row block: FLCE's ``W_j`` (``X_i W_j^T`` and
+``G W_j``) is the same for all the row blocks of column block j, and under ``perf`` packing took
+about as long as the AMX products themselves. The pass places ``sched.pack`` (B into a ``local``
+f32 buffer of round32(k) x round32(n) elements, room for either layout) right before that loop
+and gives the matmul the packed buffer (``b_packed``); the printer calls the runtime's packing for
+the instance's products there (``opgen_bpack`` for bf16, ``opgen_spack`` for f32 and f16,
+which run on the f32 GEMM) and the matching GEMM in the loop (``opgen_bgemm_pb``, ``opgen_sgemm_pb``), whose
+products are the same instructions on the same packed words: the same bits.
 
 Conditions: the matmul sits inside a parallel loop (so it runs on one thread, and its local
 buffers are per thread) and B is a ``local``/``temp`` buffer of an allocation (held in the compute
 type: f32 for the narrow floats); each loop hoisted across neither writes B nor defines B, k or
-n. An instance whose products the runtime does not pack (f32 ones) prints no packing and reads B.
+n. The pack's ``products`` are the matmul's, or f32 (the f32 GEMM) where it has none.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _inside(v: SSAValue, loop: Operation) -> bool:
 
 def hoist_target(mm: s.BufferMatmulOp) -> s.ForOp | None:
     """The outermost loop around ``mm`` that B's packing may go before, or None."""
-    if mm.products is None or mm.b_packed is not None or not isinstance(mm.b.owner, s.AllocOp):
+    if mm.b_packed is not None or not isinstance(mm.b.owner, s.AllocOp):
         return None
     if s.buf_type(mm.b).role.data not in ("local", "temp"):
         return None
@@ -70,17 +71,18 @@ def _spelled(d: str) -> str:
 def hoist(mm: s.BufferMatmulOp, loop: s.ForOp) -> None:
     """Pack ``mm``'s B before ``loop`` and hand the matmul the packed buffer."""
     b_alloc = mm.b.owner
-    assert isinstance(b_alloc, s.AllocOp) and mm.products is not None
+    assert isinstance(b_alloc, s.AllocOp)
     ta, tb = (t.data for t in mm.trans.data)
     rows, cols = s.buf_type(mm.b).shape
     k_dim, n_dim = (cols, rows) if tb else (rows, cols)
     k_size, n_size = (b_alloc.sizes[1], b_alloc.sizes[0]) if tb else (b_alloc.sizes[0], b_alloc.sizes[1])
-    alloc = s.AllocOp(s.BufType.make([_spelled(k_dim), _spelled(n_dim)], "u16", "local"),
+    alloc = s.AllocOp(s.BufType.make([_spelled(k_dim), _spelled(n_dim)], "f32", "local"),
                       [_rounded(k_size, loop), _rounded(n_size, loop)])
     loop.parent_block().insert_op_before(alloc, loop)
-    loop.parent_block().insert_op_before(s.PackOp(mm.b, alloc.result, mm.k, mm.n, bool(tb), mm.products.data), loop)
+    products = mm.products.data if mm.products is not None else "f32"
+    loop.parent_block().insert_op_before(s.PackOp(mm.b, alloc.result, mm.k, mm.n, bool(tb), products), loop)
     new = s.BufferMatmulOp(mm.a, mm.b, mm.c, mm.m, mm.n, mm.k, bool(ta), bool(tb), bool(mm.accumulate.data),
-                           mm.products.data, mm.c_row, alloc.result)
+                           mm.products.data if mm.products is not None else None, mm.c_row, alloc.result)
     for name, value in mm.properties.items():
         if name != "operandSegmentSizes":
             new.properties.setdefault(name, value)

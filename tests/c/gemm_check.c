@@ -10,8 +10,8 @@
  * 1 opgen_sgemm_par, 2 opgen_bgemm, 3 opgen_bgemm_par, 4 opgen_gemm_bf16, 5 opgen_gemm_bf16_par
  * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken),
  * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32),
- * 8 opgen_bpack then opgen_bgemm_pb (B packed ahead; the pack buffer filled with 0xff first, so a
- * word the GEMM reads but the pack did not write shows). */
+ * 8 opgen_bpack then opgen_bgemm_pb, 9 opgen_spack then opgen_sgemm_pb (B packed ahead; the pack
+ * buffer filled with 0xff first, so a word the GEMM reads but the pack did not write shows). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +36,9 @@ void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A,
 void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p);
 void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate);
+void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, float *p);
+void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                    int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate);
 int opgen_amx(void);
 
 typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
@@ -65,11 +68,25 @@ int main(int argc, char **argv) {
     const int64_t ars = ta == 2 ? 2 * k : ta ? 1 : k, acs = ta == 2 ? 2 : ta ? m : 1;
     const int64_t brs = tb == 2 ? 2 * n : tb ? 1 : n, bcs = tb == 2 ? 2 : tb ? k : 1;
     gemm_fn *const fns[] = {opgen_sgemm, opgen_sgemm_par, opgen_bgemm, opgen_bgemm_par};
-    if (fn < 0 || fn > 8) {
-        fprintf(stderr, "gemm_check: fn must be 0 to 8\n");
+    if (fn < 0 || fn > 9) {
+        fprintf(stderr, "gemm_check: fn must be 0 to 9\n");
         return 2;
     }
-    if (fn == 8) {
+    if (fn == 9) {
+        const size_t elems = (size_t)k * (size_t)((n + 31) / 32 * 32);
+        float *pb = malloc(sizeof(float) * (elems + 1));
+        if (!pb) return 2;
+        memset(pb, 0xff, sizeof(float) * (elems + 1));
+        opgen_spack(k, n, B, brs, bcs, pb);
+        opgen_sgemm_pb(m, n, k, A, ars, acs, B, brs, bcs, pb, C, ldc, acc);
+        uint32_t last;
+        memcpy(&last, &pb[elems], 4);
+        if (last != 0xffffffffu) {
+            fprintf(stderr, "gemm_check: opgen_spack wrote past k x round32(n) floats\n");
+            return 3;
+        }
+        free(pb);
+    } else if (fn == 8) {
         const size_t words = (size_t)((k + 31) / 32 * 32) * (size_t)((n + 31) / 32 * 32);
         uint16_t *pb = malloc(sizeof(uint16_t) * (words + 1));
         if (!pb) return 2;
