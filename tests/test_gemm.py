@@ -96,6 +96,15 @@ def test_gemm_against_float64_and_bitwise_on_every_path(drivers, tmp_path, m, n,
                 f"not bitwise the same on every path ({list(drivers)}, 1 and 3 threads): {(ta, tb, acc, pad)}"
 
 
+def _abc(rng: np.random.Generator, m: int, n: int, k: int, ta: int, tb: int,
+         pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random f32 A, B and C as the driver reads them (``ta``/``tb``: 1 transposed, 2 every other
+    column of a twice as wide array; C with ``pad`` more columns)."""
+    a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
+    return a, b, rng.standard_normal((m, n + pad)).astype(np.float32)
+
+
 def _operand(x: np.ndarray, trans: int) -> np.ndarray:
     """op(X) as the driver reads it: transposed (1), every other column (2), as is (0)."""
     return x.T if trans == 1 else x[:, ::2] if trans == 2 else x
@@ -118,9 +127,7 @@ def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers
     exe = drivers["native"]
     rng = np.random.default_rng(m * 5 + n * 11 + k)
     for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
-        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
-        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
-        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        a, b, c = _abc(rng, m, n, k, ta, tb, pad)
         got, amx = run_amx(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
         others = [run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 3, t) for t in ("1", "3")]
         for other in others:
@@ -203,9 +210,7 @@ def test_packed_right_hand_operand(drivers, tmp_path, m, n, k):
     exe = drivers["native"]
     rng = np.random.default_rng(m * 3 + n * 7 + k)
     for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
-        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
-        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
-        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        a, b, c = _abc(rng, m, n, k, ta, tb, pad)
         want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
         got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (ta, tb, acc, pad)
@@ -221,9 +226,7 @@ def test_packed_right_hand_operand_f32(drivers, tmp_path, m, n, k):
     writing past k x round32(n) floats nor reading an element it did not pack (NaN patterns)."""
     rng = np.random.default_rng(m * 13 + n + k * 5)
     for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
-        a = rng.standard_normal((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k)).astype(np.float32)
-        b = rng.standard_normal((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n)).astype(np.float32)
-        c = rng.standard_normal((m, n + pad)).astype(np.float32)
+        a, b, c = _abc(rng, m, n, k, ta, tb, pad)
         for exe in drivers.values():
             want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
             got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 9)
