@@ -19,11 +19,9 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 # PyTorch's CPU allocator gets transparent huge pages for large blocks, as numpy's arrays do
@@ -32,6 +30,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
+from timing import alternate, given_ms, timed  # benchmarks/timing.py, beside
 
 from opgen import runtime
 
@@ -47,26 +46,13 @@ def np_of(t: torch.Tensor) -> np.ndarray:
     return bf16(t) if t.dtype == torch.bfloat16 else t.contiguous().numpy()
 
 
-def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: int) -> tuple[float, float]:
-    ours(), theirs()  # warm-up
-    a, b = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ours()
-        a.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        theirs()
-        b.append(time.perf_counter() - t0)
-    return statistics.median(a), statistics.median(b)
-
-
 def copy_bandwidth() -> float:
     """GB/s of a large copy (bytes read + bytes written), best of 5, the faster of numpy's
     (one thread) and PyTorch's ``copy_`` on THREADS threads."""
     src = np.ones(64 * 2**20, np.float32)  # 256 MiB
     dst = np.empty_like(src)
     ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-    best = min(min(_timed(lambda: np.copyto(dst, src)), _timed(lambda: td.copy_(ts))) for _ in range(5))
+    best = min(min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts))) for _ in range(5))
     return 2 * src.nbytes / best / 1e9
 
 
@@ -84,19 +70,6 @@ def fma_peak() -> float | None:
     if r.returncode != 0:
         return None
     return float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
-
-
-def given_ms(call: Callable[[], object], reps: int = 5) -> float:
-    """Median ms of ``call`` with its outputs passed in and already written once (the kernel
-    without the operating system's zeroing of fresh output pages)."""
-    call()
-    return statistics.median(_timed(call) for _ in range(reps)) * 1e3
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def embedding_inputs(dtype: torch.dtype, scale: bool, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from timing import given_ms  # benchmarks/timing.py, beside
 
 from opgen import registry, runtime
 from opgen.binding import aligned_zeros
@@ -65,21 +66,6 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
     return best
 
 
-def _given_ms(call: Callable[[], object], reps: int = 5) -> float:
-    """Median ms of ``call`` (outputs passed in, already written once: the kernel without the
-    operating system's zeroing of fresh output pages)."""
-    import statistics
-    import time
-
-    call()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        call()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
-
-
 def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float:
     """The ms a call on ``full_rows`` rows would take with its data in cache: the time per row of
     calls on 2 and 18 rows (their difference: the call's fixed cost cancels; both sizes fit the
@@ -110,7 +96,7 @@ def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: 
     inputs = {k: v for k, v in kw.items() if k not in outs}
     t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 5)
     return {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
-            "given_ms": _given_ms(lambda: runtime.call(op, lib=lib, **kw)),
+            "given_ms": given_ms(lambda: runtime.call(op, lib=lib, **kw)),
             "cache_ms": _in_cache_ms(lib, op, make, full_rows)}
 
 

@@ -491,6 +491,19 @@ static void bpack_group(int64_t n, int64_t k0, int64_t kc, int64_t kcp, int64_t 
     else
         memset(dst, 0, sizeof(uint16_t) * 16 * (size_t)kcp);
 }
+/* op(B) (k x n; bf: bf16 elements) packed whole, every k block, as the AMX kernels read it: k
+ * block kb at p + kb * BKC * npad (npad: n rounded up to 32), its 16-column groups kcp * 16 words
+ * apart. bpack_whole_group packs group q (k block q / groups, group q % groups) of that layout. */
+static void bpack_whole_group(int64_t q, int64_t k, int64_t n, const void *B, int64_t brs, int64_t bcs, int bf,
+                              uint16_t *p) {
+    const int64_t npad = (n + 31) & ~(int64_t)31, groups = npad / 16, kb = q / groups, g = q % groups;
+    const int64_t k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
+    bpack_group(n, k0, kc, kcp, g, B, brs, bcs, bf, p + (size_t)kb * BKC * npad + g * kcp * 16);
+}
+static void bpack_all(int64_t k, int64_t n, const void *B, int64_t brs, int64_t bcs, int bf, uint16_t *p) {
+    const int64_t q_all = (k + BKC - 1) / BKC * (((n + 31) & ~(int64_t)31) / 16);
+    for (int64_t q = 0; q < q_all; q++) bpack_whole_group(q, k, n, B, brs, bcs, bf, p);
+}
 /* C[32 x 32] (= or +=) 32 rows of A times 32 columns of B over every k block: A's block kb at
  * pa + kb * sa (rows BKC apart), B's at pb + kb * sb (16-column groups), C kept in the tiles */
 static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
@@ -566,11 +579,6 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
         free(pt);
         return 0;
     }
-#define OPGEN_PACK_OUT(q) do { /* group g of k block kb */ \
-    const int64_t kb = (q) / groups, g = (q) % groups, k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
-    const int64_t kcp = (kc + 31) & ~(int64_t)31; \
-    bpack_group(n, k0, kc, kcp, g, B, brs, bcs, 1, pb + (size_t)kb * sb + g * kcp * 16); \
-} while (0)
 #define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
     uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
     float tmp[32 * 32]; \
@@ -597,14 +605,13 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
 } while (0)
     if (threads > 1) {
         #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t q = 0; q < nkb * groups; q++) OPGEN_PACK_OUT(q);
+        for (int64_t q = 0; q < nkb * groups; q++) bpack_whole_group(q, k, n, B, brs, bcs, 1, pb);
         #pragma omp parallel num_threads(threads)
         OPGEN_OUT_ROWS(omp_get_thread_num(), omp_get_num_threads());
     } else {
-        for (int64_t q = 0; q < nkb * groups; q++) OPGEN_PACK_OUT(q);
+        bpack_all(k, n, B, brs, bcs, 1, pb);
         OPGEN_OUT_ROWS(0, 1);
     }
-#undef OPGEN_PACK_OUT
 #undef OPGEN_OUT_ROWS
     free(pb);
     free(pt);
@@ -651,16 +658,6 @@ static int bgemm(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, in
     free(pb);
     return 1;
 }
-/* op(B) (k x n) packed as opgen_bgemm packs it, every k block: block kb at p + kb * BKC * npad
- * (npad: n rounded up to 32), its 16-column groups kcp * 16 words apart */
-static void bpack_all(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p) {
-    const int64_t npad = (n + 31) & ~(int64_t)31;
-    for (int64_t kb = 0, k0 = 0; k0 < k; kb++, k0 += BKC) {
-        const int64_t kc = k - k0 < BKC ? k - k0 : BKC, kcp = (kc + 31) & ~(int64_t)31;
-        for (int64_t g = 0; g < npad / 16; g++)
-            bpack_group(n, k0, kc, kcp, g, B, brs, bcs, 0, p + (size_t)kb * BKC * npad + g * kcp * 16);
-    }
-}
 
 /* opgen_bgemm on one thread with B packed by bpack_all (the same instructions: the same bits);
  * 0 when its A buffer cannot be had */
@@ -703,7 +700,7 @@ void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
 
 void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p) {
 #ifdef OPGEN_HAVE_AMX
-    if (k > 0 && n > 0 && opgen_amx()) bpack_all(k, n, B, brs, bcs, p);
+    if (k > 0 && n > 0 && opgen_amx()) bpack_all(k, n, B, brs, bcs, 0, p);
 #else
     (void)k, (void)n, (void)B, (void)brs, (void)bcs, (void)p;
 #endif

@@ -599,8 +599,8 @@ class CPrinter:
         self.line("}")
 
     def pack(self, op: s.PackOp) -> None:
-        """sched.pack: the runtime's packing for this instance's products, or nothing (products
-        the runtime does not pack, e.g. f32 ones)."""
+        """sched.pack: the runtime's packing for this instance's products (PACK), or nothing
+        where the runtime packs none (then the matmul reads B itself: :meth:`matmul`)."""
         fns = self.PACK.get(self.dtype(op.products.data).name)
         src = self.gemm_operand(op.src, op.trans.data)
         if fns is None or src is None or src[2] != "f32":  # (the matmul then reads B: matmul())

@@ -76,8 +76,9 @@ def strip(elem_bytes: list[int]) -> int:
 
 def independent(op: s.ForOp) -> bool:
     """Whether vector lanes may run ``op``'s iterations side by side: a ``parallel`` loop
-    holding no loop, check, segment, matmul, pack or allocation op, whose stores and accumulations all index with its
-    counter (each iteration writes its own elements; no scalar carried between iterations)."""
+    holding no loop, check, segment, matmul, pack or allocation op, whose stores and
+    accumulations all index with its counter (each iteration writes its own elements; no scalar
+    carried between iterations)."""
     if op.kind.data != "parallel":
         return False
     for o in op.body.block.ops:
@@ -89,49 +90,46 @@ def independent(op: s.ForOp) -> bool:
     return True
 
 
-def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
-    """The loads a ``stream`` loop prefetches (one per buffer and index): rows of caller tensors
-    (rank >= 2) indexed by enclosing loops' counters only, ``op``'s last, that no earlier loop
-    of the enclosing body (``read_before``) has read."""
+def _row_loads(op: s.ForOp) -> list[s.LoadOp]:
+    """The loads of an :func:`independent` loop ``op`` that read rows of 2-D or larger buffers:
+    indexed by enclosing loops' counters only, ``op``'s last and nowhere else (one per buffer
+    and index)."""
     if not independent(op):
         return []
     out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
     for ld in op.body.block.ops:
-        if not isinstance(ld, s.LoadOp) or ld.buf in read_before:
+        if not isinstance(ld, s.LoadOp):
             continue
-        b = s.buf_type(ld.buf)
         idx = list(ld.idx)
-        if b.role.data not in ("in", "out") or b.rank < 2 or idx[-1] is not op.iv or op.iv in idx[:-1]:
+        if len(idx) < 2 or idx[-1] is not op.iv or op.iv in idx[:-1]:
             continue
         if all(isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp) for i in idx):
             out.setdefault((ld.buf, *idx), ld)
     return list(out.values())
+
+
+def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
+    """The loads a ``stream`` loop prefetches ahead in their own row: rows of caller tensors
+    (:func:`_row_loads`) that no earlier loop of the enclosing body (``read_before``) has read."""
+    return [ld for ld in _row_loads(op)
+            if ld.buf not in read_before and s.buf_type(ld.buf).role.data in ("in", "out")]
 
 
 def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> list[s.LoadOp]:
-    """The loads of an :func:`independent` loop ``op`` whose next row a ``stream`` loop
-    prefetches: rows of caller tensors ``buf[..., r, j]`` that an earlier loop of the same body
+    """The loads whose next row a ``stream`` loop prefetches: rows of caller inputs
+    ``buf[..., r, j]`` (:func:`_row_loads`) that an earlier loop of the same body
     (``read_before``) has read, ``r`` the counter of ``parent`` (the loop ``op`` sits in: its
-    next iteration reads row ``r + 1``) and ``j`` ``op``'s (one per buffer and index)."""
-    if not independent(op) or not isinstance(parent, s.ForOp):
+    next iteration reads row ``r + 1``) and ``j`` ``op``'s."""
+    if not isinstance(parent, s.ForOp):
         return []
-    out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
-    for ld in op.body.block.ops:
-        if not isinstance(ld, s.LoadOp) or ld.buf not in read_before:
-            continue
-        idx = list(ld.idx)
-        if (s.buf_type(ld.buf).role.data != "in" or len(idx) < 2 or idx[-1] is not op.iv
-                or idx[-2] is not parent.iv or op.iv in idx[:-1]):
-            continue
-        if all(isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp) for i in idx):
-            out.setdefault((ld.buf, *idx), ld)
-    return list(out.values())
+    return [ld for ld in _row_loads(op) if ld.buf in read_before and s.buf_type(ld.buf).role.data == "in"
+            and ld.idx[-2] is parent.iv]
 
 
 def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
     """Before ``o``: the next row's counter, ``min(r + 1, hi - 1)`` (a row the loop reads: the
-    last row prefetches itself, and no row past the tensor is named); at the start of ``o``'s strips: a prefetch of
-    each load's element in that row."""
+    last row prefetches itself, and no row past the tensor is named); at the start of ``o``'s
+    strips: a prefetch of each load's element in that row."""
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
     last = ir.SubOp(parent.hi, one.result)
@@ -156,12 +154,12 @@ def _map(op: Operation, in_parallel: bool) -> None:
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.OMP_FOR)
                     elif lane_split(o):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.LANES)
-                    elif in_parallel and ((loads := streams(o, read)) or next_rows(o, op, read)):
+                    elif in_parallel and (loads := streams(o, read)) + (nexts := next_rows(o, op, read)):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
                         first = o.body.block.first_op
                         for ld in loads:
                             o.body.block.insert_op_before(s.PrefetchOp(ld.buf, list(ld.idx), PREFETCH_AHEAD), first)
-                        if nexts := next_rows(o, op, read):
+                        if nexts:
                             _prefetch_next_rows(o, op, nexts)
                     elif in_parallel and independent(o):
                         o.attributes[MAPPING] = CpuMappingAttr(CpuMapping.SIMD)

@@ -653,8 +653,9 @@ class BufferMatmulOp(IRDLOperation):
 class PackOp(IRDLOperation):
     """``dst`` = op(``src``) (``k`` x ``n``; ``trans``: src is its transpose) laid out as the right-hand
     operand of a matmul whose ``products`` are ``products`` (sched.matmul's ``b_packed``): the target's
-    packed layout (the CPU runtime's opgen_bpack: AMX groups of bf16 pairs, round32(k) x round32(n)
-    words), or nothing where that target packs nothing."""
+    packed layout (the CPU runtime's opgen_bpack for bf16 products, AMX groups of bf16 pairs in
+    round32(k) x round32(n) words; opgen_spack for f32 ones, 32-column panels in k x round32(n)
+    floats), or nothing where that target packs nothing."""
 
     name = "sched.pack"
     src = operand_def(BufType)
