@@ -464,6 +464,51 @@ def test_stream_loops_prefetch_rows_read_first(built):
     assert "OPGEN_PREFETCH(p_dx" not in text
 
 
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 95])
+def test_staged_stores(built, rng, T, n):
+    """map-cpu's ``staged`` stores: the stream loop's store into a caller row (GELU backward's dx)
+    is marked; its bf16 instance keeps a strip's values in f32 and rounds them a strip at a time
+    (``opgen_bf16_store_strip``, in both stride flavours), the f32 instance stores as it goes.
+    Against the oracle over row lengths around the strip of 32, contiguous and with strided rows
+    (the general flavour), with no element written outside dx's view."""
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+    from opgen.passes import pipeline
+
+    m = built["ops"]["gelu_backward"].module()
+    pipeline.run(m, "cpu")
+    (loop,) = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+    (st,) = [o for o in loop.body.block.ops if isinstance(o, s.StoreOp)]
+    assert cpu_map.cpu_mapping(st) == s.CpuMapping.STAGED
+    assert not [o for o in m.walk() if isinstance(o, s.StoreOp) and o is not st
+                and cpu_map.cpu_mapping(o) == s.CpuMapping.STAGED]
+    text = cpu.op_source(built["ops"]["gelu_backward"])
+    body = {f: text[text.index(f"k_gelu_backward_{f}("):] for f in ("f32_u", "f32_g", "bf16_u", "bf16_g")}
+    body = {f: b[:b.index("return OPGEN_SUCCESS")] for f, b in body.items()}
+    assert "opgen_bf16_store_strip(&p_dx[" in body["bf16_u"] and ", 1, stg" in body["bf16_u"]
+    assert "st_dx_1, stg" in body["bf16_g"]
+    assert not any("stg" in body[f] for f in ("f32_u", "f32_g"))
+    x = rounded(rng.standard_normal((2, n)) * 3, T)
+    g = rng.standard_normal((2, n))
+    g[1] *= 1e-39  # (row 1's results are denormal: the instruction alone would flush them to zero)
+    g = rounded(g, T)
+    ref = oracle.run(built["ops"]["gelu_backward"], grad=g, x=x)["dx"]
+    assert np.count_nonzero(f64(ref)[1]) > n // 2
+    for strided in (False, True):
+        big = np.full((2, 2 * n + 3), 7.0, dtype=ref.dtype)
+        dx = big[:, 1:2 * n + 1:2] if strided else big[:, 1:n + 1]
+        got = f64(runtime.call("gelu_backward", lib=built["lib"], grad=g, x=x, dx=dx)["dx"])
+        for r in (0, 1):
+            scale = np.abs(f64(ref)[r]).max()
+            tol = 1e-2 if T == "bf16" else 1e-4  # (relative to the row's largest: GELU' cancels near -0.75)
+            assert np.allclose(got[r], f64(ref)[r], rtol=tol, atol=tol * scale), (r, strided)
+        assert np.array_equal(got[1] != 0, f64(ref)[1] != 0)
+        untouched = np.ones(big.shape, bool)
+        untouched[:, 1:2 * n + 1:2 if strided else 1][:, :n] = False
+        assert np.all(f64(big)[untouched] == 7.0)
+
+
 def test_second_pass_over_a_row_prefetches_the_next_row(built):
     """LayerNorm backward: the row sums (a lanes loop) read grad_y and x first; the sibling loop
     computing grad_x re-reads them from cache, so instead of its own row it prefetches the same

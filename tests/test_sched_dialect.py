@@ -431,7 +431,8 @@ def test_the_cuda_printer_prints_the_barriers_and_chunks_it_is_given(ops):
 @pytest.mark.parametrize("name", SEED_OPS)
 def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
     """map-cpu: OpenMP on the outermost parallel loop of each nest only (never nested), lanes on
-    reduce loops over scalar accumulators; the printer puts its pragmas exactly there."""
+    reduce loops over scalar accumulators, staged stores in stream loops only; the printer puts
+    its pragmas exactly there."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
 
@@ -452,6 +453,10 @@ def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
             assert (where == s.CpuMapping.STREAM) == hints, op  # (streams: tests/test_new_op_backends.py)
         elif isinstance(op, s.ForOp) and op.kind.data == "reduce" and cpu_map.lane_split(op):
             assert where == s.CpuMapping.LANES
+        elif isinstance(op, s.StoreOp) and where is not None:  # (staged: tests/test_new_op_backends.py)
+            loop = op.parent_op()
+            assert where == s.CpuMapping.STAGED and cpu_map.cpu_mapping(loop) == s.CpuMapping.STREAM, op
+            assert op in cpu_map.staged_stores(loop)
         elif not isinstance(op, s.BufferMatmulOp):
             assert where is None, op
         marked += where is not None

@@ -218,23 +218,25 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                _Alignas(64) float stg31[32];
                 #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
-                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
+                    const float v32 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v33 = p_dtable1_acc ? v32 : v18;
+                    const float v34 = l20[i29];
+                    const float v35 = v33 + v34;
+                    stg31[l] = v35;
                 }
+                opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r30], 1, stg31, 32);
             }
             #pragma omp simd
             for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v38);
+                const float v36 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v37 = p_dtable1_acc ? v36 : v18;
+                const float v38 = l20[i29];
+                const float v39 = v37 + v38;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v39);
             }
         }
     }
@@ -674,23 +676,25 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
             int64_t r26 = v2;
             for (; r26 + 32 <= d_D; r26 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+                _Alignas(64) float stg27[32];
                 #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i25 = r26 + l;
-                    const float v27 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                    const float v28 = p_dtable1_acc ? v27 : v14;
-                    const float v29 = l16[i25];
-                    const float v30 = v28 + v29;
-                    p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v30);
+                    const float v28 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                    const float v29 = p_dtable1_acc ? v28 : v14;
+                    const float v30 = l16[i25];
+                    const float v31 = v29 + v30;
+                    stg27[l] = v31;
                 }
+                opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r26], 1, stg27, 32);
             }
             #pragma omp simd
             for (int64_t i25 = r26; i25 < d_D; i25++) {
-                const float v31 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                const float v32 = p_dtable1_acc ? v31 : v14;
-                const float v33 = l16[i25];
-                const float v34 = v32 + v33;
-                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v34);
+                const float v32 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
+                const float v33 = p_dtable1_acc ? v32 : v14;
+                const float v34 = l16[i25];
+                const float v35 = v33 + v34;
+                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v35);
             }
         }
     }
@@ -1130,23 +1134,25 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
             int64_t r30 = v6;
             for (; r30 + 32 <= d_D; r30 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+                _Alignas(64) float stg31[32];
                 #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i29 = r30 + l;
-                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v34);
+                    const float v32 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                    const float v33 = p_dtable1_acc ? v32 : v18;
+                    const float v34 = l20[i29];
+                    const float v35 = v33 + v34;
+                    stg31[l] = v35;
                 }
+                opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r30], 1, stg31, 32);
             }
             #pragma omp simd
             for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v38);
+                const float v36 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
+                const float v37 = p_dtable1_acc ? v36 : v18;
+                const float v38 = l20[i29];
+                const float v39 = v37 + v38;
+                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v39);
             }
         }
     }
@@ -1642,10 +1648,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t44 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1689,66 +1695,70 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             int64_t r32 = v2;
             for (; r32 + 32 <= d_D; r32 += 32) {
                 OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+                _Alignas(64) float stg33[32];
                 #pragma omp simd
                 for (int l = 0; l < 32; l++) {
                     const int64_t i31 = r32 + l;
-                    const float v33 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                    const float v34 = p_dtable1_acc ? v33 : v20;
-                    const float v35 = l22[i31];
-                    const float v36 = v34 + v35;
-                    p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v36);
+                    const float v34 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                    const float v35 = p_dtable1_acc ? v34 : v20;
+                    const float v36 = l22[i31];
+                    const float v37 = v35 + v36;
+                    stg33[l] = v37;
                 }
+                opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r32], 1, stg33, 32);
             }
             #pragma omp simd
             for (int64_t i31 = r32; i31 < d_D; i31++) {
-                const float v37 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                const float v38 = p_dtable1_acc ? v37 : v20;
-                const float v39 = l22[i31];
-                const float v40 = v38 + v39;
-                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v40);
+                const float v38 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
+                const float v39 = p_dtable1_acc ? v38 : v20;
+                const float v40 = l22[i31];
+                const float v41 = v39 + v40;
+                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v41);
             }
         }
     }
-    const int64_t v41 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t42, t43);
-    const float v44 = p_alpha2;
+    const int64_t v42 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t43, t44);
+    const float v45 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i45 = v2; i45 < v41; i45++) {
-        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l46, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
-        const int64_t v48 = i45 + v18;
-        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
-        for (int64_t i50 = v47; i50 < v49; i50++) {
-            const int64_t v51 = t43[i50];
+    for (int64_t i46 = v2; i46 < v42; i46++) {
+        float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)d_D);
+        memset(l47, 0, sizeof(float) * (size_t)d_D);
+        const int64_t v48 = opgen_seg_start(t43, i46, d_N2, d_N);
+        const int64_t v49 = i46 + v18;
+        const int64_t v50 = opgen_seg_start(t43, v49, d_N2, d_N);
+        for (int64_t i51 = v48; i51 < v50; i51++) {
+            const int64_t v52 = t44[i51];
             #pragma omp simd
-            for (int64_t i52 = v2; i52 < d_D; i52++) {
-                const float v53 = opgen_bf16_to_f32(p_dy[v51 * st_dy_0 + i52]);
-                const float v54 = v53 * v44;
-                l46[i52] += v54;
+            for (int64_t i53 = v2; i53 < d_D; i53++) {
+                const float v54 = opgen_bf16_to_f32(p_dy[v52 * st_dy_0 + i53]);
+                const float v55 = v54 * v45;
+                l47[i53] += v55;
             }
         }
         {
-            int64_t r56 = v2;
-            for (; r56 + 32 <= d_D; r56 += 32) {
-                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+            int64_t r57 = v2;
+            for (; r57 + 32 <= d_D; r57 += 32) {
+                OPGEN_PREFETCH(p_dtable2, i46 * st_dtable2_0 + r57, 2048);
+                _Alignas(64) float stg58[32];
                 #pragma omp simd
                 for (int l = 0; l < 32; l++) {
-                    const int64_t i55 = r56 + l;
-                    const float v57 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
-                    const float v58 = p_dtable2_acc ? v57 : v20;
-                    const float v59 = l46[i55];
-                    const float v60 = v58 + v59;
-                    p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_bf16(v60);
+                    const int64_t i56 = r57 + l;
+                    const float v59 = opgen_bf16_to_f32(p_dtable2[i46 * st_dtable2_0 + i56]);
+                    const float v60 = p_dtable2_acc ? v59 : v20;
+                    const float v61 = l47[i56];
+                    const float v62 = v60 + v61;
+                    stg58[l] = v62;
                 }
+                opgen_bf16_store_strip(&p_dtable2[i46 * st_dtable2_0 + r57], 1, stg58, 32);
             }
             #pragma omp simd
-            for (int64_t i55 = r56; i55 < d_D; i55++) {
-                const float v61 = opgen_bf16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
-                const float v62 = p_dtable2_acc ? v61 : v20;
-                const float v63 = l46[i55];
-                const float v64 = v62 + v63;
-                p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_bf16(v64);
+            for (int64_t i56 = r57; i56 < d_D; i56++) {
+                const float v63 = opgen_bf16_to_f32(p_dtable2[i46 * st_dtable2_0 + i56]);
+                const float v64 = p_dtable2_acc ? v63 : v20;
+                const float v65 = l47[i56];
+                const float v66 = v64 + v65;
+                p_dtable2[i46 * st_dtable2_0 + i56] = opgen_f32_to_bf16(v66);
             }
         }
     }

@@ -5,6 +5,9 @@
 #include "opgen.h"
 #include <math.h>
 #include <string.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #define OPGEN_MAX_RANK 8
 #define OPGEN_MAX_PARAMS 24
@@ -304,6 +307,30 @@ static inline uint16_t opgen_f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+/* n f32 values (src, 64-byte aligned) to bf16 at dst, element stride st, each rounded as
+ * opgen_f32_to_bf16: map-cpu's staged stores, a stream loop's strip at a time. With AVX512-BF16
+ * a contiguous strip of 32 takes one vcvtne2ps2bf16 (round to nearest even, a NaN quieted as
+ * above). That instruction reads denormal inputs as zero; such a lane (exponent field 0) gets 2^23
+ * added to its bits first, which makes it normal without changing the 16 bits that are
+ * rounded away, and its result 0x80 taken off again: the bits of the scalar rounding, without
+ * a branch (a branch in this loop cost more than the conversion saves: GELU backward bf16). */
+static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float *src, int n) {
+#if defined(__AVX512BF16__)
+    if (st == 1 && n == 32) {
+        const __m512i one = _mm512_set1_epi32(0x00800000);
+        __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
+        const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
+        const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
+        lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
+        hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+        r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
+        _mm512_storeu_si512((void *)dst, r);
+        return;
+    }
+#endif
+    for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_bf16(src[l]);
 }
 static inline float opgen_f16_to_f32(uint16_t h) {
     _Float16 x;

@@ -116,6 +116,8 @@ class CPrinter:
     PACK: ClassVar[dict[str, tuple[str, str, str]]] = {"bf16": ("opgen_bpack", "opgen_bgemm_pb", "(uint16_t *)"),
                                                          "f32": ("opgen_spack", "opgen_sgemm_pb", ""),
                                                          "f16": ("opgen_spack", "opgen_sgemm_pb", "")}
+    #: a ``staged`` store's block conversion by the buffer's dtype (others store value by value)
+    STRIP_STORE: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip"}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -137,6 +139,7 @@ class CPrinter:
         self.depth = 1
         self.counter = 0
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
+        self.staged: dict[Operation, str] = {}  # staged stores of the strip being printed, by staging array
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
         self.scratch: list[tuple[str, str, str, str]] = []
         self.temps: list[tuple[str, str, str, str]] = []
@@ -389,6 +392,8 @@ class CPrinter:
             self.loop(op)
         elif isinstance(op, s.AllocOp):
             self.alloc(op)
+        elif isinstance(op, s.StoreOp) and op in self.staged:  # (inside its stream loop's strip)
+            self.line(f"{self.staged[op]}[l] = {self.name(op.value)};")
         elif isinstance(op, s.StoreOp):
             b = s.buf_type(op.buf)
             val = self.store_value(b, self.name(op.value), ir.tensor_type(op.value).dtype)
@@ -475,6 +480,8 @@ class CPrinter:
         hints = [o for o in body if isinstance(o, s.PrefetchOp)]
         rest = [o for o in body if not isinstance(o, s.PrefetchOp)]
         n = strip([self.dtype(s.buf_type(h.buf).dtype).itemsize for h in hints])
+        staged = [o for o in rest if isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.STAGED
+                  and self.dtype(s.buf_type(o.buf).dtype).name in self.STRIP_STORE]
         base = self.fresh("r")
         self.line("{")
         self.depth += 1
@@ -483,14 +490,26 @@ class CPrinter:
         self.depth += 1
         self.names[op.iv] = base
         self.walk(iter(hints))
+        for st in staged:
+            self.staged[st] = self.fresh("stg")
+            self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n}];")
         self.names[op.iv] = iv
         self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
         self.line(f"const int64_t {iv} = {base} + l;")
         self.walk(iter(rest))
-        self.depth -= 2
-        self.line("    }")
+        self.depth -= 1
+        self.line("}")
+        self.names[op.iv] = base
+        for st in staged:
+            b = s.buf_type(st.buf)
+            step = "1" if self.unit_axis(self.arg_of[st.buf], b.rank - 1, b.rank) else \
+                self.mention(self.stride_name(self.arg_of[st.buf], b.rank - 1))
+            fn = self.STRIP_STORE[self.dtype(b.dtype).name]
+            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {self.staged.pop(st)}, {n});")
+        self.names[op.iv] = iv
+        self.depth -= 1
         self.line("}")
         self.simd_hook()
         self.line(f"for (int64_t {iv} = {base}; {iv} < {hi}; {iv}++) {{")

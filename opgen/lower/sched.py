@@ -94,12 +94,15 @@ class LoopKindAttr(EnumAttribute[LoopKind], SpacedOpaqueSyntaxAttribute):
 
 
 class CpuMapping(StrEnum):
-    """How the CPU target runs a loop or a matmul (set by map-cpu: opgen/lower/cpu_map.py)."""
+    """How the CPU target runs a loop, a matmul or a store (set by map-cpu: opgen/lower/cpu_map.py)."""
 
     OMP_FOR = "omp_for"
     LANES = "lanes"
     STREAM = "stream"
     SIMD = "simd"
+    #: (a ``sched.store`` in a ``stream`` loop) kept in f32 for the strip, then rounded to the
+    #: buffer's narrow dtype a strip at a time by the runtime's block conversion
+    STAGED = "staged"
 
 
 @irdl_attr_definition

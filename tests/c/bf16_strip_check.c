@@ -1,0 +1,71 @@
+/* The runtime's strip rounding to bf16 (opgen_bf16_store_strip, map-cpu's staged stores) against
+ * the scalar rounding (opgen_f32_to_bf16: round to nearest even, NaN quieted, denormals kept):
+ * every STRIDE-th f32 bit pattern, and every pattern with the low 16 bits of EDGES (all exponents,
+ * signs, NaN payloads and the rounding ties), 32 to a strip; then strips of 16 and a strided
+ * strip, which take the scalar path. Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
+ * Prints: checked mismatches first_mismatch_bits vector_path (1: vcvtne2ps2bf16 compiled in). */
+#include "opgen_rt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const uint32_t EDGES[] = {0x0000, 0x0001, 0x3fff, 0x4000, 0x7ffe, 0x7fff, 0x8000, 0x8001, 0xbfff, 0xc000,
+                                 0xfffe, 0xffff};
+
+static uint64_t checked, bad;
+static uint32_t first_bad;
+static _Alignas(64) float src[32];
+static uint32_t bits[32];
+static int fill;
+
+static void check(int n, int64_t st) {
+    uint16_t dst[64], want[32];
+    for (int l = 0; l < n; l++) want[l] = opgen_f32_to_bf16(src[l]);
+    memset(dst, 0xA5, sizeof dst);
+    opgen_bf16_store_strip(dst, st, src, n);
+    for (int l = 0; l < 64; l++) {
+        const int mine = l % st == 0 && l / st < n;
+        if (mine ? dst[l] != want[l / st] : dst[l] != 0xA5A5) { /* (and nothing written between) */
+            if (!bad++) first_bad = mine ? bits[l / st] : 0xFFFFFFFFu;
+        }
+    }
+    checked += (uint64_t)n;
+}
+
+static void add(uint32_t b) {
+    memcpy(&src[fill], &b, 4);
+    bits[fill++] = b;
+    if (fill == 32) {
+        check(32, 1);
+        fill = 0;
+    }
+}
+
+int main(int argc, char **argv) {
+    const uint64_t stride = argc == 2 ? strtoull(argv[1], NULL, 10) : 0;
+    if (stride == 0) {
+        fprintf(stderr, "usage: bf16_strip_check STRIDE\n");
+        return 2;
+    }
+    for (uint64_t b = 0; b < (1ull << 32); b += stride) add((uint32_t)b);
+    for (uint32_t hi = 0; hi < 0x10000; hi++)
+        for (size_t e = 0; e < sizeof EDGES / sizeof EDGES[0]; e++) add(hi << 16 | EDGES[e]);
+    while (fill) add(0x7fc00001u); /* (a NaN with a payload fills the last strip) */
+    for (uint32_t hi = 0; hi < 0x10000; hi += 97) { /* strips of 16 and strided strips */
+        for (int l = 0; l < 32; l++) {
+            const uint32_t b = (hi + (uint32_t)l) << 16 | EDGES[l % 12];
+            memcpy(&src[l], &b, 4);
+            bits[l] = b;
+        }
+        check(16, 1);
+        check(32, 2);
+    }
+#if defined(__AVX512BF16__)
+    const int vector_path = 1;
+#else
+    const int vector_path = 0;
+#endif
+    printf("%llu %llu %08x %d\n", (unsigned long long)checked, (unsigned long long)bad, first_bad, vector_path);
+    return 0;
+}
