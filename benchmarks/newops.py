@@ -69,22 +69,33 @@ def _fastest(fns: list[Callable[[], object]]) -> Callable[[], object]:
 def _in_cache_ms(lib: Any, op: str, make: Callable[[int], dict], full_rows: int) -> float:
     """The ms a call on ``full_rows`` rows would take with its data in cache: the time per row of
     calls on 2 and 18 rows (their difference: the call's fixed cost cancels; both sizes fit the
-    L2 cache), times ``full_rows``. Above the copy time, a row is compute-bound on this machine."""
+    L2 cache) on ONE thread, times ``full_rows``, over the threads of a full call (as if they
+    scaled perfectly). One thread, because a kernel parallel over groups of rows (LayerNorm's
+    column partials: 32 rows a group) runs 2 or 18 rows on one thread whatever the team: timed on
+    the team, such a row read twice its per-thread cost. Above the copy time, a row is
+    compute-bound on this machine."""
+    import ctypes
     import time
 
+    gomp = ctypes.CDLL("libgomp.so.1")  # (the library's OpenMP runtime: its team is omp_get_max_threads())
+    threads = gomp.omp_get_max_threads()
     per = []
-    for n in (2, 18):
-        kw = make(n)
-        for _ in range(30):
-            runtime.call(op, lib=lib, **kw)
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(100):
+    gomp.omp_set_num_threads(1)
+    try:
+        for n in (2, 18):
+            kw = make(n)
+            for _ in range(30):
                 runtime.call(op, lib=lib, **kw)
-            best = min(best, (time.perf_counter() - t0) / 100)
-        per.append(best)
-    return max(0.0, per[1] - per[0]) / 16 * full_rows * 1e3
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(100):
+                    runtime.call(op, lib=lib, **kw)
+                best = min(best, (time.perf_counter() - t0) / 100)
+            per.append(best)
+    finally:
+        gomp.omp_set_num_threads(threads)
+    return max(0.0, per[1] - per[0]) / 16 * full_rows / threads * 1e3
 
 
 def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: str,
