@@ -513,8 +513,9 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     """LayerNorm backward: the row sums (a lanes loop) read grad_y and x first; the sibling loop
     computing grad_x re-reads them from cache, so instead of its own row it prefetches the same
     columns of the next row (``min(r + 1, hi - 1)``: the last row names itself, never a row past
-    the tensor), which the row sums read next. w (one row for all) and the output are never
-    prefetched; the row sums' loop itself is not a stream."""
+    the tensor), which the row sums read next — in f32 instances; in bf16 ones the row sums
+    prefetch the next row themselves (``element`` wide / narrow). w (one row for all) and the
+    output are never prefetched; the row sums' loop itself is not a stream."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
     from opgen.passes import pipeline
@@ -528,18 +529,27 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     rows = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
     assert rows and loop in _after(rows[0])
     outer = loop.parent_op()
-    hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp)]
-    assert sorted(names[x.buf] for x in hints) == ["grad_y", "x"]
-    for h in hints:
-        assert h.ahead.data == 0 and h.idx[-1] is loop.iv
-        row = h.idx[-2].owner  # min(r + 1, hi - 1)
-        assert isinstance(row, ir.MinOp)
-        nxt, last = row.operands[0].owner, row.operands[1].owner
-        assert isinstance(nxt, ir.AddOp) and nxt.operands[0] is outer.iv
-        assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
+    firsts = [o for o in rows if any(isinstance(x, s.PrefetchOp) for x in o.body.block.ops)]
+    before_sums = list(outer.body.block.ops)[:list(outer.body.block.ops).index(rows[0])]
+    assert firsts == [rows[0]]
+    for where, element in ((loop, "wide"), (rows[0], "narrow")):
+        hints = [x for x in where.body.block.ops if isinstance(x, s.PrefetchOp)]
+        assert sorted(names[x.buf] for x in hints) == ["grad_y", "x"]
+        for h in hints:
+            assert h.ahead.data == 0 and h.idx[-1] is where.iv and h.element.data == element
+            row = h.idx[-2].owner  # min(r + 1, hi - 1), computed before the row sums
+            assert isinstance(row, ir.MinOp) and row in before_sums
+            nxt, last = row.operands[0].owner, row.operands[1].owner
+            assert isinstance(nxt, ir.AddOp) and nxt.operands[0] is outer.iv
+            assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
     text = cpu.op_source(built["ops"]["ln_cast_backward"])
-    assert "OPGEN_PREFETCH(p_grad_y, " in text and "OPGEN_PREFETCH(p_w" not in text
-    assert "OPGEN_PREFETCH(p_grad_x" not in text
+    assert "OPGEN_PREFETCH(p_w" not in text and "OPGEN_PREFETCH(p_grad_x" not in text
+    for T in ("f32", "bf16"):
+        body = text[text.index(f"k_ln_cast_backward_{T}_u("):]
+        body = body[:body.index("return OPGEN_SUCCESS")]
+        sums = body[:body.index("[l + 8];")]  # (the row sums' strips, up to their lanes' combination)
+        assert ("OPGEN_PREFETCH(p_grad_y, " in sums) == (T == "bf16")
+        assert body.count("OPGEN_PREFETCH(p_grad_y, ") == body.count("OPGEN_PREFETCH(p_x, ") == 1
 
 
 @pytest.mark.parametrize("T", ["f32", "bf16"])

@@ -84,244 +84,244 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = memref.alloca() : memref<16xf32>
-              %72 = memref.load %68[] : memref<f32>
-              memref.store %72, %71[%3] : memref<16xf32>
-              memref.store %59, %71[%6] : memref<16xf32>
-              %73 = arith.constant 2 : index
-              memref.store %59, %71[%73] : memref<16xf32>
-              %74 = arith.constant 3 : index
-              memref.store %59, %71[%74] : memref<16xf32>
-              %75 = arith.constant 4 : index
-              memref.store %59, %71[%75] : memref<16xf32>
-              %76 = arith.constant 5 : index
-              memref.store %59, %71[%76] : memref<16xf32>
-              %77 = arith.constant 6 : index
-              memref.store %59, %71[%77] : memref<16xf32>
-              %78 = arith.constant 7 : index
-              memref.store %59, %71[%78] : memref<16xf32>
-              %79 = arith.constant 8 : index
-              memref.store %59, %71[%79] : memref<16xf32>
-              %80 = arith.constant 9 : index
-              memref.store %59, %71[%80] : memref<16xf32>
-              %81 = arith.constant 10 : index
-              memref.store %59, %71[%81] : memref<16xf32>
-              %82 = arith.constant 11 : index
-              memref.store %59, %71[%82] : memref<16xf32>
-              %83 = arith.constant 12 : index
-              memref.store %59, %71[%83] : memref<16xf32>
-              %84 = arith.constant 13 : index
-              memref.store %59, %71[%84] : memref<16xf32>
-              %85 = arith.constant 14 : index
-              memref.store %59, %71[%85] : memref<16xf32>
-              %86 = arith.constant 15 : index
-              memref.store %59, %71[%86] : memref<16xf32>
-              %87 = memref.alloca() : memref<16xf32>
-              %88 = memref.load %70[] : memref<f32>
-              memref.store %88, %87[%3] : memref<16xf32>
-              memref.store %59, %87[%6] : memref<16xf32>
-              memref.store %59, %87[%73] : memref<16xf32>
-              memref.store %59, %87[%74] : memref<16xf32>
-              memref.store %59, %87[%75] : memref<16xf32>
-              memref.store %59, %87[%76] : memref<16xf32>
-              memref.store %59, %87[%77] : memref<16xf32>
-              memref.store %59, %87[%78] : memref<16xf32>
-              memref.store %59, %87[%79] : memref<16xf32>
-              memref.store %59, %87[%80] : memref<16xf32>
-              memref.store %59, %87[%81] : memref<16xf32>
-              memref.store %59, %87[%82] : memref<16xf32>
-              memref.store %59, %87[%83] : memref<16xf32>
-              memref.store %59, %87[%84] : memref<16xf32>
-              memref.store %59, %87[%85] : memref<16xf32>
-              memref.store %59, %87[%86] : memref<16xf32>
-              %89 = arith.subi %8, %41 : i64
-              %90 = arith.maxsi %89, %41 : i64
-              %91 = arith.constant 16 : i64
-              %92 = arith.divsi %90, %91 : i64
-              %93 = arith.muli %92, %91 : i64
-              %94 = arith.addi %41, %93 : i64
-              scf.for %95 = %41 to %94 step %91 : i64 {
-                %96 = arith.constant 16 : index
-                scf.for %97 = %3 to %96 step %6 {
-                  %98 = arith.index_cast %97 : index to i64
-                  %99 = arith.addi %95, %98 : i64
-                  %100 = arith.index_cast %66 : i64 to index
-                  %101 = arith.index_cast %99 : i64 to index
-                  %102 = memref.load %x[%100, %101] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %103 = arith.extf %102 : f16 to f32
-                  %104 = arith.mulf %103, %103 : f32
-                  %105 = memref.load %71[%97] : memref<16xf32>
-                  %106 = arith.addf %105, %104 : f32
-                  memref.store %106, %71[%97] : memref<16xf32>
-                  %107 = memref.load %grad_y[%100, %101] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %108 = arith.extf %107 : f16 to f32
-                  %109 = memref.load %w[%101] : memref<?xf16, strided<[?], offset: ?>>
-                  %110 = arith.extf %109 : f16 to f32
-                  %111 = arith.mulf %108, %110 : f32
-                  %112 = memref.load %x[%100, %101] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+              %71 = arith.addi %66, %65 : i64
+              %72 = arith.subi %64, %65 : i64
+              %73 = arith.cmpi slt, %71, %72 : i64
+              %74 = memref.alloca() : memref<16xf32>
+              %75 = memref.load %68[] : memref<f32>
+              memref.store %75, %74[%3] : memref<16xf32>
+              memref.store %59, %74[%6] : memref<16xf32>
+              %76 = arith.constant 2 : index
+              memref.store %59, %74[%76] : memref<16xf32>
+              %77 = arith.constant 3 : index
+              memref.store %59, %74[%77] : memref<16xf32>
+              %78 = arith.constant 4 : index
+              memref.store %59, %74[%78] : memref<16xf32>
+              %79 = arith.constant 5 : index
+              memref.store %59, %74[%79] : memref<16xf32>
+              %80 = arith.constant 6 : index
+              memref.store %59, %74[%80] : memref<16xf32>
+              %81 = arith.constant 7 : index
+              memref.store %59, %74[%81] : memref<16xf32>
+              %82 = arith.constant 8 : index
+              memref.store %59, %74[%82] : memref<16xf32>
+              %83 = arith.constant 9 : index
+              memref.store %59, %74[%83] : memref<16xf32>
+              %84 = arith.constant 10 : index
+              memref.store %59, %74[%84] : memref<16xf32>
+              %85 = arith.constant 11 : index
+              memref.store %59, %74[%85] : memref<16xf32>
+              %86 = arith.constant 12 : index
+              memref.store %59, %74[%86] : memref<16xf32>
+              %87 = arith.constant 13 : index
+              memref.store %59, %74[%87] : memref<16xf32>
+              %88 = arith.constant 14 : index
+              memref.store %59, %74[%88] : memref<16xf32>
+              %89 = arith.constant 15 : index
+              memref.store %59, %74[%89] : memref<16xf32>
+              %90 = memref.alloca() : memref<16xf32>
+              %91 = memref.load %70[] : memref<f32>
+              memref.store %91, %90[%3] : memref<16xf32>
+              memref.store %59, %90[%6] : memref<16xf32>
+              memref.store %59, %90[%76] : memref<16xf32>
+              memref.store %59, %90[%77] : memref<16xf32>
+              memref.store %59, %90[%78] : memref<16xf32>
+              memref.store %59, %90[%79] : memref<16xf32>
+              memref.store %59, %90[%80] : memref<16xf32>
+              memref.store %59, %90[%81] : memref<16xf32>
+              memref.store %59, %90[%82] : memref<16xf32>
+              memref.store %59, %90[%83] : memref<16xf32>
+              memref.store %59, %90[%84] : memref<16xf32>
+              memref.store %59, %90[%85] : memref<16xf32>
+              memref.store %59, %90[%86] : memref<16xf32>
+              memref.store %59, %90[%87] : memref<16xf32>
+              memref.store %59, %90[%88] : memref<16xf32>
+              memref.store %59, %90[%89] : memref<16xf32>
+              %92 = arith.subi %8, %41 : i64
+              %93 = arith.maxsi %92, %41 : i64
+              %94 = arith.constant 16 : i64
+              %95 = arith.divsi %93, %94 : i64
+              %96 = arith.muli %95, %94 : i64
+              %97 = arith.addi %41, %96 : i64
+              scf.for %98 = %41 to %97 step %94 : i64 {
+                %99 = arith.constant 16 : index
+                scf.for %100 = %3 to %99 step %6 {
+                  %101 = arith.index_cast %100 : index to i64
+                  %102 = arith.addi %98, %101 : i64
+                  %103 = arith.index_cast %66 : i64 to index
+                  %104 = arith.index_cast %102 : i64 to index
+                  %105 = memref.load %x[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %106 = arith.extf %105 : f16 to f32
+                  %107 = arith.mulf %106, %106 : f32
+                  %108 = memref.load %74[%100] : memref<16xf32>
+                  %109 = arith.addf %108, %107 : f32
+                  memref.store %109, %74[%100] : memref<16xf32>
+                  %110 = memref.load %grad_y[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %111 = arith.extf %110 : f16 to f32
+                  %112 = memref.load %w[%104] : memref<?xf16, strided<[?], offset: ?>>
                   %113 = arith.extf %112 : f16 to f32
                   %114 = arith.mulf %111, %113 : f32
-                  %115 = memref.load %87[%97] : memref<16xf32>
-                  %116 = arith.addf %115, %114 : f32
-                  memref.store %116, %87[%97] : memref<16xf32>
+                  %115 = memref.load %x[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %116 = arith.extf %115 : f16 to f32
+                  %117 = arith.mulf %114, %116 : f32
+                  %118 = memref.load %90[%100] : memref<16xf32>
+                  %119 = arith.addf %118, %117 : f32
+                  memref.store %119, %90[%100] : memref<16xf32>
                 }
               }
-              %117 = arith.subi %8, %94 : i64
-              %118 = arith.index_cast %117 : i64 to index
-              scf.for %119 = %3 to %118 step %6 {
-                %120 = arith.index_cast %119 : index to i64
-                %121 = arith.addi %94, %120 : i64
-                %122 = arith.index_cast %66 : i64 to index
-                %123 = arith.index_cast %121 : i64 to index
-                %124 = memref.load %x[%122, %123] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %125 = arith.extf %124 : f16 to f32
-                %126 = arith.mulf %125, %125 : f32
-                %127 = memref.load %71[%119] : memref<16xf32>
-                %128 = arith.addf %127, %126 : f32
-                memref.store %128, %71[%119] : memref<16xf32>
-                %129 = memref.load %grad_y[%122, %123] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %130 = arith.extf %129 : f16 to f32
-                %131 = memref.load %w[%123] : memref<?xf16, strided<[?], offset: ?>>
-                %132 = arith.extf %131 : f16 to f32
-                %133 = arith.mulf %130, %132 : f32
-                %134 = memref.load %x[%122, %123] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+              %120 = arith.subi %8, %97 : i64
+              %121 = arith.index_cast %120 : i64 to index
+              scf.for %122 = %3 to %121 step %6 {
+                %123 = arith.index_cast %122 : index to i64
+                %124 = arith.addi %97, %123 : i64
+                %125 = arith.index_cast %66 : i64 to index
+                %126 = arith.index_cast %124 : i64 to index
+                %127 = memref.load %x[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %128 = arith.extf %127 : f16 to f32
+                %129 = arith.mulf %128, %128 : f32
+                %130 = memref.load %74[%122] : memref<16xf32>
+                %131 = arith.addf %130, %129 : f32
+                memref.store %131, %74[%122] : memref<16xf32>
+                %132 = memref.load %grad_y[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %133 = arith.extf %132 : f16 to f32
+                %134 = memref.load %w[%126] : memref<?xf16, strided<[?], offset: ?>>
                 %135 = arith.extf %134 : f16 to f32
                 %136 = arith.mulf %133, %135 : f32
-                %137 = memref.load %87[%119] : memref<16xf32>
-                %138 = arith.addf %137, %136 : f32
-                memref.store %138, %87[%119] : memref<16xf32>
+                %137 = memref.load %x[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %138 = arith.extf %137 : f16 to f32
+                %139 = arith.mulf %136, %138 : f32
+                %140 = memref.load %90[%122] : memref<16xf32>
+                %141 = arith.addf %140, %139 : f32
+                memref.store %141, %90[%122] : memref<16xf32>
               }
-              %139 = memref.load %71[%3] : memref<16xf32>
-              %140 = memref.load %71[%79] : memref<16xf32>
-              %141 = arith.addf %139, %140 : f32
-              memref.store %141, %71[%3] : memref<16xf32>
-              %142 = memref.load %71[%6] : memref<16xf32>
-              %143 = memref.load %71[%80] : memref<16xf32>
+              %142 = memref.load %74[%3] : memref<16xf32>
+              %143 = memref.load %74[%82] : memref<16xf32>
               %144 = arith.addf %142, %143 : f32
-              memref.store %144, %71[%6] : memref<16xf32>
-              %145 = memref.load %71[%73] : memref<16xf32>
-              %146 = memref.load %71[%81] : memref<16xf32>
+              memref.store %144, %74[%3] : memref<16xf32>
+              %145 = memref.load %74[%6] : memref<16xf32>
+              %146 = memref.load %74[%83] : memref<16xf32>
               %147 = arith.addf %145, %146 : f32
-              memref.store %147, %71[%73] : memref<16xf32>
-              %148 = memref.load %71[%74] : memref<16xf32>
-              %149 = memref.load %71[%82] : memref<16xf32>
+              memref.store %147, %74[%6] : memref<16xf32>
+              %148 = memref.load %74[%76] : memref<16xf32>
+              %149 = memref.load %74[%84] : memref<16xf32>
               %150 = arith.addf %148, %149 : f32
-              memref.store %150, %71[%74] : memref<16xf32>
-              %151 = memref.load %71[%75] : memref<16xf32>
-              %152 = memref.load %71[%83] : memref<16xf32>
+              memref.store %150, %74[%76] : memref<16xf32>
+              %151 = memref.load %74[%77] : memref<16xf32>
+              %152 = memref.load %74[%85] : memref<16xf32>
               %153 = arith.addf %151, %152 : f32
-              memref.store %153, %71[%75] : memref<16xf32>
-              %154 = memref.load %71[%76] : memref<16xf32>
-              %155 = memref.load %71[%84] : memref<16xf32>
+              memref.store %153, %74[%77] : memref<16xf32>
+              %154 = memref.load %74[%78] : memref<16xf32>
+              %155 = memref.load %74[%86] : memref<16xf32>
               %156 = arith.addf %154, %155 : f32
-              memref.store %156, %71[%76] : memref<16xf32>
-              %157 = memref.load %71[%77] : memref<16xf32>
-              %158 = memref.load %71[%85] : memref<16xf32>
+              memref.store %156, %74[%78] : memref<16xf32>
+              %157 = memref.load %74[%79] : memref<16xf32>
+              %158 = memref.load %74[%87] : memref<16xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %71[%77] : memref<16xf32>
-              %160 = memref.load %71[%78] : memref<16xf32>
-              %161 = memref.load %71[%86] : memref<16xf32>
+              memref.store %159, %74[%79] : memref<16xf32>
+              %160 = memref.load %74[%80] : memref<16xf32>
+              %161 = memref.load %74[%88] : memref<16xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %71[%78] : memref<16xf32>
-              %163 = memref.load %71[%3] : memref<16xf32>
-              %164 = memref.load %71[%75] : memref<16xf32>
+              memref.store %162, %74[%80] : memref<16xf32>
+              %163 = memref.load %74[%81] : memref<16xf32>
+              %164 = memref.load %74[%89] : memref<16xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %71[%3] : memref<16xf32>
-              %166 = memref.load %71[%6] : memref<16xf32>
-              %167 = memref.load %71[%76] : memref<16xf32>
+              memref.store %165, %74[%81] : memref<16xf32>
+              %166 = memref.load %74[%3] : memref<16xf32>
+              %167 = memref.load %74[%78] : memref<16xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %71[%6] : memref<16xf32>
-              %169 = memref.load %71[%73] : memref<16xf32>
-              %170 = memref.load %71[%77] : memref<16xf32>
+              memref.store %168, %74[%3] : memref<16xf32>
+              %169 = memref.load %74[%6] : memref<16xf32>
+              %170 = memref.load %74[%79] : memref<16xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %71[%73] : memref<16xf32>
-              %172 = memref.load %71[%74] : memref<16xf32>
-              %173 = memref.load %71[%78] : memref<16xf32>
+              memref.store %171, %74[%6] : memref<16xf32>
+              %172 = memref.load %74[%76] : memref<16xf32>
+              %173 = memref.load %74[%80] : memref<16xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %71[%74] : memref<16xf32>
-              %175 = memref.load %71[%3] : memref<16xf32>
-              %176 = memref.load %71[%73] : memref<16xf32>
+              memref.store %174, %74[%76] : memref<16xf32>
+              %175 = memref.load %74[%77] : memref<16xf32>
+              %176 = memref.load %74[%81] : memref<16xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %71[%3] : memref<16xf32>
-              %178 = memref.load %71[%6] : memref<16xf32>
-              %179 = memref.load %71[%74] : memref<16xf32>
+              memref.store %177, %74[%77] : memref<16xf32>
+              %178 = memref.load %74[%3] : memref<16xf32>
+              %179 = memref.load %74[%76] : memref<16xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %71[%6] : memref<16xf32>
-              %181 = memref.load %71[%3] : memref<16xf32>
-              %182 = memref.load %71[%6] : memref<16xf32>
+              memref.store %180, %74[%3] : memref<16xf32>
+              %181 = memref.load %74[%6] : memref<16xf32>
+              %182 = memref.load %74[%77] : memref<16xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %71[%3] : memref<16xf32>
-              %184 = memref.load %71[%3] : memref<16xf32>
-              memref.store %184, %68[] : memref<f32>
-              %185 = memref.load %87[%3] : memref<16xf32>
-              %186 = memref.load %87[%79] : memref<16xf32>
-              %187 = arith.addf %185, %186 : f32
-              memref.store %187, %87[%3] : memref<16xf32>
-              %188 = memref.load %87[%6] : memref<16xf32>
-              %189 = memref.load %87[%80] : memref<16xf32>
+              memref.store %183, %74[%6] : memref<16xf32>
+              %184 = memref.load %74[%3] : memref<16xf32>
+              %185 = memref.load %74[%6] : memref<16xf32>
+              %186 = arith.addf %184, %185 : f32
+              memref.store %186, %74[%3] : memref<16xf32>
+              %187 = memref.load %74[%3] : memref<16xf32>
+              memref.store %187, %68[] : memref<f32>
+              %188 = memref.load %90[%3] : memref<16xf32>
+              %189 = memref.load %90[%82] : memref<16xf32>
               %190 = arith.addf %188, %189 : f32
-              memref.store %190, %87[%6] : memref<16xf32>
-              %191 = memref.load %87[%73] : memref<16xf32>
-              %192 = memref.load %87[%81] : memref<16xf32>
+              memref.store %190, %90[%3] : memref<16xf32>
+              %191 = memref.load %90[%6] : memref<16xf32>
+              %192 = memref.load %90[%83] : memref<16xf32>
               %193 = arith.addf %191, %192 : f32
-              memref.store %193, %87[%73] : memref<16xf32>
-              %194 = memref.load %87[%74] : memref<16xf32>
-              %195 = memref.load %87[%82] : memref<16xf32>
+              memref.store %193, %90[%6] : memref<16xf32>
+              %194 = memref.load %90[%76] : memref<16xf32>
+              %195 = memref.load %90[%84] : memref<16xf32>
               %196 = arith.addf %194, %195 : f32
-              memref.store %196, %87[%74] : memref<16xf32>
-              %197 = memref.load %87[%75] : memref<16xf32>
-              %198 = memref.load %87[%83] : memref<16xf32>
+              memref.store %196, %90[%76] : memref<16xf32>
+              %197 = memref.load %90[%77] : memref<16xf32>
+              %198 = memref.load %90[%85] : memref<16xf32>
               %199 = arith.addf %197, %198 : f32
-              memref.store %199, %87[%75] : memref<16xf32>
-              %200 = memref.load %87[%76] : memref<16xf32>
-              %201 = memref.load %87[%84] : memref<16xf32>
+              memref.store %199, %90[%77] : memref<16xf32>
+              %200 = memref.load %90[%78] : memref<16xf32>
+              %201 = memref.load %90[%86] : memref<16xf32>
               %202 = arith.addf %200, %201 : f32
-              memref.store %202, %87[%76] : memref<16xf32>
-              %203 = memref.load %87[%77] : memref<16xf32>
-              %204 = memref.load %87[%85] : memref<16xf32>
+              memref.store %202, %90[%78] : memref<16xf32>
+              %203 = memref.load %90[%79] : memref<16xf32>
+              %204 = memref.load %90[%87] : memref<16xf32>
               %205 = arith.addf %203, %204 : f32
-              memref.store %205, %87[%77] : memref<16xf32>
-              %206 = memref.load %87[%78] : memref<16xf32>
-              %207 = memref.load %87[%86] : memref<16xf32>
+              memref.store %205, %90[%79] : memref<16xf32>
+              %206 = memref.load %90[%80] : memref<16xf32>
+              %207 = memref.load %90[%88] : memref<16xf32>
               %208 = arith.addf %206, %207 : f32
-              memref.store %208, %87[%78] : memref<16xf32>
-              %209 = memref.load %87[%3] : memref<16xf32>
-              %210 = memref.load %87[%75] : memref<16xf32>
+              memref.store %208, %90[%80] : memref<16xf32>
+              %209 = memref.load %90[%81] : memref<16xf32>
+              %210 = memref.load %90[%89] : memref<16xf32>
               %211 = arith.addf %209, %210 : f32
-              memref.store %211, %87[%3] : memref<16xf32>
-              %212 = memref.load %87[%6] : memref<16xf32>
-              %213 = memref.load %87[%76] : memref<16xf32>
+              memref.store %211, %90[%81] : memref<16xf32>
+              %212 = memref.load %90[%3] : memref<16xf32>
+              %213 = memref.load %90[%78] : memref<16xf32>
               %214 = arith.addf %212, %213 : f32
-              memref.store %214, %87[%6] : memref<16xf32>
-              %215 = memref.load %87[%73] : memref<16xf32>
-              %216 = memref.load %87[%77] : memref<16xf32>
+              memref.store %214, %90[%3] : memref<16xf32>
+              %215 = memref.load %90[%6] : memref<16xf32>
+              %216 = memref.load %90[%79] : memref<16xf32>
               %217 = arith.addf %215, %216 : f32
-              memref.store %217, %87[%73] : memref<16xf32>
-              %218 = memref.load %87[%74] : memref<16xf32>
-              %219 = memref.load %87[%78] : memref<16xf32>
+              memref.store %217, %90[%6] : memref<16xf32>
+              %218 = memref.load %90[%76] : memref<16xf32>
+              %219 = memref.load %90[%80] : memref<16xf32>
               %220 = arith.addf %218, %219 : f32
-              memref.store %220, %87[%74] : memref<16xf32>
-              %221 = memref.load %87[%3] : memref<16xf32>
-              %222 = memref.load %87[%73] : memref<16xf32>
+              memref.store %220, %90[%76] : memref<16xf32>
+              %221 = memref.load %90[%77] : memref<16xf32>
+              %222 = memref.load %90[%81] : memref<16xf32>
               %223 = arith.addf %221, %222 : f32
-              memref.store %223, %87[%3] : memref<16xf32>
-              %224 = memref.load %87[%6] : memref<16xf32>
-              %225 = memref.load %87[%74] : memref<16xf32>
+              memref.store %223, %90[%77] : memref<16xf32>
+              %224 = memref.load %90[%3] : memref<16xf32>
+              %225 = memref.load %90[%76] : memref<16xf32>
               %226 = arith.addf %224, %225 : f32
-              memref.store %226, %87[%6] : memref<16xf32>
-              %227 = memref.load %87[%3] : memref<16xf32>
-              %228 = memref.load %87[%6] : memref<16xf32>
+              memref.store %226, %90[%3] : memref<16xf32>
+              %227 = memref.load %90[%6] : memref<16xf32>
+              %228 = memref.load %90[%77] : memref<16xf32>
               %229 = arith.addf %227, %228 : f32
-              memref.store %229, %87[%3] : memref<16xf32>
-              %230 = memref.load %87[%3] : memref<16xf32>
-              memref.store %230, %70[] : memref<f32>
-              %231 = memref.load %68[] : memref<f32>
-              memref.store %231, %67[] : memref<f32>
-              %232 = memref.load %70[] : memref<f32>
-              memref.store %232, %69[] : memref<f32>
-              %233 = arith.addi %66, %65 : i64
-              %234 = arith.subi %64, %65 : i64
-              %235 = arith.cmpi slt, %233, %234 : i64
+              memref.store %229, %90[%6] : memref<16xf32>
+              %230 = memref.load %90[%3] : memref<16xf32>
+              %231 = memref.load %90[%6] : memref<16xf32>
+              %232 = arith.addf %230, %231 : f32
+              memref.store %232, %90[%3] : memref<16xf32>
+              %233 = memref.load %90[%3] : memref<16xf32>
+              memref.store %233, %70[] : memref<f32>
+              %234 = memref.load %68[] : memref<f32>
+              memref.store %234, %67[] : memref<f32>
+              %235 = memref.load %70[] : memref<f32>
+              memref.store %235, %69[] : memref<f32>
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%236: index):
                 %237 = arith.index_cast %236 : index to i64
@@ -486,236 +486,236 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = memref.alloca() : memref<16xf32>
-              %72 = memref.load %68[] : memref<f32>
-              memref.store %72, %71[%3] : memref<16xf32>
-              memref.store %59, %71[%6] : memref<16xf32>
-              %73 = arith.constant 2 : index
-              memref.store %59, %71[%73] : memref<16xf32>
-              %74 = arith.constant 3 : index
-              memref.store %59, %71[%74] : memref<16xf32>
-              %75 = arith.constant 4 : index
-              memref.store %59, %71[%75] : memref<16xf32>
-              %76 = arith.constant 5 : index
-              memref.store %59, %71[%76] : memref<16xf32>
-              %77 = arith.constant 6 : index
-              memref.store %59, %71[%77] : memref<16xf32>
-              %78 = arith.constant 7 : index
-              memref.store %59, %71[%78] : memref<16xf32>
-              %79 = arith.constant 8 : index
-              memref.store %59, %71[%79] : memref<16xf32>
-              %80 = arith.constant 9 : index
-              memref.store %59, %71[%80] : memref<16xf32>
-              %81 = arith.constant 10 : index
-              memref.store %59, %71[%81] : memref<16xf32>
-              %82 = arith.constant 11 : index
-              memref.store %59, %71[%82] : memref<16xf32>
-              %83 = arith.constant 12 : index
-              memref.store %59, %71[%83] : memref<16xf32>
-              %84 = arith.constant 13 : index
-              memref.store %59, %71[%84] : memref<16xf32>
-              %85 = arith.constant 14 : index
-              memref.store %59, %71[%85] : memref<16xf32>
-              %86 = arith.constant 15 : index
-              memref.store %59, %71[%86] : memref<16xf32>
-              %87 = memref.alloca() : memref<16xf32>
-              %88 = memref.load %70[] : memref<f32>
-              memref.store %88, %87[%3] : memref<16xf32>
-              memref.store %59, %87[%6] : memref<16xf32>
-              memref.store %59, %87[%73] : memref<16xf32>
-              memref.store %59, %87[%74] : memref<16xf32>
-              memref.store %59, %87[%75] : memref<16xf32>
-              memref.store %59, %87[%76] : memref<16xf32>
-              memref.store %59, %87[%77] : memref<16xf32>
-              memref.store %59, %87[%78] : memref<16xf32>
-              memref.store %59, %87[%79] : memref<16xf32>
-              memref.store %59, %87[%80] : memref<16xf32>
-              memref.store %59, %87[%81] : memref<16xf32>
-              memref.store %59, %87[%82] : memref<16xf32>
-              memref.store %59, %87[%83] : memref<16xf32>
-              memref.store %59, %87[%84] : memref<16xf32>
-              memref.store %59, %87[%85] : memref<16xf32>
-              memref.store %59, %87[%86] : memref<16xf32>
-              %89 = arith.subi %8, %41 : i64
-              %90 = arith.maxsi %89, %41 : i64
-              %91 = arith.constant 16 : i64
-              %92 = arith.divsi %90, %91 : i64
-              %93 = arith.muli %92, %91 : i64
-              %94 = arith.addi %41, %93 : i64
-              scf.for %95 = %41 to %94 step %91 : i64 {
-                %96 = arith.constant 16 : index
-                scf.for %97 = %3 to %96 step %6 {
-                  %98 = arith.index_cast %97 : index to i64
-                  %99 = arith.addi %95, %98 : i64
-                  %100 = arith.index_cast %66 : i64 to index
-                  %101 = arith.index_cast %99 : i64 to index
-                  %102 = memref.load %x[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %103 = arith.mulf %102, %102 : f32
-                  %104 = memref.load %71[%97] : memref<16xf32>
-                  %105 = arith.addf %104, %103 : f32
-                  memref.store %105, %71[%97] : memref<16xf32>
-                  %106 = memref.load %grad_y[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %107 = memref.load %w[%101] : memref<?xf32, strided<[?], offset: ?>>
-                  %108 = arith.mulf %106, %107 : f32
-                  %109 = memref.load %x[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %110 = arith.mulf %108, %109 : f32
-                  %111 = memref.load %87[%97] : memref<16xf32>
-                  %112 = arith.addf %111, %110 : f32
-                  memref.store %112, %87[%97] : memref<16xf32>
+              %71 = arith.addi %66, %65 : i64
+              %72 = arith.subi %64, %65 : i64
+              %73 = arith.cmpi slt, %71, %72 : i64
+              %74 = memref.alloca() : memref<16xf32>
+              %75 = memref.load %68[] : memref<f32>
+              memref.store %75, %74[%3] : memref<16xf32>
+              memref.store %59, %74[%6] : memref<16xf32>
+              %76 = arith.constant 2 : index
+              memref.store %59, %74[%76] : memref<16xf32>
+              %77 = arith.constant 3 : index
+              memref.store %59, %74[%77] : memref<16xf32>
+              %78 = arith.constant 4 : index
+              memref.store %59, %74[%78] : memref<16xf32>
+              %79 = arith.constant 5 : index
+              memref.store %59, %74[%79] : memref<16xf32>
+              %80 = arith.constant 6 : index
+              memref.store %59, %74[%80] : memref<16xf32>
+              %81 = arith.constant 7 : index
+              memref.store %59, %74[%81] : memref<16xf32>
+              %82 = arith.constant 8 : index
+              memref.store %59, %74[%82] : memref<16xf32>
+              %83 = arith.constant 9 : index
+              memref.store %59, %74[%83] : memref<16xf32>
+              %84 = arith.constant 10 : index
+              memref.store %59, %74[%84] : memref<16xf32>
+              %85 = arith.constant 11 : index
+              memref.store %59, %74[%85] : memref<16xf32>
+              %86 = arith.constant 12 : index
+              memref.store %59, %74[%86] : memref<16xf32>
+              %87 = arith.constant 13 : index
+              memref.store %59, %74[%87] : memref<16xf32>
+              %88 = arith.constant 14 : index
+              memref.store %59, %74[%88] : memref<16xf32>
+              %89 = arith.constant 15 : index
+              memref.store %59, %74[%89] : memref<16xf32>
+              %90 = memref.alloca() : memref<16xf32>
+              %91 = memref.load %70[] : memref<f32>
+              memref.store %91, %90[%3] : memref<16xf32>
+              memref.store %59, %90[%6] : memref<16xf32>
+              memref.store %59, %90[%76] : memref<16xf32>
+              memref.store %59, %90[%77] : memref<16xf32>
+              memref.store %59, %90[%78] : memref<16xf32>
+              memref.store %59, %90[%79] : memref<16xf32>
+              memref.store %59, %90[%80] : memref<16xf32>
+              memref.store %59, %90[%81] : memref<16xf32>
+              memref.store %59, %90[%82] : memref<16xf32>
+              memref.store %59, %90[%83] : memref<16xf32>
+              memref.store %59, %90[%84] : memref<16xf32>
+              memref.store %59, %90[%85] : memref<16xf32>
+              memref.store %59, %90[%86] : memref<16xf32>
+              memref.store %59, %90[%87] : memref<16xf32>
+              memref.store %59, %90[%88] : memref<16xf32>
+              memref.store %59, %90[%89] : memref<16xf32>
+              %92 = arith.subi %8, %41 : i64
+              %93 = arith.maxsi %92, %41 : i64
+              %94 = arith.constant 16 : i64
+              %95 = arith.divsi %93, %94 : i64
+              %96 = arith.muli %95, %94 : i64
+              %97 = arith.addi %41, %96 : i64
+              scf.for %98 = %41 to %97 step %94 : i64 {
+                %99 = arith.constant 16 : index
+                scf.for %100 = %3 to %99 step %6 {
+                  %101 = arith.index_cast %100 : index to i64
+                  %102 = arith.addi %98, %101 : i64
+                  %103 = arith.index_cast %66 : i64 to index
+                  %104 = arith.index_cast %102 : i64 to index
+                  %105 = memref.load %x[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %106 = arith.mulf %105, %105 : f32
+                  %107 = memref.load %74[%100] : memref<16xf32>
+                  %108 = arith.addf %107, %106 : f32
+                  memref.store %108, %74[%100] : memref<16xf32>
+                  %109 = memref.load %grad_y[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %110 = memref.load %w[%104] : memref<?xf32, strided<[?], offset: ?>>
+                  %111 = arith.mulf %109, %110 : f32
+                  %112 = memref.load %x[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %113 = arith.mulf %111, %112 : f32
+                  %114 = memref.load %90[%100] : memref<16xf32>
+                  %115 = arith.addf %114, %113 : f32
+                  memref.store %115, %90[%100] : memref<16xf32>
                 }
               }
-              %113 = arith.subi %8, %94 : i64
-              %114 = arith.index_cast %113 : i64 to index
-              scf.for %115 = %3 to %114 step %6 {
-                %116 = arith.index_cast %115 : index to i64
-                %117 = arith.addi %94, %116 : i64
-                %118 = arith.index_cast %66 : i64 to index
-                %119 = arith.index_cast %117 : i64 to index
-                %120 = memref.load %x[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %121 = arith.mulf %120, %120 : f32
-                %122 = memref.load %71[%115] : memref<16xf32>
-                %123 = arith.addf %122, %121 : f32
-                memref.store %123, %71[%115] : memref<16xf32>
-                %124 = memref.load %grad_y[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %125 = memref.load %w[%119] : memref<?xf32, strided<[?], offset: ?>>
-                %126 = arith.mulf %124, %125 : f32
-                %127 = memref.load %x[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %128 = arith.mulf %126, %127 : f32
-                %129 = memref.load %87[%115] : memref<16xf32>
-                %130 = arith.addf %129, %128 : f32
-                memref.store %130, %87[%115] : memref<16xf32>
+              %116 = arith.subi %8, %97 : i64
+              %117 = arith.index_cast %116 : i64 to index
+              scf.for %118 = %3 to %117 step %6 {
+                %119 = arith.index_cast %118 : index to i64
+                %120 = arith.addi %97, %119 : i64
+                %121 = arith.index_cast %66 : i64 to index
+                %122 = arith.index_cast %120 : i64 to index
+                %123 = memref.load %x[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %124 = arith.mulf %123, %123 : f32
+                %125 = memref.load %74[%118] : memref<16xf32>
+                %126 = arith.addf %125, %124 : f32
+                memref.store %126, %74[%118] : memref<16xf32>
+                %127 = memref.load %grad_y[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %128 = memref.load %w[%122] : memref<?xf32, strided<[?], offset: ?>>
+                %129 = arith.mulf %127, %128 : f32
+                %130 = memref.load %x[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %131 = arith.mulf %129, %130 : f32
+                %132 = memref.load %90[%118] : memref<16xf32>
+                %133 = arith.addf %132, %131 : f32
+                memref.store %133, %90[%118] : memref<16xf32>
               }
-              %131 = memref.load %71[%3] : memref<16xf32>
-              %132 = memref.load %71[%79] : memref<16xf32>
-              %133 = arith.addf %131, %132 : f32
-              memref.store %133, %71[%3] : memref<16xf32>
-              %134 = memref.load %71[%6] : memref<16xf32>
-              %135 = memref.load %71[%80] : memref<16xf32>
+              %134 = memref.load %74[%3] : memref<16xf32>
+              %135 = memref.load %74[%82] : memref<16xf32>
               %136 = arith.addf %134, %135 : f32
-              memref.store %136, %71[%6] : memref<16xf32>
-              %137 = memref.load %71[%73] : memref<16xf32>
-              %138 = memref.load %71[%81] : memref<16xf32>
+              memref.store %136, %74[%3] : memref<16xf32>
+              %137 = memref.load %74[%6] : memref<16xf32>
+              %138 = memref.load %74[%83] : memref<16xf32>
               %139 = arith.addf %137, %138 : f32
-              memref.store %139, %71[%73] : memref<16xf32>
-              %140 = memref.load %71[%74] : memref<16xf32>
-              %141 = memref.load %71[%82] : memref<16xf32>
+              memref.store %139, %74[%6] : memref<16xf32>
+              %140 = memref.load %74[%76] : memref<16xf32>
+              %141 = memref.load %74[%84] : memref<16xf32>
               %142 = arith.addf %140, %141 : f32
-              memref.store %142, %71[%74] : memref<16xf32>
-              %143 = memref.load %71[%75] : memref<16xf32>
-              %144 = memref.load %71[%83] : memref<16xf32>
+              memref.store %142, %74[%76] : memref<16xf32>
+              %143 = memref.load %74[%77] : memref<16xf32>
+              %144 = memref.load %74[%85] : memref<16xf32>
               %145 = arith.addf %143, %144 : f32
-              memref.store %145, %71[%75] : memref<16xf32>
-              %146 = memref.load %71[%76] : memref<16xf32>
-              %147 = memref.load %71[%84] : memref<16xf32>
+              memref.store %145, %74[%77] : memref<16xf32>
+              %146 = memref.load %74[%78] : memref<16xf32>
+              %147 = memref.load %74[%86] : memref<16xf32>
               %148 = arith.addf %146, %147 : f32
-              memref.store %148, %71[%76] : memref<16xf32>
-              %149 = memref.load %71[%77] : memref<16xf32>
-              %150 = memref.load %71[%85] : memref<16xf32>
+              memref.store %148, %74[%78] : memref<16xf32>
+              %149 = memref.load %74[%79] : memref<16xf32>
+              %150 = memref.load %74[%87] : memref<16xf32>
               %151 = arith.addf %149, %150 : f32
-              memref.store %151, %71[%77] : memref<16xf32>
-              %152 = memref.load %71[%78] : memref<16xf32>
-              %153 = memref.load %71[%86] : memref<16xf32>
+              memref.store %151, %74[%79] : memref<16xf32>
+              %152 = memref.load %74[%80] : memref<16xf32>
+              %153 = memref.load %74[%88] : memref<16xf32>
               %154 = arith.addf %152, %153 : f32
-              memref.store %154, %71[%78] : memref<16xf32>
-              %155 = memref.load %71[%3] : memref<16xf32>
-              %156 = memref.load %71[%75] : memref<16xf32>
+              memref.store %154, %74[%80] : memref<16xf32>
+              %155 = memref.load %74[%81] : memref<16xf32>
+              %156 = memref.load %74[%89] : memref<16xf32>
               %157 = arith.addf %155, %156 : f32
-              memref.store %157, %71[%3] : memref<16xf32>
-              %158 = memref.load %71[%6] : memref<16xf32>
-              %159 = memref.load %71[%76] : memref<16xf32>
+              memref.store %157, %74[%81] : memref<16xf32>
+              %158 = memref.load %74[%3] : memref<16xf32>
+              %159 = memref.load %74[%78] : memref<16xf32>
               %160 = arith.addf %158, %159 : f32
-              memref.store %160, %71[%6] : memref<16xf32>
-              %161 = memref.load %71[%73] : memref<16xf32>
-              %162 = memref.load %71[%77] : memref<16xf32>
+              memref.store %160, %74[%3] : memref<16xf32>
+              %161 = memref.load %74[%6] : memref<16xf32>
+              %162 = memref.load %74[%79] : memref<16xf32>
               %163 = arith.addf %161, %162 : f32
-              memref.store %163, %71[%73] : memref<16xf32>
-              %164 = memref.load %71[%74] : memref<16xf32>
-              %165 = memref.load %71[%78] : memref<16xf32>
+              memref.store %163, %74[%6] : memref<16xf32>
+              %164 = memref.load %74[%76] : memref<16xf32>
+              %165 = memref.load %74[%80] : memref<16xf32>
               %166 = arith.addf %164, %165 : f32
-              memref.store %166, %71[%74] : memref<16xf32>
-              %167 = memref.load %71[%3] : memref<16xf32>
-              %168 = memref.load %71[%73] : memref<16xf32>
+              memref.store %166, %74[%76] : memref<16xf32>
+              %167 = memref.load %74[%77] : memref<16xf32>
+              %168 = memref.load %74[%81] : memref<16xf32>
               %169 = arith.addf %167, %168 : f32
-              memref.store %169, %71[%3] : memref<16xf32>
-              %170 = memref.load %71[%6] : memref<16xf32>
-              %171 = memref.load %71[%74] : memref<16xf32>
+              memref.store %169, %74[%77] : memref<16xf32>
+              %170 = memref.load %74[%3] : memref<16xf32>
+              %171 = memref.load %74[%76] : memref<16xf32>
               %172 = arith.addf %170, %171 : f32
-              memref.store %172, %71[%6] : memref<16xf32>
-              %173 = memref.load %71[%3] : memref<16xf32>
-              %174 = memref.load %71[%6] : memref<16xf32>
+              memref.store %172, %74[%3] : memref<16xf32>
+              %173 = memref.load %74[%6] : memref<16xf32>
+              %174 = memref.load %74[%77] : memref<16xf32>
               %175 = arith.addf %173, %174 : f32
-              memref.store %175, %71[%3] : memref<16xf32>
-              %176 = memref.load %71[%3] : memref<16xf32>
-              memref.store %176, %68[] : memref<f32>
-              %177 = memref.load %87[%3] : memref<16xf32>
-              %178 = memref.load %87[%79] : memref<16xf32>
-              %179 = arith.addf %177, %178 : f32
-              memref.store %179, %87[%3] : memref<16xf32>
-              %180 = memref.load %87[%6] : memref<16xf32>
-              %181 = memref.load %87[%80] : memref<16xf32>
+              memref.store %175, %74[%6] : memref<16xf32>
+              %176 = memref.load %74[%3] : memref<16xf32>
+              %177 = memref.load %74[%6] : memref<16xf32>
+              %178 = arith.addf %176, %177 : f32
+              memref.store %178, %74[%3] : memref<16xf32>
+              %179 = memref.load %74[%3] : memref<16xf32>
+              memref.store %179, %68[] : memref<f32>
+              %180 = memref.load %90[%3] : memref<16xf32>
+              %181 = memref.load %90[%82] : memref<16xf32>
               %182 = arith.addf %180, %181 : f32
-              memref.store %182, %87[%6] : memref<16xf32>
-              %183 = memref.load %87[%73] : memref<16xf32>
-              %184 = memref.load %87[%81] : memref<16xf32>
+              memref.store %182, %90[%3] : memref<16xf32>
+              %183 = memref.load %90[%6] : memref<16xf32>
+              %184 = memref.load %90[%83] : memref<16xf32>
               %185 = arith.addf %183, %184 : f32
-              memref.store %185, %87[%73] : memref<16xf32>
-              %186 = memref.load %87[%74] : memref<16xf32>
-              %187 = memref.load %87[%82] : memref<16xf32>
+              memref.store %185, %90[%6] : memref<16xf32>
+              %186 = memref.load %90[%76] : memref<16xf32>
+              %187 = memref.load %90[%84] : memref<16xf32>
               %188 = arith.addf %186, %187 : f32
-              memref.store %188, %87[%74] : memref<16xf32>
-              %189 = memref.load %87[%75] : memref<16xf32>
-              %190 = memref.load %87[%83] : memref<16xf32>
+              memref.store %188, %90[%76] : memref<16xf32>
+              %189 = memref.load %90[%77] : memref<16xf32>
+              %190 = memref.load %90[%85] : memref<16xf32>
               %191 = arith.addf %189, %190 : f32
-              memref.store %191, %87[%75] : memref<16xf32>
-              %192 = memref.load %87[%76] : memref<16xf32>
-              %193 = memref.load %87[%84] : memref<16xf32>
+              memref.store %191, %90[%77] : memref<16xf32>
+              %192 = memref.load %90[%78] : memref<16xf32>
+              %193 = memref.load %90[%86] : memref<16xf32>
               %194 = arith.addf %192, %193 : f32
-              memref.store %194, %87[%76] : memref<16xf32>
-              %195 = memref.load %87[%77] : memref<16xf32>
-              %196 = memref.load %87[%85] : memref<16xf32>
+              memref.store %194, %90[%78] : memref<16xf32>
+              %195 = memref.load %90[%79] : memref<16xf32>
+              %196 = memref.load %90[%87] : memref<16xf32>
               %197 = arith.addf %195, %196 : f32
-              memref.store %197, %87[%77] : memref<16xf32>
-              %198 = memref.load %87[%78] : memref<16xf32>
-              %199 = memref.load %87[%86] : memref<16xf32>
+              memref.store %197, %90[%79] : memref<16xf32>
+              %198 = memref.load %90[%80] : memref<16xf32>
+              %199 = memref.load %90[%88] : memref<16xf32>
               %200 = arith.addf %198, %199 : f32
-              memref.store %200, %87[%78] : memref<16xf32>
-              %201 = memref.load %87[%3] : memref<16xf32>
-              %202 = memref.load %87[%75] : memref<16xf32>
+              memref.store %200, %90[%80] : memref<16xf32>
+              %201 = memref.load %90[%81] : memref<16xf32>
+              %202 = memref.load %90[%89] : memref<16xf32>
               %203 = arith.addf %201, %202 : f32
-              memref.store %203, %87[%3] : memref<16xf32>
-              %204 = memref.load %87[%6] : memref<16xf32>
-              %205 = memref.load %87[%76] : memref<16xf32>
+              memref.store %203, %90[%81] : memref<16xf32>
+              %204 = memref.load %90[%3] : memref<16xf32>
+              %205 = memref.load %90[%78] : memref<16xf32>
               %206 = arith.addf %204, %205 : f32
-              memref.store %206, %87[%6] : memref<16xf32>
-              %207 = memref.load %87[%73] : memref<16xf32>
-              %208 = memref.load %87[%77] : memref<16xf32>
+              memref.store %206, %90[%3] : memref<16xf32>
+              %207 = memref.load %90[%6] : memref<16xf32>
+              %208 = memref.load %90[%79] : memref<16xf32>
               %209 = arith.addf %207, %208 : f32
-              memref.store %209, %87[%73] : memref<16xf32>
-              %210 = memref.load %87[%74] : memref<16xf32>
-              %211 = memref.load %87[%78] : memref<16xf32>
+              memref.store %209, %90[%6] : memref<16xf32>
+              %210 = memref.load %90[%76] : memref<16xf32>
+              %211 = memref.load %90[%80] : memref<16xf32>
               %212 = arith.addf %210, %211 : f32
-              memref.store %212, %87[%74] : memref<16xf32>
-              %213 = memref.load %87[%3] : memref<16xf32>
-              %214 = memref.load %87[%73] : memref<16xf32>
+              memref.store %212, %90[%76] : memref<16xf32>
+              %213 = memref.load %90[%77] : memref<16xf32>
+              %214 = memref.load %90[%81] : memref<16xf32>
               %215 = arith.addf %213, %214 : f32
-              memref.store %215, %87[%3] : memref<16xf32>
-              %216 = memref.load %87[%6] : memref<16xf32>
-              %217 = memref.load %87[%74] : memref<16xf32>
+              memref.store %215, %90[%77] : memref<16xf32>
+              %216 = memref.load %90[%3] : memref<16xf32>
+              %217 = memref.load %90[%76] : memref<16xf32>
               %218 = arith.addf %216, %217 : f32
-              memref.store %218, %87[%6] : memref<16xf32>
-              %219 = memref.load %87[%3] : memref<16xf32>
-              %220 = memref.load %87[%6] : memref<16xf32>
+              memref.store %218, %90[%3] : memref<16xf32>
+              %219 = memref.load %90[%6] : memref<16xf32>
+              %220 = memref.load %90[%77] : memref<16xf32>
               %221 = arith.addf %219, %220 : f32
-              memref.store %221, %87[%3] : memref<16xf32>
-              %222 = memref.load %87[%3] : memref<16xf32>
-              memref.store %222, %70[] : memref<f32>
-              %223 = memref.load %68[] : memref<f32>
-              memref.store %223, %67[] : memref<f32>
-              %224 = memref.load %70[] : memref<f32>
-              memref.store %224, %69[] : memref<f32>
-              %225 = arith.addi %66, %65 : i64
-              %226 = arith.subi %64, %65 : i64
-              %227 = arith.cmpi slt, %225, %226 : i64
+              memref.store %221, %90[%6] : memref<16xf32>
+              %222 = memref.load %90[%3] : memref<16xf32>
+              %223 = memref.load %90[%6] : memref<16xf32>
+              %224 = arith.addf %222, %223 : f32
+              memref.store %224, %90[%3] : memref<16xf32>
+              %225 = memref.load %90[%3] : memref<16xf32>
+              memref.store %225, %70[] : memref<f32>
+              %226 = memref.load %68[] : memref<f32>
+              memref.store %226, %67[] : memref<f32>
+              %227 = memref.load %70[] : memref<f32>
+              memref.store %227, %69[] : memref<f32>
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%228: index):
                 %229 = arith.index_cast %228 : index to i64
@@ -875,244 +875,244 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = memref.alloca() : memref<16xf32>
-              %72 = memref.load %68[] : memref<f32>
-              memref.store %72, %71[%3] : memref<16xf32>
-              memref.store %59, %71[%6] : memref<16xf32>
-              %73 = arith.constant 2 : index
-              memref.store %59, %71[%73] : memref<16xf32>
-              %74 = arith.constant 3 : index
-              memref.store %59, %71[%74] : memref<16xf32>
-              %75 = arith.constant 4 : index
-              memref.store %59, %71[%75] : memref<16xf32>
-              %76 = arith.constant 5 : index
-              memref.store %59, %71[%76] : memref<16xf32>
-              %77 = arith.constant 6 : index
-              memref.store %59, %71[%77] : memref<16xf32>
-              %78 = arith.constant 7 : index
-              memref.store %59, %71[%78] : memref<16xf32>
-              %79 = arith.constant 8 : index
-              memref.store %59, %71[%79] : memref<16xf32>
-              %80 = arith.constant 9 : index
-              memref.store %59, %71[%80] : memref<16xf32>
-              %81 = arith.constant 10 : index
-              memref.store %59, %71[%81] : memref<16xf32>
-              %82 = arith.constant 11 : index
-              memref.store %59, %71[%82] : memref<16xf32>
-              %83 = arith.constant 12 : index
-              memref.store %59, %71[%83] : memref<16xf32>
-              %84 = arith.constant 13 : index
-              memref.store %59, %71[%84] : memref<16xf32>
-              %85 = arith.constant 14 : index
-              memref.store %59, %71[%85] : memref<16xf32>
-              %86 = arith.constant 15 : index
-              memref.store %59, %71[%86] : memref<16xf32>
-              %87 = memref.alloca() : memref<16xf32>
-              %88 = memref.load %70[] : memref<f32>
-              memref.store %88, %87[%3] : memref<16xf32>
-              memref.store %59, %87[%6] : memref<16xf32>
-              memref.store %59, %87[%73] : memref<16xf32>
-              memref.store %59, %87[%74] : memref<16xf32>
-              memref.store %59, %87[%75] : memref<16xf32>
-              memref.store %59, %87[%76] : memref<16xf32>
-              memref.store %59, %87[%77] : memref<16xf32>
-              memref.store %59, %87[%78] : memref<16xf32>
-              memref.store %59, %87[%79] : memref<16xf32>
-              memref.store %59, %87[%80] : memref<16xf32>
-              memref.store %59, %87[%81] : memref<16xf32>
-              memref.store %59, %87[%82] : memref<16xf32>
-              memref.store %59, %87[%83] : memref<16xf32>
-              memref.store %59, %87[%84] : memref<16xf32>
-              memref.store %59, %87[%85] : memref<16xf32>
-              memref.store %59, %87[%86] : memref<16xf32>
-              %89 = arith.subi %8, %41 : i64
-              %90 = arith.maxsi %89, %41 : i64
-              %91 = arith.constant 16 : i64
-              %92 = arith.divsi %90, %91 : i64
-              %93 = arith.muli %92, %91 : i64
-              %94 = arith.addi %41, %93 : i64
-              scf.for %95 = %41 to %94 step %91 : i64 {
-                %96 = arith.constant 16 : index
-                scf.for %97 = %3 to %96 step %6 {
-                  %98 = arith.index_cast %97 : index to i64
-                  %99 = arith.addi %95, %98 : i64
-                  %100 = arith.index_cast %66 : i64 to index
-                  %101 = arith.index_cast %99 : i64 to index
-                  %102 = memref.load %x[%100, %101] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %103 = arith.extf %102 : bf16 to f32
-                  %104 = arith.mulf %103, %103 : f32
-                  %105 = memref.load %71[%97] : memref<16xf32>
-                  %106 = arith.addf %105, %104 : f32
-                  memref.store %106, %71[%97] : memref<16xf32>
-                  %107 = memref.load %grad_y[%100, %101] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %108 = arith.extf %107 : bf16 to f32
-                  %109 = memref.load %w[%101] : memref<?xbf16, strided<[?], offset: ?>>
-                  %110 = arith.extf %109 : bf16 to f32
-                  %111 = arith.mulf %108, %110 : f32
-                  %112 = memref.load %x[%100, %101] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              %71 = arith.addi %66, %65 : i64
+              %72 = arith.subi %64, %65 : i64
+              %73 = arith.cmpi slt, %71, %72 : i64
+              %74 = memref.alloca() : memref<16xf32>
+              %75 = memref.load %68[] : memref<f32>
+              memref.store %75, %74[%3] : memref<16xf32>
+              memref.store %59, %74[%6] : memref<16xf32>
+              %76 = arith.constant 2 : index
+              memref.store %59, %74[%76] : memref<16xf32>
+              %77 = arith.constant 3 : index
+              memref.store %59, %74[%77] : memref<16xf32>
+              %78 = arith.constant 4 : index
+              memref.store %59, %74[%78] : memref<16xf32>
+              %79 = arith.constant 5 : index
+              memref.store %59, %74[%79] : memref<16xf32>
+              %80 = arith.constant 6 : index
+              memref.store %59, %74[%80] : memref<16xf32>
+              %81 = arith.constant 7 : index
+              memref.store %59, %74[%81] : memref<16xf32>
+              %82 = arith.constant 8 : index
+              memref.store %59, %74[%82] : memref<16xf32>
+              %83 = arith.constant 9 : index
+              memref.store %59, %74[%83] : memref<16xf32>
+              %84 = arith.constant 10 : index
+              memref.store %59, %74[%84] : memref<16xf32>
+              %85 = arith.constant 11 : index
+              memref.store %59, %74[%85] : memref<16xf32>
+              %86 = arith.constant 12 : index
+              memref.store %59, %74[%86] : memref<16xf32>
+              %87 = arith.constant 13 : index
+              memref.store %59, %74[%87] : memref<16xf32>
+              %88 = arith.constant 14 : index
+              memref.store %59, %74[%88] : memref<16xf32>
+              %89 = arith.constant 15 : index
+              memref.store %59, %74[%89] : memref<16xf32>
+              %90 = memref.alloca() : memref<16xf32>
+              %91 = memref.load %70[] : memref<f32>
+              memref.store %91, %90[%3] : memref<16xf32>
+              memref.store %59, %90[%6] : memref<16xf32>
+              memref.store %59, %90[%76] : memref<16xf32>
+              memref.store %59, %90[%77] : memref<16xf32>
+              memref.store %59, %90[%78] : memref<16xf32>
+              memref.store %59, %90[%79] : memref<16xf32>
+              memref.store %59, %90[%80] : memref<16xf32>
+              memref.store %59, %90[%81] : memref<16xf32>
+              memref.store %59, %90[%82] : memref<16xf32>
+              memref.store %59, %90[%83] : memref<16xf32>
+              memref.store %59, %90[%84] : memref<16xf32>
+              memref.store %59, %90[%85] : memref<16xf32>
+              memref.store %59, %90[%86] : memref<16xf32>
+              memref.store %59, %90[%87] : memref<16xf32>
+              memref.store %59, %90[%88] : memref<16xf32>
+              memref.store %59, %90[%89] : memref<16xf32>
+              %92 = arith.subi %8, %41 : i64
+              %93 = arith.maxsi %92, %41 : i64
+              %94 = arith.constant 16 : i64
+              %95 = arith.divsi %93, %94 : i64
+              %96 = arith.muli %95, %94 : i64
+              %97 = arith.addi %41, %96 : i64
+              scf.for %98 = %41 to %97 step %94 : i64 {
+                %99 = arith.constant 16 : index
+                scf.for %100 = %3 to %99 step %6 {
+                  %101 = arith.index_cast %100 : index to i64
+                  %102 = arith.addi %98, %101 : i64
+                  %103 = arith.index_cast %66 : i64 to index
+                  %104 = arith.index_cast %102 : i64 to index
+                  %105 = memref.load %x[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %106 = arith.extf %105 : bf16 to f32
+                  %107 = arith.mulf %106, %106 : f32
+                  %108 = memref.load %74[%100] : memref<16xf32>
+                  %109 = arith.addf %108, %107 : f32
+                  memref.store %109, %74[%100] : memref<16xf32>
+                  %110 = memref.load %grad_y[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %111 = arith.extf %110 : bf16 to f32
+                  %112 = memref.load %w[%104] : memref<?xbf16, strided<[?], offset: ?>>
                   %113 = arith.extf %112 : bf16 to f32
                   %114 = arith.mulf %111, %113 : f32
-                  %115 = memref.load %87[%97] : memref<16xf32>
-                  %116 = arith.addf %115, %114 : f32
-                  memref.store %116, %87[%97] : memref<16xf32>
+                  %115 = memref.load %x[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %116 = arith.extf %115 : bf16 to f32
+                  %117 = arith.mulf %114, %116 : f32
+                  %118 = memref.load %90[%100] : memref<16xf32>
+                  %119 = arith.addf %118, %117 : f32
+                  memref.store %119, %90[%100] : memref<16xf32>
                 }
               }
-              %117 = arith.subi %8, %94 : i64
-              %118 = arith.index_cast %117 : i64 to index
-              scf.for %119 = %3 to %118 step %6 {
-                %120 = arith.index_cast %119 : index to i64
-                %121 = arith.addi %94, %120 : i64
-                %122 = arith.index_cast %66 : i64 to index
-                %123 = arith.index_cast %121 : i64 to index
-                %124 = memref.load %x[%122, %123] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %125 = arith.extf %124 : bf16 to f32
-                %126 = arith.mulf %125, %125 : f32
-                %127 = memref.load %71[%119] : memref<16xf32>
-                %128 = arith.addf %127, %126 : f32
-                memref.store %128, %71[%119] : memref<16xf32>
-                %129 = memref.load %grad_y[%122, %123] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %130 = arith.extf %129 : bf16 to f32
-                %131 = memref.load %w[%123] : memref<?xbf16, strided<[?], offset: ?>>
-                %132 = arith.extf %131 : bf16 to f32
-                %133 = arith.mulf %130, %132 : f32
-                %134 = memref.load %x[%122, %123] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              %120 = arith.subi %8, %97 : i64
+              %121 = arith.index_cast %120 : i64 to index
+              scf.for %122 = %3 to %121 step %6 {
+                %123 = arith.index_cast %122 : index to i64
+                %124 = arith.addi %97, %123 : i64
+                %125 = arith.index_cast %66 : i64 to index
+                %126 = arith.index_cast %124 : i64 to index
+                %127 = memref.load %x[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %128 = arith.extf %127 : bf16 to f32
+                %129 = arith.mulf %128, %128 : f32
+                %130 = memref.load %74[%122] : memref<16xf32>
+                %131 = arith.addf %130, %129 : f32
+                memref.store %131, %74[%122] : memref<16xf32>
+                %132 = memref.load %grad_y[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %133 = arith.extf %132 : bf16 to f32
+                %134 = memref.load %w[%126] : memref<?xbf16, strided<[?], offset: ?>>
                 %135 = arith.extf %134 : bf16 to f32
                 %136 = arith.mulf %133, %135 : f32
-                %137 = memref.load %87[%119] : memref<16xf32>
-                %138 = arith.addf %137, %136 : f32
-                memref.store %138, %87[%119] : memref<16xf32>
+                %137 = memref.load %x[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %138 = arith.extf %137 : bf16 to f32
+                %139 = arith.mulf %136, %138 : f32
+                %140 = memref.load %90[%122] : memref<16xf32>
+                %141 = arith.addf %140, %139 : f32
+                memref.store %141, %90[%122] : memref<16xf32>
               }
-              %139 = memref.load %71[%3] : memref<16xf32>
-              %140 = memref.load %71[%79] : memref<16xf32>
-              %141 = arith.addf %139, %140 : f32
-              memref.store %141, %71[%3] : memref<16xf32>
-              %142 = memref.load %71[%6] : memref<16xf32>
-              %143 = memref.load %71[%80] : memref<16xf32>
+              %142 = memref.load %74[%3] : memref<16xf32>
+              %143 = memref.load %74[%82] : memref<16xf32>
               %144 = arith.addf %142, %143 : f32
-              memref.store %144, %71[%6] : memref<16xf32>
-              %145 = memref.load %71[%73] : memref<16xf32>
-              %146 = memref.load %71[%81] : memref<16xf32>
+              memref.store %144, %74[%3] : memref<16xf32>
+              %145 = memref.load %74[%6] : memref<16xf32>
+              %146 = memref.load %74[%83] : memref<16xf32>
               %147 = arith.addf %145, %146 : f32
-              memref.store %147, %71[%73] : memref<16xf32>
-              %148 = memref.load %71[%74] : memref<16xf32>
-              %149 = memref.load %71[%82] : memref<16xf32>
+              memref.store %147, %74[%6] : memref<16xf32>
+              %148 = memref.load %74[%76] : memref<16xf32>
+              %149 = memref.load %74[%84] : memref<16xf32>
               %150 = arith.addf %148, %149 : f32
-              memref.store %150, %71[%74] : memref<16xf32>
-              %151 = memref.load %71[%75] : memref<16xf32>
-              %152 = memref.load %71[%83] : memref<16xf32>
+              memref.store %150, %74[%76] : memref<16xf32>
+              %151 = memref.load %74[%77] : memref<16xf32>
+              %152 = memref.load %74[%85] : memref<16xf32>
               %153 = arith.addf %151, %152 : f32
-              memref.store %153, %71[%75] : memref<16xf32>
-              %154 = memref.load %71[%76] : memref<16xf32>
-              %155 = memref.load %71[%84] : memref<16xf32>
+              memref.store %153, %74[%77] : memref<16xf32>
+              %154 = memref.load %74[%78] : memref<16xf32>
+              %155 = memref.load %74[%86] : memref<16xf32>
               %156 = arith.addf %154, %155 : f32
-              memref.store %156, %71[%76] : memref<16xf32>
-              %157 = memref.load %71[%77] : memref<16xf32>
-              %158 = memref.load %71[%85] : memref<16xf32>
+              memref.store %156, %74[%78] : memref<16xf32>
+              %157 = memref.load %74[%79] : memref<16xf32>
+              %158 = memref.load %74[%87] : memref<16xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %71[%77] : memref<16xf32>
-              %160 = memref.load %71[%78] : memref<16xf32>
-              %161 = memref.load %71[%86] : memref<16xf32>
+              memref.store %159, %74[%79] : memref<16xf32>
+              %160 = memref.load %74[%80] : memref<16xf32>
+              %161 = memref.load %74[%88] : memref<16xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %71[%78] : memref<16xf32>
-              %163 = memref.load %71[%3] : memref<16xf32>
-              %164 = memref.load %71[%75] : memref<16xf32>
+              memref.store %162, %74[%80] : memref<16xf32>
+              %163 = memref.load %74[%81] : memref<16xf32>
+              %164 = memref.load %74[%89] : memref<16xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %71[%3] : memref<16xf32>
-              %166 = memref.load %71[%6] : memref<16xf32>
-              %167 = memref.load %71[%76] : memref<16xf32>
+              memref.store %165, %74[%81] : memref<16xf32>
+              %166 = memref.load %74[%3] : memref<16xf32>
+              %167 = memref.load %74[%78] : memref<16xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %71[%6] : memref<16xf32>
-              %169 = memref.load %71[%73] : memref<16xf32>
-              %170 = memref.load %71[%77] : memref<16xf32>
+              memref.store %168, %74[%3] : memref<16xf32>
+              %169 = memref.load %74[%6] : memref<16xf32>
+              %170 = memref.load %74[%79] : memref<16xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %71[%73] : memref<16xf32>
-              %172 = memref.load %71[%74] : memref<16xf32>
-              %173 = memref.load %71[%78] : memref<16xf32>
+              memref.store %171, %74[%6] : memref<16xf32>
+              %172 = memref.load %74[%76] : memref<16xf32>
+              %173 = memref.load %74[%80] : memref<16xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %71[%74] : memref<16xf32>
-              %175 = memref.load %71[%3] : memref<16xf32>
-              %176 = memref.load %71[%73] : memref<16xf32>
+              memref.store %174, %74[%76] : memref<16xf32>
+              %175 = memref.load %74[%77] : memref<16xf32>
+              %176 = memref.load %74[%81] : memref<16xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %71[%3] : memref<16xf32>
-              %178 = memref.load %71[%6] : memref<16xf32>
-              %179 = memref.load %71[%74] : memref<16xf32>
+              memref.store %177, %74[%77] : memref<16xf32>
+              %178 = memref.load %74[%3] : memref<16xf32>
+              %179 = memref.load %74[%76] : memref<16xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %71[%6] : memref<16xf32>
-              %181 = memref.load %71[%3] : memref<16xf32>
-              %182 = memref.load %71[%6] : memref<16xf32>
+              memref.store %180, %74[%3] : memref<16xf32>
+              %181 = memref.load %74[%6] : memref<16xf32>
+              %182 = memref.load %74[%77] : memref<16xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %71[%3] : memref<16xf32>
-              %184 = memref.load %71[%3] : memref<16xf32>
-              memref.store %184, %68[] : memref<f32>
-              %185 = memref.load %87[%3] : memref<16xf32>
-              %186 = memref.load %87[%79] : memref<16xf32>
-              %187 = arith.addf %185, %186 : f32
-              memref.store %187, %87[%3] : memref<16xf32>
-              %188 = memref.load %87[%6] : memref<16xf32>
-              %189 = memref.load %87[%80] : memref<16xf32>
+              memref.store %183, %74[%6] : memref<16xf32>
+              %184 = memref.load %74[%3] : memref<16xf32>
+              %185 = memref.load %74[%6] : memref<16xf32>
+              %186 = arith.addf %184, %185 : f32
+              memref.store %186, %74[%3] : memref<16xf32>
+              %187 = memref.load %74[%3] : memref<16xf32>
+              memref.store %187, %68[] : memref<f32>
+              %188 = memref.load %90[%3] : memref<16xf32>
+              %189 = memref.load %90[%82] : memref<16xf32>
               %190 = arith.addf %188, %189 : f32
-              memref.store %190, %87[%6] : memref<16xf32>
-              %191 = memref.load %87[%73] : memref<16xf32>
-              %192 = memref.load %87[%81] : memref<16xf32>
+              memref.store %190, %90[%3] : memref<16xf32>
+              %191 = memref.load %90[%6] : memref<16xf32>
+              %192 = memref.load %90[%83] : memref<16xf32>
               %193 = arith.addf %191, %192 : f32
-              memref.store %193, %87[%73] : memref<16xf32>
-              %194 = memref.load %87[%74] : memref<16xf32>
-              %195 = memref.load %87[%82] : memref<16xf32>
+              memref.store %193, %90[%6] : memref<16xf32>
+              %194 = memref.load %90[%76] : memref<16xf32>
+              %195 = memref.load %90[%84] : memref<16xf32>
               %196 = arith.addf %194, %195 : f32
-              memref.store %196, %87[%74] : memref<16xf32>
-              %197 = memref.load %87[%75] : memref<16xf32>
-              %198 = memref.load %87[%83] : memref<16xf32>
+              memref.store %196, %90[%76] : memref<16xf32>
+              %197 = memref.load %90[%77] : memref<16xf32>
+              %198 = memref.load %90[%85] : memref<16xf32>
               %199 = arith.addf %197, %198 : f32
-              memref.store %199, %87[%75] : memref<16xf32>
-              %200 = memref.load %87[%76] : memref<16xf32>
-              %201 = memref.load %87[%84] : memref<16xf32>
+              memref.store %199, %90[%77] : memref<16xf32>
+              %200 = memref.load %90[%78] : memref<16xf32>
+              %201 = memref.load %90[%86] : memref<16xf32>
               %202 = arith.addf %200, %201 : f32
-              memref.store %202, %87[%76] : memref<16xf32>
-              %203 = memref.load %87[%77] : memref<16xf32>
-              %204 = memref.load %87[%85] : memref<16xf32>
+              memref.store %202, %90[%78] : memref<16xf32>
+              %203 = memref.load %90[%79] : memref<16xf32>
+              %204 = memref.load %90[%87] : memref<16xf32>
               %205 = arith.addf %203, %204 : f32
-              memref.store %205, %87[%77] : memref<16xf32>
-              %206 = memref.load %87[%78] : memref<16xf32>
-              %207 = memref.load %87[%86] : memref<16xf32>
+              memref.store %205, %90[%79] : memref<16xf32>
+              %206 = memref.load %90[%80] : memref<16xf32>
+              %207 = memref.load %90[%88] : memref<16xf32>
               %208 = arith.addf %206, %207 : f32
-              memref.store %208, %87[%78] : memref<16xf32>
-              %209 = memref.load %87[%3] : memref<16xf32>
-              %210 = memref.load %87[%75] : memref<16xf32>
+              memref.store %208, %90[%80] : memref<16xf32>
+              %209 = memref.load %90[%81] : memref<16xf32>
+              %210 = memref.load %90[%89] : memref<16xf32>
               %211 = arith.addf %209, %210 : f32
-              memref.store %211, %87[%3] : memref<16xf32>
-              %212 = memref.load %87[%6] : memref<16xf32>
-              %213 = memref.load %87[%76] : memref<16xf32>
+              memref.store %211, %90[%81] : memref<16xf32>
+              %212 = memref.load %90[%3] : memref<16xf32>
+              %213 = memref.load %90[%78] : memref<16xf32>
               %214 = arith.addf %212, %213 : f32
-              memref.store %214, %87[%6] : memref<16xf32>
-              %215 = memref.load %87[%73] : memref<16xf32>
-              %216 = memref.load %87[%77] : memref<16xf32>
+              memref.store %214, %90[%3] : memref<16xf32>
+              %215 = memref.load %90[%6] : memref<16xf32>
+              %216 = memref.load %90[%79] : memref<16xf32>
               %217 = arith.addf %215, %216 : f32
-              memref.store %217, %87[%73] : memref<16xf32>
-              %218 = memref.load %87[%74] : memref<16xf32>
-              %219 = memref.load %87[%78] : memref<16xf32>
+              memref.store %217, %90[%6] : memref<16xf32>
+              %218 = memref.load %90[%76] : memref<16xf32>
+              %219 = memref.load %90[%80] : memref<16xf32>
               %220 = arith.addf %218, %219 : f32
-              memref.store %220, %87[%74] : memref<16xf32>
-              %221 = memref.load %87[%3] : memref<16xf32>
-              %222 = memref.load %87[%73] : memref<16xf32>
+              memref.store %220, %90[%76] : memref<16xf32>
+              %221 = memref.load %90[%77] : memref<16xf32>
+              %222 = memref.load %90[%81] : memref<16xf32>
               %223 = arith.addf %221, %222 : f32
-              memref.store %223, %87[%3] : memref<16xf32>
-              %224 = memref.load %87[%6] : memref<16xf32>
-              %225 = memref.load %87[%74] : memref<16xf32>
+              memref.store %223, %90[%77] : memref<16xf32>
+              %224 = memref.load %90[%3] : memref<16xf32>
+              %225 = memref.load %90[%76] : memref<16xf32>
               %226 = arith.addf %224, %225 : f32
-              memref.store %226, %87[%6] : memref<16xf32>
-              %227 = memref.load %87[%3] : memref<16xf32>
-              %228 = memref.load %87[%6] : memref<16xf32>
+              memref.store %226, %90[%3] : memref<16xf32>
+              %227 = memref.load %90[%6] : memref<16xf32>
+              %228 = memref.load %90[%77] : memref<16xf32>
               %229 = arith.addf %227, %228 : f32
-              memref.store %229, %87[%3] : memref<16xf32>
-              %230 = memref.load %87[%3] : memref<16xf32>
-              memref.store %230, %70[] : memref<f32>
-              %231 = memref.load %68[] : memref<f32>
-              memref.store %231, %67[] : memref<f32>
-              %232 = memref.load %70[] : memref<f32>
-              memref.store %232, %69[] : memref<f32>
-              %233 = arith.addi %66, %65 : i64
-              %234 = arith.subi %64, %65 : i64
-              %235 = arith.cmpi slt, %233, %234 : i64
+              memref.store %229, %90[%6] : memref<16xf32>
+              %230 = memref.load %90[%3] : memref<16xf32>
+              %231 = memref.load %90[%6] : memref<16xf32>
+              %232 = arith.addf %230, %231 : f32
+              memref.store %232, %90[%3] : memref<16xf32>
+              %233 = memref.load %90[%3] : memref<16xf32>
+              memref.store %233, %70[] : memref<f32>
+              %234 = memref.load %68[] : memref<f32>
+              memref.store %234, %67[] : memref<f32>
+              %235 = memref.load %70[] : memref<f32>
+              memref.store %235, %69[] : memref<f32>
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%236: index):
                 %237 = arith.index_cast %236 : index to i64

@@ -420,7 +420,9 @@ class CPrinter:
         elif isinstance(op, s.PackOp):
             self.pack(op)
         elif isinstance(op, s.PrefetchOp):
-            self.line(f"OPGEN_PREFETCH({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+            narrow = self.dtype(s.buf_type(op.buf).dtype).itemsize < 4
+            if op.element is None or op.element.data == ("narrow" if narrow else "wide"):
+                self.line(f"OPGEN_PREFETCH({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
             self.names[op.result] = self.dim(op.dim.data)
         elif op.results:
@@ -533,9 +535,16 @@ class CPrinter:
             self.line(f"for (int l = 0; l < {LANES}; l++) {ln}[l] = {init};")
         base = self.fresh("r")
         self.line(f"int64_t {base} = {lo};")
+        hints = [o for o in op.body.block.ops if isinstance(o, s.PrefetchOp)]  # (once a strip, at its start)
+        rest = [o for o in op.body.block.ops if not isinstance(o, s.PrefetchOp)]
         for main in (True, False):
             if main:
                 self.line(f"for (; {base} + {LANES} <= {hi}; {base} += {LANES}) {{")
+                self.depth += 1
+                self.names[op.iv] = base
+                self.walk(iter(hints))
+                self.names[op.iv] = iv
+                self.depth -= 1
                 self.line(f"    for (int l = 0; l < {LANES}; l++) {{")
             else:
                 self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
@@ -545,7 +554,7 @@ class CPrinter:
             saved = dict(self.lanes)
             for buf, ln in lane_names.items():
                 self.lanes[buf] = f"{ln}[l]"
-            self.walk(iter(op.body.block.ops))
+            self.walk(iter(rest))
             self.lanes = saved
             self.depth -= 2
             self.line("    }")

@@ -24,13 +24,14 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   prefetches the same row's columns of the *next* row (:func:`next_rows`), which the
   sibling loop will read next: the second pass over a row (softmax's, a norm's gradient) then
   keeps memory busy while it computes (softmax backward, 8192x4096, 2 threads, outputs given:
-  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16).
+  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16). Where a lanes loop made that first pass, it gets the
+  same prefetches for narrow elements (:func:`_prefetch_next_rows`);
 
 * ``staged``: a store of a stream loop into a caller's row (:func:`staged_stores`): in a bf16
   instance the strip's values stay in f32 and the whole strip is rounded at once (the runtime's
   ``opgen_bf16_store_strip``: one ``vcvtne2ps2bf16`` per 32 values on AVX512-BF16, the same bits
   as the scalar rounding). The compiler's vectorised scalar rounding took ten instructions per
-  16 values (GELU backward bf16, 8192x4096, outputs given: 17.4 -> 15.3 ms).
+  16 values (GELU backward bf16, 8192x4096, outputs given: 17.0 -> 16.1 ms; SiLU 11.3 -> 10.1).
 
 Everything else is a plain C loop. ``opgen show OP --target cpu --stage map-cpu`` shows the
 decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
@@ -96,11 +97,11 @@ def independent(op: s.ForOp) -> bool:
     return True
 
 
-def _row_loads(op: s.ForOp) -> list[s.LoadOp]:
-    """The loads of an :func:`independent` loop ``op`` that read rows of 2-D or larger buffers:
-    indexed by enclosing loops' counters only, ``op``'s last and nowhere else (one per buffer
-    and index)."""
-    if not independent(op):
+def _row_loads(op: s.ForOp, lanes: bool = False) -> list[s.LoadOp]:
+    """The loads of an :func:`independent` loop ``op`` (or, ``lanes``, of a lanes loop) that read
+    rows of 2-D or larger buffers: indexed by enclosing loops' counters only, ``op``'s last and
+    nowhere else (one per buffer and index)."""
+    if not (lanes or independent(op)):
         return []
     out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
     for ld in op.body.block.ops:
@@ -148,20 +149,49 @@ def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> lis
             and ld.idx[-2] is parent.iv]
 
 
+def _first_pass(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> list[s.LoadOp]:
+    """The row loads of the lanes loop before ``o`` in its block that first read the rows of
+    ``loads`` (the row's first pass: a norm's or softmax's row sums), one per buffer; [] when
+    there is none."""
+    bufs = {ld.buf for ld in loads}
+    for prev in o.parent_block().ops:
+        if prev is o:
+            return []
+        if isinstance(prev, s.ForOp) and cpu_mapping(prev) == CpuMapping.LANES:
+            mine = {ld.buf: ld for ld in _row_loads(prev, lanes=True) if ld.buf in bufs and ld.idx[-2] is parent.iv}
+            if mine:
+                return list(mine.values())
+    return []
+
+
 def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
-    """Before ``o``: the next row's counter, ``min(r + 1, hi - 1)`` (a row the loop reads: the
-    last row prefetches itself, and no row past the tensor is named); at the start of ``o``'s
-    strips: a prefetch of each load's element in that row."""
+    """The next row's counter, ``min(r + 1, hi - 1)`` (a row the loop reads: the last row
+    prefetches itself, and no row past the tensor is named), before the row's first pass; and a
+    prefetch of each load's element in that row, at the start of ``o``'s strips. Where a lanes
+    loop made the first pass over those rows, narrow elements (bf16, f16) are prefetched there
+    instead (``element`` narrow there, wide in ``o``): with two bytes an element, the second pass
+    computes long enough per byte that prefetching during both passes pays (RMSNorm backward bf16
+    8192x4096, 2 threads, outputs given: 13.3 -> 11.3 ms; LayerNorm 14.8 -> 13.4), while f32 rows
+    are faster prefetched in the second pass only (RMSNorm f32 4-5% and LayerNorm f32 11% slower
+    the other way)."""
+    first = _first_pass(o, parent, loads)
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
     last = ir.SubOp(parent.hi, one.result)
     row = ir.MinOp(nxt.result, last.result)
+    at = first[0].parent_op() if first else o
     for new in (one, nxt, last, row):
-        o.parent_block().insert_op_before(new, o)
-    first = o.body.block.first_op
+        at.parent_block().insert_op_before(new, at)
+    start = o.body.block.first_op
     for ld in loads:
         idx = [row.result if i is parent.iv else i for i in ld.idx]
-        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0), first)
+        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0, "wide" if first else None), start)
+    if first:
+        loop = first[0].parent_op()
+        start = loop.body.block.first_op
+        for ld in first:
+            idx = [row.result if i is parent.iv else i for i in ld.idx]
+            loop.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0, "narrow"), start)
 
 
 def _map(op: Operation, in_parallel: bool) -> None:

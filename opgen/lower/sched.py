@@ -390,22 +390,32 @@ class LoadOp(IRDLOperation):
 @irdl_op_definition
 class PrefetchOp(IRDLOperation):
     """A hint that the bytes ``ahead`` (0 or more) past element ``buf[idx...]`` will be read
-    soon (a target's software prefetch; it reads nothing, never faults, and may be dropped)."""
+    soon (a target's software prefetch; it reads nothing, never faults, and may be dropped).
+
+    ``element`` (optional): the hint holds only in instances whose ``buf`` element is ``narrow``
+    (under 4 bytes: bf16, f16) or ``wide`` (4 bytes or more); a target drops it in the others.
+    map-cpu places the next row's prefetch in either of two loops this way (opgen/lower/cpu_map.py)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
     idx = var_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
+    element = opt_prop_def(StringAttr)
     traits = traits_def(MemoryReadEffect())
-    assembly_format = "$buf `[` $idx `]` `ahead` $ahead attr-dict `:` type($buf)"
+    assembly_format = "$buf `[` $idx `]` `ahead` $ahead (`for` $element^)? attr-dict `:` type($buf)"
 
-    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int):
-        super().__init__(operands=[buf, idx], properties={"ahead": IntAttr(ahead)})
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, element: str | None = None):
+        props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
+        if element is not None:
+            props["element"] = StringAttr(element)
+        super().__init__(operands=[buf, idx], properties=props)
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
         if self.ahead.data < 0:
             raise VerifyException("sched.prefetch: ahead must be a number of bytes, 0 or more")
+        if self.element is not None and self.element.data not in ("narrow", "wide"):
+            raise VerifyException("sched.prefetch: element must be narrow or wide")
 
 
 @irdl_op_definition
