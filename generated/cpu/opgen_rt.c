@@ -586,7 +586,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
     }
 #define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
     uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
-    float tmp[32 * 32]; \
+    _Alignas(64) float tmp[32 * 32]; \
     tile_config(); \
     for (int64_t rb = blocks * (t) / (T); rb < blocks * ((t) + 1) / (T); rb++) { \
         const int64_t i0 = rb * OUT_RB, rows = m - i0 < OUT_RB ? m - i0 : OUT_RB; \
@@ -602,8 +602,8 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
                     for (int64_t a = 0; a < 32; a++) \
                         for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
                 amx_kernel_all_k(k, pa + i * BKC, (int64_t)sa, pb, (int64_t)sb, j / 16, tmp, 32, accumulate); \
-                for (int64_t a = 0; a < r; a++) \
-                    for (int64_t b = 0; b < q; b++) c[a * ldc + b] = opgen_f32_to_bf16(tmp[a * 32 + b]); \
+                for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */ \
+                    opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q); \
             } \
     } \
     _tile_release(); \
