@@ -170,10 +170,10 @@ def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> N
     prefetch of each load's element in that row, at the start of ``o``'s strips. Where a lanes
     loop made the first pass over those rows, narrow elements (bf16, f16) are prefetched there
     instead (``element`` narrow there, wide in ``o``): with two bytes an element, the second pass
-    computes long enough per byte that prefetching during both passes pays (RMSNorm backward bf16
-    8192x4096, 2 threads, outputs given: 13.3 -> 11.3 ms; LayerNorm 14.8 -> 13.4), while f32 rows
-    are faster prefetched in the second pass only (RMSNorm f32 4-5% and LayerNorm f32 11% slower
-    the other way)."""
+    computes long enough per byte that spreading the next row's fetches over the first pass pays
+    (RMSNorm backward bf16 8192x4096, 2 threads, outputs given: 13.2 -> 10.7 ms; softmax bf16
+    7.6 -> 7.0 ms), while f32 rows are faster prefetched in the second pass only (RMSNorm f32
+    4-5% and LayerNorm f32 11% slower the other way: docs/backend_cpu.md)."""
     first = _first_pass(o, parent, loads)
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
