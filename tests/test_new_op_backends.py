@@ -461,7 +461,7 @@ def test_stream_loops_prefetch_rows_read_first(built):
     assert "+ 16 <= d_D; " in f32[:f32.index("return OPGEN_SUCCESS")]
     assert "+ 32 <= d_D; " in bf16[:bf16.index("return OPGEN_SUCCESS")]
     assert text.count("OPGEN_PREFETCH(p_grad, ") == text.count("OPGEN_PREFETCH(p_x, ") > 0
-    assert "OPGEN_PREFETCH(p_dx" not in text
+    assert "OPGEN_PREFETCH(p_dx" not in text and "OPGEN_PREFETCH_W(" not in text  # (one pass: no write hint)
 
 
 @pytest.mark.parametrize("T", ["f32", "bf16"])
@@ -514,8 +514,9 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     computing grad_x re-reads them from cache, so instead of its own row it prefetches the same
     columns of the next row (``min(r + 1, hi - 1)``: the last row names itself, never a row past
     the tensor), which the row sums read next — in f32 instances; in bf16 ones the row sums
-    prefetch the next row themselves (``element`` wide / narrow). w (one row for all) and the
-    output are never prefetched; the row sums' loop itself is not a stream."""
+    prefetch the next row themselves (``element`` wide / narrow). w (one row for all) is never
+    prefetched, and the output only for writing, 2 KiB ahead in its own row (a second pass);
+    the row sums' loop itself is not a stream."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
     from opgen.passes import pipeline
@@ -532,8 +533,12 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     firsts = [o for o in rows if any(isinstance(x, s.PrefetchOp) for x in o.body.block.ops)]
     before_sums = list(outer.body.block.ops)[:list(outer.body.block.ops).index(rows[0])]
     assert firsts == [rows[0]]
+    (write,) = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is not None]
+    (store,) = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp)]
+    assert names[write.buf] == "grad_x" and list(write.idx) == list(store.idx)  # (its output, owned ahead)
+    assert write.ahead.data == cpu_map.PREFETCH_AHEAD and write.element is None
     for where, element in ((loop, "wide"), (rows[0], "narrow")):
-        hints = [x for x in where.body.block.ops if isinstance(x, s.PrefetchOp)]
+        hints = [x for x in where.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is None]
         assert sorted(names[x.buf] for x in hints) == ["grad_y", "x"]
         for h in hints:
             assert h.ahead.data == 0 and h.idx[-1] is where.iv and h.element.data == element
@@ -544,6 +549,7 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
             assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
     text = cpu.op_source(built["ops"]["ln_cast_backward"])
     assert "OPGEN_PREFETCH(p_w" not in text and "OPGEN_PREFETCH(p_grad_x" not in text
+    assert text.count("OPGEN_PREFETCH_W(p_grad_x, ") == text.count("OPGEN_PREFETCH_W(") > 0
     for T in ("f32", "bf16"):
         body = text[text.index(f"k_ln_cast_backward_{T}_u("):]
         body = body[:body.index("return OPGEN_SUCCESS")]

@@ -152,6 +152,9 @@ int opgen_amx(void);
  * a prefetch reads nothing and never faults. */
 #define OPGEN_PREFETCH(p, off, ahead) \
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)))
+/* the same, for bytes about to be written: the line fetched for ownership (prefetchw) */
+#define OPGEN_PREFETCH_W(p, off, ahead) \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 1)
 
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7

@@ -142,6 +142,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l;
                         const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
@@ -310,6 +311,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l;
@@ -520,6 +522,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             {
                 int64_t r44 = v1;
                 for (; r44 + 16 <= d_D; r44 += 16) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
                     for (int l = 0; l < 16; l++) {
@@ -688,6 +691,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             {
                 int64_t r44 = v1;
                 for (; r44 + 16 <= d_D; r44 += 16) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
                     #pragma omp simd
@@ -902,6 +906,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     _Alignas(64) float stg45[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l;
@@ -1072,6 +1077,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
+                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     _Alignas(64) float stg45[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {

@@ -422,7 +422,8 @@ class CPrinter:
         elif isinstance(op, s.PrefetchOp):
             narrow = self.dtype(s.buf_type(op.buf).dtype).itemsize < 4
             if op.element is None or op.element.data == ("narrow" if narrow else "wide"):
-                self.line(f"OPGEN_PREFETCH({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+                macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
+                self.line(f"{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
             self.names[op.result] = self.dim(op.dim.data)
         elif op.results:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr, UnitAttr
 from xdsl.dialects.utils import EnumAttribute
 from xdsl.ir import (
     Attribute,
@@ -394,20 +394,27 @@ class PrefetchOp(IRDLOperation):
 
     ``element`` (optional): the hint holds only in instances whose ``buf`` element is ``narrow``
     (under 4 bytes: bf16, f16) or ``wide`` (4 bytes or more); a target drops it in the others.
-    map-cpu places the next row's prefetch in either of two loops this way (opgen/lower/cpu_map.py)."""
+    map-cpu places the next row's prefetch in either of two loops this way (opgen/lower/cpu_map.py).
+
+    ``write`` (optional): the bytes will be written soon, not read (a prefetch for ownership)."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
     idx = var_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
     element = opt_prop_def(StringAttr)
+    write = opt_prop_def(UnitAttr)
     traits = traits_def(MemoryReadEffect())
-    assembly_format = "$buf `[` $idx `]` `ahead` $ahead (`for` $element^)? attr-dict `:` type($buf)"
+    assembly_format = ("$buf `[` $idx `]` `ahead` $ahead (`for` $element^)? (`write` $write^)? attr-dict "
+                       "`:` type($buf)")
 
-    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, element: str | None = None):
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, element: str | None = None,
+                 write: bool = False):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
         if element is not None:
             props["element"] = StringAttr(element)
+        if write:
+            props["write"] = UnitAttr()
         super().__init__(operands=[buf, idx], properties=props)
 
     def verify_(self) -> None:
