@@ -13,6 +13,7 @@ to a much tighter bound against the float64 reference (:func:`assert_f64_close`)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,3 +111,13 @@ def assert_f64_close(ours: Any, ref64: Any, what: str = "", rtol: float = F64_RT
     scale = float(np.max(np.abs(r[finite]), initial=0.0))
     err = _max_err(o, r, finite)
     assert err <= rtol * scale, f"{what}: f64 error {err:.3e} > {rtol:g} * {scale:.3e}"
+
+
+def cpu_flag(flag: str) -> bool:
+    """Whether this machine's CPU lists ``flag`` (``/proc/cpuinfo``; False where there is none):
+    for tests whose compiled path depends on the instruction set (``-march=native``)."""
+    try:
+        return any(flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("flags"))
+    except OSError:
+        return False

@@ -24,10 +24,11 @@ import pytest
 from opgen import registry
 from opgen.compile import CFLAGS, compiler
 from opgen.lower.sched import GEMM_KC
+from tests.reference import cpu_flag
 
 C_SRC = Path(__file__).parent / "c" / "gemm_check.c"
 GEN = registry.REPO_ROOT / "generated"
-AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+AVX512 = cpu_flag("avx512f")
 
 # (m, n, k): one partial panel; a block and a half of rows (OPGEN_MC = 18 panels of 14) with n past
 # a column block (OPGEN_NC = 1024); k across three GEMM_KC blocks with a remainder; k = 0; a vector

@@ -15,19 +15,25 @@ import pytest
 
 from opgen import registry
 from opgen.compile import CFLAGS, compiler
+from tests.reference import cpu_flag
 
 C = Path(__file__).parent / "c" / "ulp_check.c"
 GEN = registry.REPO_ROOT / "generated"
 
 
-@pytest.fixture(scope="module")
-def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exe = tmp_path_factory.mktemp("ulp") / "ulp_check"
+def _build(src: Path, exe: Path) -> Path:
+    """The C check ``src`` compiled as the library is (its flags but -fPIC) against the generated
+    runtime header, into ``exe``."""
     flags = [f for f in CFLAGS if f not in ("-fPIC",)]
-    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", str(C), "-o", str(exe), "-lm"],
-                       capture_output=True, text=True)
+    includes = [f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}"]
+    r = subprocess.run([compiler(), *flags, *includes, str(src), "-o", str(exe), "-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return exe
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(C, tmp_path_factory.mktemp("ulp") / "ulp_check")
 
 
 @pytest.mark.parametrize(("fn", "bound"), [("exp", 1.0), ("erf", 2.0), ("tanh", 2.0), ("log", 1.0)])
@@ -57,14 +63,6 @@ def test_loops_calling_them_vectorise() -> None:
             f"line {line} of ulp_check.c is not vectorised:\n{r.stderr[-3000:]}"
 
 
-def _cpu_flag(flag: str) -> bool:
-    try:
-        return any(flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("flags"))
-    except OSError:
-        return False
-
-
 def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path) -> None:
     """opgen_bf16_store_strip (map-cpu's staged bf16 stores; vcvtne2ps2bf16 on AVX512-BF16, whose
     denormal inputs read as zero) writes the bits opgen_f32_to_bf16 writes, and nothing between a
@@ -72,16 +70,11 @@ def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path) -> None:
     payload with the rounding ties (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32,
     checked once: no mismatch). Built as the library is (-march=native): on a machine with
     AVX512-BF16 the instruction's path is the one checked."""
-    exe = tmp_path / "bf16_strip_check"
-    flags = [f for f in CFLAGS if f not in ("-fPIC", "-fopenmp")]
-    src = Path(__file__).parent / "c" / "bf16_strip_check.c"
-    r = subprocess.run([compiler(), *flags, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", str(src), "-o", str(exe)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    exe = _build(Path(__file__).parent / "c" / "bf16_strip_check.c", tmp_path / "bf16_strip_check")
     r = subprocess.run([str(exe), os.environ.get("OPGEN_ULP_STRIDE", "997")], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr
     checked, bad, first, vector_path = r.stdout.split()
     assert int(checked) > 2**32 // 997
     assert int(bad) == 0, f"first mismatch at input bits 0x{first}"
-    assert int(vector_path) == int(_cpu_flag("avx512_bf16"))
+    assert int(vector_path) == int(cpu_flag("avx512_bf16"))

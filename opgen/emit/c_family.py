@@ -491,12 +491,10 @@ class CPrinter:
         self.line(f"int64_t {base} = {lo};")
         self.line(f"for (; {base} + {n} <= {hi}; {base} += {n}) {{")
         self.depth += 1
-        self.names[op.iv] = base
-        self.walk(iter(hints))
+        self.strip_hints(op, hints, base, iv)
         for st in staged:
             self.staged[st] = self.fresh("stg")
             self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n}];")
-        self.names[op.iv] = iv
         self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
@@ -522,6 +520,13 @@ class CPrinter:
         self.line("    }")
         self.line("}")
 
+    def strip_hints(self, op: s.ForOp, hints: list[s.PrefetchOp], base: str, iv: str) -> None:
+        """A strip's prefetches (``op``'s ``sched.prefetch`` ops), at its first iteration ``base``;
+        ``op``'s counter is ``iv`` again after them."""
+        self.names[op.iv] = base
+        self.walk(iter(hints))
+        self.names[op.iv] = iv
+
     def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
         """A reduction split into LANES fixed lanes, combined pairwise in a fixed order."""
         self.line("{")
@@ -542,9 +547,7 @@ class CPrinter:
             if main:
                 self.line(f"for (; {base} + {LANES} <= {hi}; {base} += {LANES}) {{")
                 self.depth += 1
-                self.names[op.iv] = base
-                self.walk(iter(hints))
-                self.names[op.iv] = iv
+                self.strip_hints(op, hints, base, iv)
                 self.depth -= 1
                 self.line(f"    for (int l = 0; l < {LANES}; l++) {{")
             else:

@@ -104,6 +104,12 @@ def independent(op: s.ForOp) -> bool:
     return True
 
 
+def _along_row(op: s.ForOp, idx: list[SSAValue]) -> bool:
+    """Whether indices ``idx`` of a buffer of rank 2 or more walk one row with ``op``'s counter:
+    the counter is the last index and appears nowhere else."""
+    return len(idx) >= 2 and idx[-1] is op.iv and op.iv not in idx[:-1]
+
+
 def _row_loads(op: s.ForOp, lanes: bool = False) -> list[s.LoadOp]:
     """The loads of an :func:`independent` loop ``op`` (or, ``lanes``, of a lanes loop) that read
     rows of 2-D or larger buffers: indexed by enclosing loops' counters only, ``op``'s last and
@@ -115,7 +121,7 @@ def _row_loads(op: s.ForOp, lanes: bool = False) -> list[s.LoadOp]:
         if not isinstance(ld, s.LoadOp):
             continue
         idx = list(ld.idx)
-        if len(idx) < 2 or idx[-1] is not op.iv or op.iv in idx[:-1]:
+        if not _along_row(op, idx):
             continue
         if all(isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp) for i in idx):
             out.setdefault((ld.buf, *idx), ld)
@@ -134,15 +140,8 @@ def staged_stores(op: s.ForOp) -> list[s.StoreOp]:
     indexed by ``op``'s counter last and nowhere else (a strip's values are consecutive elements
     of one row). An instance whose bound dtype has a block conversion in the printer's table
     (bf16) stages them; others store each value as it comes."""
-    out = []
-    for st in op.body.block.ops:
-        if not isinstance(st, s.StoreOp):
-            continue
-        idx = list(st.idx)
-        if (s.buf_type(st.buf).role.data in ("in", "out") and len(idx) >= 2 and idx[-1] is op.iv
-                and op.iv not in idx[:-1]):
-            out.append(st)
-    return out
+    return [st for st in op.body.block.ops if isinstance(st, s.StoreOp)
+            and s.buf_type(st.buf).role.data in ("in", "out") and _along_row(op, list(st.idx))]
 
 
 def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> list[s.LoadOp]:
