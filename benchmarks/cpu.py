@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 # PyTorch's CPU allocator gets transparent huge pages for large blocks, as numpy's arrays do
@@ -139,15 +140,40 @@ def flce_inputs(quick: bool) -> dict:
     return dict(X=X, W=W, lmax=lmax, se=se, t=t, m=m, grad=torch.rand(BT, generator=g))
 
 
-def flce_torch(d: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch's materialised-logits composite (what Megatron's unfused path does)."""
+def flce_torch(d: dict, upcast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's materialised-logits composite (what Megatron's unfused path does): in bf16, or
+    (``upcast``) with X and W upcast to f32 and the three products in sgemm, the best path on a
+    CPU without native bf16 products (docs/performance.md)."""
     X, W = d["X"], d["W"]
+    if upcast:
+        X, W = X.float(), W.float()
     logits = (X @ W.T).float()
     G = torch.exp(logits - d["lmax"][:, None]) / d["se"][:, None]
     G[torch.arange(X.shape[0]), d["t"]] -= (~d["m"]).float()
     G *= d["grad"][:, None]
+    if upcast:
+        return (G @ W).bfloat16(), (G.T @ X).bfloat16()
     Gb = G.to(X.dtype)
     return Gb @ W, Gb.T @ X
+
+
+def flce_upcast_is_faster() -> bool:
+    """Whether this CPU runs PyTorch's bf16 products slower than an f32 upcast and sgemm (a
+    256 x 1024 x 4096 probe, best of three each; the full-size bf16 composite takes minutes on a
+    CPU without bf16 units, so it is not timed there)."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(256, 1024, generator=g).bfloat16(), torch.randn(4096, 1024, generator=g).bfloat16()
+
+    def best(f: Callable[[], object]) -> float:
+        f()
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    return best(lambda: (a.float() @ b.float().T).bfloat16()) < best(lambda: a @ b.T)
 
 
 def flce_ours_args(d: dict) -> dict:
@@ -160,14 +186,15 @@ def flce_ours_args(d: dict) -> dict:
 def row_flce(quick: bool) -> dict:
     d = flce_inputs(quick)
     args = flce_ours_args(d)
+    upcast = flce_upcast_is_faster()
     t_ours, t_torch = alternate(lambda: runtime.call("fused_linear_cross_entropy_loss_grad", **args),
-                                lambda: flce_torch(d), 3)
+                                lambda: flce_torch(d, upcast), 3)
     BT, H = d["X"].shape
     V = d["W"].shape[0]
-    mem = {who: _peak_child(who, quick) for who in ("ours", "torch")}
+    mem = {who: _peak_child(who, quick) for who in ("ours", "torch-upcast" if upcast else "torch")}
     return {"row": f"FLCE grad memory-saving BT={BT} H={H} V={V} bf16", "ours_ms": t_ours * 1e3,
-            "torch_ms": t_torch * 1e3, "flops": 6 * BT * H * V,
-            "peak_ours_mb": mem["ours"], "peak_torch_mb": mem["torch"]}
+            "torch_ms": t_torch * 1e3, "flops": 6 * BT * H * V, "torch_path": "f32 upcast" if upcast else "bf16",
+            "peak_ours_mb": mem["ours"], "peak_torch_mb": mem["torch-upcast" if upcast else "torch"]}
 
 
 def _peak_child(who: str, quick: bool) -> float:
@@ -177,11 +204,13 @@ def _peak_child(who: str, quick: bool) -> float:
 
 
 def peak_main(who: str, quick: bool) -> None:
+    """Prints the resident-set growth (MB) over one FLCE call by ``who``: ours, torch (the bf16
+    composite) or torch-upcast."""
     d = flce_inputs(quick)
     args = flce_ours_args(d)
     runtime.load()
     fn = (lambda: runtime.call("fused_linear_cross_entropy_loss_grad", **args)) if who == "ours" \
-        else (lambda: flce_torch(d))
+        else (lambda: flce_torch(d, who == "torch-upcast"))
     import threading
 
     def rss_mb() -> float:
@@ -225,6 +254,8 @@ def table(rows: list[dict], bw: float, peak: float | None) -> str:
             if peak and r.get("f32_products"):
                 note += f", {100 * gf / peak:.0f}% of the f32 FMA peak"
             notes.append(note)
+        if "torch_path" in r:
+            notes.append(f"PyTorch path: {r['torch_path']}")
         if "peak_ours_mb" in r:
             notes.append(f"peak +{r['peak_ours_mb']:.0f} MB vs +{r['peak_torch_mb']:.0f} MB")
         given = f"{r['given_ms']:.1f}" if "given_ms" in r else "-"

@@ -217,10 +217,12 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 5)
     out.append({"row": f"new: linear+bias+relu {M}x{K} @ {K}x{F} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F, "f32_products": True})
-    # the same product in bf16 (bf16 result): both on the bf16 units where the CPU has them
+    # the same product in bf16 (bf16 result): both on the bf16 units where the CPU has them; where
+    # it has none, a user's best path is an f32 upcast and sgemm (the weights' copy made per call)
     xb, wb = xl.to(torch.bfloat16), wl.to(torch.bfloat16)
     d = {"x": np_of(xb), "w": np_of(wb)}
-    theirs = _fastest([lambda: xb @ wb.T, lambda: torch.nn.functional.linear(xb, wb)])
+    theirs = _fastest([lambda: xb @ wb.T, lambda: torch.nn.functional.linear(xb, wb),
+                       lambda: (xb.float() @ wb.float().T).bfloat16()])
     t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 5)
     out.append({"row": f"new: linear {M}x{K} @ {K}x{F} bf16", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F})

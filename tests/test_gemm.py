@@ -5,8 +5,9 @@ NR-column panels, several row blocks and OPGEN_NC column blocks, k within one OP
 across several, k = 0, transposed (strided) operands, accumulation, a padded leading dimension:
 
 * against float64 matmul (an independent reference) within f32 accumulation error;
-* bitwise the same built for AVX-512 (the 14x32 intrinsics kernel) and without it (the 8x32
-  auto-vectorised kernel), single-threaded and on 1 and 3 OpenMP threads: the k order is fixed
+* bitwise the same built for each register tile this machine can run — AVX-512 (the 14x32
+  intrinsics kernel), AVX2 with FMA (6x16, intrinsics) and neither (the 8x32 auto-vectorised
+  kernel) — single-threaded and on 1 and 3 OpenMP threads: the k order is fixed
   (blocks of ``GEMM_KC``), whatever the tiles, the instruction set or the threads;
 * the padding columns of C are never written;
 * opgen_bgemm: against float64 products of bf16-rounded operands on AMX machines, the same bits on
@@ -29,6 +30,7 @@ from tests.reference import cpu_flag
 C_SRC = Path(__file__).parent / "c" / "gemm_check.c"
 GEN = registry.REPO_ROOT / "generated"
 AVX512 = cpu_flag("avx512f")
+AVX2 = cpu_flag("avx2") and cpu_flag("fma")
 
 # (m, n, k): one partial panel; a block and a half of rows (OPGEN_MC = 18 panels of 14) with n past
 # a column block (OPGEN_NC = 1024); k across three GEMM_KC blocks with a remainder; k = 0; a vector
@@ -38,12 +40,15 @@ SHAPES = [(13, 31, 7), (14 * 27 + 5, 1024 + 40, 2 * GEMM_KC + 9), (29, 65, GEMM_
 
 @pytest.fixture(scope="module")
 def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The driver linked with the runtime built natively and (on AVX-512 machines) without AVX-512."""
+    """The driver linked with the runtime built natively and, for the machine's narrower register
+    tiles, without AVX-512 (the AVX2 kernel) and without AVX2 (the generic kernel)."""
     out = tmp_path_factory.mktemp("gemm")
     flags = [f for f in CFLAGS if f != "-fPIC"]
     variants = {"native": []}
     if AVX512:
         variants["no-avx512"] = ["-mno-avx512f"]
+    if AVX2:
+        variants["no-avx2"] = ["-mno-avx512f", "-mno-avx2"]
     exes = {}
     for name, extra in variants.items():
         exe = out / f"gemm_check_{name}"

@@ -84,17 +84,24 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
  * panel. Every element of C sums its k terms in increasing k within a block (one fused
  * multiply-add each) and adds the blocks in order, whatever the tile sizes, the loop order or the
  * instruction set: results are bitwise the same on every path and thread count. With AVX-512 the
- * register tile is 14 x 32 (28 accumulators, intrinsics); otherwise 8 x 32, auto-vectorised. */
+ * register tile is 14 x 32 (28 accumulators), with AVX2 and FMA 6 x 16 (12; both intrinsics);
+ * otherwise 8 x 32, auto-vectorised. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define OPGEN_MR 14
+#define OPGEN_NR 32
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 16 ymm registers: 6 x 16 (12 accumulators, two B vectors, one broadcast) */
+#include <immintrin.h>
+#define OPGEN_MR 6
+#define OPGEN_NR 16
 #else
 #define OPGEN_MR 8
-#endif
 #define OPGEN_NR 32
+#endif
 #define OPGEN_KC 256 /* sched.matmul's k blocks (opgen/lower/sched.py: GEMM_KC) */
 #define OPGEN_MC (18 * OPGEN_MR) /* rows of a block: whole panels */
-#define OPGEN_NC 1024
+#define OPGEN_NC 1024 /* (128 to 1024 within noise of each other on a Zen 3) */
 
 /* A's mr rows (k columns k0.., kc of them) as an OPGEN_MR-row panel: row i at p + i * OPGEN_KC.
  * Rows a constant OPGEN_KC floats apart, not A's ars, so that the kernel's 14 row streams fall
@@ -166,6 +173,46 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
     for (int i = 0; i < OPGEN_MR; i++) {
         _mm512_storeu_ps(t[i], t0[i]);
         _mm512_storeu_ps(t[i] + 16, t1[i]);
+    }
+    store_tile(t, c, ldc, mr, nr, acc);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                    int64_t ldc, int64_t mr, int64_t nr, int acc) {
+    __m256 t0[OPGEN_MR], t1[OPGEN_MR]; /* (every loop over them unrolled: kept in registers) */
+    _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
+        t0[i] = _mm256_setzero_ps();
+        t1[i] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < mr; i++) { /* C's tile, needed after the k loop: fetched meanwhile */
+        OPGEN_PREFETCH(c, i * ldc, 0);
+        OPGEN_PREFETCH(c, i * ldc + nr - 1, 0);
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        OPGEN_PREFETCH(b, k * OPGEN_NR, 8 * OPGEN_NR * sizeof(float));
+        const __m256 b0 = _mm256_loadu_ps(b + k * OPGEN_NR), b1 = _mm256_loadu_ps(b + k * OPGEN_NR + 8);
+        _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
+            const __m256 ai = _mm256_broadcast_ss(a + i * OPGEN_KC + k);
+            t0[i] = _mm256_fmadd_ps(ai, b0, t0[i]);
+            t1[i] = _mm256_fmadd_ps(ai, b1, t1[i]);
+        }
+    }
+    if (mr == OPGEN_MR && nr == OPGEN_NR) {
+        _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
+            float *ci = c + i * ldc;
+            if (acc) {
+                t0[i] = _mm256_add_ps(_mm256_loadu_ps(ci), t0[i]);
+                t1[i] = _mm256_add_ps(_mm256_loadu_ps(ci + 8), t1[i]);
+            }
+            _mm256_storeu_ps(ci, t0[i]);
+            _mm256_storeu_ps(ci + 8, t1[i]);
+        }
+        return;
+    }
+    float t[OPGEN_MR][OPGEN_NR];
+    _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
+        _mm256_storeu_ps(t[i], t0[i]);
+        _mm256_storeu_ps(t[i] + 8, t1[i]);
     }
     store_tile(t, c, ldc, mr, nr, acc);
 }
