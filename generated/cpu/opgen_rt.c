@@ -103,27 +103,41 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
 #define OPGEN_MC (18 * OPGEN_MR) /* rows of a block: whole panels */
 #define OPGEN_NC 1024 /* (128 to 1024 within noise of each other on a Zen 3) */
 
+/* Operands are f32, or bf16 storage (bf: opgen_gemm_bf16's caller tensors, widened exactly while
+ * packing); offsets in elements */
+static inline const void *at(const void *p, int64_t n, int bf) { return (const char *)p + n * (bf ? 2 : 4); }
+static inline float ld1(const void *p, int bf) { return bf ? opgen_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p; }
+
 /* A's mr rows (k columns k0.., kc of them) as an OPGEN_MR-row panel: row i at p + i * OPGEN_KC.
  * Rows a constant OPGEN_KC floats apart, not A's ars, so that the kernel's 14 row streams fall
  * in different cache sets and are addressed by constant displacements. */
-static void pack_a(int64_t mr, int64_t kc, const float *A, int64_t ars, int64_t acs, float *restrict p) {
+static void pack_a(int64_t mr, int64_t kc, const void *A, int64_t ars, int64_t acs, int bf, float *restrict p) {
     if (mr < OPGEN_MR) memset(p + mr * OPGEN_KC, 0, sizeof(float) * OPGEN_KC * (size_t)(OPGEN_MR - mr));
-    if (acs == 1) { /* rows contiguous: copies */
-        for (int64_t i = 0; i < mr; i++) memcpy(p + i * OPGEN_KC, A + i * ars, sizeof(float) * (size_t)kc);
+    if (acs == 1 && !bf) { /* rows contiguous: copies */
+        for (int64_t i = 0; i < mr; i++) memcpy(p + i * OPGEN_KC, at(A, i * ars, 0), sizeof(float) * (size_t)kc);
+    } else if (acs == 1) { /* (bf16 rows: vector widening) */
+        const uint16_t *a = A;
+        for (int64_t i = 0; i < mr; i++)
+            for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = opgen_bf16_to_f32(a[i * ars + k]);
     } else {
         for (int64_t i = 0; i < mr; i++)
-            for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = A[i * ars + k * acs];
+            for (int64_t k = 0; k < kc; k++) p[i * OPGEN_KC + k] = ld1(at(A, i * ars + k * acs, bf), bf);
     }
 }
 
-static void pack_b(int64_t nr, int64_t kc, const float *B, int64_t brs, int64_t bcs, float *restrict p) {
+static void pack_b(int64_t nr, int64_t kc, const void *B, int64_t brs, int64_t bcs, int bf, float *restrict p) {
     if (nr < OPGEN_NR) memset(p, 0, sizeof(float) * OPGEN_NR * (size_t)kc);
-    if (bcs == 1) { /* rows of B contiguous: vector copies */
+    if (bcs == 1 && !bf) { /* rows of B contiguous: vector copies */
+        const float *b = B;
         for (int64_t k = 0; k < kc; k++)
-            for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = B[k * brs + j];
+            for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = b[k * brs + j];
+    } else if (bcs == 1) {
+        const uint16_t *b = B;
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < nr; j++) p[k * OPGEN_NR + j] = opgen_bf16_to_f32(b[k * brs + j]);
     } else { /* B transposed: stream each column */
         for (int64_t j = 0; j < nr; j++)
-            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_NR + j] = B[k * brs + j * bcs];
+            for (int64_t k = 0; k < kc; k++) p[k * OPGEN_NR + j] = ld1(at(B, k * brs + j * bcs, bf), bf);
     }
 }
 
@@ -234,14 +248,14 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
 #endif
 
 /* The plain triple loop when panels cannot be allocated: the same k blocks, so the same bits */
-static void sgemm_loop(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
-                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
+static void sgemm_loop(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf,
+                       const void *B, int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float s = accumulate ? C[i * ldc + j] : 0.0f;
             for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
                 float t = 0.0f;
-                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++) t = fmaf(A[i * ars + q * acs], B[q * brs + j * bcs], t);
+                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++) t = fmaf(ld1(at(A, i * ars + q * acs, abf), abf), ld1(at(B, q * brs + j * bcs, bbf), bbf), t);
                 s = (k0 == 0 && !accumulate) ? t : s + t;
             }
             C[i * ldc + j] = s;
@@ -252,10 +266,11 @@ static void sgemm_loop(int64_t m, int64_t n, int64_t k, const float *A, int64_t 
  * packed into pa; then, for each OPGEN_NC columns of B (kept in L2), each A panel (kept in L1)
  * meets each of their B panels. (B panels outermost, kept in L1 with A's panels streaming from
  * L2, ran at 0.75x MKL; this order, A packed by rows and B prefetched, at about 0.9x.) */
-static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const float *A, int64_t ars, int64_t acs,
+static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const void *A, int64_t ars, int64_t acs, int abf,
                         const float *pb, float *C, int64_t ldc, int acc, float *pa) {
     for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
-        pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, A + i0 * ars, ars, acs, pa + (i0 / OPGEN_MR) * OPGEN_MR * OPGEN_KC);
+        pack_a(mc - i0 < OPGEN_MR ? mc - i0 : OPGEN_MR, kc, at(A, i0 * ars, abf), ars, acs, abf,
+               pa + (i0 / OPGEN_MR) * OPGEN_MR * OPGEN_KC);
     for (int64_t jc = 0; jc < n; jc += OPGEN_NC)
         for (int64_t i0 = 0; i0 < mc; i0 += OPGEN_MR)
             for (int64_t j0 = jc; j0 < n && j0 < jc + OPGEN_NC; j0 += OPGEN_NR)
@@ -267,9 +282,10 @@ static void sgemm_block(int64_t mc, int64_t n, int64_t kc, const float *A, int64
 /* opgen_sgemm, its rows spread over `threads` OpenMP threads (1: none): for each k block, B is
  * packed once (its panels in parallel), then each thread computes an even share of whole MR-row
  * panels (blocks of OPGEN_MC rows: a block of 256 rows, not a multiple of 14, wasted 4% on a
- * partial panel per block, and 17 blocks split 9/8 over two threads). */
-static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
-                  int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+ * partial panel per block, and 17 blocks split 9/8 over two threads). A and B may be bf16 (abf,
+ * bbf: widened exactly in their panels, so the bits of the f32 GEMM on their values). */
+static void sgemm_x(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf, const void *B,
+                    int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
     if (k <= 0) {
         if (!accumulate)
@@ -290,7 +306,7 @@ static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, 
     if (!pa || !pb) {
         free(pa);
         free(pb);
-        sgemm_loop(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate);
+        sgemm_loop(m, n, k, A, ars, acs, abf, B, brs, bcs, bbf, C, ldc, accumulate);
         return;
     }
     const size_t pa_stride = na / sizeof(float);
@@ -298,13 +314,13 @@ static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, 
         int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
         int acc = accumulate || k0 > 0;
 #define OPGEN_PACK_B(p) \
-    pack_b(n - (p) * OPGEN_NR < OPGEN_NR ? n - (p) * OPGEN_NR : OPGEN_NR, kc, B + k0 * brs + (p) * OPGEN_NR * bcs, brs, \
-           bcs, pb + (p) * OPGEN_NR * kc)
+    pack_b(n - (p) * OPGEN_NR < OPGEN_NR ? n - (p) * OPGEN_NR : OPGEN_NR, kc, at(B, k0 * brs + (p) * OPGEN_NR * bcs, bbf), \
+           brs, bcs, bbf, pb + (p) * OPGEN_NR * kc)
 #define OPGEN_ROWS(t, T) do { /* thread t of T: its share of whole MR-row panels, in row blocks */ \
     const int64_t r0 = OPGEN_MR * (panels * (t) / (T)), r1e = OPGEN_MR * (panels * ((t) + 1) / (T)); \
     const int64_t r1 = r1e < m ? r1e : m; \
     for (int64_t i = r0; i < r1; i += OPGEN_MC) \
-        sgemm_block(r1 - i < OPGEN_MC ? r1 - i : OPGEN_MC, n, kc, A + i * ars + k0 * acs, ars, acs, pb, \
+        sgemm_block(r1 - i < OPGEN_MC ? r1 - i : OPGEN_MC, n, kc, at(A, i * ars + k0 * acs, abf), ars, acs, abf, pb, \
                     C + i * ldc, ldc, acc, pa + (size_t)(t) * pa_stride); \
 } while (0)
         if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
@@ -323,6 +339,11 @@ static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, 
     free(pb);
 }
 
+static void sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                  int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
+    sgemm_x(m, n, k, A, ars, acs, 0, B, brs, bcs, 0, C, ldc, accumulate, threads);
+}
+
 void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
@@ -336,7 +357,7 @@ void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs,
         const int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
         for (int64_t q = 0; q < npan; q++)
             pack_b(n - q * OPGEN_NR < OPGEN_NR ? n - q * OPGEN_NR : OPGEN_NR, kc, B + k0 * brs + q * OPGEN_NR * bcs, brs,
-                   bcs, p + k0 * npan * OPGEN_NR + q * OPGEN_NR * kc);
+                   bcs, 0, p + k0 * npan * OPGEN_NR + q * OPGEN_NR * kc);
     }
 }
 
@@ -352,7 +373,7 @@ void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
     for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
         const int64_t kc = k - k0 < OPGEN_KC ? k - k0 : OPGEN_KC;
         for (int64_t i = 0; i < m; i += OPGEN_MC)
-            sgemm_block(m - i < OPGEN_MC ? m - i : OPGEN_MC, n, kc, A + i * ars + k0 * acs, ars, acs,
+            sgemm_block(m - i < OPGEN_MC ? m - i : OPGEN_MC, n, kc, A + i * ars + k0 * acs, ars, acs, 0,
                         pb + k0 * npan * OPGEN_NR, C + i * ldc, ldc, accumulate || k0 > 0, pa);
     }
     free(pa);
@@ -452,11 +473,8 @@ static inline void tr16(const uint32_t *s, int64_t src, uint32_t *d, int64_t dst
     }
     for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + i * dst, r[i]);
 }
-/* Operands are f32, or bf16 storage (bf: opgen_gemm_bf16's caller tensors); offsets in elements */
-static inline const void *at(const void *p, int64_t n, int bf) { return (const char *)p + n * (bf ? 2 : 4); }
 /* the f32 elements of p under mask m */
 static inline __m512 ld16(const void *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline float ld1(const void *p, int bf) { return bf ? opgen_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p; }
 /* n (<= 16) elements of row a (k even) and of row b (k odd) -> 16 words (a[j], b[j]), zero past n.
  * bf16 rows are interleaved as they are (their words are already the products' operands); f32
  * rows are rounded to bf16 first. */
@@ -769,33 +787,20 @@ void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, 1);
 }
 
-/* op(X) (rows x cols; element (i, j) at X[i * rs + j * cs], bf16) as a row-major f32 copy, or NULL */
-static float *widen_bf16(int64_t rows, int64_t cols, const uint16_t *X, int64_t rs, int64_t cs) {
-    const size_t n = opgen_sz_mul(opgen_sz_mul((size_t)rows, (size_t)cols), sizeof(float));
-    float *w = n == SIZE_MAX ? NULL : (float *)malloc(n ? n : 1);
-    if (w)
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) w[i * cols + j] = opgen_bf16_to_f32(X[i * rs + j * cs]);
-    return w;
-}
-
-/* opgen_sgemm's loop (its k order, so its bits) on bf16 operands, into f32 C or (cb) bf16 C */
+/* opgen_sgemm's loop (its k order, so its bits) on bf16 operands into bf16 C, each element rounded
+ * once from its f32 sum (when there is no memory for an f32 copy of C) */
 static void gemm_bf16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
-                           const uint16_t *B, int64_t brs, int64_t bcs, float *C, uint16_t *cb, int64_t ldc,
-                           int accumulate) {
+                           const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
-            float t = !accumulate ? 0.0f : cb ? opgen_bf16_to_f32(cb[i * ldc + j]) : C[i * ldc + j];
+            float t = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
             for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
                 float part = 0.0f;
                 for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
                     part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
                 t = (k0 == 0 && !accumulate) ? part : t + part;
             }
-            if (cb)
-                cb[i * ldc + j] = opgen_f32_to_bf16(t);
-            else
-                C[i * ldc + j] = t;
+            C[i * ldc + j] = opgen_f32_to_bf16(t);
         }
 }
 
@@ -805,15 +810,25 @@ static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
 #ifdef OPGEN_HAVE_AMX
     if (k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
 #endif
-    /* the exact f32 values through the f32 GEMM (its k order); without memory for the copies,
-       its loop on the bf16 elements (the same order, so the same bits) */
-    float *a = widen_bf16(m, k, A, ars, acs), *b = widen_bf16(k, n, B, brs, bcs);
-    if (a && b)
-        sgemm(m, n, k, a, k, 1, b, n, 1, C, ldc, accumulate, threads);
+    /* the exact f32 values through the f32 GEMM (widened in its panels: its k order, so its bits) */
+    sgemm_x(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads);
+}
+
+/* row i of bf16 C (ldc) <-> row i of f32 c (n): rounded (to_bf16) or widened */
+static void bf16_row(int64_t i, int64_t n, float *c, uint16_t *C, int64_t ldc, int to_bf16) {
+    if (to_bf16)
+        for (int64_t j = 0; j < n; j++) C[i * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
     else
-        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, C, NULL, ldc, accumulate);
-    free(a);
-    free(b);
+        for (int64_t j = 0; j < n; j++) c[i * n + j] = opgen_bf16_to_f32(C[i * ldc + j]);
+}
+
+static void bf16_rows(int64_t m, int64_t n, float *c, uint16_t *C, int64_t ldc, int to_bf16, int threads) {
+    if (threads > 1) { /* (no parallel region at all for one thread: callers may be inside one) */
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t i = 0; i < m; i++) bf16_row(i, n, c, C, ldc, to_bf16);
+    } else {
+        for (int64_t i = 0; i < m; i++) bf16_row(i, n, c, C, ldc, to_bf16);
+    }
 }
 
 /* gemm_bf16 into bf16 C: each element rounded once from its f32 sum */
@@ -829,14 +844,12 @@ static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, in
     const size_t nc = opgen_sz_mul(opgen_sz_mul((size_t)m, (size_t)n), sizeof(float));
     float *c = nc == SIZE_MAX ? NULL : (float *)malloc(nc);
     if (!c) {
-        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, NULL, C, ldc, accumulate);
+        gemm_bf16_loop(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate);
         return;
     }
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) c[i * n + j] = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
+    if (accumulate) bf16_rows(m, n, c, C, ldc, 0, threads);
     gemm_bf16(m, n, k, A, ars, acs, B, brs, bcs, c, n, accumulate, threads);
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) C[i * ldc + j] = opgen_f32_to_bf16(c[i * n + j]);
+    bf16_rows(m, n, c, C, ldc, 1, threads);
     free(c);
 }
 
