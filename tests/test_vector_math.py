@@ -21,10 +21,10 @@ C = Path(__file__).parent / "c" / "ulp_check.c"
 GEN = registry.REPO_ROOT / "generated"
 
 
-def _build(src: Path, exe: Path) -> Path:
-    """The C check ``src`` compiled as the library is (its flags but -fPIC) against the generated
-    runtime header, into ``exe``."""
-    flags = [f for f in CFLAGS if f not in ("-fPIC",)]
+def _build(src: Path, exe: Path, extra: tuple[str, ...] = ()) -> Path:
+    """The C check ``src`` compiled as the library is (its flags but -fPIC, then ``extra``)
+    against the generated runtime header, into ``exe``."""
+    flags = [f for f in CFLAGS if f not in ("-fPIC",)] + list(extra)
     includes = [f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}"]
     r = subprocess.run([compiler(), *flags, *includes, str(src), "-o", str(exe), "-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -63,18 +63,31 @@ def test_loops_calling_them_vectorise() -> None:
             f"line {line} of ulp_check.c is not vectorised:\n{r.stderr[-3000:]}"
 
 
-def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path) -> None:
+def _strip_builds() -> list[tuple[str, tuple[str, ...], int]]:
+    """(name, extra flags, the vector path bf16_strip_check must report) for each strip rounding
+    this machine can run: as the library is built (-march=native), and without AVX-512 on a
+    machine that also has AVX2."""
+    native = 1 if cpu_flag("avx512_bf16") else 2 if cpu_flag("avx2") else 0
+    builds = [("native", (), native)]
+    if cpu_flag("avx512f") and cpu_flag("avx2"):
+        builds.append(("avx2", ("-mno-avx512f",), 2))
+    return builds
+
+
+@pytest.mark.parametrize(("name", "extra", "path"), _strip_builds(), ids=[b[0] for b in _strip_builds()])
+def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path, name: str, extra: tuple[str, ...],
+                                                    path: int) -> None:
     """opgen_bf16_store_strip (map-cpu's staged bf16 stores; vcvtne2ps2bf16 on AVX512-BF16, whose
-    denormal inputs read as zero) writes the bits opgen_f32_to_bf16 writes, and nothing between a
-    strided strip's elements: every 997th f32 bit pattern plus every exponent, sign and NaN
-    payload with the rounding ties (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32,
-    checked once: no mismatch). Built as the library is (-march=native): on a machine with
-    AVX512-BF16 the instruction's path is the one checked."""
-    exe = _build(Path(__file__).parent / "c" / "bf16_strip_check.c", tmp_path / "bf16_strip_check")
+    denormal inputs read as zero; the integer steps 8 lanes at a time on AVX2) writes the bits
+    opgen_f32_to_bf16 writes, and nothing between a strided strip's elements: every 997th f32 bit
+    pattern plus every exponent, sign and NaN payload with the rounding ties
+    (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32, checked once: no mismatch), for
+    every vector path this machine runs."""
+    exe = _build(Path(__file__).parent / "c" / "bf16_strip_check.c", tmp_path / f"bf16_strip_check_{name}", extra)
     r = subprocess.run([str(exe), os.environ.get("OPGEN_ULP_STRIDE", "997")], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr
     checked, bad, first, vector_path = r.stdout.split()
     assert int(checked) > 2**32 // 997
     assert int(bad) == 0, f"first mismatch at input bits 0x{first}"
-    assert int(vector_path) == int(cpu_flag("avx512_bf16"))
+    assert int(vector_path) == path

@@ -3,7 +3,8 @@
  * every STRIDE-th f32 bit pattern, and every pattern with the low 16 bits of EDGES (all exponents,
  * signs, NaN payloads and the rounding ties), 32 to a strip; then strips of 16 and a strided
  * strip, which take the scalar path. Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
- * Prints: checked mismatches first_mismatch_bits vector_path (1: vcvtne2ps2bf16 compiled in). */
+ * Prints: checked mismatches first_mismatch_bits vector_path (1: vcvtne2ps2bf16 compiled in, 2: the
+ * AVX2 integer steps, 0: the scalar loop only). */
 #include "opgen_rt.h"
 
 #include <stdio.h>
@@ -63,6 +64,8 @@ int main(int argc, char **argv) {
     }
 #if defined(__AVX512BF16__)
     const int vector_path = 1;
+#elif defined(__AVX2__)
+    const int vector_path = 2;
 #else
     const int vector_path = 0;
 #endif
