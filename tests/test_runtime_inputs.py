@@ -478,3 +478,20 @@ def test_outputs_it_allocates_start_on_a_cache_line(rng, shape):
     for dt in (np.float32, np.uint16, np.int64, np.bool_):
         z = aligned_zeros((3, 5, 2), dt)
         assert z.ctypes.data % ALIGN == 0 and z.shape == (3, 5, 2) and z.dtype == dt and not z.any()
+
+
+def test_large_outputs_start_on_a_huge_page_boundary():
+    """Outputs of HUGE_MIN bytes or more start on a 2 MiB boundary (where transparent huge pages
+    can back them from their first byte, as PyTorch places large tensors with
+    THP_MEM_ALLOC_ENABLE=1); smaller ones on a cache line; both zero, of the asked shape."""
+    from opgen.binding import ALIGN, HUGE_ALIGN, HUGE_MIN, aligned_zeros
+
+    big = aligned_zeros((HUGE_MIN // 2 + 3, 2), np.uint16)
+    assert big.ctypes.data % HUGE_ALIGN == 0 and big.shape == (HUGE_MIN // 2 + 3, 2) and not big[-1].any()
+    small = aligned_zeros((HUGE_MIN // 4 - 16,), np.float32)
+    assert small.ctypes.data % ALIGN == 0 and not small[::4096].any()
+    out = runtime.call("embedding_dense_backward", grad=np.ones((2, 1024), np.float32),
+                       indices=np.array([0, 1500], np.int64), num_weights=2000, padding_idx=-1,
+                       scale_grad_by_freq=False)["out"]  # (8 MB: allocated by the runtime)
+    assert out.ctypes.data % HUGE_ALIGN == 0
+    assert out[0].sum() == 1024 and out[1500].sum() == 1024 and out.sum() == 2048
