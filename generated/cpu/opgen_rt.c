@@ -90,11 +90,15 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
 #include <immintrin.h>
 #define OPGEN_MR 14
 #define OPGEN_NR 32
+#define OPGEN_VEC(x) _mm512_##x /* (the kernel's vector intrinsics: OPGEN_VEC(fmadd_ps), ...) */
+typedef __m512 opgen_vec;
 #elif defined(__AVX2__) && defined(__FMA__)
 /* 16 ymm registers: 6 x 16 (12 accumulators, two B vectors, one broadcast) */
 #include <immintrin.h>
 #define OPGEN_MR 6
 #define OPGEN_NR 16
+#define OPGEN_VEC(x) _mm256_##x
+typedef __m256 opgen_vec;
 #else
 #define OPGEN_MR 8
 #define OPGEN_NR 32
@@ -148,85 +152,48 @@ static void store_tile(float t[OPGEN_MR][OPGEN_NR], float *restrict c, int64_t l
         for (int64_t j = 0; j < nr; j++) c[i * ldc + j] = acc ? c[i * ldc + j] + t[i][j] : t[i][j];
 }
 
-#if defined(__AVX512F__)
+#if defined(OPGEN_VEC)
+/* OPGEN_MR rows x two vectors of B (OPGEN_NR columns), in registers: every loop over the
+ * accumulators is unrolled (not unrolled, GCC kept them in arrays stored to the stack every k) */
 static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                     int64_t ldc, int64_t mr, int64_t nr, int acc) {
-    __m512 t0[OPGEN_MR], t1[OPGEN_MR];
-    for (int i = 0; i < OPGEN_MR; i++) {
-        t0[i] = _mm512_setzero_ps();
-        t1[i] = _mm512_setzero_ps();
+    enum { H = OPGEN_NR / 2 }; /* (one vector) */
+    opgen_vec t0[OPGEN_MR], t1[OPGEN_MR];
+    _Pragma("GCC unroll 16") for (int i = 0; i < OPGEN_MR; i++) {
+        t0[i] = OPGEN_VEC(setzero_ps)();
+        t1[i] = OPGEN_VEC(setzero_ps)();
     }
     for (int64_t i = 0; i < mr; i++) { /* C's tile, needed after the k loop: fetched meanwhile */
         OPGEN_PREFETCH(c, i * ldc, 0);
         OPGEN_PREFETCH(c, i * ldc + nr - 1, 0);
     }
     for (int64_t k = 0; k < kc; k++) {
-        /* B's panel comes from L2 (the row block's A panel stays in L1): 4 k steps ahead */
-        OPGEN_PREFETCH(b, k * OPGEN_NR, 4 * OPGEN_NR * sizeof(float));
-        OPGEN_PREFETCH(b, k * OPGEN_NR, 4 * OPGEN_NR * sizeof(float) + 64);
-        const __m512 b0 = _mm512_loadu_ps(b + k * OPGEN_NR), b1 = _mm512_loadu_ps(b + k * OPGEN_NR + 16);
-        _Pragma("GCC unroll 14") for (int i = 0; i < OPGEN_MR; i++) {
-            const __m512 ai = _mm512_set1_ps(a[i * OPGEN_KC + k]);
-            t0[i] = _mm512_fmadd_ps(ai, b0, t0[i]);
-            t1[i] = _mm512_fmadd_ps(ai, b1, t1[i]);
+        /* B's panel comes from L2 (the row block's A panel stays in L1): 512 bytes ahead */
+        _Pragma("GCC unroll 2") for (int q = 0; q < OPGEN_NR * (int)sizeof(float); q += 64)
+            OPGEN_PREFETCH(b, k * OPGEN_NR, 512 + q);
+        const opgen_vec b0 = OPGEN_VEC(loadu_ps)(b + k * OPGEN_NR), b1 = OPGEN_VEC(loadu_ps)(b + k * OPGEN_NR + H);
+        _Pragma("GCC unroll 16") for (int i = 0; i < OPGEN_MR; i++) {
+            const opgen_vec ai = OPGEN_VEC(set1_ps)(a[i * OPGEN_KC + k]);
+            t0[i] = OPGEN_VEC(fmadd_ps)(ai, b0, t0[i]);
+            t1[i] = OPGEN_VEC(fmadd_ps)(ai, b1, t1[i]);
         }
     }
     if (mr == OPGEN_MR && nr == OPGEN_NR) {
-        for (int i = 0; i < OPGEN_MR; i++) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < OPGEN_MR; i++) {
             float *ci = c + i * ldc;
             if (acc) {
-                t0[i] = _mm512_add_ps(_mm512_loadu_ps(ci), t0[i]);
-                t1[i] = _mm512_add_ps(_mm512_loadu_ps(ci + 16), t1[i]);
+                t0[i] = OPGEN_VEC(add_ps)(OPGEN_VEC(loadu_ps)(ci), t0[i]);
+                t1[i] = OPGEN_VEC(add_ps)(OPGEN_VEC(loadu_ps)(ci + H), t1[i]);
             }
-            _mm512_storeu_ps(ci, t0[i]);
-            _mm512_storeu_ps(ci + 16, t1[i]);
+            OPGEN_VEC(storeu_ps)(ci, t0[i]);
+            OPGEN_VEC(storeu_ps)(ci + H, t1[i]);
         }
         return;
     }
     float t[OPGEN_MR][OPGEN_NR];
-    for (int i = 0; i < OPGEN_MR; i++) {
-        _mm512_storeu_ps(t[i], t0[i]);
-        _mm512_storeu_ps(t[i] + 16, t1[i]);
-    }
-    store_tile(t, c, ldc, mr, nr, acc);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-                    int64_t ldc, int64_t mr, int64_t nr, int acc) {
-    __m256 t0[OPGEN_MR], t1[OPGEN_MR]; /* (every loop over them unrolled: kept in registers) */
-    _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
-        t0[i] = _mm256_setzero_ps();
-        t1[i] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < mr; i++) { /* C's tile, needed after the k loop: fetched meanwhile */
-        OPGEN_PREFETCH(c, i * ldc, 0);
-        OPGEN_PREFETCH(c, i * ldc + nr - 1, 0);
-    }
-    for (int64_t k = 0; k < kc; k++) {
-        OPGEN_PREFETCH(b, k * OPGEN_NR, 8 * OPGEN_NR * sizeof(float));
-        const __m256 b0 = _mm256_loadu_ps(b + k * OPGEN_NR), b1 = _mm256_loadu_ps(b + k * OPGEN_NR + 8);
-        _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
-            const __m256 ai = _mm256_broadcast_ss(a + i * OPGEN_KC + k);
-            t0[i] = _mm256_fmadd_ps(ai, b0, t0[i]);
-            t1[i] = _mm256_fmadd_ps(ai, b1, t1[i]);
-        }
-    }
-    if (mr == OPGEN_MR && nr == OPGEN_NR) {
-        _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
-            float *ci = c + i * ldc;
-            if (acc) {
-                t0[i] = _mm256_add_ps(_mm256_loadu_ps(ci), t0[i]);
-                t1[i] = _mm256_add_ps(_mm256_loadu_ps(ci + 8), t1[i]);
-            }
-            _mm256_storeu_ps(ci, t0[i]);
-            _mm256_storeu_ps(ci + 8, t1[i]);
-        }
-        return;
-    }
-    float t[OPGEN_MR][OPGEN_NR];
-    _Pragma("GCC unroll 6") for (int i = 0; i < OPGEN_MR; i++) {
-        _mm256_storeu_ps(t[i], t0[i]);
-        _mm256_storeu_ps(t[i] + 8, t1[i]);
+    _Pragma("GCC unroll 16") for (int i = 0; i < OPGEN_MR; i++) {
+        OPGEN_VEC(storeu_ps)(t[i], t0[i]);
+        OPGEN_VEC(storeu_ps)(t[i] + H, t1[i]);
     }
     store_tile(t, c, ldc, mr, nr, acc);
 }
