@@ -214,19 +214,28 @@ static void ukernel(int64_t kc, const float *restrict a, const float *restrict b
 }
 #endif
 
-/* The plain triple loop when panels cannot be allocated: the same k blocks, so the same bits */
+/* C's element (i, j) as the GEMM sums it (its k blocks in order, one FMA per term within a block),
+ * added to c when accumulating: the plain loops' sums when panels cannot be allocated, so the
+ * same bits */
+static float loop_sum(int64_t i, int64_t j, int64_t k, const void *A, int64_t ars, int64_t acs, int abf,
+                      const void *B, int64_t brs, int64_t bcs, int bbf, float c, int accumulate) {
+    float s = accumulate ? c : 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
+        float t = 0.0f;
+        for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
+            t = fmaf(ld1(at(A, i * ars + q * acs, abf), abf), ld1(at(B, q * brs + j * bcs, bbf), bbf), t);
+        s = (k0 == 0 && !accumulate) ? t : s + t;
+    }
+    return s;
+}
+
+/* The plain triple loop when panels cannot be allocated */
 static void sgemm_loop(int64_t m, int64_t n, int64_t k, const void *A, int64_t ars, int64_t acs, int abf,
                        const void *B, int64_t brs, int64_t bcs, int bbf, float *C, int64_t ldc, int accumulate) {
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            float s = accumulate ? C[i * ldc + j] : 0.0f;
-            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
-                float t = 0.0f;
-                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++) t = fmaf(ld1(at(A, i * ars + q * acs, abf), abf), ld1(at(B, q * brs + j * bcs, bbf), bbf), t);
-                s = (k0 == 0 && !accumulate) ? t : s + t;
-            }
-            C[i * ldc + j] = s;
-        }
+        for (int64_t j = 0; j < n; j++)
+            C[i * ldc + j] = loop_sum(i, j, k, A, ars, acs, abf, B, brs, bcs, bbf,
+                                      accumulate ? C[i * ldc + j] : 0.0f, accumulate);
 }
 
 /* One row block (mc <= OPGEN_MC rows) of C against the packed B block pb (kc x n): A's panels
@@ -759,16 +768,10 @@ void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
 static void gemm_bf16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                            const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate) {
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            float t = accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f;
-            for (int64_t k0 = 0; k0 < k; k0 += OPGEN_KC) {
-                float part = 0.0f;
-                for (int64_t q = k0; q < k && q < k0 + OPGEN_KC; q++)
-                    part = fmaf(opgen_bf16_to_f32(A[i * ars + q * acs]), opgen_bf16_to_f32(B[q * brs + j * bcs]), part);
-                t = (k0 == 0 && !accumulate) ? part : t + part;
-            }
-            C[i * ldc + j] = opgen_f32_to_bf16(t);
-        }
+        for (int64_t j = 0; j < n; j++)
+            C[i * ldc + j] = opgen_f32_to_bf16(loop_sum(i, j, k, A, ars, acs, 1, B, brs, bcs, 1,
+                                                        accumulate ? opgen_bf16_to_f32(C[i * ldc + j]) : 0.0f,
+                                                        accumulate));
 }
 
 static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
