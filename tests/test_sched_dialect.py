@@ -88,6 +88,8 @@ def test_every_op_declares_its_memory_effects():
     inner_load = s.LoadOp(src, [loop.iv])
     loop.body.block.add_op(inner_load)
     assert kinds(loop) == {MemoryEffectKind.READ}  # the body's effects
+    branch = s.IfOp(ok, [], [s.StoreOp(f, dst, [i])])
+    assert kinds(branch) == {MemoryEffectKind.WRITE}  # its regions' effects
     a2, b2, c2 = buf(["M", "K"], "f32"), buf(["K", "N"], "f32"), buf(["M", "N"], "f32", "temp")
     mm = s.BufferMatmulOp(a2, b2, c2, i, n, x, False, False)
     assert kinds(mm) == {MemoryEffectKind.READ, MemoryEffectKind.WRITE}
@@ -102,6 +104,7 @@ def test_verifiers():
     i, n = scalars("i64", "i64")
     f, c = scalars("f32", "bool")
     rejects(s.RequireOp(f, "param", "m"), r"sched.require: the condition must be a rank-0 bool")
+    rejects(s.IfOp(i), r"sched.if: the condition must be a rank-0 bool")
     rejects(s.LoadBitOp(buf(["A", "B"], "u8"), i), r"sched.load_bit: the mask must be a 1-D buffer")
     rejects(s.LoadBitOp(buf(["L"], "u8"), f), r"sched.load_bit: the flag number must be a rank-0 i64")
     rejects(s.FlagsPerElemOp(buf(["A", "B"], "bool")), r"sched.flags_per_elem: the mask must be a 1-D buffer")

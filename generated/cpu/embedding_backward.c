@@ -61,7 +61,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -82,41 +82,67 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 32 <= d_D; r30 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 32 <= d_D; r26 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                        const float v28 = p_dtable1_acc ? v27 : v18;
+                        const float v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v31 = p_dtable1_acc ? v30 : v18;
+                    const float v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v32);
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v38);
+        } else {
+            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const float v37 = opgen_f16_to_f32(p_dy[v35 * st_dy_0 + i36]);
+                    const float v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 32 <= d_D; r40 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i39 = r40 + l;
+                        const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
+                        const float v42 = p_dtable1_acc ? v41 : v18;
+                        const float v43 = l33[i39];
+                        const float v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v44);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const float v45 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
+                    const float v46 = p_dtable1_acc ? v45 : v18;
+                    const float v47 = l33[i39];
+                    const float v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v48);
+                }
             }
         }
     }
@@ -179,7 +205,7 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -200,43 +226,71 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 32 <= d_D; r30 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
-                _Alignas(64) float stg31[32];
-                #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v32 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v33 = p_dtable1_acc ? v32 : v18;
-                    const float v34 = l20[i29];
-                    const float v35 = v33 + v34;
-                    stg31[l] = v35;
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 32 <= d_D; r26 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    _Alignas(64) float stg27[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v28 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                        const float v29 = p_dtable1_acc ? v28 : v18;
+                        const float v30 = v29 + v24;
+                        stg27[l] = v30;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32);
                 }
-                opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r30], 1, stg31, 32);
+                #pragma omp simd
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = v32 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v33);
+                }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v36 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v37 = p_dtable1_acc ? v36 : v18;
-                const float v38 = l20[i29];
-                const float v39 = v37 + v38;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v39);
+        } else {
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l34, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i35 = v20; i35 < v22; i35++) {
+                const int64_t v36 = t15[i35];
+                #pragma omp simd
+                for (int64_t i37 = v6; i37 < d_D; i37++) {
+                    const float v38 = opgen_bf16_to_f32(p_dy[v36 * st_dy_0 + i37]);
+                    const float v39 = v38 * v17;
+                    l34[i37] += v39;
+                }
+            }
+            {
+                int64_t r41 = v6;
+                for (; r41 + 32 <= d_D; r41 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r41, 2048);
+                    _Alignas(64) float stg42[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i40 = r41 + l;
+                        const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
+                        const float v44 = p_dtable1_acc ? v43 : v18;
+                        const float v45 = l34[i40];
+                        const float v46 = v44 + v45;
+                        stg42[l] = v46;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32);
+                }
+                #pragma omp simd
+                for (int64_t i40 = r41; i40 < d_D; i40++) {
+                    const float v47 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
+                    const float v48 = p_dtable1_acc ? v47 : v18;
+                    const float v49 = l34[i40];
+                    const float v50 = v48 + v49;
+                    p_dtable1[i19 * st_dtable1_0 + i40] = opgen_f32_to_bf16(v50);
+                }
             }
         }
     }
@@ -299,7 +353,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -320,41 +374,67 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = p_dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 16 <= d_D; r30 += 16) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 16 <= d_D; r26 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v27 = p_dtable1[i19 * st_dtable1_0 + i25];
+                        const float v28 = p_dtable1_acc ? v27 : v18;
+                        const float v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = v29;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v30 = p_dtable1[i19 * st_dtable1_0 + i25];
+                    const float v31 = p_dtable1_acc ? v30 : v18;
+                    const float v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = v32;
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+        } else {
+            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const float v37 = p_dy[v35 * st_dy_0 + i36];
+                    const float v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 16 <= d_D; r40 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i39 = r40 + l;
+                        const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
+                        const float v42 = p_dtable1_acc ? v41 : v18;
+                        const float v43 = l33[i39];
+                        const float v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const float v45 = p_dtable1[i19 * st_dtable1_0 + i39];
+                    const float v46 = p_dtable1_acc ? v45 : v18;
+                    const float v47 = l33[i39];
+                    const float v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                }
             }
         }
     }
@@ -417,7 +497,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l33_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
@@ -438,41 +518,67 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const double v18 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const double v27 = p_dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 8 <= d_D; r30 += 8) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const double v24 = 0.0;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 8 <= d_D; r26 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i25 = r26 + l;
+                        const double v27 = p_dtable1[i19 * st_dtable1_0 + i25];
+                        const double v28 = p_dtable1_acc ? v27 : v18;
+                        const double v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = v29;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 8; l++) {
-                    const int64_t i29 = r30 + l;
-                    const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
-                    const double v32 = p_dtable1_acc ? v31 : v18;
-                    const double v33 = l20[i29];
-                    const double v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const double v30 = p_dtable1[i19 * st_dtable1_0 + i25];
+                    const double v31 = p_dtable1_acc ? v30 : v18;
+                    const double v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = v32;
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
-                const double v36 = p_dtable1_acc ? v35 : v18;
-                const double v37 = l20[i29];
-                const double v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+        } else {
+            double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const double v37 = p_dy[v35 * st_dy_0 + i36];
+                    const double v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 8 <= d_D; r40 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i39 = r40 + l;
+                        const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
+                        const double v42 = p_dtable1_acc ? v41 : v18;
+                        const double v43 = l33[i39];
+                        const double v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const double v45 = p_dtable1[i19 * st_dtable1_0 + i39];
+                    const double v46 = p_dtable1_acc ? v45 : v18;
+                    const double v47 = l33[i39];
+                    const double v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                }
             }
         }
     }
@@ -530,7 +636,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -548,41 +654,67 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            #pragma omp simd
-            for (int64_t i22 = v2; i22 < d_D; i22++) {
-                const float v23 = opgen_f16_to_f32(p_dy[v21 * st_dy_0 + i22]);
-                const float v24 = v23 * v13;
-                l16[i22] += v24;
-            }
-        }
-        {
-            int64_t r26 = v2;
-            for (; r26 + 32 <= d_D; r26 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+        const int64_t v16 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_N1, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
+                        const float v24 = p_dtable1_acc ? v23 : v14;
+                        const float v25 = v24 + v20;
+                        p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v25);
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i25 = r26 + l;
-                    const float v27 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                    const float v28 = p_dtable1_acc ? v27 : v14;
-                    const float v29 = l16[i25];
-                    const float v30 = v28 + v29;
-                    p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v30);
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v26 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
+                    const float v27 = p_dtable1_acc ? v26 : v14;
+                    const float v28 = v27 + v20;
+                    p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_f16(v28);
                 }
             }
-            #pragma omp simd
-            for (int64_t i25 = r26; i25 < d_D; i25++) {
-                const float v31 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                const float v32 = p_dtable1_acc ? v31 : v14;
-                const float v33 = l16[i25];
-                const float v34 = v32 + v33;
-                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_f16(v34);
+        } else {
+            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l29, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i30 = v16; i30 < v18; i30++) {
+                const int64_t v31 = t11[i30];
+                #pragma omp simd
+                for (int64_t i32 = v2; i32 < d_D; i32++) {
+                    const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
+                    const float v34 = v33 * v13;
+                    l29[i32] += v34;
+                }
+            }
+            {
+                int64_t r36 = v2;
+                for (; r36 + 32 <= d_D; r36 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i35 = r36 + l;
+                        const float v37 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i35]);
+                        const float v38 = p_dtable1_acc ? v37 : v14;
+                        const float v39 = l29[i35];
+                        const float v40 = v38 + v39;
+                        p_dtable1[i15 * st_dtable1_0 + i35] = opgen_f32_to_f16(v40);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i35 = r36; i35 < d_D; i35++) {
+                    const float v41 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i35]);
+                    const float v42 = p_dtable1_acc ? v41 : v14;
+                    const float v43 = l29[i35];
+                    const float v44 = v42 + v43;
+                    p_dtable1[i15 * st_dtable1_0 + i35] = opgen_f32_to_f16(v44);
+                }
             }
         }
     }
@@ -640,7 +772,7 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l30_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -658,43 +790,71 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            #pragma omp simd
-            for (int64_t i22 = v2; i22 < d_D; i22++) {
-                const float v23 = opgen_bf16_to_f32(p_dy[v21 * st_dy_0 + i22]);
-                const float v24 = v23 * v13;
-                l16[i22] += v24;
-            }
-        }
-        {
-            int64_t r26 = v2;
-            for (; r26 + 32 <= d_D; r26 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
-                _Alignas(64) float stg27[32];
-                #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i25 = r26 + l;
-                    const float v28 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                    const float v29 = p_dtable1_acc ? v28 : v14;
-                    const float v30 = l16[i25];
-                    const float v31 = v29 + v30;
-                    stg27[l] = v31;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_N1, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
+                    _Alignas(64) float stg23[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l;
+                        const float v24 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
+                        const float v25 = p_dtable1_acc ? v24 : v14;
+                        const float v26 = v25 + v20;
+                        stg23[l] = v26;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r22], 1, stg23, 32);
                 }
-                opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r26], 1, stg27, 32);
+                #pragma omp simd
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v27 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
+                    const float v28 = p_dtable1_acc ? v27 : v14;
+                    const float v29 = v28 + v20;
+                    p_dtable1[i15 * st_dtable1_0 + i21] = opgen_f32_to_bf16(v29);
+                }
             }
-            #pragma omp simd
-            for (int64_t i25 = r26; i25 < d_D; i25++) {
-                const float v32 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i25]);
-                const float v33 = p_dtable1_acc ? v32 : v14;
-                const float v34 = l16[i25];
-                const float v35 = v33 + v34;
-                p_dtable1[i15 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v35);
+        } else {
+            float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l30, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i31 = v16; i31 < v18; i31++) {
+                const int64_t v32 = t11[i31];
+                #pragma omp simd
+                for (int64_t i33 = v2; i33 < d_D; i33++) {
+                    const float v34 = opgen_bf16_to_f32(p_dy[v32 * st_dy_0 + i33]);
+                    const float v35 = v34 * v13;
+                    l30[i33] += v35;
+                }
+            }
+            {
+                int64_t r37 = v2;
+                for (; r37 + 32 <= d_D; r37 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r37, 2048);
+                    _Alignas(64) float stg38[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i36 = r37 + l;
+                        const float v39 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i36]);
+                        const float v40 = p_dtable1_acc ? v39 : v14;
+                        const float v41 = l30[i36];
+                        const float v42 = v40 + v41;
+                        stg38[l] = v42;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r37], 1, stg38, 32);
+                }
+                #pragma omp simd
+                for (int64_t i36 = r37; i36 < d_D; i36++) {
+                    const float v43 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i36]);
+                    const float v44 = p_dtable1_acc ? v43 : v14;
+                    const float v45 = l30[i36];
+                    const float v46 = v44 + v45;
+                    p_dtable1[i15 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v46);
+                }
             }
         }
     }
@@ -752,7 +912,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l29_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -770,41 +930,67 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            #pragma omp simd
-            for (int64_t i22 = v2; i22 < d_D; i22++) {
-                const float v23 = p_dy[v21 * st_dy_0 + i22];
-                const float v24 = v23 * v13;
-                l16[i22] += v24;
-            }
-        }
-        {
-            int64_t r26 = v2;
-            for (; r26 + 16 <= d_D; r26 += 16) {
-                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+        const int64_t v16 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_N1, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 16 <= d_D; r22 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i21 = r22 + l;
+                        const float v23 = p_dtable1[i15 * st_dtable1_0 + i21];
+                        const float v24 = p_dtable1_acc ? v23 : v14;
+                        const float v25 = v24 + v20;
+                        p_dtable1[i15 * st_dtable1_0 + i21] = v25;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i25 = r26 + l;
-                    const float v27 = p_dtable1[i15 * st_dtable1_0 + i25];
-                    const float v28 = p_dtable1_acc ? v27 : v14;
-                    const float v29 = l16[i25];
-                    const float v30 = v28 + v29;
-                    p_dtable1[i15 * st_dtable1_0 + i25] = v30;
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v26 = p_dtable1[i15 * st_dtable1_0 + i21];
+                    const float v27 = p_dtable1_acc ? v26 : v14;
+                    const float v28 = v27 + v20;
+                    p_dtable1[i15 * st_dtable1_0 + i21] = v28;
                 }
             }
-            #pragma omp simd
-            for (int64_t i25 = r26; i25 < d_D; i25++) {
-                const float v31 = p_dtable1[i15 * st_dtable1_0 + i25];
-                const float v32 = p_dtable1_acc ? v31 : v14;
-                const float v33 = l16[i25];
-                const float v34 = v32 + v33;
-                p_dtable1[i15 * st_dtable1_0 + i25] = v34;
+        } else {
+            float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l29, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i30 = v16; i30 < v18; i30++) {
+                const int64_t v31 = t11[i30];
+                #pragma omp simd
+                for (int64_t i32 = v2; i32 < d_D; i32++) {
+                    const float v33 = p_dy[v31 * st_dy_0 + i32];
+                    const float v34 = v33 * v13;
+                    l29[i32] += v34;
+                }
+            }
+            {
+                int64_t r36 = v2;
+                for (; r36 + 16 <= d_D; r36 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i35 = r36 + l;
+                        const float v37 = p_dtable1[i15 * st_dtable1_0 + i35];
+                        const float v38 = p_dtable1_acc ? v37 : v14;
+                        const float v39 = l29[i35];
+                        const float v40 = v38 + v39;
+                        p_dtable1[i15 * st_dtable1_0 + i35] = v40;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i35 = r36; i35 < d_D; i35++) {
+                    const float v41 = p_dtable1[i15 * st_dtable1_0 + i35];
+                    const float v42 = p_dtable1_acc ? v41 : v14;
+                    const float v43 = l29[i35];
+                    const float v44 = v42 + v43;
+                    p_dtable1[i15 * st_dtable1_0 + i35] = v44;
+                }
             }
         }
     }
@@ -862,7 +1048,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l16_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l29_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -880,41 +1066,67 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const double v14 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        double *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_N1, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_N1, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            #pragma omp simd
-            for (int64_t i22 = v2; i22 < d_D; i22++) {
-                const double v23 = p_dy[v21 * st_dy_0 + i22];
-                const double v24 = v23 * v13;
-                l16[i22] += v24;
-            }
-        }
-        {
-            int64_t r26 = v2;
-            for (; r26 + 8 <= d_D; r26 += 8) {
-                OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r26, 2048);
+        const int64_t v16 = opgen_seg_start(t10, i15, d_N1, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_N1, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const double v20 = 0.0;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 8 <= d_D; r22 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i21 = r22 + l;
+                        const double v23 = p_dtable1[i15 * st_dtable1_0 + i21];
+                        const double v24 = p_dtable1_acc ? v23 : v14;
+                        const double v25 = v24 + v20;
+                        p_dtable1[i15 * st_dtable1_0 + i21] = v25;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 8; l++) {
-                    const int64_t i25 = r26 + l;
-                    const double v27 = p_dtable1[i15 * st_dtable1_0 + i25];
-                    const double v28 = p_dtable1_acc ? v27 : v14;
-                    const double v29 = l16[i25];
-                    const double v30 = v28 + v29;
-                    p_dtable1[i15 * st_dtable1_0 + i25] = v30;
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const double v26 = p_dtable1[i15 * st_dtable1_0 + i21];
+                    const double v27 = p_dtable1_acc ? v26 : v14;
+                    const double v28 = v27 + v20;
+                    p_dtable1[i15 * st_dtable1_0 + i21] = v28;
                 }
             }
-            #pragma omp simd
-            for (int64_t i25 = r26; i25 < d_D; i25++) {
-                const double v31 = p_dtable1[i15 * st_dtable1_0 + i25];
-                const double v32 = p_dtable1_acc ? v31 : v14;
-                const double v33 = l16[i25];
-                const double v34 = v32 + v33;
-                p_dtable1[i15 * st_dtable1_0 + i25] = v34;
+        } else {
+            double *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l29, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i30 = v16; i30 < v18; i30++) {
+                const int64_t v31 = t11[i30];
+                #pragma omp simd
+                for (int64_t i32 = v2; i32 < d_D; i32++) {
+                    const double v33 = p_dy[v31 * st_dy_0 + i32];
+                    const double v34 = v33 * v13;
+                    l29[i32] += v34;
+                }
+            }
+            {
+                int64_t r36 = v2;
+                for (; r36 + 8 <= d_D; r36 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i35 = r36 + l;
+                        const double v37 = p_dtable1[i15 * st_dtable1_0 + i35];
+                        const double v38 = p_dtable1_acc ? v37 : v14;
+                        const double v39 = l29[i35];
+                        const double v40 = v38 + v39;
+                        p_dtable1[i15 * st_dtable1_0 + i35] = v40;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i35 = r36; i35 < d_D; i35++) {
+                    const double v41 = p_dtable1[i15 * st_dtable1_0 + i35];
+                    const double v42 = p_dtable1_acc ? v41 : v14;
+                    const double v43 = l29[i35];
+                    const double v44 = v42 + v43;
+                    p_dtable1[i15 * st_dtable1_0 + i35] = v44;
+                }
             }
         }
     }
@@ -977,7 +1189,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -998,41 +1210,67 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = opgen_f16_to_f32(p_dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 32 <= d_D; r30 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 32 <= d_D; r26 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                        const float v28 = p_dtable1_acc ? v27 : v18;
+                        const float v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v29);
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v31 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v34);
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v30 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v31 = p_dtable1_acc ? v30 : v18;
+                    const float v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_f16(v32);
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_f16(v38);
+        } else {
+            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const float v37 = opgen_f16_to_f32(p_dy[v35 * st_dy_0 + i36]);
+                    const float v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 32 <= d_D; r40 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i39 = r40 + l;
+                        const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
+                        const float v42 = p_dtable1_acc ? v41 : v18;
+                        const float v43 = l33[i39];
+                        const float v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v44);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const float v45 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
+                    const float v46 = p_dtable1_acc ? v45 : v18;
+                    const float v47 = l33[i39];
+                    const float v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v48);
+                }
             }
         }
     }
@@ -1095,7 +1333,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l34_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1116,43 +1354,71 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = opgen_bf16_to_f32(p_dy[v25 * st_dy_0 + i26]);
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 32 <= d_D; r30 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
-                _Alignas(64) float stg31[32];
-                #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v32 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                    const float v33 = p_dtable1_acc ? v32 : v18;
-                    const float v34 = l20[i29];
-                    const float v35 = v33 + v34;
-                    stg31[l] = v35;
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 32 <= d_D; r26 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    _Alignas(64) float stg27[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v28 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                        const float v29 = p_dtable1_acc ? v28 : v18;
+                        const float v30 = v29 + v24;
+                        stg27[l] = v30;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32);
                 }
-                opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r30], 1, stg31, 32);
+                #pragma omp simd
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v31 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
+                    const float v32 = p_dtable1_acc ? v31 : v18;
+                    const float v33 = v32 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = opgen_f32_to_bf16(v33);
+                }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v36 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i29]);
-                const float v37 = p_dtable1_acc ? v36 : v18;
-                const float v38 = l20[i29];
-                const float v39 = v37 + v38;
-                p_dtable1[i19 * st_dtable1_0 + i29] = opgen_f32_to_bf16(v39);
+        } else {
+            float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l34, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i35 = v20; i35 < v22; i35++) {
+                const int64_t v36 = t15[i35];
+                #pragma omp simd
+                for (int64_t i37 = v6; i37 < d_D; i37++) {
+                    const float v38 = opgen_bf16_to_f32(p_dy[v36 * st_dy_0 + i37]);
+                    const float v39 = v38 * v17;
+                    l34[i37] += v39;
+                }
+            }
+            {
+                int64_t r41 = v6;
+                for (; r41 + 32 <= d_D; r41 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r41, 2048);
+                    _Alignas(64) float stg42[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i40 = r41 + l;
+                        const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
+                        const float v44 = p_dtable1_acc ? v43 : v18;
+                        const float v45 = l34[i40];
+                        const float v46 = v44 + v45;
+                        stg42[l] = v46;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32);
+                }
+                #pragma omp simd
+                for (int64_t i40 = r41; i40 < d_D; i40++) {
+                    const float v47 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
+                    const float v48 = p_dtable1_acc ? v47 : v18;
+                    const float v49 = l34[i40];
+                    const float v50 = v48 + v49;
+                    p_dtable1[i19 * st_dtable1_0 + i40] = opgen_f32_to_bf16(v50);
+                }
             }
         }
     }
@@ -1215,7 +1481,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l33_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1236,41 +1502,67 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const float v18 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const float v27 = p_dy[v25 * st_dy_0 + i26];
-                const float v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 16 <= d_D; r30 += 16) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const float v24 = 0.0f;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 16 <= d_D; r26 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i25 = r26 + l;
+                        const float v27 = p_dtable1[i19 * st_dtable1_0 + i25];
+                        const float v28 = p_dtable1_acc ? v27 : v18;
+                        const float v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = v29;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i29 = r30 + l;
-                    const float v31 = p_dtable1[i19 * st_dtable1_0 + i29];
-                    const float v32 = p_dtable1_acc ? v31 : v18;
-                    const float v33 = l20[i29];
-                    const float v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const float v30 = p_dtable1[i19 * st_dtable1_0 + i25];
+                    const float v31 = p_dtable1_acc ? v30 : v18;
+                    const float v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = v32;
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const float v35 = p_dtable1[i19 * st_dtable1_0 + i29];
-                const float v36 = p_dtable1_acc ? v35 : v18;
-                const float v37 = l20[i29];
-                const float v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+        } else {
+            float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const float v37 = p_dy[v35 * st_dy_0 + i36];
+                    const float v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 16 <= d_D; r40 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i39 = r40 + l;
+                        const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
+                        const float v42 = p_dtable1_acc ? v41 : v18;
+                        const float v43 = l33[i39];
+                        const float v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const float v45 = p_dtable1[i19 * st_dtable1_0 + i39];
+                    const float v46 = p_dtable1_acc ? v45 : v18;
+                    const float v47 = l33[i39];
+                    const float v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                }
             }
         }
     }
@@ -1333,7 +1625,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     int64_t *restrict t5 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t14 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t15 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l20_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l33_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const float v3 = 0.0f;
     const bool v4 = p_alpha2 == v3;
     if (!(v4)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
@@ -1354,41 +1646,67 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const double v18 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i19 = v6; i19 < v13; i19++) {
-        double *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l20, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v21 = opgen_seg_start(t14, i19, d_N1, d_N);
-        const int64_t v22 = i19 + v16;
-        const int64_t v23 = opgen_seg_start(t14, v22, d_N1, d_N);
-        for (int64_t i24 = v21; i24 < v23; i24++) {
-            const int64_t v25 = t15[i24];
-            #pragma omp simd
-            for (int64_t i26 = v6; i26 < d_D; i26++) {
-                const double v27 = p_dy[v25 * st_dy_0 + i26];
-                const double v28 = v27 * v17;
-                l20[i26] += v28;
-            }
-        }
-        {
-            int64_t r30 = v6;
-            for (; r30 + 8 <= d_D; r30 += 8) {
-                OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r30, 2048);
+        const int64_t v20 = opgen_seg_start(t14, i19, d_N1, d_N);
+        const int64_t v21 = i19 + v16;
+        const int64_t v22 = opgen_seg_start(t14, v21, d_N1, d_N);
+        const bool v23 = v22 <= v20;
+        if (v23) {
+            const double v24 = 0.0;
+            {
+                int64_t r26 = v6;
+                for (; r26 + 8 <= d_D; r26 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i25 = r26 + l;
+                        const double v27 = p_dtable1[i19 * st_dtable1_0 + i25];
+                        const double v28 = p_dtable1_acc ? v27 : v18;
+                        const double v29 = v28 + v24;
+                        p_dtable1[i19 * st_dtable1_0 + i25] = v29;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 8; l++) {
-                    const int64_t i29 = r30 + l;
-                    const double v31 = p_dtable1[i19 * st_dtable1_0 + i29];
-                    const double v32 = p_dtable1_acc ? v31 : v18;
-                    const double v33 = l20[i29];
-                    const double v34 = v32 + v33;
-                    p_dtable1[i19 * st_dtable1_0 + i29] = v34;
+                for (int64_t i25 = r26; i25 < d_D; i25++) {
+                    const double v30 = p_dtable1[i19 * st_dtable1_0 + i25];
+                    const double v31 = p_dtable1_acc ? v30 : v18;
+                    const double v32 = v31 + v24;
+                    p_dtable1[i19 * st_dtable1_0 + i25] = v32;
                 }
             }
-            #pragma omp simd
-            for (int64_t i29 = r30; i29 < d_D; i29++) {
-                const double v35 = p_dtable1[i19 * st_dtable1_0 + i29];
-                const double v36 = p_dtable1_acc ? v35 : v18;
-                const double v37 = l20[i29];
-                const double v38 = v36 + v37;
-                p_dtable1[i19 * st_dtable1_0 + i29] = v38;
+        } else {
+            double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l33, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i34 = v20; i34 < v22; i34++) {
+                const int64_t v35 = t15[i34];
+                #pragma omp simd
+                for (int64_t i36 = v6; i36 < d_D; i36++) {
+                    const double v37 = p_dy[v35 * st_dy_0 + i36];
+                    const double v38 = v37 * v17;
+                    l33[i36] += v38;
+                }
+            }
+            {
+                int64_t r40 = v6;
+                for (; r40 + 8 <= d_D; r40 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i39 = r40 + l;
+                        const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
+                        const double v42 = p_dtable1_acc ? v41 : v18;
+                        const double v43 = l33[i39];
+                        const double v44 = v42 + v43;
+                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i39 = r40; i39 < d_D; i39++) {
+                    const double v45 = p_dtable1[i19 * st_dtable1_0 + i39];
+                    const double v46 = p_dtable1_acc ? v45 : v18;
+                    const double v47 = l33[i39];
+                    const double v48 = v46 + v47;
+                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                }
             }
         }
     }
@@ -1465,10 +1783,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1494,84 +1812,136 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v2; i21 < v15; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t17[i26];
-            #pragma omp simd
-            for (int64_t i28 = v2; i28 < d_D; i28++) {
-                const float v29 = opgen_f16_to_f32(p_dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
-            }
-        }
-        {
-            int64_t r32 = v2;
-            for (; r32 + 32 <= d_D; r32 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+        const int64_t v22 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v23 = i21 + v18;
+        const int64_t v24 = opgen_seg_start(t16, v23, d_N1, d_N);
+        const bool v25 = v24 <= v22;
+        if (v25) {
+            const float v26 = 0.0f;
+            {
+                int64_t r28 = v2;
+                for (; r28 + 32 <= d_D; r28 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i27 = r28 + l;
+                        const float v29 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
+                        const float v30 = p_dtable1_acc ? v29 : v20;
+                        const float v31 = v30 + v26;
+                        p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v31);
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i31 = r32 + l;
-                    const float v33 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                    const float v34 = p_dtable1_acc ? v33 : v20;
-                    const float v35 = l22[i31];
-                    const float v36 = v34 + v35;
-                    p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v36);
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v32 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
+                    const float v33 = p_dtable1_acc ? v32 : v20;
+                    const float v34 = v33 + v26;
+                    p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_f16(v34);
                 }
             }
-            #pragma omp simd
-            for (int64_t i31 = r32; i31 < d_D; i31++) {
-                const float v37 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                const float v38 = p_dtable1_acc ? v37 : v20;
-                const float v39 = l22[i31];
-                const float v40 = v38 + v39;
-                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_f16(v40);
+        } else {
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l35, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i36 = v22; i36 < v24; i36++) {
+                const int64_t v37 = t17[i36];
+                #pragma omp simd
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const float v39 = opgen_f16_to_f32(p_dy[v37 * st_dy_0 + i38]);
+                    const float v40 = v39 * v19;
+                    l35[i38] += v40;
+                }
+            }
+            {
+                int64_t r42 = v2;
+                for (; r42 + 32 <= d_D; r42 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i41 = r42 + l;
+                        const float v43 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i41]);
+                        const float v44 = p_dtable1_acc ? v43 : v20;
+                        const float v45 = l35[i41];
+                        const float v46 = v44 + v45;
+                        p_dtable1[i21 * st_dtable1_0 + i41] = opgen_f32_to_f16(v46);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i41 = r42; i41 < d_D; i41++) {
+                    const float v47 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i41]);
+                    const float v48 = p_dtable1_acc ? v47 : v20;
+                    const float v49 = l35[i41];
+                    const float v50 = v48 + v49;
+                    p_dtable1[i21 * st_dtable1_0 + i41] = opgen_f32_to_f16(v50);
+                }
             }
         }
     }
-    const int64_t v41 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t42, t43);
-    const float v44 = p_alpha2;
+    const int64_t v51 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t52, t53);
+    const float v54 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i45 = v2; i45 < v41; i45++) {
-        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l46, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
-        const int64_t v48 = i45 + v18;
-        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
-        for (int64_t i50 = v47; i50 < v49; i50++) {
-            const int64_t v51 = t43[i50];
-            #pragma omp simd
-            for (int64_t i52 = v2; i52 < d_D; i52++) {
-                const float v53 = opgen_f16_to_f32(p_dy[v51 * st_dy_0 + i52]);
-                const float v54 = v53 * v44;
-                l46[i52] += v54;
-            }
-        }
-        {
-            int64_t r56 = v2;
-            for (; r56 + 32 <= d_D; r56 += 32) {
-                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+    for (int64_t i55 = v2; i55 < v51; i55++) {
+        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
+        const int64_t v57 = i55 + v18;
+        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
+        const bool v59 = v58 <= v56;
+        if (v59) {
+            const float v60 = 0.0f;
+            {
+                int64_t r62 = v2;
+                for (; r62 + 32 <= d_D; r62 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l;
+                        const float v63 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i61]);
+                        const float v64 = p_dtable2_acc ? v63 : v20;
+                        const float v65 = v64 + v60;
+                        p_dtable2[i55 * st_dtable2_0 + i61] = opgen_f32_to_f16(v65);
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i55 = r56 + l;
-                    const float v57 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
-                    const float v58 = p_dtable2_acc ? v57 : v20;
-                    const float v59 = l46[i55];
-                    const float v60 = v58 + v59;
-                    p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_f16(v60);
+                for (int64_t i61 = r62; i61 < d_D; i61++) {
+                    const float v66 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i61]);
+                    const float v67 = p_dtable2_acc ? v66 : v20;
+                    const float v68 = v67 + v60;
+                    p_dtable2[i55 * st_dtable2_0 + i61] = opgen_f32_to_f16(v68);
                 }
             }
-            #pragma omp simd
-            for (int64_t i55 = r56; i55 < d_D; i55++) {
-                const float v61 = opgen_f16_to_f32(p_dtable2[i45 * st_dtable2_0 + i55]);
-                const float v62 = p_dtable2_acc ? v61 : v20;
-                const float v63 = l46[i55];
-                const float v64 = v62 + v63;
-                p_dtable2[i45 * st_dtable2_0 + i55] = opgen_f32_to_f16(v64);
+        } else {
+            float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l69, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i70 = v56; i70 < v58; i70++) {
+                const int64_t v71 = t53[i70];
+                #pragma omp simd
+                for (int64_t i72 = v2; i72 < d_D; i72++) {
+                    const float v73 = opgen_f16_to_f32(p_dy[v71 * st_dy_0 + i72]);
+                    const float v74 = v73 * v54;
+                    l69[i72] += v74;
+                }
+            }
+            {
+                int64_t r76 = v2;
+                for (; r76 + 32 <= d_D; r76 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i75 = r76 + l;
+                        const float v77 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i75]);
+                        const float v78 = p_dtable2_acc ? v77 : v20;
+                        const float v79 = l69[i75];
+                        const float v80 = v78 + v79;
+                        p_dtable2[i55 * st_dtable2_0 + i75] = opgen_f32_to_f16(v80);
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i75 = r76; i75 < d_D; i75++) {
+                    const float v81 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i75]);
+                    const float v82 = p_dtable2_acc ? v81 : v20;
+                    const float v83 = l69[i75];
+                    const float v84 = v82 + v83;
+                    p_dtable2[i55 * st_dtable2_0 + i75] = opgen_f32_to_f16(v84);
+                }
             }
         }
     }
@@ -1648,10 +2018,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t44 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t54 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t55 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1677,88 +2047,144 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v2; i21 < v15; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t17[i26];
-            #pragma omp simd
-            for (int64_t i28 = v2; i28 < d_D; i28++) {
-                const float v29 = opgen_bf16_to_f32(p_dy[v27 * st_dy_0 + i28]);
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
-            }
-        }
-        {
-            int64_t r32 = v2;
-            for (; r32 + 32 <= d_D; r32 += 32) {
-                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
-                _Alignas(64) float stg33[32];
-                #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i31 = r32 + l;
-                    const float v34 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                    const float v35 = p_dtable1_acc ? v34 : v20;
-                    const float v36 = l22[i31];
-                    const float v37 = v35 + v36;
-                    stg33[l] = v37;
+        const int64_t v22 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v23 = i21 + v18;
+        const int64_t v24 = opgen_seg_start(t16, v23, d_N1, d_N);
+        const bool v25 = v24 <= v22;
+        if (v25) {
+            const float v26 = 0.0f;
+            {
+                int64_t r28 = v2;
+                for (; r28 + 32 <= d_D; r28 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
+                    _Alignas(64) float stg29[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i27 = r28 + l;
+                        const float v30 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
+                        const float v31 = p_dtable1_acc ? v30 : v20;
+                        const float v32 = v31 + v26;
+                        stg29[l] = v32;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r28], 1, stg29, 32);
                 }
-                opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r32], 1, stg33, 32);
+                #pragma omp simd
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v33 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
+                    const float v34 = p_dtable1_acc ? v33 : v20;
+                    const float v35 = v34 + v26;
+                    p_dtable1[i21 * st_dtable1_0 + i27] = opgen_f32_to_bf16(v35);
+                }
             }
-            #pragma omp simd
-            for (int64_t i31 = r32; i31 < d_D; i31++) {
-                const float v38 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i31]);
-                const float v39 = p_dtable1_acc ? v38 : v20;
-                const float v40 = l22[i31];
-                const float v41 = v39 + v40;
-                p_dtable1[i21 * st_dtable1_0 + i31] = opgen_f32_to_bf16(v41);
+        } else {
+            float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l36, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i37 = v22; i37 < v24; i37++) {
+                const int64_t v38 = t17[i37];
+                #pragma omp simd
+                for (int64_t i39 = v2; i39 < d_D; i39++) {
+                    const float v40 = opgen_bf16_to_f32(p_dy[v38 * st_dy_0 + i39]);
+                    const float v41 = v40 * v19;
+                    l36[i39] += v41;
+                }
+            }
+            {
+                int64_t r43 = v2;
+                for (; r43 + 32 <= d_D; r43 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r43, 2048);
+                    _Alignas(64) float stg44[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i42 = r43 + l;
+                        const float v45 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
+                        const float v46 = p_dtable1_acc ? v45 : v20;
+                        const float v47 = l36[i42];
+                        const float v48 = v46 + v47;
+                        stg44[l] = v48;
+                    }
+                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r43], 1, stg44, 32);
+                }
+                #pragma omp simd
+                for (int64_t i42 = r43; i42 < d_D; i42++) {
+                    const float v49 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
+                    const float v50 = p_dtable1_acc ? v49 : v20;
+                    const float v51 = l36[i42];
+                    const float v52 = v50 + v51;
+                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_bf16(v52);
+                }
             }
         }
     }
-    const int64_t v42 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t43, t44);
-    const float v45 = p_alpha2;
+    const int64_t v53 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t54, t55);
+    const float v56 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i46 = v2; i46 < v42; i46++) {
-        float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l47, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v48 = opgen_seg_start(t43, i46, d_N2, d_N);
-        const int64_t v49 = i46 + v18;
-        const int64_t v50 = opgen_seg_start(t43, v49, d_N2, d_N);
-        for (int64_t i51 = v48; i51 < v50; i51++) {
-            const int64_t v52 = t44[i51];
-            #pragma omp simd
-            for (int64_t i53 = v2; i53 < d_D; i53++) {
-                const float v54 = opgen_bf16_to_f32(p_dy[v52 * st_dy_0 + i53]);
-                const float v55 = v54 * v45;
-                l47[i53] += v55;
-            }
-        }
-        {
-            int64_t r57 = v2;
-            for (; r57 + 32 <= d_D; r57 += 32) {
-                OPGEN_PREFETCH(p_dtable2, i46 * st_dtable2_0 + r57, 2048);
-                _Alignas(64) float stg58[32];
-                #pragma omp simd
-                for (int l = 0; l < 32; l++) {
-                    const int64_t i56 = r57 + l;
-                    const float v59 = opgen_bf16_to_f32(p_dtable2[i46 * st_dtable2_0 + i56]);
-                    const float v60 = p_dtable2_acc ? v59 : v20;
-                    const float v61 = l47[i56];
-                    const float v62 = v60 + v61;
-                    stg58[l] = v62;
+    for (int64_t i57 = v2; i57 < v53; i57++) {
+        const int64_t v58 = opgen_seg_start(t54, i57, d_N2, d_N);
+        const int64_t v59 = i57 + v18;
+        const int64_t v60 = opgen_seg_start(t54, v59, d_N2, d_N);
+        const bool v61 = v60 <= v58;
+        if (v61) {
+            const float v62 = 0.0f;
+            {
+                int64_t r64 = v2;
+                for (; r64 + 32 <= d_D; r64 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i57 * st_dtable2_0 + r64, 2048);
+                    _Alignas(64) float stg65[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i63 = r64 + l;
+                        const float v66 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i63]);
+                        const float v67 = p_dtable2_acc ? v66 : v20;
+                        const float v68 = v67 + v62;
+                        stg65[l] = v68;
+                    }
+                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r64], 1, stg65, 32);
                 }
-                opgen_bf16_store_strip(&p_dtable2[i46 * st_dtable2_0 + r57], 1, stg58, 32);
+                #pragma omp simd
+                for (int64_t i63 = r64; i63 < d_D; i63++) {
+                    const float v69 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i63]);
+                    const float v70 = p_dtable2_acc ? v69 : v20;
+                    const float v71 = v70 + v62;
+                    p_dtable2[i57 * st_dtable2_0 + i63] = opgen_f32_to_bf16(v71);
+                }
             }
-            #pragma omp simd
-            for (int64_t i56 = r57; i56 < d_D; i56++) {
-                const float v63 = opgen_bf16_to_f32(p_dtable2[i46 * st_dtable2_0 + i56]);
-                const float v64 = p_dtable2_acc ? v63 : v20;
-                const float v65 = l47[i56];
-                const float v66 = v64 + v65;
-                p_dtable2[i46 * st_dtable2_0 + i56] = opgen_f32_to_bf16(v66);
+        } else {
+            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l72, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i73 = v58; i73 < v60; i73++) {
+                const int64_t v74 = t55[i73];
+                #pragma omp simd
+                for (int64_t i75 = v2; i75 < d_D; i75++) {
+                    const float v76 = opgen_bf16_to_f32(p_dy[v74 * st_dy_0 + i75]);
+                    const float v77 = v76 * v56;
+                    l72[i75] += v77;
+                }
+            }
+            {
+                int64_t r79 = v2;
+                for (; r79 + 32 <= d_D; r79 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i57 * st_dtable2_0 + r79, 2048);
+                    _Alignas(64) float stg80[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i78 = r79 + l;
+                        const float v81 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i78]);
+                        const float v82 = p_dtable2_acc ? v81 : v20;
+                        const float v83 = l72[i78];
+                        const float v84 = v82 + v83;
+                        stg80[l] = v84;
+                    }
+                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r79], 1, stg80, 32);
+                }
+                #pragma omp simd
+                for (int64_t i78 = r79; i78 < d_D; i78++) {
+                    const float v85 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i78]);
+                    const float v86 = p_dtable2_acc ? v85 : v20;
+                    const float v87 = l72[i78];
+                    const float v88 = v86 + v87;
+                    p_dtable2[i57 * st_dtable2_0 + i78] = opgen_f32_to_bf16(v88);
+                }
             }
         }
     }
@@ -1835,10 +2261,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l46_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1864,84 +2290,136 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const float v20 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v2; i21 < v15; i21++) {
-        float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t17[i26];
-            #pragma omp simd
-            for (int64_t i28 = v2; i28 < d_D; i28++) {
-                const float v29 = p_dy[v27 * st_dy_0 + i28];
-                const float v30 = v29 * v19;
-                l22[i28] += v30;
-            }
-        }
-        {
-            int64_t r32 = v2;
-            for (; r32 + 16 <= d_D; r32 += 16) {
-                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+        const int64_t v22 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v23 = i21 + v18;
+        const int64_t v24 = opgen_seg_start(t16, v23, d_N1, d_N);
+        const bool v25 = v24 <= v22;
+        if (v25) {
+            const float v26 = 0.0f;
+            {
+                int64_t r28 = v2;
+                for (; r28 + 16 <= d_D; r28 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r28 + l;
+                        const float v29 = p_dtable1[i21 * st_dtable1_0 + i27];
+                        const float v30 = p_dtable1_acc ? v29 : v20;
+                        const float v31 = v30 + v26;
+                        p_dtable1[i21 * st_dtable1_0 + i27] = v31;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i31 = r32 + l;
-                    const float v33 = p_dtable1[i21 * st_dtable1_0 + i31];
-                    const float v34 = p_dtable1_acc ? v33 : v20;
-                    const float v35 = l22[i31];
-                    const float v36 = v34 + v35;
-                    p_dtable1[i21 * st_dtable1_0 + i31] = v36;
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v32 = p_dtable1[i21 * st_dtable1_0 + i27];
+                    const float v33 = p_dtable1_acc ? v32 : v20;
+                    const float v34 = v33 + v26;
+                    p_dtable1[i21 * st_dtable1_0 + i27] = v34;
                 }
             }
-            #pragma omp simd
-            for (int64_t i31 = r32; i31 < d_D; i31++) {
-                const float v37 = p_dtable1[i21 * st_dtable1_0 + i31];
-                const float v38 = p_dtable1_acc ? v37 : v20;
-                const float v39 = l22[i31];
-                const float v40 = v38 + v39;
-                p_dtable1[i21 * st_dtable1_0 + i31] = v40;
+        } else {
+            float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l35, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i36 = v22; i36 < v24; i36++) {
+                const int64_t v37 = t17[i36];
+                #pragma omp simd
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const float v39 = p_dy[v37 * st_dy_0 + i38];
+                    const float v40 = v39 * v19;
+                    l35[i38] += v40;
+                }
+            }
+            {
+                int64_t r42 = v2;
+                for (; r42 + 16 <= d_D; r42 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i41 = r42 + l;
+                        const float v43 = p_dtable1[i21 * st_dtable1_0 + i41];
+                        const float v44 = p_dtable1_acc ? v43 : v20;
+                        const float v45 = l35[i41];
+                        const float v46 = v44 + v45;
+                        p_dtable1[i21 * st_dtable1_0 + i41] = v46;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i41 = r42; i41 < d_D; i41++) {
+                    const float v47 = p_dtable1[i21 * st_dtable1_0 + i41];
+                    const float v48 = p_dtable1_acc ? v47 : v20;
+                    const float v49 = l35[i41];
+                    const float v50 = v48 + v49;
+                    p_dtable1[i21 * st_dtable1_0 + i41] = v50;
+                }
             }
         }
     }
-    const int64_t v41 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t42, t43);
-    const float v44 = p_alpha2;
+    const int64_t v51 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t52, t53);
+    const float v54 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i45 = v2; i45 < v41; i45++) {
-        float *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l46, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
-        const int64_t v48 = i45 + v18;
-        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
-        for (int64_t i50 = v47; i50 < v49; i50++) {
-            const int64_t v51 = t43[i50];
-            #pragma omp simd
-            for (int64_t i52 = v2; i52 < d_D; i52++) {
-                const float v53 = p_dy[v51 * st_dy_0 + i52];
-                const float v54 = v53 * v44;
-                l46[i52] += v54;
-            }
-        }
-        {
-            int64_t r56 = v2;
-            for (; r56 + 16 <= d_D; r56 += 16) {
-                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+    for (int64_t i55 = v2; i55 < v51; i55++) {
+        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
+        const int64_t v57 = i55 + v18;
+        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
+        const bool v59 = v58 <= v56;
+        if (v59) {
+            const float v60 = 0.0f;
+            {
+                int64_t r62 = v2;
+                for (; r62 + 16 <= d_D; r62 += 16) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i61 = r62 + l;
+                        const float v63 = p_dtable2[i55 * st_dtable2_0 + i61];
+                        const float v64 = p_dtable2_acc ? v63 : v20;
+                        const float v65 = v64 + v60;
+                        p_dtable2[i55 * st_dtable2_0 + i61] = v65;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 16; l++) {
-                    const int64_t i55 = r56 + l;
-                    const float v57 = p_dtable2[i45 * st_dtable2_0 + i55];
-                    const float v58 = p_dtable2_acc ? v57 : v20;
-                    const float v59 = l46[i55];
-                    const float v60 = v58 + v59;
-                    p_dtable2[i45 * st_dtable2_0 + i55] = v60;
+                for (int64_t i61 = r62; i61 < d_D; i61++) {
+                    const float v66 = p_dtable2[i55 * st_dtable2_0 + i61];
+                    const float v67 = p_dtable2_acc ? v66 : v20;
+                    const float v68 = v67 + v60;
+                    p_dtable2[i55 * st_dtable2_0 + i61] = v68;
                 }
             }
-            #pragma omp simd
-            for (int64_t i55 = r56; i55 < d_D; i55++) {
-                const float v61 = p_dtable2[i45 * st_dtable2_0 + i55];
-                const float v62 = p_dtable2_acc ? v61 : v20;
-                const float v63 = l46[i55];
-                const float v64 = v62 + v63;
-                p_dtable2[i45 * st_dtable2_0 + i55] = v64;
+        } else {
+            float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l69, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i70 = v56; i70 < v58; i70++) {
+                const int64_t v71 = t53[i70];
+                #pragma omp simd
+                for (int64_t i72 = v2; i72 < d_D; i72++) {
+                    const float v73 = p_dy[v71 * st_dy_0 + i72];
+                    const float v74 = v73 * v54;
+                    l69[i72] += v74;
+                }
+            }
+            {
+                int64_t r76 = v2;
+                for (; r76 + 16 <= d_D; r76 += 16) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i75 = r76 + l;
+                        const float v77 = p_dtable2[i55 * st_dtable2_0 + i75];
+                        const float v78 = p_dtable2_acc ? v77 : v20;
+                        const float v79 = l69[i75];
+                        const float v80 = v78 + v79;
+                        p_dtable2[i55 * st_dtable2_0 + i75] = v80;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i75 = r76; i75 < d_D; i75++) {
+                    const float v81 = p_dtable2[i55 * st_dtable2_0 + i75];
+                    const float v82 = p_dtable2_acc ? v81 : v20;
+                    const float v83 = l69[i75];
+                    const float v84 = v82 + v83;
+                    p_dtable2[i55 * st_dtable2_0 + i75] = v84;
+                }
             }
         }
     }
@@ -2018,10 +2496,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t42 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t43 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    double *l22_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l46_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    double *l35_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l69_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -2047,84 +2525,136 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const double v20 = 0.0;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i21 = v2; i21 < v15; i21++) {
-        double *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l22, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v23 = opgen_seg_start(t16, i21, d_N1, d_N);
-        const int64_t v24 = i21 + v18;
-        const int64_t v25 = opgen_seg_start(t16, v24, d_N1, d_N);
-        for (int64_t i26 = v23; i26 < v25; i26++) {
-            const int64_t v27 = t17[i26];
-            #pragma omp simd
-            for (int64_t i28 = v2; i28 < d_D; i28++) {
-                const double v29 = p_dy[v27 * st_dy_0 + i28];
-                const double v30 = v29 * v19;
-                l22[i28] += v30;
-            }
-        }
-        {
-            int64_t r32 = v2;
-            for (; r32 + 8 <= d_D; r32 += 8) {
-                OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r32, 2048);
+        const int64_t v22 = opgen_seg_start(t16, i21, d_N1, d_N);
+        const int64_t v23 = i21 + v18;
+        const int64_t v24 = opgen_seg_start(t16, v23, d_N1, d_N);
+        const bool v25 = v24 <= v22;
+        if (v25) {
+            const double v26 = 0.0;
+            {
+                int64_t r28 = v2;
+                for (; r28 + 8 <= d_D; r28 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i27 = r28 + l;
+                        const double v29 = p_dtable1[i21 * st_dtable1_0 + i27];
+                        const double v30 = p_dtable1_acc ? v29 : v20;
+                        const double v31 = v30 + v26;
+                        p_dtable1[i21 * st_dtable1_0 + i27] = v31;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 8; l++) {
-                    const int64_t i31 = r32 + l;
-                    const double v33 = p_dtable1[i21 * st_dtable1_0 + i31];
-                    const double v34 = p_dtable1_acc ? v33 : v20;
-                    const double v35 = l22[i31];
-                    const double v36 = v34 + v35;
-                    p_dtable1[i21 * st_dtable1_0 + i31] = v36;
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const double v32 = p_dtable1[i21 * st_dtable1_0 + i27];
+                    const double v33 = p_dtable1_acc ? v32 : v20;
+                    const double v34 = v33 + v26;
+                    p_dtable1[i21 * st_dtable1_0 + i27] = v34;
                 }
             }
-            #pragma omp simd
-            for (int64_t i31 = r32; i31 < d_D; i31++) {
-                const double v37 = p_dtable1[i21 * st_dtable1_0 + i31];
-                const double v38 = p_dtable1_acc ? v37 : v20;
-                const double v39 = l22[i31];
-                const double v40 = v38 + v39;
-                p_dtable1[i21 * st_dtable1_0 + i31] = v40;
+        } else {
+            double *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l35, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i36 = v22; i36 < v24; i36++) {
+                const int64_t v37 = t17[i36];
+                #pragma omp simd
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const double v39 = p_dy[v37 * st_dy_0 + i38];
+                    const double v40 = v39 * v19;
+                    l35[i38] += v40;
+                }
+            }
+            {
+                int64_t r42 = v2;
+                for (; r42 + 8 <= d_D; r42 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i41 = r42 + l;
+                        const double v43 = p_dtable1[i21 * st_dtable1_0 + i41];
+                        const double v44 = p_dtable1_acc ? v43 : v20;
+                        const double v45 = l35[i41];
+                        const double v46 = v44 + v45;
+                        p_dtable1[i21 * st_dtable1_0 + i41] = v46;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i41 = r42; i41 < d_D; i41++) {
+                    const double v47 = p_dtable1[i21 * st_dtable1_0 + i41];
+                    const double v48 = p_dtable1_acc ? v47 : v20;
+                    const double v49 = l35[i41];
+                    const double v50 = v48 + v49;
+                    p_dtable1[i21 * st_dtable1_0 + i41] = v50;
+                }
             }
         }
     }
-    const int64_t v41 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t42, t43);
-    const double v44 = (double)(p_alpha2);
+    const int64_t v51 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t52, t53);
+    const double v54 = (double)(p_alpha2);
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i45 = v2; i45 < v41; i45++) {
-        double *restrict l46 = l46_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l46, 0, sizeof(double) * (size_t)d_D);
-        const int64_t v47 = opgen_seg_start(t42, i45, d_N2, d_N);
-        const int64_t v48 = i45 + v18;
-        const int64_t v49 = opgen_seg_start(t42, v48, d_N2, d_N);
-        for (int64_t i50 = v47; i50 < v49; i50++) {
-            const int64_t v51 = t43[i50];
-            #pragma omp simd
-            for (int64_t i52 = v2; i52 < d_D; i52++) {
-                const double v53 = p_dy[v51 * st_dy_0 + i52];
-                const double v54 = v53 * v44;
-                l46[i52] += v54;
-            }
-        }
-        {
-            int64_t r56 = v2;
-            for (; r56 + 8 <= d_D; r56 += 8) {
-                OPGEN_PREFETCH(p_dtable2, i45 * st_dtable2_0 + r56, 2048);
+    for (int64_t i55 = v2; i55 < v51; i55++) {
+        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
+        const int64_t v57 = i55 + v18;
+        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
+        const bool v59 = v58 <= v56;
+        if (v59) {
+            const double v60 = 0.0;
+            {
+                int64_t r62 = v2;
+                for (; r62 + 8 <= d_D; r62 += 8) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i61 = r62 + l;
+                        const double v63 = p_dtable2[i55 * st_dtable2_0 + i61];
+                        const double v64 = p_dtable2_acc ? v63 : v20;
+                        const double v65 = v64 + v60;
+                        p_dtable2[i55 * st_dtable2_0 + i61] = v65;
+                    }
+                }
                 #pragma omp simd
-                for (int l = 0; l < 8; l++) {
-                    const int64_t i55 = r56 + l;
-                    const double v57 = p_dtable2[i45 * st_dtable2_0 + i55];
-                    const double v58 = p_dtable2_acc ? v57 : v20;
-                    const double v59 = l46[i55];
-                    const double v60 = v58 + v59;
-                    p_dtable2[i45 * st_dtable2_0 + i55] = v60;
+                for (int64_t i61 = r62; i61 < d_D; i61++) {
+                    const double v66 = p_dtable2[i55 * st_dtable2_0 + i61];
+                    const double v67 = p_dtable2_acc ? v66 : v20;
+                    const double v68 = v67 + v60;
+                    p_dtable2[i55 * st_dtable2_0 + i61] = v68;
                 }
             }
-            #pragma omp simd
-            for (int64_t i55 = r56; i55 < d_D; i55++) {
-                const double v61 = p_dtable2[i45 * st_dtable2_0 + i55];
-                const double v62 = p_dtable2_acc ? v61 : v20;
-                const double v63 = l46[i55];
-                const double v64 = v62 + v63;
-                p_dtable2[i45 * st_dtable2_0 + i55] = v64;
+        } else {
+            double *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l69, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i70 = v56; i70 < v58; i70++) {
+                const int64_t v71 = t53[i70];
+                #pragma omp simd
+                for (int64_t i72 = v2; i72 < d_D; i72++) {
+                    const double v73 = p_dy[v71 * st_dy_0 + i72];
+                    const double v74 = v73 * v54;
+                    l69[i72] += v74;
+                }
+            }
+            {
+                int64_t r76 = v2;
+                for (; r76 + 8 <= d_D; r76 += 8) {
+                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                    #pragma omp simd
+                    for (int l = 0; l < 8; l++) {
+                        const int64_t i75 = r76 + l;
+                        const double v77 = p_dtable2[i55 * st_dtable2_0 + i75];
+                        const double v78 = p_dtable2_acc ? v77 : v20;
+                        const double v79 = l69[i75];
+                        const double v80 = v78 + v79;
+                        p_dtable2[i55 * st_dtable2_0 + i75] = v80;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t i75 = r76; i75 < d_D; i75++) {
+                    const double v81 = p_dtable2[i55 * st_dtable2_0 + i75];
+                    const double v82 = p_dtable2_acc ? v81 : v20;
+                    const double v83 = l69[i75];
+                    const double v84 = v82 + v83;
+                    p_dtable2[i55 * st_dtable2_0 + i75] = v84;
+                }
             }
         }
     }

@@ -53,7 +53,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -69,21 +69,29 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v9; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
-        const int64_t v16 = i13 + v12;
-        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
-            const int64_t v19 = t11[i18];
-            for (int64_t i20 = v2; i20 < d_D; i20++) {
-                const float v21 = opgen_bf16_to_f32(p_grad[v19 * st_grad_0 + i20 * st_grad_1]);
-                l14[i20] += v21;
+        const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v15 = i13 + v12;
+        const int64_t v16 = opgen_seg_start(t10, v15, d_V, d_N);
+        const bool v17 = v16 <= v14;
+        if (v17) {
+            const float v18 = 0.0f;
+            for (int64_t i19 = v2; i19 < d_D; i19++) {
+                p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
             }
-        }
-        for (int64_t i22 = v2; i22 < d_D; i22++) {
-            const float v23 = l14[i22];
-            p_out[i13 * st_out_0 + i22 * st_out_1] = opgen_f32_to_bf16(v23);
+        } else {
+            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l20, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i21 = v14; i21 < v16; i21++) {
+                const int64_t v22 = t11[i21];
+                for (int64_t i23 = v2; i23 < d_D; i23++) {
+                    const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23 * st_grad_1]);
+                    l20[i23] += v24;
+                }
+            }
+            for (int64_t i25 = v2; i25 < d_D; i25++) {
+                const float v26 = l20[i25];
+                p_out[i13 * st_out_0 + i25 * st_out_1] = opgen_f32_to_bf16(v26);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -107,7 +115,7 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -123,23 +131,32 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v9; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
-        const int64_t v16 = i13 + v12;
-        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
-            const int64_t v19 = t11[i18];
+        const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v15 = i13 + v12;
+        const int64_t v16 = opgen_seg_start(t10, v15, d_V, d_N);
+        const bool v17 = v16 <= v14;
+        if (v17) {
+            const float v18 = 0.0f;
             #pragma omp simd
-            for (int64_t i20 = v2; i20 < d_D; i20++) {
-                const float v21 = opgen_bf16_to_f32(p_grad[v19 * st_grad_0 + i20]);
-                l14[i20] += v21;
+            for (int64_t i19 = v2; i19 < d_D; i19++) {
+                p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
             }
-        }
-        #pragma omp simd
-        for (int64_t i22 = v2; i22 < d_D; i22++) {
-            const float v23 = l14[i22];
-            p_out[i13 * st_out_0 + i22] = opgen_f32_to_bf16(v23);
+        } else {
+            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l20, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i21 = v14; i21 < v16; i21++) {
+                const int64_t v22 = t11[i21];
+                #pragma omp simd
+                for (int64_t i23 = v2; i23 < d_D; i23++) {
+                    const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23]);
+                    l20[i23] += v24;
+                }
+            }
+            #pragma omp simd
+            for (int64_t i25 = v2; i25 < d_D; i25++) {
+                const float v26 = l20[i25];
+                p_out[i13 * st_out_0 + i25] = opgen_f32_to_bf16(v26);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -199,7 +216,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -215,21 +232,29 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v9; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
-        const int64_t v16 = i13 + v12;
-        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
-            const int64_t v19 = t11[i18];
-            for (int64_t i20 = v2; i20 < d_D; i20++) {
-                const float v21 = p_grad[v19 * st_grad_0 + i20 * st_grad_1];
-                l14[i20] += v21;
+        const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v15 = i13 + v12;
+        const int64_t v16 = opgen_seg_start(t10, v15, d_V, d_N);
+        const bool v17 = v16 <= v14;
+        if (v17) {
+            const float v18 = 0.0f;
+            for (int64_t i19 = v2; i19 < d_D; i19++) {
+                p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
             }
-        }
-        for (int64_t i22 = v2; i22 < d_D; i22++) {
-            const float v23 = l14[i22];
-            p_out[i13 * st_out_0 + i22 * st_out_1] = v23;
+        } else {
+            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l20, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i21 = v14; i21 < v16; i21++) {
+                const int64_t v22 = t11[i21];
+                for (int64_t i23 = v2; i23 < d_D; i23++) {
+                    const float v24 = p_grad[v22 * st_grad_0 + i23 * st_grad_1];
+                    l20[i23] += v24;
+                }
+            }
+            for (int64_t i25 = v2; i25 < d_D; i25++) {
+                const float v26 = l20[i25];
+                p_out[i13 * st_out_0 + i25 * st_out_1] = v26;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -253,7 +278,7 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l14_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -269,23 +294,32 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t v12 = 1ll;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i13 = v2; i13 < v9; i13++) {
-        float *restrict l14 = l14_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l14, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v15 = opgen_seg_start(t10, i13, d_V, d_N);
-        const int64_t v16 = i13 + v12;
-        const int64_t v17 = opgen_seg_start(t10, v16, d_V, d_N);
-        for (int64_t i18 = v15; i18 < v17; i18++) {
-            const int64_t v19 = t11[i18];
+        const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
+        const int64_t v15 = i13 + v12;
+        const int64_t v16 = opgen_seg_start(t10, v15, d_V, d_N);
+        const bool v17 = v16 <= v14;
+        if (v17) {
+            const float v18 = 0.0f;
             #pragma omp simd
-            for (int64_t i20 = v2; i20 < d_D; i20++) {
-                const float v21 = p_grad[v19 * st_grad_0 + i20];
-                l14[i20] += v21;
+            for (int64_t i19 = v2; i19 < d_D; i19++) {
+                p_out[i13 * st_out_0 + i19] = v18;
             }
-        }
-        #pragma omp simd
-        for (int64_t i22 = v2; i22 < d_D; i22++) {
-            const float v23 = l14[i22];
-            p_out[i13 * st_out_0 + i22] = v23;
+        } else {
+            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l20, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i21 = v14; i21 < v16; i21++) {
+                const int64_t v22 = t11[i21];
+                #pragma omp simd
+                for (int64_t i23 = v2; i23 < d_D; i23++) {
+                    const float v24 = p_grad[v22 * st_grad_0 + i23];
+                    l20[i23] += v24;
+                }
+            }
+            #pragma omp simd
+            for (int64_t i25 = v2; i25 < d_D; i25++) {
+                const float v26 = l20[i25];
+                p_out[i13 * st_out_0 + i25] = v26;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

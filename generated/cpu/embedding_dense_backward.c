@@ -61,7 +61,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -79,36 +79,45 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = p_grad[ro_grad[v21] + i33 * st_grad_1];
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21 * st_out_1] = v22;
             }
-        }
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38 * st_out_1] = v40;
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = p_grad[ro_grad[v25] + i37 * st_grad_1];
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42 * st_out_1] = v44;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -136,7 +145,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -154,38 +163,48 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
             #pragma omp simd
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = p_grad[ro_grad[v21] + i33];
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21] = v22;
             }
-        }
-        #pragma omp simd
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38] = v40;
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                #pragma omp simd
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = p_grad[ro_grad[v25] + i37];
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            #pragma omp simd
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42] = v44;
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -253,7 +272,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -271,36 +290,45 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = opgen_f16_to_f32(p_grad[ro_grad[v21] + i33 * st_grad_1]);
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_f16(v22);
             }
-        }
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38 * st_out_1] = opgen_f32_to_f16(v40);
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = opgen_f16_to_f32(p_grad[ro_grad[v25] + i37 * st_grad_1]);
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42 * st_out_1] = opgen_f32_to_f16(v44);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -328,7 +356,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -346,38 +374,48 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
             #pragma omp simd
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = opgen_f16_to_f32(p_grad[ro_grad[v21] + i33]);
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v22);
             }
-        }
-        #pragma omp simd
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38] = opgen_f32_to_f16(v40);
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                #pragma omp simd
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = opgen_f16_to_f32(p_grad[ro_grad[v25] + i37]);
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            #pragma omp simd
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42] = opgen_f32_to_f16(v44);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -445,7 +483,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -463,36 +501,45 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = opgen_bf16_to_f32(p_grad[ro_grad[v21] + i33 * st_grad_1]);
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_bf16(v22);
             }
-        }
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38 * st_out_1] = opgen_f32_to_bf16(v40);
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = opgen_bf16_to_f32(p_grad[ro_grad[v25] + i37 * st_grad_1]);
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42 * st_out_1] = opgen_f32_to_bf16(v44);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -520,7 +567,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l16_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -538,38 +585,48 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const float v14 = 0.0f;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i15 = v2; i15 < v9; i15++) {
-        float *restrict l16 = l16_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l16, 0, sizeof(float) * (size_t)d_D);
-        const int64_t v17 = opgen_seg_start(t10, i15, d_V, d_N);
-        const int64_t v18 = i15 + v12;
-        const int64_t v19 = opgen_seg_start(t10, v18, d_V, d_N);
-        for (int64_t i20 = v17; i20 < v19; i20++) {
-            const int64_t v21 = t11[i20];
-            const int64_t v22 = p_indices[ro_indices[v21]];
-            const bool v23 = v22 != p_padding_idx;
-            const int64_t v24 = t1[v21];
-            const int64_t v25 = opgen_seg_start(t10, v24, d_V, d_N);
-            const int64_t v26 = v24 + v12;
-            const int64_t v27 = opgen_seg_start(t10, v26, d_V, d_N);
-            const int64_t v28 = v27 - v25;
-            const int32_t v29 = (int32_t)(v28);
-            const float v30 = (float)(v29);
-            const float v31 = v13 / v30;
-            const float v32 = p_scale_grad_by_freq ? v31 : v13;
+        const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
+        const int64_t v17 = i15 + v12;
+        const int64_t v18 = opgen_seg_start(t10, v17, d_V, d_N);
+        const bool v19 = v18 <= v16;
+        if (v19) {
+            const float v20 = 0.0f;
             #pragma omp simd
-            for (int64_t i33 = v2; i33 < d_D; i33++) {
-                const float v34 = opgen_bf16_to_f32(p_grad[ro_grad[v21] + i33]);
-                const float v35 = v34;
-                const float v36 = v35 * v32;
-                const float v37 = v23 ? v36 : v14;
-                l16[i33] += v37;
+            for (int64_t i21 = v2; i21 < d_D; i21++) {
+                const float v22 = v20;
+                p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v22);
             }
-        }
-        #pragma omp simd
-        for (int64_t i38 = v2; i38 < d_D; i38++) {
-            const float v39 = l16[i38];
-            const float v40 = v39;
-            p_out[i15 * st_out_0 + i38] = opgen_f32_to_bf16(v40);
+        } else {
+            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l23, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i24 = v16; i24 < v18; i24++) {
+                const int64_t v25 = t11[i24];
+                const int64_t v26 = p_indices[ro_indices[v25]];
+                const bool v27 = v26 != p_padding_idx;
+                const int64_t v28 = t1[v25];
+                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
+                const int64_t v30 = v28 + v12;
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v31 - v29;
+                const int32_t v33 = (int32_t)(v32);
+                const float v34 = (float)(v33);
+                const float v35 = v13 / v34;
+                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+                #pragma omp simd
+                for (int64_t i37 = v2; i37 < d_D; i37++) {
+                    const float v38 = opgen_bf16_to_f32(p_grad[ro_grad[v25] + i37]);
+                    const float v39 = v38;
+                    const float v40 = v39 * v36;
+                    const float v41 = v27 ? v40 : v14;
+                    l23[i37] += v41;
+                }
+            }
+            #pragma omp simd
+            for (int64_t i42 = v2; i42 < d_D; i42++) {
+                const float v43 = l23[i42];
+                const float v44 = v43;
+                p_out[i15 * st_out_0 + i42] = opgen_f32_to_bf16(v44);
+            }
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

@@ -392,6 +392,8 @@ class CPrinter:
             self.loop(op)
         elif isinstance(op, s.AllocOp):
             self.alloc(op)
+        elif isinstance(op, s.IfOp):
+            self.branch(op)
         elif isinstance(op, s.StoreOp) and op in self.staged:  # (inside its stream loop's strip)
             self.line(f"{self.staged[op]}[l] = {self.name(op.value)};")
         elif isinstance(op, s.StoreOp):
@@ -448,6 +450,16 @@ class CPrinter:
             self.line(f"{ct} *{self.restrict} {n} = {n}_base + (size_t)opgen_thread() * ({count});")
         if zero:
             self.line(f"memset({n}, 0, sizeof({ct}) * {count});")
+
+    def branch(self, op: s.IfOp) -> None:
+        self.line(f"if ({self.name(op.cond)}) {{")
+        for i, region in enumerate((op.then, op.otherwise)):
+            if i:
+                self.line("} else {")
+            self.depth += 1
+            self.walk(iter(region.block.ops))
+            self.depth -= 1
+        self.line("}")
 
     def loop(self, op: s.ForOp) -> None:
         iv = self.fresh("i")

@@ -369,6 +369,24 @@ class ForOp(IRDLOperation):
 
 
 @irdl_op_definition
+class IfOp(IRDLOperation):
+    """``if (cond) then else otherwise``: two single-block regions, either may be empty."""
+
+    name = "sched.if"
+    cond = operand_def(TensorType)
+    then = region_def("single_block")
+    otherwise = region_def("single_block")
+    traits = traits_def(NoTerminator(), RecursiveMemoryEffect())
+    assembly_format = "$cond attr-dict-with-keyword `:` type($cond) $then `else` $otherwise"
+
+    def __init__(self, cond: SSAValue, then: Sequence[Operation] = (), otherwise: Sequence[Operation] = ()):
+        super().__init__(operands=[cond], regions=[Region(Block(then)), Region(Block(otherwise))])
+
+    def verify_(self) -> None:
+        _scalar(self, self.cond, "bool", "the condition")
+
+
+@irdl_op_definition
 class LoadOp(IRDLOperation):
     """``buf[idx...]`` widened to the compute type of the buffer's dtype."""
 
@@ -730,6 +748,7 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     return reads, writes
 
 
-Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, LoadOp, PrefetchOp, LoadBitOp, FlagsPerElemOp, StoreOp, AccumOp,
-                          SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, PackOp, BarrierOp, SegWordsOp],
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, PrefetchOp, LoadBitOp, FlagsPerElemOp, StoreOp,
+                          AccumOp, SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, PackOp, BarrierOp,
+                          SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

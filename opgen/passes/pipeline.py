@@ -27,6 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.cpu_map import MapCpu
+from opgen.lower.empty_ranges import SpecialiseEmptyRanges
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
@@ -66,11 +67,13 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # leave it alone: opgen/lower/hoist_packing.py; matmul chains in one pass of 3 tile products
     # over column groups: opgen/lower/matmul_chain.py); map-cpu
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
-    # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py). Index and mask parameters are
-    # read in one dtype (i64/bool), converted by the binder: kernels per compute type only.
+    # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
+    # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py).
+    # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
+    # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), HoistPacking(),
-            MapCpu()],
+            MapCpu(), SpecialiseEmptyRanges()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector

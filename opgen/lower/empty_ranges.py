@@ -1,0 +1,121 @@
+"""``empty-ranges``: a loop over a range read at run time that accumulates into zeroed scratch,
+specialised for the case where the range is empty.
+
+A scatter-add's owner-computes schedule (lower-to-loops' segments) gives every output row a loop
+over the indices that hit it, accumulating into a zeroed scratch row, then an epilogue that
+reads the scratch row and writes the output row. Most rows of an embedding gradient are hit by
+no index (N = 8192 tokens over V = 32,000 rows: three rows in four), and for them the scratch
+row is zeroed, read back and rounded for nothing. This pass rewrites::
+
+    A = sched.alloc zero            // scratch, written only inside L
+    ...                             // (the range's bounds)
+    L: sched.for serial lo to hi {... accumulates into A ...}
+    post                            // the rest of the block: reads A
+
+into::
+
+    ...
+    sched.if (hi <= lo) { post, every load of A replaced by 0 } else { A = sched.alloc zero; L; post }
+
+which is exact: when the range is empty ``L`` runs no iteration and ``A`` still holds zeros where
+``post`` reads it. The C compiler then sees ``post``'s stores of a constant (the epilogue of 0:
+a store loop, a ``memset`` where its bits are zero) with no scratch to clear.
+
+Only loops whose bounds are read at run time (``sched.segment_start``, ``sched.load``) are
+specialised: a loop over a dim or a constant range is empty only for empty tensors, where the
+specialisation would only double the epilogue's code. Embedding backward bf16 (V = 32,000,
+N = 8192, D = 4096) on a 2-core Zen 3: 15.8 -> 13.1 ms with its output allocated
+(docs/backend_cpu.md).
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from opgen.ir import dialect as ir
+from opgen.lower import sched as s
+
+#: ops whose result, as a loop bound, is read at run time
+RUNTIME_BOUNDS = (s.SegmentStartOp, s.LoadOp)
+
+
+def _inside(op: Operation, ancestor: Operation) -> bool:
+    return ancestor.is_ancestor(op)
+
+
+def _scratch_of(loop: s.ForOp, before: list[Operation], post: list[Operation]) -> list[s.AllocOp]:
+    """The zeroed scratch buffers allocated in ``before`` that are written only inside ``loop``
+    and otherwise only read (``sched.load``) in ``post``."""
+    found = []
+    for op in before:
+        if not (isinstance(op, s.AllocOp) and op.zero is not None and op.zero.data
+                and s.buf_type(op.result).role.data == "local"):
+            continue
+        ok, read = True, False
+        for use in op.result.uses:
+            user = use.operation
+            if isinstance(user, s.AccumOp | s.StoreOp) and user.buf is op.result and _inside(user, loop):
+                continue
+            if isinstance(user, s.LoadOp) and any(p is user or _inside(user, p) for p in post):
+                read = True
+                continue
+            ok = False
+            break
+        if ok and read:
+            found.append(op)
+    return found
+
+
+def _specialise(loop: s.ForOp) -> bool:
+    block = loop.parent_block()
+    if block is None or not isinstance(block.parent_op(), s.ForOp):
+        return False
+    if not (isinstance(loop.lo.owner, RUNTIME_BOUNDS) and isinstance(loop.hi.owner, RUNTIME_BOUNDS)):
+        return False
+    ops = list(block.ops)
+    at = ops.index(loop)
+    before, post = ops[:at], ops[at + 1:]
+    scratch = _scratch_of(loop, before, post)
+    if not post or not scratch:
+        return False
+    bufs = {a.result for a in scratch}
+    # the empty case: post, cloned, its loads of the scratch replaced by the (zero) contents
+    then: list[Operation] = []
+    zeros: dict[str, SSAValue] = {}
+    for op in post:
+        then.append(op.clone())
+    for op in [o for c in then for o in c.walk()]:
+        if isinstance(op, s.LoadOp) and op.buf in bufs:
+            dt = s.buf_type(op.buf).dtype
+            if dt not in zeros:
+                c = ir.ConstantOp(0, dt)
+                then.insert(0, c)
+                zeros[dt] = c.result
+            op.result.replace_all_uses_with(zeros[dt])
+            op.detach()
+            op.erase()
+    empty = ir.CmpOp("le", loop.hi, loop.lo)
+    Rewriter.insert_op(empty, InsertPoint.before(loop))
+    otherwise = [*scratch, loop, *post]
+    for op in otherwise:
+        op.detach()
+    branch = s.IfOp(empty.result, then, otherwise)
+    block.add_op(branch)
+    return True
+
+
+class SpecialiseEmptyRanges(ModulePass):
+    """Give every loop over a run-time range that accumulates into zeroed scratch a branch for
+    the empty range (module docstring)."""
+
+    name = "empty-ranges"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        loops = [o for o in op.walk() if isinstance(o, s.ForOp) and o.kind.data == s.LoopKind.SERIAL]
+        for loop in loops:
+            _specialise(loop)
+
