@@ -11,7 +11,9 @@ across several, k = 0, transposed (strided) operands, accumulation, a padded lea
   (blocks of ``GEMM_KC``), whatever the tiles, the instruction set or the threads;
 * the padding columns of C are never written;
 * opgen_bgemm: against float64 products of bf16-rounded operands on AMX machines, the same bits on
-  every thread count, exactly opgen_sgemm without AMX."""
+  every thread count, exactly opgen_sgemm without AMX;
+* when the panels (or the f32 C of a bf16 output) cannot be allocated, every GEMM falls back to
+  its plain loops and gives the same bits (the runtime built with its allocations failing)."""
 
 from __future__ import annotations
 
@@ -237,3 +239,45 @@ def test_packed_right_hand_operand_f32(drivers, tmp_path, m, n, k):
             want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
             got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 9)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (exe.name, ta, tb, acc, pad)
+
+
+@pytest.fixture(scope="module")
+def failing_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The native driver with opgen_rt.c's malloc and aligned_alloc routed through the driver,
+    which fails every request of 4 KiB or more when GEMM_CHECK_FAIL_ALLOC=1."""
+    exe = tmp_path_factory.mktemp("gemm-fail") / "gemm_check_fail"
+    flags = [f for f in CFLAGS if f != "-fPIC"]
+    r = subprocess.run([compiler(), *flags, "-DGEMM_CHECK_FAIL_ALLOC", "-Dmalloc=gemm_check_malloc",
+                        "-Daligned_alloc=gemm_check_aligned_alloc", f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}",
+                        str(C_SRC), str(GEN / "cpu" / "opgen_rt.c"), "-o", str(exe), "-lm"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0)])
+def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp_path, m, n, k):
+    """Every GEMM entry point (f32, bf16 operands, bf16 output, B packed ahead; one and three
+    threads) with each of its large allocations failing: its plain loops give the bits of the
+    panel GEMM (without AMX, whose tile products round differently by design), and the failure
+    really happened (the driver counts the refused requests)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(m + 2 * n + 3 * k)
+    for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (2, 2, 1, 1)):
+        a, b, c = _abc(rng, m, n, k, ta, tb, pad)
+        a, b, c = (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (a, b, c))  # (bf16 values)
+        for fn, threads in ((0, "1"), (1, "3"), (2, "1"), (3, "3"), (4, "1"), (5, "3"), (6, "1"), (7, "3"), (8, "1"),
+                            (9, "1")):
+            want = run(drivers["native"], tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx=False)
+            src, dst = tmp_path / "in.bin", tmp_path / "fail-out.bin"
+            np.concatenate([a.ravel(), b.ravel(), c.ravel()]).astype(np.float32).tofile(src)
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "1",
+                   "GEMM_CHECK_FAIL_ALLOC": "1"}
+            r = subprocess.run([str(failing_driver), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, fn))],
+                               capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stderr
+            got = np.fromfile(dst, dtype=np.float32).reshape(m, n + pad)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
+            failed = int(r.stderr.split("failed allocations:")[1])
+            assert failed > 0 or k == 0, f"fn {fn}: no allocation was refused, the fallback did not run"

@@ -11,7 +11,9 @@
  * (A and B passed as bf16: their values must be bf16 numbers, whose top 16 bits are taken),
  * 6 opgen_gemm_bf16_out, 7 opgen_gemm_bf16_out_par (C too: bf16 in, bf16 out, written back as f32),
  * 8 opgen_bpack then opgen_bgemm_pb, 9 opgen_spack then opgen_sgemm_pb (B packed ahead; the pack
- * buffer filled with 0xff first, so a word the GEMM reads but the pack did not write shows). */
+ * buffer filled with 0xff first, so a word the GEMM reads but the pack did not write shows).
+ * Built with GEMM_CHECK_FAIL_ALLOC defined: the runtime's large allocations can be made to fail
+ * (below). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,37 @@ void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
                     int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate);
 int opgen_amx(void);
 
+#ifdef GEMM_CHECK_FAIL_ALLOC
+/* Built with -Dmalloc=gemm_check_malloc -Daligned_alloc=gemm_check_aligned_alloc, so opgen_rt.c's
+ * allocations come here: with GEMM_CHECK_FAIL_ALLOC=1 in the environment every request of 4 KiB or
+ * more fails (the GEMMs' panels, their f32 C), and the GEMMs must fall back to their plain loops.
+ * The number of failed requests goes to stderr. */
+#undef malloc
+#undef aligned_alloc
+void *malloc(size_t n);
+void *aligned_alloc(size_t align, size_t n);
+static int fail_big;
+static long failed;
+void *gemm_check_malloc(size_t n);
+void *gemm_check_aligned_alloc(size_t align, size_t n);
+void *gemm_check_malloc(size_t n) {
+    if (fail_big && n >= 4096) {
+        #pragma omp atomic
+        failed++;
+        return NULL;
+    }
+    return malloc(n);
+}
+void *gemm_check_aligned_alloc(size_t align, size_t n) {
+    if (fail_big && n >= 4096) {
+        #pragma omp atomic
+        failed++;
+        return NULL;
+    }
+    return aligned_alloc(align, n);
+}
+#endif
+
 typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
                      float *, int64_t, int);
 
@@ -49,6 +82,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: gemm_check IN OUT m n k ta tb accumulate ldc_pad fn\n");
         return 2;
     }
+#ifdef GEMM_CHECK_FAIL_ALLOC
+    fail_big = getenv("GEMM_CHECK_FAIL_ALLOC") && *getenv("GEMM_CHECK_FAIL_ALLOC") == '1';
+#endif
     const int64_t m = atoll(argv[3]), n = atoll(argv[4]), k = atoll(argv[5]);
     const int ta = atoi(argv[6]), tb = atoi(argv[7]), acc = atoi(argv[8]), fn = atoi(argv[10]);
     const int64_t ldc = n + atoll(argv[9]);
@@ -121,6 +157,9 @@ int main(int argc, char **argv) {
         fns[fn](m, n, k, A, ars, acs, B, brs, bcs, C, ldc, acc);
     }
     printf("%d\n", opgen_amx());
+#ifdef GEMM_CHECK_FAIL_ALLOC
+    fprintf(stderr, "failed allocations: %ld\n", failed);
+#endif
     f = fopen(argv[2], "wb");
     if (!f || fwrite(C, sizeof(float), nc, f) != nc) {
         fprintf(stderr, "gemm_check: cannot write %s\n", argv[2]);
