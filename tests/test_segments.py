@@ -98,9 +98,11 @@ T = dtype_var("T", f32, bf16)
 
 @op
 def scatter_exp(grad: Tensor[T, N, D], idx: Tensor[i64, N], bias: Tensor[T, V, D], rows: V, *,
-                out: Output[T, V, D]):
-    """``out = exp(sum of grad's rows into rows idx) + bias``."""
-    return {"out": cast(exp(scatter_add(cast(grad, f32), idx, V)) + cast(bias, f32), T)}
+                out: Output[T, V, D], total: Output[f32, V]):
+    """``out = exp(sum of grad's rows into rows idx) + bias``; ``total``: 1 + the sums of those
+    rows' elements (a scalar per row: its scratch a register)."""
+    return {"out": cast(exp(scatter_add(cast(grad, f32), idx, V)) + cast(bias, f32), T),
+            "total": 1.0 + scatter_add(sum(cast(grad, f32), axis=1), idx, V)}
 '''
 
 
@@ -129,13 +131,16 @@ def test_empty_segments_take_the_epilogue_of_zero(scatter_exp, rng, T, V):
     idx = rng.integers(0, min(V, 30), n)
     idx[:4] = idx[7]
     args = {"grad": floats(rng, (n, 6), T), "idx": idx, "bias": floats(rng, (V, 6), T), "rows": V}
-    ref = oracle.run(o, **args)["out"]
-    got = runtime.call("scatter_exp", lib=scatter_exp["lib"], **args)["out"]
+    refs = oracle.run(o, **args)
+    ref = refs["out"]
+    res = runtime.call("scatter_exp", lib=scatter_exp["lib"], **args)
+    got = res["out"]
+    assert np.allclose(res["total"], refs["total"], rtol=1e-5, atol=1e-6)
     hit = np.zeros(V, bool)
     hit[idx] = True
     assert hit.any() and not hit.all()
     assert np.allclose(got.astype(np.float64), ref.astype(np.float64), rtol=1e-6, atol=1e-7)
     # and again into a given output holding a sentinel: every row is written, hit or not
     out = filled((V, 6), T)
-    runtime.call("scatter_exp", lib=scatter_exp["lib"], **args, out=out)
+    runtime.call("scatter_exp", lib=scatter_exp["lib"], **args, out=out, total=filled(V, "f32"))
     assert np.allclose(out.astype(np.float64), ref.astype(np.float64), rtol=1e-6, atol=1e-7)

@@ -18,7 +18,8 @@ into::
     sched.if (hi <= lo) { post, every load of A replaced by 0 } else { A = sched.alloc zero; L; post }
 
 which is exact: when the range is empty ``L`` runs no iteration and ``A`` still holds zeros where
-``post`` reads it. The C compiler then sees ``post``'s stores of a constant (the epilogue of 0:
+``post`` reads it. ``post`` may be several ops (another scratch, another range: cloned together,
+each clone using the clones of the results before it); a register scratch (rank 0) is the same. The C compiler then sees ``post``'s stores of a constant (the epilogue of 0:
 a store loop, a ``memset`` where its bits are zero) with no scratch to clear.
 
 Only loops whose bounds are read at run time (``sched.segment_start``, ``sched.load``) are
@@ -84,20 +85,21 @@ def _specialise(loop: s.ForOp) -> bool:
         return False
     bufs = {a.result for a in scratch}
     # the empty case: post, cloned, its loads of the scratch replaced by the (zero) contents
-    then: list[Operation] = []
+    mapping: dict[SSAValue, SSAValue] = {}  # (shared: a clone uses the clones of earlier results)
+    then = [op.clone(value_mapper=mapping) for op in post]
     zeros: dict[str, SSAValue] = {}
-    for op in post:
-        then.append(op.clone())
     for op in [o for c in then for o in c.walk()]:
         if isinstance(op, s.LoadOp) and op.buf in bufs:
             dt = s.buf_type(op.buf).dtype
             if dt not in zeros:
-                c = ir.ConstantOp(0, dt)
-                then.insert(0, c)
-                zeros[dt] = c.result
+                zeros[dt] = ir.ConstantOp(0, dt).result
             op.result.replace_all_uses_with(zeros[dt])
-            op.detach()
+            if op in then:
+                then.remove(op)
+            else:
+                op.detach()
             op.erase()
+    then = [z.owner for z in zeros.values()] + then
     empty = ir.CmpOp("le", loop.hi, loop.lo)
     Rewriter.insert_op(empty, InsertPoint.before(loop))
     otherwise = [*scratch, loop, *post]
