@@ -24,25 +24,6 @@ SEED_OPS = (
 )
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--full", action="store_true", default=False,
-                     help="run the bounded checks (marker 'bounded') in full: every kernel variant through "
-                          "the slow external checkers, not a fixed sample (also OPGEN_FULL_CHECKS=1)")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "bounded: a slow check that runs a fixed sample by default (CI) and everything with --full")
-
-
-@pytest.fixture(scope="session")
-def full(request: pytest.FixtureRequest) -> bool:
-    """``--full`` (or ``OPGEN_FULL_CHECKS=1``): the ``bounded`` tests check everything, not their
-    fixed sample."""
-    env = os.environ.get("OPGEN_FULL_CHECKS", "0").strip().lower() in ("1", "yes", "true", "on")
-    return bool(request.config.getoption("--full")) or env
-
-
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator seeded from the test's id, so each case is reproducible on its own

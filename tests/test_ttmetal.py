@@ -38,19 +38,14 @@ pytestmark = pytest.mark.skipif(model_build.cxx() is None, reason="no g++")
 
 
 # ------------------------------------------------------------------------- real headers
-def _kernels(op: str, full: bool = True) -> list[tuple[str, dict, dict[int, str], Path]]:
-    """The op's kernels with their configurations: every variant's, or (``full`` false: the
-    bounded check CI runs) its first and last variant's — both dtypes or both ends of its
-    schedules (f32 and bf16.streamed; FLCE's fewest and most optional outputs, u8 and bool
-    targets). ``pytest --full`` checks every variant."""
+def _kernels(op: str) -> list[tuple[str, dict, dict[int, str], Path]]:
     src = OUT / "check" / op
     for p, text in runner.sources(op).items():
         f = src / p.removeprefix(f"ttmetal/{op}/")
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(text)
     out = []
-    variants = runner.manifest(op)["variants"]
-    for v in variants if full else variants[:1] + variants[1:][-1:]:
+    for v in runner.manifest(op)["variants"]:
         for ln in v["launches"]:
             fmts = {cb["index"]: cb["format"] for cb in ln["cbs"]}
             for kern in ln["kernels"]:
@@ -91,9 +86,8 @@ def _check_kernels(items: list) -> None:
 
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
-@pytest.mark.bounded
-def test_every_kernel_passes_the_real_header_check(full):
-    _check_kernels([k for op in SUPPORTED for k in _kernels(op, full)])
+def test_every_kernel_passes_the_real_header_check():
+    _check_kernels([k for op in SUPPORTED for k in _kernels(op)])
 
 
 # ------------------------------------------------------------------------------- model
@@ -312,9 +306,8 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
 
 
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
-@pytest.mark.bounded
-def test_new_dsl_ops_pass_the_real_header_check(new_ops, full):
-    _check_kernels([k for op in NEW for k in _kernels(op, full)])
+def test_new_dsl_ops_pass_the_real_header_check(new_ops):
+    _check_kernels([k for op in NEW for k in _kernels(op)])
 
 
 # --------------------------------------------------------------------------- boundary conversion
