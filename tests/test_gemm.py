@@ -45,20 +45,21 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The driver linked with the runtime built natively and, for the machine's narrower register
     tiles, without AVX-512 (the AVX2 kernel) and without AVX2 (the generic kernel)."""
     out = tmp_path_factory.mktemp("gemm")
-    flags = [f for f in CFLAGS if f != "-fPIC"]
     variants = {"native": []}
     if AVX512:
         variants["no-avx512"] = ["-mno-avx512f"]
     if AVX2:
         variants["no-avx2"] = ["-mno-avx512f", "-mno-avx2"]
-    exes = {}
-    for name, extra in variants.items():
-        exe = out / f"gemm_check_{name}"
-        r = subprocess.run([compiler(), *flags, *extra, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", str(C_SRC),
-                            str(GEN / "cpu" / "opgen_rt.c"), "-o", str(exe), "-lm"], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        exes[name] = exe
-    return exes
+    return {name: _build_driver(out / f"gemm_check_{name}", extra) for name, extra in variants.items()}
+
+
+def _build_driver(exe: Path, extra: list[str]) -> Path:
+    """tests/c/gemm_check.c linked with generated/cpu/opgen_rt.c, the library's flags plus ``extra``."""
+    flags = [f for f in CFLAGS if f != "-fPIC"]
+    r = subprocess.run([compiler(), *flags, *extra, f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}", str(C_SRC),
+                        str(GEN / "cpu" / "opgen_rt.c"), "-o", str(exe), "-lm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
 
 
 def run(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
@@ -71,13 +72,22 @@ def run(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: in
 def run_amx(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
             tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True) -> tuple[np.ndarray, bool]:
     """:func:`run`, and whether opgen_bgemm ran on AMX tiles in that process."""
+    got, r = run_driver(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx)
+    return got, r.stdout.strip() == "1"
+
+
+def run_driver(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
+               tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True,
+               env: dict[str, str] | None = None) -> tuple[np.ndarray, subprocess.CompletedProcess]:
+    """C from one driver run (more environment in ``env``), and the finished process."""
     src, dst = tmp / "in.bin", tmp / f"out-{exe.name}-{fn}-{threads}-{amx}.bin"
     np.concatenate([a.ravel(), b.ravel(), c.ravel()]).astype(np.float32).tofile(src)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "0" if amx else "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "0" if amx else "1",
+           **(env or {})}
     r = subprocess.run([str(exe), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, fn))],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    return np.fromfile(dst, dtype=np.float32).reshape(m, n + pad), r.stdout.strip() == "1"
+    return np.fromfile(dst, dtype=np.float32).reshape(m, n + pad), r
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
@@ -245,14 +255,9 @@ def test_packed_right_hand_operand_f32(drivers, tmp_path, m, n, k):
 def failing_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The native driver with opgen_rt.c's malloc and aligned_alloc routed through the driver,
     which fails every request of 4 KiB or more when GEMM_CHECK_FAIL_ALLOC=1."""
-    exe = tmp_path_factory.mktemp("gemm-fail") / "gemm_check_fail"
-    flags = [f for f in CFLAGS if f != "-fPIC"]
-    r = subprocess.run([compiler(), *flags, "-DGEMM_CHECK_FAIL_ALLOC", "-Dmalloc=gemm_check_malloc",
-                        "-Daligned_alloc=gemm_check_aligned_alloc", f"-I{GEN / 'include'}", f"-I{GEN / 'cpu'}",
-                        str(C_SRC), str(GEN / "cpu" / "opgen_rt.c"), "-o", str(exe), "-lm"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return exe
+    return _build_driver(tmp_path_factory.mktemp("gemm-fail") / "gemm_check_fail",
+                         ["-DGEMM_CHECK_FAIL_ALLOC", "-Dmalloc=gemm_check_malloc",
+                          "-Daligned_alloc=gemm_check_aligned_alloc"])
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0)])
@@ -270,14 +275,8 @@ def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp
         for fn, threads in ((0, "1"), (1, "3"), (2, "1"), (3, "3"), (4, "1"), (5, "3"), (6, "1"), (7, "3"), (8, "1"),
                             (9, "1")):
             want = run(drivers["native"], tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx=False)
-            src, dst = tmp_path / "in.bin", tmp_path / "fail-out.bin"
-            np.concatenate([a.ravel(), b.ravel(), c.ravel()]).astype(np.float32).tofile(src)
-            env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "1",
-                   "GEMM_CHECK_FAIL_ALLOC": "1"}
-            r = subprocess.run([str(failing_driver), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, fn))],
-                               capture_output=True, text=True, env=env)
-            assert r.returncode == 0, r.stderr
-            got = np.fromfile(dst, dtype=np.float32).reshape(m, n + pad)
+            got, r = run_driver(failing_driver, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx=False,
+                                env={"GEMM_CHECK_FAIL_ALLOC": "1"})
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
             failed = int(r.stderr.split("failed allocations:")[1])
             assert failed > 0 or k == 0, f"fn {fn}: no allocation was refused, the fallback did not run"

@@ -54,24 +54,16 @@ void *malloc(size_t n);
 void *aligned_alloc(size_t align, size_t n);
 static int fail_big;
 static long failed;
+static int refused(size_t n) { /* (counted: the test checks the fallback really ran) */
+    if (!fail_big || n < 4096) return 0;
+    #pragma omp atomic
+    failed++;
+    return 1;
+}
 void *gemm_check_malloc(size_t n);
 void *gemm_check_aligned_alloc(size_t align, size_t n);
-void *gemm_check_malloc(size_t n) {
-    if (fail_big && n >= 4096) {
-        #pragma omp atomic
-        failed++;
-        return NULL;
-    }
-    return malloc(n);
-}
-void *gemm_check_aligned_alloc(size_t align, size_t n) {
-    if (fail_big && n >= 4096) {
-        #pragma omp atomic
-        failed++;
-        return NULL;
-    }
-    return aligned_alloc(align, n);
-}
+void *gemm_check_malloc(size_t n) { return refused(n) ? NULL : malloc(n); }
+void *gemm_check_aligned_alloc(size_t align, size_t n) { return refused(n) ? NULL : aligned_alloc(align, n); }
 #endif
 
 typedef void gemm_fn(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
