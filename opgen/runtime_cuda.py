@@ -93,9 +93,12 @@ def describe(t: Any, what: str = "tensor") -> tuple[TensorDesc, tuple[Any, ...]]
     return desc, (shape, strides, t)
 
 
-def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None,
-         workspace: Any = None, **args: Any) -> dict[str, Any]:
-    """Enqueue ``op_name`` through ``opgen_cuda_<op>``; returns the output tensors by name."""
+def prepare(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None,
+            workspace: Any = None, **args: Any) -> tuple[Any, dict[str, Any]]:
+    """Bind ``op_name``'s arguments once: returns ``(launch, outputs)``, where ``launch()``
+    enqueues the call (the C entry point with the marshalled arguments, nothing else; raises
+    :class:`OpError` on a failing status) and ``outputs`` are the output tensors by name. For
+    timing the library without the Python binding, and for replaying one call."""
     import torch
 
     o = registry.get(op_name)
@@ -121,16 +124,29 @@ def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None
         t = to_device(v)
         return (t, *describe(t, what))
 
-    cargs, outs, _keep = marshal(sig, args, device_arg, o.name)
+    cargs, outs, keep = marshal(sig, args, device_arg, o.name)
     if stream is None:
         stream = torch.cuda.current_stream().cuda_stream
     ws_ptr = ctypes.c_void_p(workspace.data_ptr()) if workspace is not None else None
     ws_size = ctypes.c_size_t(workspace.numel() * workspace.element_size() if workspace is not None else 0)
     fn = getattr(lib, f"opgen_cuda_{o.name}")
-    st = fn(*cargs, ws_ptr, ws_size, ctypes.c_void_p(stream))
-    if st != 0:
-        msg = lib.opgen_cuda_last_error().decode()
-        raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
+    full = (*cargs, ws_ptr, ws_size, ctypes.c_void_p(stream))
+
+    def launch() -> None:
+        st = fn(*full)
+        _ = keep, workspace  # the marshalled descriptors and buffers live as long as launch
+        if st != 0:
+            msg = lib.opgen_cuda_last_error().decode()
+            raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")
+
+    return launch, outs
+
+
+def call(op_name: str, lib: ctypes.CDLL | None = None, stream: int | None = None,
+         workspace: Any = None, **args: Any) -> dict[str, Any]:
+    """Enqueue ``op_name`` through ``opgen_cuda_<op>``; returns the output tensors by name."""
+    launch, outs = prepare(op_name, lib, stream, workspace, **args)
+    launch()
     bump_versions(outs.values())
     return outs
 

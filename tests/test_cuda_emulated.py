@@ -172,21 +172,50 @@ def test_tensor_core_gemm_keeps_f32_accuracy(sources: dict[str, str]) -> None:
     assert np.isposinf(got[3]).all() and np.isfinite(np.delete(got, 3, 0)).all()
 
 
-@pytest.mark.parametrize("scale", [False, True])
-def test_sparse_segment_tables(emu_lib: Path, scale: bool) -> None:
+@pytest.mark.parametrize(("scale", "lead"), [(False, (3, 4)), (True, (3, 4)), (True, (20, 20))])
+def test_sparse_segment_tables(emu_lib: Path, scale: bool, lead: tuple[int, int]) -> None:
     """A table much larger than the indices (V = 20000, N = 12): the segment table is the sorted
-    indices (searched by bisection, no V-sized workspace), on the device as on the CPU."""
+    indices (searched by bisection, no V-sized workspace), on the device as on the CPU. With
+    N = 400 the device takes the dense start table (V <= 64 N + 4096) where the CPU keeps the
+    sorted indices (V > 4 N + 4096): same results."""
     from opgen import oracle, runtime
 
     rng = np.random.default_rng(5)
-    idx = rng.integers(0, 20000, (3, 4))
+    idx = rng.integers(0, 20000, lead)
     idx[0, :3] = idx[2, 1]
-    grad = rng.standard_normal((3, 4, 6)).astype(np.float32)
+    grad = rng.standard_normal((*lead, 6)).astype(np.float32)
     args = {"grad": grad, "indices": idx, "num_weights": 20000, "padding_idx": int(idx[1, 0]),
             "scale_grad_by_freq": scale}
     got = runtime.call("embedding_dense_backward", lib=worker.load(emu_lib), **args)["out"]
     ref = oracle.run(registry.get("embedding_dense_backward"), **args)["out"]
     assert np.allclose(got, ref, rtol=1e-6, atol=1e-7) and np.count_nonzero(got.any(axis=1)) >= 5
+
+
+@pytest.mark.parametrize("op", ["rms_norm_backward", "embedding_dense_backward"])
+def test_results_do_not_depend_on_the_grid(emu_lib: Path, op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$OPGEN_CUDA_MAX_GRID caps every grid (read at each call): one block, three blocks and the
+    library's own grids give the same bits (RMSNorm's 8-row partials and their columns kernel;
+    the scatter's owner-computes rows)."""
+    from opgen import runtime
+
+    rng = np.random.default_rng(11)
+    if op == "rms_norm_backward":
+        args = {"grad_y": rng.standard_normal((70, 300)).astype(np.float32),
+                "x": rng.standard_normal((70, 300)).astype(np.float32),
+                "w": rng.standard_normal(300).astype(np.float32), "eps": 1e-6}
+    else:
+        args = {"grad": rng.standard_normal((50, 40)).astype(np.float32), "indices": rng.integers(0, 90, 50),
+                "num_weights": 90, "padding_idx": 3, "scale_grad_by_freq": True}
+    lib = worker.load(emu_lib)
+    runs = []
+    for cap in (None, "1", "3"):
+        if cap is None:
+            monkeypatch.delenv("OPGEN_CUDA_MAX_GRID", raising=False)
+        else:
+            monkeypatch.setenv("OPGEN_CUDA_MAX_GRID", cap)
+        runs.append(runtime.call(op, lib=lib, **args))
+    for k, v in runs[0].items():
+        assert all(r[k].tobytes() == v.tobytes() for r in runs[1:]), k
 
 
 def test_index_out_of_range_writes_nothing_and_is_reported(emu_lib: Path) -> None:

@@ -243,11 +243,17 @@ def test_map_gpu_outlines_every_statement(ops, name):
                     isinstance(op, s.AllocOp) and s.buf_type(op.result).role.data == "temp"), op
                 continue
             kids.append(gpu_map.kernel_id(op))  # type: ignore[arg-type]
-            if where in (s.GpuMapping.BLOCK, s.GpuMapping.FLAT):
+            if where in (s.GpuMapping.BLOCK, s.GpuMapping.FLAT, s.GpuMapping.COLUMNS):
                 assert isinstance(op, s.ForOp) and facts.host_ok(op.lo) and facts.host_ok(op.hi)
                 assert kids.count(kids[-1]) == 1  # the kernel is this loop alone
             if where == s.GpuMapping.BLOCK:
                 assert op.kind.data == "parallel" and facts.needs_block(op)
+            if where == s.GpuMapping.COLUMNS:  # its second statement, the summing loop, is sliced
+                assert op.kind.data == "parallel" and facts.column_sliced(op)
+                marked = [o for o in op.walk() if o is not op and gpu_map.mapping(o) is not None]
+                assert marked == [list(op.body.block.ops)[1]]
+                assert gpu_map.mapping(marked[0]) == s.GpuMapping.SLICES
+                continue
             if where == s.GpuMapping.MATMUL:
                 assert isinstance(op, s.BufferMatmulOp)
             for inner in op.walk():  # loops inside a kernel: threads/block_reduce in uniform code only
@@ -320,6 +326,16 @@ def test_the_cuda_printer_follows_map_gpu(ops):
     del reductions[0].attributes[gpu_map.MAPPING]  # now a uniform loop every thread walks
     assert source().count("opgen_block_reduce") < before
     reductions[0].attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.BLOCK_REDUCE)
+    # grad_w's sum of the row groups' partials: a columns kernel, 32 columns per block, the warps'
+    # slices combined in a fixed order; re-marked flat, it is one column per thread
+    (cols,) = [op for op in k.body.block.ops if gpu_map.mapping(op) == s.GpuMapping.COLUMNS]
+    ckid = gpu_map.kernel_id(cols)
+    text = source()
+    assert "opgen_column_combine<0, " in text and "/ OPGEN_CUDA_COLUMNS, 0);" in text
+    cols.attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.FLAT)
+    text = source()
+    assert "opgen_column_combine" not in text and f"k_test_k{ckid}<<<(unsigned)" in text
+    cols.attributes[gpu_map.MAPPING] = s.GpuMappingAttr(s.GpuMapping.COLUMNS)
     planned = [o for o in k.walk() if gpu_map.region_id(o) is not None]
     assert planned
     del planned[-1].attributes[gpu_map.REGION]

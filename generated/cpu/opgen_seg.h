@@ -6,7 +6,7 @@
 #include <string.h>
 
 /* A segment table describes n indices in [0, rows) sorted by value (ties by position):
- * - dense layout (rows not much larger than n): start[0..rows], rows + 1 words;
+ * - dense layout (rows <= 4 n + 4096): start[0..rows], rows + 1 words;
  * - sparse layout (rows >> n): the n sorted indices (start(v) = first position whose index
  *   is >= v, by bisection), then 2n words of sorting scratch: 3n words.
  * Both sizes are saturated at INT64_MAX (a workspace that large is refused, never wrapped). */

@@ -47,56 +47,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_f16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_f16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_f16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_f16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_f16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_f16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_f16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_f16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_f16(v58);
                 }
             }
         }
@@ -108,12 +112,12 @@ static void k_embedding_backward_f16_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -126,7 +130,7 @@ static void k_embedding_backward_f16_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -143,9 +147,9 @@ static size_t k_embedding_backward_f16_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -162,21 +166,21 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward_f16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward_f16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f16");
 }
 
@@ -226,56 +230,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_bf16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_bf16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_bf16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_bf16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_bf16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_bf16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_bf16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_bf16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_bf16(v58);
                 }
             }
         }
@@ -287,12 +295,12 @@ static void k_embedding_backward_bf16_layout(const int64_t *dims, char *ws, char
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -305,7 +313,7 @@ static void k_embedding_backward_bf16_layout(const int64_t *dims, char *ws, char
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -322,9 +330,9 @@ static size_t k_embedding_backward_bf16_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -341,21 +349,21 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward_bf16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward_bf16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_bf16");
 }
 
@@ -405,56 +413,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = vec31.v[vj36];
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = vec32.v[vj37];
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = p_dy[v28 * st_dy_0 + i30];
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = p_dy[v29 * st_dy_0 + i31];
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = vec43.v[vj49];
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = vec44.v[vj50];
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -466,12 +478,12 @@ static void k_embedding_backward_f32_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -484,7 +496,7 @@ static void k_embedding_backward_f32_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -501,9 +513,9 @@ static size_t k_embedding_backward_f32_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -520,21 +532,21 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward_f32_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward_f32_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f32");
 }
 
@@ -584,56 +596,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v15) {
-                    opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(double) * 2) == 0;
+        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) {
+            if (za24 && z23 + 2 <= (size_t)d_D) *(opgen_vec<double, 2> *)&l22[z23] = opgen_vec<double, 2>{};
+            else for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 2 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 2;
+                if (vok34 && vb35 + 2 <= v15) {
+                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<double, 2> vec33 = *(const opgen_vec<double, 2> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 2; vj36++) {
-                        const double v37 = vec31.v[vj36];
-                        const double v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 2; vj37++) {
+                        const double v38 = vec32.v[vj37];
+                        const double v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
+                    *(opgen_vec<double, 2> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
-                        const double v39 = p_dy[v28 * st_dy_0 + i30];
-                        const double v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 2 && i31 < v15; i31++) {
+                        const double v40 = p_dy[v29 * st_dy_0 + i31];
+                        const double v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v15) {
-                opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 2 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 2;
+            if (vok47 && vb48 + 2 <= v15) {
+                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<double, 2> vec45 = *(const opgen_vec<double, 2> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 2; vj49++) {
-                    const double v50 = vec43.v[vj49];
-                    const double v51 = p_dtable1_acc ? v50 : v20;
-                    const double v52 = vec44.v[vj49];
-                    const double v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 2; vj50++) {
+                    const double v51 = vec44.v[vj50];
+                    const double v52 = p_dtable1_acc ? v51 : v20;
+                    const double v53 = vec45.v[vj50];
+                    const double v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
-                    const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const double v55 = p_dtable1_acc ? v54 : v20;
-                    const double v56 = l22[i42];
-                    const double v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 2 && i43 < v15; i43++) {
+                    const double v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const double v56 = p_dtable1_acc ? v55 : v20;
+                    const double v57 = l22[i43];
+                    const double v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -645,12 +661,12 @@ static void k_embedding_backward_f64_layout(const int64_t *dims, char *ws, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -663,7 +679,7 @@ static void k_embedding_backward_f64_layout(const int64_t *dims, char *ws, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -680,9 +696,9 @@ static size_t k_embedding_backward_f64_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward_f64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -699,21 +715,21 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward_f64_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward_f64_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward_f64");
 }
 
@@ -763,56 +779,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_f16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_f16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_f16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_f16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_f16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_f16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_f16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_f16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_f16(v58);
                 }
             }
         }
@@ -824,12 +844,12 @@ static void k_embedding_backward__i2_f16_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -842,7 +862,7 @@ static void k_embedding_backward__i2_f16_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -874,21 +894,21 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = d_N;
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_N1;
-    const int64_t v66 = d_D;
-    const bool v67 = v66 == v64;
-    const int64_t v68 = v67 ? v64 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_embedding_backward__i2_f16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v64 = d_N;
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_N1;
+    const int64_t v67 = d_D;
+    const bool v68 = v67 == v65;
+    const int64_t v69 = v68 ? v65 : v66;
+    const int64_t grid70 = opgen_cuda_grid((v64 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid70 > 0) k_embedding_backward__i2_f16_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v66, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v66), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid70 > 0) k_embedding_backward__i2_f16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid71 = opgen_cuda_grid(v69 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid71 > 0) k_embedding_backward__i2_f16_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f16");
 }
 
@@ -938,56 +958,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_bf16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_bf16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_bf16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_bf16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_bf16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_bf16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_bf16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_bf16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_bf16(v58);
                 }
             }
         }
@@ -999,12 +1023,12 @@ static void k_embedding_backward__i2_bf16_layout(const int64_t *dims, char *ws, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1017,7 +1041,7 @@ static void k_embedding_backward__i2_bf16_layout(const int64_t *dims, char *ws, 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1049,21 +1073,21 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = d_N;
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_N1;
-    const int64_t v66 = d_D;
-    const bool v67 = v66 == v64;
-    const int64_t v68 = v67 ? v64 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_embedding_backward__i2_bf16_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v64 = d_N;
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_N1;
+    const int64_t v67 = d_D;
+    const bool v68 = v67 == v65;
+    const int64_t v69 = v68 ? v65 : v66;
+    const int64_t grid70 = opgen_cuda_grid((v64 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid70 > 0) k_embedding_backward__i2_bf16_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v66, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v66), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid70 > 0) k_embedding_backward__i2_bf16_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid71 = opgen_cuda_grid(v69 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid71 > 0) k_embedding_backward__i2_bf16_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_bf16");
 }
 
@@ -1113,56 +1137,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = vec31.v[vj36];
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = vec32.v[vj37];
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = p_dy[v28 * st_dy_0 + i30];
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = p_dy[v29 * st_dy_0 + i31];
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = vec43.v[vj49];
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = vec44.v[vj50];
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -1174,12 +1202,12 @@ static void k_embedding_backward__i2_f32_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1192,7 +1220,7 @@ static void k_embedding_backward__i2_f32_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1224,21 +1252,21 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = d_N;
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_N1;
-    const int64_t v66 = d_D;
-    const bool v67 = v66 == v64;
-    const int64_t v68 = v67 ? v64 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_embedding_backward__i2_f32_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v64 = d_N;
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_N1;
+    const int64_t v67 = d_D;
+    const bool v68 = v67 == v65;
+    const int64_t v69 = v68 ? v65 : v66;
+    const int64_t grid70 = opgen_cuda_grid((v64 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid70 > 0) k_embedding_backward__i2_f32_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v66, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v66), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid70 > 0) k_embedding_backward__i2_f32_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid71 = opgen_cuda_grid(v69 - v65, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid71 > 0) k_embedding_backward__i2_f32_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f32");
 }
 
@@ -1288,56 +1316,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v15) {
-                    opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(double) * 2) == 0;
+        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) {
+            if (za24 && z23 + 2 <= (size_t)d_D) *(opgen_vec<double, 2> *)&l22[z23] = opgen_vec<double, 2>{};
+            else for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 2 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 2;
+                if (vok34 && vb35 + 2 <= v15) {
+                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<double, 2> vec33 = *(const opgen_vec<double, 2> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 2; vj36++) {
-                        const double v37 = vec31.v[vj36];
-                        const double v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 2; vj37++) {
+                        const double v38 = vec32.v[vj37];
+                        const double v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
+                    *(opgen_vec<double, 2> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
-                        const double v39 = p_dy[v28 * st_dy_0 + i30];
-                        const double v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 2 && i31 < v15; i31++) {
+                        const double v40 = p_dy[v29 * st_dy_0 + i31];
+                        const double v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v15) {
-                opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 2 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 2;
+            if (vok47 && vb48 + 2 <= v15) {
+                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<double, 2> vec45 = *(const opgen_vec<double, 2> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 2; vj49++) {
-                    const double v50 = vec43.v[vj49];
-                    const double v51 = p_dtable1_acc ? v50 : v20;
-                    const double v52 = vec44.v[vj49];
-                    const double v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 2; vj50++) {
+                    const double v51 = vec44.v[vj50];
+                    const double v52 = p_dtable1_acc ? v51 : v20;
+                    const double v53 = vec45.v[vj50];
+                    const double v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
-                    const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const double v55 = p_dtable1_acc ? v54 : v20;
-                    const double v56 = l22[i42];
-                    const double v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 2 && i43 < v15; i43++) {
+                    const double v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const double v56 = p_dtable1_acc ? v55 : v20;
+                    const double v57 = l22[i43];
+                    const double v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -1349,12 +1381,12 @@ static void k_embedding_backward__i2_f64_layout(const int64_t *dims, char *ws, c
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1367,7 +1399,7 @@ static void k_embedding_backward__i2_f64_layout(const int64_t *dims, char *ws, c
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1399,21 +1431,21 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v63 = d_N;
-    const int64_t v64 = 0ll;
-    const int64_t v65 = d_N1;
-    const int64_t v66 = d_D;
-    const bool v67 = v66 == v64;
-    const int64_t v68 = v67 ? v64 : v65;
-    const int64_t grid69 = opgen_cuda_grid((v63 - v64 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid69 > 0) k_embedding_backward__i2_f64_k0<<<(unsigned)grid69, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v64 = d_N;
+    const int64_t v65 = 0ll;
+    const int64_t v66 = d_N1;
+    const int64_t v67 = d_D;
+    const bool v68 = v67 == v65;
+    const int64_t v69 = v68 ? v65 : v66;
+    const int64_t grid70 = opgen_cuda_grid((v64 - v65 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid70 > 0) k_embedding_backward__i2_f64_k0<<<(unsigned)grid70, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v65, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v65), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v66, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v66), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid70 = opgen_cuda_grid(v68 - v64, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid70 > 0) k_embedding_backward__i2_f64_k1<<<(unsigned)grid70, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid71 = opgen_cuda_grid(v69 - v65, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid71 > 0) k_embedding_backward__i2_f64_k1<<<(unsigned)grid71, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_f64");
 }
 
@@ -1463,56 +1495,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_f16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_f16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_f16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_f16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_f16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_f16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_f16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_f16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_f16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_f16(v58);
                 }
             }
         }
@@ -1524,12 +1560,12 @@ static void k_embedding_backward__dtable2_f16_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1542,7 +1578,7 @@ static void k_embedding_backward__dtable2_f16_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1559,9 +1595,9 @@ static size_t k_embedding_backward__dtable2_f16_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward__dtable2_f16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1578,21 +1614,21 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward__dtable2_f16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward__dtable2_f16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward__dtable2_f16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward__dtable2_f16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f16");
 }
 
@@ -1642,56 +1678,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec31 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec32 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = opgen_bf16_to_f32(vec31.v[vj36]);
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = opgen_bf16_to_f32(vec32.v[vj37]);
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = opgen_bf16_to_f32(p_dy[v28 * st_dy_0 + i30]);
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = opgen_bf16_to_f32(p_dy[v29 * st_dy_0 + i31]);
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<uint16_t, 4> vec44 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = opgen_bf16_to_f32(vec43.v[vj49]);
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = opgen_f32_to_bf16(v53);
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = opgen_bf16_to_f32(vec44.v[vj50]);
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = opgen_f32_to_bf16(v54);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_bf16(v57);
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i43]);
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = opgen_f32_to_bf16(v58);
                 }
             }
         }
@@ -1703,12 +1743,12 @@ static void k_embedding_backward__dtable2_bf16_layout(const int64_t *dims, char 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1721,7 +1761,7 @@ static void k_embedding_backward__dtable2_bf16_layout(const int64_t *dims, char 
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1738,9 +1778,9 @@ static size_t k_embedding_backward__dtable2_bf16_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward__dtable2_bf16_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1757,21 +1797,21 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward__dtable2_bf16_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward__dtable2_bf16_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward__dtable2_bf16_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward__dtable2_bf16_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_bf16");
 }
 
@@ -1821,56 +1861,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 4 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 4;
-                if (vok33 && vb34 + 4 <= v15) {
-                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 4 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 4;
+                if (vok34 && vb35 + 4 <= v15) {
+                    opgen_vec<float, 4> vec32 = *(const opgen_vec<float, 4> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<float, 4> vec33 = *(const opgen_vec<float, 4> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 4; vj36++) {
-                        const float v37 = vec31.v[vj36];
-                        const float v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 4; vj37++) {
+                        const float v38 = vec32.v[vj37];
+                        const float v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb34] = vec32;
+                    *(opgen_vec<float, 4> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 4 && i30 < v15; i30++) {
-                        const float v39 = p_dy[v28 * st_dy_0 + i30];
-                        const float v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 4 && i31 < v15; i31++) {
+                        const float v40 = p_dy[v29 * st_dy_0 + i31];
+                        const float v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 4 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 4;
-            if (vok46 && vb47 + 4 <= v15) {
-                opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 4 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 4;
+            if (vok47 && vb48 + 4 <= v15) {
+                opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<float, 4> vec45 = *(const opgen_vec<float, 4> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 4; vj49++) {
-                    const float v50 = vec43.v[vj49];
-                    const float v51 = p_dtable1_acc ? v50 : v20;
-                    const float v52 = vec44.v[vj49];
-                    const float v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 4; vj50++) {
+                    const float v51 = vec44.v[vj50];
+                    const float v52 = p_dtable1_acc ? v51 : v20;
+                    const float v53 = vec45.v[vj50];
+                    const float v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<float, 4> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 4 && i42 < v15; i42++) {
-                    const float v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const float v55 = p_dtable1_acc ? v54 : v20;
-                    const float v56 = l22[i42];
-                    const float v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 4 && i43 < v15; i43++) {
+                    const float v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const float v56 = p_dtable1_acc ? v55 : v20;
+                    const float v57 = l22[i43];
+                    const float v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -1882,12 +1926,12 @@ static void k_embedding_backward__dtable2_f32_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -1900,7 +1944,7 @@ static void k_embedding_backward__dtable2_f32_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -1917,9 +1961,9 @@ static size_t k_embedding_backward__dtable2_f32_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward__dtable2_f32_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -1936,21 +1980,21 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward__dtable2_f32_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward__dtable2_f32_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward__dtable2_f32_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward__dtable2_f32_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f32");
 }
 
@@ -2000,56 +2044,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         double *__restrict__ l22 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const bool vok33 = ((uintptr_t)&p_dy[v28 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq35 = threadIdx.x; v13 + vq35 * 2 < v15; vq35 += OPGEN_CUDA_THREADS) {
-                const int64_t vb34 = v13 + vq35 * 2;
-                if (vok33 && vb34 + 2 <= v15) {
-                    opgen_vec<double, 2> vec31 = *(const opgen_vec<double, 2> *)&p_dy[v28 * st_dy_0 + vb34];
-                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&l22[vb34];
+        const bool za24 = (uintptr_t)l22 % (sizeof(double) * 2) == 0;
+        for (size_t z23 = threadIdx.x * 2; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 2) {
+            if (za24 && z23 + 2 <= (size_t)d_D) *(opgen_vec<double, 2> *)&l22[z23] = opgen_vec<double, 2>{};
+            else for (size_t z23j = z23; z23j < z23 + 2 && z23j < (size_t)d_D; z23j++) l22[z23j] = (double)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const bool vok34 = ((uintptr_t)&p_dy[v29 * st_dy_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq36 = threadIdx.x; v13 + vq36 * 2 < v15; vq36 += OPGEN_CUDA_THREADS) {
+                const int64_t vb35 = v13 + vq36 * 2;
+                if (vok34 && vb35 + 2 <= v15) {
+                    opgen_vec<double, 2> vec32 = *(const opgen_vec<double, 2> *)&p_dy[v29 * st_dy_0 + vb35];
+                    opgen_vec<double, 2> vec33 = *(const opgen_vec<double, 2> *)&l22[vb35];
                     #pragma unroll
-                    for (int vj36 = 0; vj36 < 2; vj36++) {
-                        const double v37 = vec31.v[vj36];
-                        const double v38 = v37 * v19;
-                        vec32.v[vj36] += v38;
+                    for (int vj37 = 0; vj37 < 2; vj37++) {
+                        const double v38 = vec32.v[vj37];
+                        const double v39 = v38 * v19;
+                        vec33.v[vj37] += v39;
                     }
-                    *(opgen_vec<double, 2> *)&l22[vb34] = vec32;
+                    *(opgen_vec<double, 2> *)&l22[vb35] = vec33;
                 } else {
-                    for (int64_t i30 = vb34; i30 < vb34 + 2 && i30 < v15; i30++) {
-                        const double v39 = p_dy[v28 * st_dy_0 + i30];
-                        const double v40 = v39 * v19;
-                        l22[i30] += v40;
+                    for (int64_t i31 = vb35; i31 < vb35 + 2 && i31 < v15; i31++) {
+                        const double v40 = p_dy[v29 * st_dy_0 + i31];
+                        const double v41 = v40 * v19;
+                        l22[i31] += v41;
                     }
                 }
             }
         }
-        const bool vok46 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-        for (int64_t vq48 = threadIdx.x; v13 + vq48 * 2 < v15; vq48 += OPGEN_CUDA_THREADS) {
-            const int64_t vb47 = v13 + vq48 * 2;
-            if (vok46 && vb47 + 2 <= v15) {
-                opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47];
-                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l22[vb47];
+        const bool vok47 = ((uintptr_t)&p_dtable1[i21 * st_dtable1_0 + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+        for (int64_t vq49 = threadIdx.x; v13 + vq49 * 2 < v15; vq49 += OPGEN_CUDA_THREADS) {
+            const int64_t vb48 = v13 + vq49 * 2;
+            if (vok47 && vb48 + 2 <= v15) {
+                opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48];
+                opgen_vec<double, 2> vec45 = *(const opgen_vec<double, 2> *)&l22[vb48];
                 #pragma unroll
-                for (int vj49 = 0; vj49 < 2; vj49++) {
-                    const double v50 = vec43.v[vj49];
-                    const double v51 = p_dtable1_acc ? v50 : v20;
-                    const double v52 = vec44.v[vj49];
-                    const double v53 = v51 + v52;
-                    vec43.v[vj49] = v53;
+                for (int vj50 = 0; vj50 < 2; vj50++) {
+                    const double v51 = vec44.v[vj50];
+                    const double v52 = p_dtable1_acc ? v51 : v20;
+                    const double v53 = vec45.v[vj50];
+                    const double v54 = v52 + v53;
+                    vec44.v[vj50] = v54;
                 }
-                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb47] = vec43;
+                *(opgen_vec<double, 2> *)&p_dtable1[i21 * st_dtable1_0 + vb48] = vec44;
             } else {
-                for (int64_t i42 = vb47; i42 < vb47 + 2 && i42 < v15; i42++) {
-                    const double v54 = p_dtable1[i21 * st_dtable1_0 + i42];
-                    const double v55 = p_dtable1_acc ? v54 : v20;
-                    const double v56 = l22[i42];
-                    const double v57 = v55 + v56;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = v57;
+                for (int64_t i43 = vb48; i43 < vb48 + 2 && i43 < v15; i43++) {
+                    const double v55 = p_dtable1[i21 * st_dtable1_0 + i43];
+                    const double v56 = p_dtable1_acc ? v55 : v20;
+                    const double v57 = l22[i43];
+                    const double v58 = v56 + v57;
+                    p_dtable1[i21 * st_dtable1_0 + i43] = v58;
                 }
             }
         }
@@ -2061,12 +2109,12 @@ static void k_embedding_backward__dtable2_f64_layout(const int64_t *dims, char *
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v58 = 0ll;
-    const int64_t v59 = d_N1;
-    const int64_t v60 = d_D;
-    const bool v61 = v60 == v58;
-    const int64_t v62 = v61 ? v58 : v59;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v62 - v58, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v59 = 0ll;
+    const int64_t v60 = d_N1;
+    const int64_t v61 = d_D;
+    const bool v62 = v61 == v59;
+    const int64_t v63 = v62 ? v59 : v60;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v63 - v59, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2079,7 +2127,7 @@ static void k_embedding_backward__dtable2_f64_layout(const int64_t *dims, char *
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v59)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v60)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2096,9 +2144,9 @@ static size_t k_embedding_backward__dtable2_f64_ws(const int64_t *dims) {
 }
 static opgen_status_t k_embedding_backward__dtable2_f64_pre(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc) {
     const float p_alpha2 = sc[4].f;
-    const float v63 = 0.0f;
-    const bool v64 = p_alpha2 == v63;
-    if (!(v64)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
+    const float v64 = 0.0f;
+    const bool v65 = p_alpha2 == v64;
+    if (!(v65)) return opgen_fail(OPGEN_ERR_PARAM, "embedding_backward__dtable2: alpha2 must be 0 when i2 is absent");
     (void)bufs; (void)dims; (void)sc;
     return OPGEN_SUCCESS;
 }
@@ -2115,21 +2163,21 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_N1;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_backward__dtable2_f64_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_N1;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_backward__dtable2_f64_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_backward__dtable2_f64_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_backward__dtable2_f64_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__dtable2_f64");
 }
 
@@ -2200,56 +2248,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
-        const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
-        for (int64_t i38 = v35; i38 < v37; i38++) {
-            const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
+        const bool za35 = (uintptr_t)l33 % (sizeof(float) * 4) == 0;
+        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) {
+            if (za35 && z34 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l33[z34] = opgen_vec<float, 4>{};
+            else for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
+        }
+        const int64_t v36 = opgen_seg_start(t3, i32, v25, v23);
+        const int64_t v37 = i32 + v29;
+        const int64_t v38 = opgen_seg_start(t3, v37, v25, v23);
+        for (int64_t i39 = v36; i39 < v38; i39++) {
+            const int64_t v40 = t4[i39];
+            const bool vok45 = ((uintptr_t)&p_dy[v40 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v24 + vq47 * 4 < v26; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v24 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v40 * st_dy_0 + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l33[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = opgen_f16_to_f32(vec42.v[vj47]);
-                        const float v49 = v48 * v30;
-                        vec43.v[vj47] += v49;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = opgen_f16_to_f32(vec43.v[vj48]);
+                        const float v50 = v49 * v30;
+                        vec44.v[vj48] += v50;
                     }
-                    *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l33[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
-                        const float v50 = opgen_f16_to_f32(p_dy[v39 * st_dy_0 + i41]);
-                        const float v51 = v50 * v30;
-                        l33[i41] += v51;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v26; i42++) {
+                        const float v51 = opgen_f16_to_f32(p_dy[v40 * st_dy_0 + i42]);
+                        const float v52 = v51 * v30;
+                        l33[i42] += v52;
                     }
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v26) {
-                opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
-                opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
+        const bool vok58 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq60 = threadIdx.x; v24 + vq60 * 4 < v26; vq60 += OPGEN_CUDA_THREADS) {
+            const int64_t vb59 = v24 + vq60 * 4;
+            if (vok58 && vb59 + 4 <= v26) {
+                opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59];
+                opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l33[vb59];
                 #pragma unroll
-                for (int vj60 = 0; vj60 < 4; vj60++) {
-                    const float v61 = opgen_f16_to_f32(vec54.v[vj60]);
-                    const float v62 = p_dtable1_acc ? v61 : v31;
-                    const float v63 = vec55.v[vj60];
-                    const float v64 = v62 + v63;
-                    vec54.v[vj60] = opgen_f32_to_f16(v64);
+                for (int vj61 = 0; vj61 < 4; vj61++) {
+                    const float v62 = opgen_f16_to_f32(vec55.v[vj61]);
+                    const float v63 = p_dtable1_acc ? v62 : v31;
+                    const float v64 = vec56.v[vj61];
+                    const float v65 = v63 + v64;
+                    vec55.v[vj61] = opgen_f32_to_f16(v65);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59] = vec55;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
-                    const float v65 = opgen_f16_to_f32(p_dtable1[i32 * st_dtable1_0 + i53]);
-                    const float v66 = p_dtable1_acc ? v65 : v31;
-                    const float v67 = l33[i53];
-                    const float v68 = v66 + v67;
-                    p_dtable1[i32 * st_dtable1_0 + i53] = opgen_f32_to_f16(v68);
+                for (int64_t i54 = vb59; i54 < vb59 + 4 && i54 < v26; i54++) {
+                    const float v66 = opgen_f16_to_f32(p_dtable1[i32 * st_dtable1_0 + i54]);
+                    const float v67 = p_dtable1_acc ? v66 : v31;
+                    const float v68 = l33[i54];
+                    const float v69 = v67 + v68;
+                    p_dtable1[i32 * st_dtable1_0 + i54] = opgen_f32_to_f16(v69);
                 }
             }
         }
@@ -2270,68 +2322,72 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_N;
-    const int64_t v70 = 0ll;
-    const int64_t v71 = d_N2;
-    const int64_t v72 = d_D;
-    const bool v73 = v72 == v70;
-    const int64_t v74 = 1ll;
-    const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v70 : v71;
-    const float v77 = p_alpha2;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
-        float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v70 = d_N;
+    const int64_t v71 = 0ll;
+    const int64_t v72 = d_N2;
+    const int64_t v73 = d_D;
+    const bool v74 = v73 == v71;
+    const int64_t v75 = 1ll;
+    const float v76 = 0.0f;
+    const int64_t v77 = v74 ? v71 : v72;
+    const float v78 = p_alpha2;
+    for (int64_t i79 = v71 + (int64_t)blockIdx.x; i79 < v77; i79 += (int64_t)gridDim.x) {
+        float *__restrict__ l80 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
-        const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
-        for (int64_t i84 = v81; i84 < v83; i84++) {
-            const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v72) {
-                    opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
-                    opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
+        const bool za82 = (uintptr_t)l80 % (sizeof(float) * 4) == 0;
+        for (size_t z81 = threadIdx.x * 4; z81 < (size_t)d_D; z81 += OPGEN_CUDA_THREADS * 4) {
+            if (za82 && z81 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l80[z81] = opgen_vec<float, 4>{};
+            else for (size_t z81j = z81; z81j < z81 + 4 && z81j < (size_t)d_D; z81j++) l80[z81j] = (float)0;
+        }
+        const int64_t v83 = opgen_seg_start(t5, i79, v72, v70);
+        const int64_t v84 = i79 + v75;
+        const int64_t v85 = opgen_seg_start(t5, v84, v72, v70);
+        for (int64_t i86 = v83; i86 < v85; i86++) {
+            const int64_t v87 = t6[i86];
+            const bool vok92 = ((uintptr_t)&p_dy[v87 * st_dy_0 + v71] % 8u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+            for (int64_t vq94 = threadIdx.x; v71 + vq94 * 4 < v73; vq94 += OPGEN_CUDA_THREADS) {
+                const int64_t vb93 = v71 + vq94 * 4;
+                if (vok92 && vb93 + 4 <= v73) {
+                    opgen_vec<uint16_t, 4> vec90 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v87 * st_dy_0 + vb93];
+                    opgen_vec<float, 4> vec91 = *(const opgen_vec<float, 4> *)&l80[vb93];
                     #pragma unroll
-                    for (int vj93 = 0; vj93 < 4; vj93++) {
-                        const float v94 = opgen_f16_to_f32(vec88.v[vj93]);
-                        const float v95 = v94 * v77;
-                        vec89.v[vj93] += v95;
+                    for (int vj95 = 0; vj95 < 4; vj95++) {
+                        const float v96 = opgen_f16_to_f32(vec90.v[vj95]);
+                        const float v97 = v96 * v78;
+                        vec91.v[vj95] += v97;
                     }
-                    *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
+                    *(opgen_vec<float, 4> *)&l80[vb93] = vec91;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
-                        const float v96 = opgen_f16_to_f32(p_dy[v85 * st_dy_0 + i87]);
-                        const float v97 = v96 * v77;
-                        l79[i87] += v97;
+                    for (int64_t i89 = vb93; i89 < vb93 + 4 && i89 < v73; i89++) {
+                        const float v98 = opgen_f16_to_f32(p_dy[v87 * st_dy_0 + i89]);
+                        const float v99 = v98 * v78;
+                        l80[i89] += v99;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v72) {
-                opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
-                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
+        const bool vok105 = ((uintptr_t)&p_dtable2[i79 * st_dtable2_0 + v71] % 8u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+        for (int64_t vq107 = threadIdx.x; v71 + vq107 * 4 < v73; vq107 += OPGEN_CUDA_THREADS) {
+            const int64_t vb106 = v71 + vq107 * 4;
+            if (vok105 && vb106 + 4 <= v73) {
+                opgen_vec<uint16_t, 4> vec102 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106];
+                opgen_vec<float, 4> vec103 = *(const opgen_vec<float, 4> *)&l80[vb106];
                 #pragma unroll
-                for (int vj106 = 0; vj106 < 4; vj106++) {
-                    const float v107 = opgen_f16_to_f32(vec100.v[vj106]);
-                    const float v108 = p_dtable2_acc ? v107 : v75;
-                    const float v109 = vec101.v[vj106];
-                    const float v110 = v108 + v109;
-                    vec100.v[vj106] = opgen_f32_to_f16(v110);
+                for (int vj108 = 0; vj108 < 4; vj108++) {
+                    const float v109 = opgen_f16_to_f32(vec102.v[vj108]);
+                    const float v110 = p_dtable2_acc ? v109 : v76;
+                    const float v111 = vec103.v[vj108];
+                    const float v112 = v110 + v111;
+                    vec102.v[vj108] = opgen_f32_to_f16(v112);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106] = vec102;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
-                    const float v111 = opgen_f16_to_f32(p_dtable2[i78 * st_dtable2_0 + i99]);
-                    const float v112 = p_dtable2_acc ? v111 : v75;
-                    const float v113 = l79[i99];
-                    const float v114 = v112 + v113;
-                    p_dtable2[i78 * st_dtable2_0 + i99] = opgen_f32_to_f16(v114);
+                for (int64_t i101 = vb106; i101 < vb106 + 4 && i101 < v73; i101++) {
+                    const float v113 = opgen_f16_to_f32(p_dtable2[i79 * st_dtable2_0 + i101]);
+                    const float v114 = p_dtable2_acc ? v113 : v76;
+                    const float v115 = l80[i101];
+                    const float v116 = v114 + v115;
+                    p_dtable2[i79 * st_dtable2_0 + i101] = opgen_f32_to_f16(v116);
                 }
             }
         }
@@ -2344,15 +2400,15 @@ static void k_embedding_backward__i2_dtable2_f16_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = 0ll;
-    const int64_t v116 = d_N1;
-    const int64_t v117 = d_N2;
-    const int64_t v118 = d_D;
-    const bool v119 = v118 == v115;
-    const int64_t v120 = v119 ? v115 : v116;
-    const int64_t v121 = v119 ? v115 : v117;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v117 = 0ll;
+    const int64_t v118 = d_N1;
+    const int64_t v119 = d_N2;
+    const int64_t v120 = d_D;
+    const bool v121 = v120 == v117;
+    const int64_t v122 = v121 ? v117 : v118;
+    const int64_t v123 = v121 ? v117 : v119;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v123 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2371,13 +2427,13 @@ static void k_embedding_backward__i2_dtable2_f16_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v119)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2414,32 +2470,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = d_N;
-    const int64_t v123 = 0ll;
-    const int64_t v124 = d_N1;
-    const int64_t v125 = d_N2;
-    const int64_t v126 = d_D;
-    const bool v127 = v126 == v123;
-    const int64_t v128 = v127 ? v123 : v124;
-    const int64_t v129 = v127 ? v123 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid130 > 0) k_embedding_backward__i2_dtable2_f16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid131 > 0) k_embedding_backward__i2_dtable2_f16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v124 = d_N;
+    const int64_t v125 = 0ll;
+    const int64_t v126 = d_N1;
+    const int64_t v127 = d_N2;
+    const int64_t v128 = d_D;
+    const bool v129 = v128 == v125;
+    const int64_t v130 = v129 ? v125 : v126;
+    const int64_t v131 = v129 ? v125 : v127;
+    const int64_t grid132 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f16_k0<<<(unsigned)grid132, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f16_k1<<<(unsigned)grid133, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v126, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v126), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid132 > 0) k_embedding_backward__i2_dtable2_f16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v130 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_embedding_backward__i2_dtable2_f16_k2<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v127, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v127), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid133 > 0) k_embedding_backward__i2_dtable2_f16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid(v131 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid135 > 0) k_embedding_backward__i2_dtable2_f16_k3<<<(unsigned)grid135, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f16");
 }
 
@@ -2510,56 +2566,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
-        const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
-        for (int64_t i38 = v35; i38 < v37; i38++) {
-            const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v26) {
-                    opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v39 * st_dy_0 + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
+        const bool za35 = (uintptr_t)l33 % (sizeof(float) * 4) == 0;
+        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) {
+            if (za35 && z34 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l33[z34] = opgen_vec<float, 4>{};
+            else for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
+        }
+        const int64_t v36 = opgen_seg_start(t3, i32, v25, v23);
+        const int64_t v37 = i32 + v29;
+        const int64_t v38 = opgen_seg_start(t3, v37, v25, v23);
+        for (int64_t i39 = v36; i39 < v38; i39++) {
+            const int64_t v40 = t4[i39];
+            const bool vok45 = ((uintptr_t)&p_dy[v40 * st_dy_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v24 + vq47 * 4 < v26; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v24 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v26) {
+                    opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v40 * st_dy_0 + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l33[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = opgen_bf16_to_f32(vec42.v[vj47]);
-                        const float v49 = v48 * v30;
-                        vec43.v[vj47] += v49;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = opgen_bf16_to_f32(vec43.v[vj48]);
+                        const float v50 = v49 * v30;
+                        vec44.v[vj48] += v50;
                     }
-                    *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l33[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
-                        const float v50 = opgen_bf16_to_f32(p_dy[v39 * st_dy_0 + i41]);
-                        const float v51 = v50 * v30;
-                        l33[i41] += v51;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v26; i42++) {
+                        const float v51 = opgen_bf16_to_f32(p_dy[v40 * st_dy_0 + i42]);
+                        const float v52 = v51 * v30;
+                        l33[i42] += v52;
                     }
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v26) {
-                opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
-                opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
+        const bool vok58 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 8u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq60 = threadIdx.x; v24 + vq60 * 4 < v26; vq60 += OPGEN_CUDA_THREADS) {
+            const int64_t vb59 = v24 + vq60 * 4;
+            if (vok58 && vb59 + 4 <= v26) {
+                opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59];
+                opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l33[vb59];
                 #pragma unroll
-                for (int vj60 = 0; vj60 < 4; vj60++) {
-                    const float v61 = opgen_bf16_to_f32(vec54.v[vj60]);
-                    const float v62 = p_dtable1_acc ? v61 : v31;
-                    const float v63 = vec55.v[vj60];
-                    const float v64 = v62 + v63;
-                    vec54.v[vj60] = opgen_f32_to_bf16(v64);
+                for (int vj61 = 0; vj61 < 4; vj61++) {
+                    const float v62 = opgen_bf16_to_f32(vec55.v[vj61]);
+                    const float v63 = p_dtable1_acc ? v62 : v31;
+                    const float v64 = vec56.v[vj61];
+                    const float v65 = v63 + v64;
+                    vec55.v[vj61] = opgen_f32_to_bf16(v65);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59] = vec55;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
-                    const float v65 = opgen_bf16_to_f32(p_dtable1[i32 * st_dtable1_0 + i53]);
-                    const float v66 = p_dtable1_acc ? v65 : v31;
-                    const float v67 = l33[i53];
-                    const float v68 = v66 + v67;
-                    p_dtable1[i32 * st_dtable1_0 + i53] = opgen_f32_to_bf16(v68);
+                for (int64_t i54 = vb59; i54 < vb59 + 4 && i54 < v26; i54++) {
+                    const float v66 = opgen_bf16_to_f32(p_dtable1[i32 * st_dtable1_0 + i54]);
+                    const float v67 = p_dtable1_acc ? v66 : v31;
+                    const float v68 = l33[i54];
+                    const float v69 = v67 + v68;
+                    p_dtable1[i32 * st_dtable1_0 + i54] = opgen_f32_to_bf16(v69);
                 }
             }
         }
@@ -2580,68 +2640,72 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_N;
-    const int64_t v70 = 0ll;
-    const int64_t v71 = d_N2;
-    const int64_t v72 = d_D;
-    const bool v73 = v72 == v70;
-    const int64_t v74 = 1ll;
-    const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v70 : v71;
-    const float v77 = p_alpha2;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
-        float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v70 = d_N;
+    const int64_t v71 = 0ll;
+    const int64_t v72 = d_N2;
+    const int64_t v73 = d_D;
+    const bool v74 = v73 == v71;
+    const int64_t v75 = 1ll;
+    const float v76 = 0.0f;
+    const int64_t v77 = v74 ? v71 : v72;
+    const float v78 = p_alpha2;
+    for (int64_t i79 = v71 + (int64_t)blockIdx.x; i79 < v77; i79 += (int64_t)gridDim.x) {
+        float *__restrict__ l80 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
-        const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
-        for (int64_t i84 = v81; i84 < v83; i84++) {
-            const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v72) {
-                    opgen_vec<uint16_t, 4> vec88 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v85 * st_dy_0 + vb91];
-                    opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
+        const bool za82 = (uintptr_t)l80 % (sizeof(float) * 4) == 0;
+        for (size_t z81 = threadIdx.x * 4; z81 < (size_t)d_D; z81 += OPGEN_CUDA_THREADS * 4) {
+            if (za82 && z81 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l80[z81] = opgen_vec<float, 4>{};
+            else for (size_t z81j = z81; z81j < z81 + 4 && z81j < (size_t)d_D; z81j++) l80[z81j] = (float)0;
+        }
+        const int64_t v83 = opgen_seg_start(t5, i79, v72, v70);
+        const int64_t v84 = i79 + v75;
+        const int64_t v85 = opgen_seg_start(t5, v84, v72, v70);
+        for (int64_t i86 = v83; i86 < v85; i86++) {
+            const int64_t v87 = t6[i86];
+            const bool vok92 = ((uintptr_t)&p_dy[v87 * st_dy_0 + v71] % 8u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+            for (int64_t vq94 = threadIdx.x; v71 + vq94 * 4 < v73; vq94 += OPGEN_CUDA_THREADS) {
+                const int64_t vb93 = v71 + vq94 * 4;
+                if (vok92 && vb93 + 4 <= v73) {
+                    opgen_vec<uint16_t, 4> vec90 = *(const opgen_vec<uint16_t, 4> *)&p_dy[v87 * st_dy_0 + vb93];
+                    opgen_vec<float, 4> vec91 = *(const opgen_vec<float, 4> *)&l80[vb93];
                     #pragma unroll
-                    for (int vj93 = 0; vj93 < 4; vj93++) {
-                        const float v94 = opgen_bf16_to_f32(vec88.v[vj93]);
-                        const float v95 = v94 * v77;
-                        vec89.v[vj93] += v95;
+                    for (int vj95 = 0; vj95 < 4; vj95++) {
+                        const float v96 = opgen_bf16_to_f32(vec90.v[vj95]);
+                        const float v97 = v96 * v78;
+                        vec91.v[vj95] += v97;
                     }
-                    *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
+                    *(opgen_vec<float, 4> *)&l80[vb93] = vec91;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
-                        const float v96 = opgen_bf16_to_f32(p_dy[v85 * st_dy_0 + i87]);
-                        const float v97 = v96 * v77;
-                        l79[i87] += v97;
+                    for (int64_t i89 = vb93; i89 < vb93 + 4 && i89 < v73; i89++) {
+                        const float v98 = opgen_bf16_to_f32(p_dy[v87 * st_dy_0 + i89]);
+                        const float v99 = v98 * v78;
+                        l80[i89] += v99;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 8u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v72) {
-                opgen_vec<uint16_t, 4> vec100 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
-                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
+        const bool vok105 = ((uintptr_t)&p_dtable2[i79 * st_dtable2_0 + v71] % 8u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+        for (int64_t vq107 = threadIdx.x; v71 + vq107 * 4 < v73; vq107 += OPGEN_CUDA_THREADS) {
+            const int64_t vb106 = v71 + vq107 * 4;
+            if (vok105 && vb106 + 4 <= v73) {
+                opgen_vec<uint16_t, 4> vec102 = *(const opgen_vec<uint16_t, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106];
+                opgen_vec<float, 4> vec103 = *(const opgen_vec<float, 4> *)&l80[vb106];
                 #pragma unroll
-                for (int vj106 = 0; vj106 < 4; vj106++) {
-                    const float v107 = opgen_bf16_to_f32(vec100.v[vj106]);
-                    const float v108 = p_dtable2_acc ? v107 : v75;
-                    const float v109 = vec101.v[vj106];
-                    const float v110 = v108 + v109;
-                    vec100.v[vj106] = opgen_f32_to_bf16(v110);
+                for (int vj108 = 0; vj108 < 4; vj108++) {
+                    const float v109 = opgen_bf16_to_f32(vec102.v[vj108]);
+                    const float v110 = p_dtable2_acc ? v109 : v76;
+                    const float v111 = vec103.v[vj108];
+                    const float v112 = v110 + v111;
+                    vec102.v[vj108] = opgen_f32_to_bf16(v112);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
+                *(opgen_vec<uint16_t, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106] = vec102;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
-                    const float v111 = opgen_bf16_to_f32(p_dtable2[i78 * st_dtable2_0 + i99]);
-                    const float v112 = p_dtable2_acc ? v111 : v75;
-                    const float v113 = l79[i99];
-                    const float v114 = v112 + v113;
-                    p_dtable2[i78 * st_dtable2_0 + i99] = opgen_f32_to_bf16(v114);
+                for (int64_t i101 = vb106; i101 < vb106 + 4 && i101 < v73; i101++) {
+                    const float v113 = opgen_bf16_to_f32(p_dtable2[i79 * st_dtable2_0 + i101]);
+                    const float v114 = p_dtable2_acc ? v113 : v76;
+                    const float v115 = l80[i101];
+                    const float v116 = v114 + v115;
+                    p_dtable2[i79 * st_dtable2_0 + i101] = opgen_f32_to_bf16(v116);
                 }
             }
         }
@@ -2654,15 +2718,15 @@ static void k_embedding_backward__i2_dtable2_bf16_layout(const int64_t *dims, ch
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = 0ll;
-    const int64_t v116 = d_N1;
-    const int64_t v117 = d_N2;
-    const int64_t v118 = d_D;
-    const bool v119 = v118 == v115;
-    const int64_t v120 = v119 ? v115 : v116;
-    const int64_t v121 = v119 ? v115 : v117;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v117 = 0ll;
+    const int64_t v118 = d_N1;
+    const int64_t v119 = d_N2;
+    const int64_t v120 = d_D;
+    const bool v121 = v120 == v117;
+    const int64_t v122 = v121 ? v117 : v118;
+    const int64_t v123 = v121 ? v117 : v119;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v123 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2681,13 +2745,13 @@ static void k_embedding_backward__i2_dtable2_bf16_layout(const int64_t *dims, ch
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v119)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -2724,32 +2788,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = d_N;
-    const int64_t v123 = 0ll;
-    const int64_t v124 = d_N1;
-    const int64_t v125 = d_N2;
-    const int64_t v126 = d_D;
-    const bool v127 = v126 == v123;
-    const int64_t v128 = v127 ? v123 : v124;
-    const int64_t v129 = v127 ? v123 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid130 > 0) k_embedding_backward__i2_dtable2_bf16_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid131 > 0) k_embedding_backward__i2_dtable2_bf16_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v124 = d_N;
+    const int64_t v125 = 0ll;
+    const int64_t v126 = d_N1;
+    const int64_t v127 = d_N2;
+    const int64_t v128 = d_D;
+    const bool v129 = v128 == v125;
+    const int64_t v130 = v129 ? v125 : v126;
+    const int64_t v131 = v129 ? v125 : v127;
+    const int64_t grid132 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_bf16_k0<<<(unsigned)grid132, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_bf16_k1<<<(unsigned)grid133, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v126, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v126), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid132 > 0) k_embedding_backward__i2_dtable2_bf16_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v130 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_embedding_backward__i2_dtable2_bf16_k2<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v127, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v127), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid133 > 0) k_embedding_backward__i2_dtable2_bf16_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid(v131 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid135 > 0) k_embedding_backward__i2_dtable2_bf16_k3<<<(unsigned)grid135, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_bf16");
 }
 
@@ -2820,56 +2884,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         float *__restrict__ l33 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
-        const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
-        for (int64_t i38 = v35; i38 < v37; i38++) {
-            const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 4 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v26) {
-                    opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_dy[v39 * st_dy_0 + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l33[vb45];
+        const bool za35 = (uintptr_t)l33 % (sizeof(float) * 4) == 0;
+        for (size_t z34 = threadIdx.x * 4; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 4) {
+            if (za35 && z34 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l33[z34] = opgen_vec<float, 4>{};
+            else for (size_t z34j = z34; z34j < z34 + 4 && z34j < (size_t)d_D; z34j++) l33[z34j] = (float)0;
+        }
+        const int64_t v36 = opgen_seg_start(t3, i32, v25, v23);
+        const int64_t v37 = i32 + v29;
+        const int64_t v38 = opgen_seg_start(t3, v37, v25, v23);
+        for (int64_t i39 = v36; i39 < v38; i39++) {
+            const int64_t v40 = t4[i39];
+            const bool vok45 = ((uintptr_t)&p_dy[v40 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v24 + vq47 * 4 < v26; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v24 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v26) {
+                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_dy[v40 * st_dy_0 + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l33[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = vec42.v[vj47];
-                        const float v49 = v48 * v30;
-                        vec43.v[vj47] += v49;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = vec43.v[vj48];
+                        const float v50 = v49 * v30;
+                        vec44.v[vj48] += v50;
                     }
-                    *(opgen_vec<float, 4> *)&l33[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l33[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v26; i41++) {
-                        const float v50 = p_dy[v39 * st_dy_0 + i41];
-                        const float v51 = v50 * v30;
-                        l33[i41] += v51;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v26; i42++) {
+                        const float v51 = p_dy[v40 * st_dy_0 + i42];
+                        const float v52 = v51 * v30;
+                        l33[i42] += v52;
                     }
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 4 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 4;
-            if (vok57 && vb58 + 4 <= v26) {
-                opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
-                opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l33[vb58];
+        const bool vok58 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq60 = threadIdx.x; v24 + vq60 * 4 < v26; vq60 += OPGEN_CUDA_THREADS) {
+            const int64_t vb59 = v24 + vq60 * 4;
+            if (vok58 && vb59 + 4 <= v26) {
+                opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59];
+                opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l33[vb59];
                 #pragma unroll
-                for (int vj60 = 0; vj60 < 4; vj60++) {
-                    const float v61 = vec54.v[vj60];
-                    const float v62 = p_dtable1_acc ? v61 : v31;
-                    const float v63 = vec55.v[vj60];
-                    const float v64 = v62 + v63;
-                    vec54.v[vj60] = v64;
+                for (int vj61 = 0; vj61 < 4; vj61++) {
+                    const float v62 = vec55.v[vj61];
+                    const float v63 = p_dtable1_acc ? v62 : v31;
+                    const float v64 = vec56.v[vj61];
+                    const float v65 = v63 + v64;
+                    vec55.v[vj61] = v65;
                 }
-                *(opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
+                *(opgen_vec<float, 4> *)&p_dtable1[i32 * st_dtable1_0 + vb59] = vec55;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 4 && i53 < v26; i53++) {
-                    const float v65 = p_dtable1[i32 * st_dtable1_0 + i53];
-                    const float v66 = p_dtable1_acc ? v65 : v31;
-                    const float v67 = l33[i53];
-                    const float v68 = v66 + v67;
-                    p_dtable1[i32 * st_dtable1_0 + i53] = v68;
+                for (int64_t i54 = vb59; i54 < vb59 + 4 && i54 < v26; i54++) {
+                    const float v66 = p_dtable1[i32 * st_dtable1_0 + i54];
+                    const float v67 = p_dtable1_acc ? v66 : v31;
+                    const float v68 = l33[i54];
+                    const float v69 = v67 + v68;
+                    p_dtable1[i32 * st_dtable1_0 + i54] = v69;
                 }
             }
         }
@@ -2890,68 +2958,72 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_N;
-    const int64_t v70 = 0ll;
-    const int64_t v71 = d_N2;
-    const int64_t v72 = d_D;
-    const bool v73 = v72 == v70;
-    const int64_t v74 = 1ll;
-    const float v75 = 0.0f;
-    const int64_t v76 = v73 ? v70 : v71;
-    const float v77 = p_alpha2;
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
-        float *__restrict__ l79 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v70 = d_N;
+    const int64_t v71 = 0ll;
+    const int64_t v72 = d_N2;
+    const int64_t v73 = d_D;
+    const bool v74 = v73 == v71;
+    const int64_t v75 = 1ll;
+    const float v76 = 0.0f;
+    const int64_t v77 = v74 ? v71 : v72;
+    const float v78 = p_alpha2;
+    for (int64_t i79 = v71 + (int64_t)blockIdx.x; i79 < v77; i79 += (int64_t)gridDim.x) {
+        float *__restrict__ l80 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z80 = threadIdx.x * 4; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 4) for (size_t z80j = z80; z80j < z80 + 4 && z80j < (size_t)d_D; z80j++) l79[z80j] = (float)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
-        const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
-        for (int64_t i84 = v81; i84 < v83; i84++) {
-            const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 4 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 4;
-                if (vok90 && vb91 + 4 <= v72) {
-                    opgen_vec<float, 4> vec88 = *(const opgen_vec<float, 4> *)&p_dy[v85 * st_dy_0 + vb91];
-                    opgen_vec<float, 4> vec89 = *(const opgen_vec<float, 4> *)&l79[vb91];
+        const bool za82 = (uintptr_t)l80 % (sizeof(float) * 4) == 0;
+        for (size_t z81 = threadIdx.x * 4; z81 < (size_t)d_D; z81 += OPGEN_CUDA_THREADS * 4) {
+            if (za82 && z81 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l80[z81] = opgen_vec<float, 4>{};
+            else for (size_t z81j = z81; z81j < z81 + 4 && z81j < (size_t)d_D; z81j++) l80[z81j] = (float)0;
+        }
+        const int64_t v83 = opgen_seg_start(t5, i79, v72, v70);
+        const int64_t v84 = i79 + v75;
+        const int64_t v85 = opgen_seg_start(t5, v84, v72, v70);
+        for (int64_t i86 = v83; i86 < v85; i86++) {
+            const int64_t v87 = t6[i86];
+            const bool vok92 = ((uintptr_t)&p_dy[v87 * st_dy_0 + v71] % 16u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+            for (int64_t vq94 = threadIdx.x; v71 + vq94 * 4 < v73; vq94 += OPGEN_CUDA_THREADS) {
+                const int64_t vb93 = v71 + vq94 * 4;
+                if (vok92 && vb93 + 4 <= v73) {
+                    opgen_vec<float, 4> vec90 = *(const opgen_vec<float, 4> *)&p_dy[v87 * st_dy_0 + vb93];
+                    opgen_vec<float, 4> vec91 = *(const opgen_vec<float, 4> *)&l80[vb93];
                     #pragma unroll
-                    for (int vj93 = 0; vj93 < 4; vj93++) {
-                        const float v94 = vec88.v[vj93];
-                        const float v95 = v94 * v77;
-                        vec89.v[vj93] += v95;
+                    for (int vj95 = 0; vj95 < 4; vj95++) {
+                        const float v96 = vec90.v[vj95];
+                        const float v97 = v96 * v78;
+                        vec91.v[vj95] += v97;
                     }
-                    *(opgen_vec<float, 4> *)&l79[vb91] = vec89;
+                    *(opgen_vec<float, 4> *)&l80[vb93] = vec91;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 4 && i87 < v72; i87++) {
-                        const float v96 = p_dy[v85 * st_dy_0 + i87];
-                        const float v97 = v96 * v77;
-                        l79[i87] += v97;
+                    for (int64_t i89 = vb93; i89 < vb93 + 4 && i89 < v73; i89++) {
+                        const float v98 = p_dy[v87 * st_dy_0 + i89];
+                        const float v99 = v98 * v78;
+                        l80[i89] += v99;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 4 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 4;
-            if (vok103 && vb104 + 4 <= v72) {
-                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
-                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l79[vb104];
+        const bool vok105 = ((uintptr_t)&p_dtable2[i79 * st_dtable2_0 + v71] % 16u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+        for (int64_t vq107 = threadIdx.x; v71 + vq107 * 4 < v73; vq107 += OPGEN_CUDA_THREADS) {
+            const int64_t vb106 = v71 + vq107 * 4;
+            if (vok105 && vb106 + 4 <= v73) {
+                opgen_vec<float, 4> vec102 = *(const opgen_vec<float, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106];
+                opgen_vec<float, 4> vec103 = *(const opgen_vec<float, 4> *)&l80[vb106];
                 #pragma unroll
-                for (int vj106 = 0; vj106 < 4; vj106++) {
-                    const float v107 = vec100.v[vj106];
-                    const float v108 = p_dtable2_acc ? v107 : v75;
-                    const float v109 = vec101.v[vj106];
-                    const float v110 = v108 + v109;
-                    vec100.v[vj106] = v110;
+                for (int vj108 = 0; vj108 < 4; vj108++) {
+                    const float v109 = vec102.v[vj108];
+                    const float v110 = p_dtable2_acc ? v109 : v76;
+                    const float v111 = vec103.v[vj108];
+                    const float v112 = v110 + v111;
+                    vec102.v[vj108] = v112;
                 }
-                *(opgen_vec<float, 4> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
+                *(opgen_vec<float, 4> *)&p_dtable2[i79 * st_dtable2_0 + vb106] = vec102;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 4 && i99 < v72; i99++) {
-                    const float v111 = p_dtable2[i78 * st_dtable2_0 + i99];
-                    const float v112 = p_dtable2_acc ? v111 : v75;
-                    const float v113 = l79[i99];
-                    const float v114 = v112 + v113;
-                    p_dtable2[i78 * st_dtable2_0 + i99] = v114;
+                for (int64_t i101 = vb106; i101 < vb106 + 4 && i101 < v73; i101++) {
+                    const float v113 = p_dtable2[i79 * st_dtable2_0 + i101];
+                    const float v114 = p_dtable2_acc ? v113 : v76;
+                    const float v115 = l80[i101];
+                    const float v116 = v114 + v115;
+                    p_dtable2[i79 * st_dtable2_0 + i101] = v116;
                 }
             }
         }
@@ -2964,15 +3036,15 @@ static void k_embedding_backward__i2_dtable2_f32_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = 0ll;
-    const int64_t v116 = d_N1;
-    const int64_t v117 = d_N2;
-    const int64_t v118 = d_D;
-    const bool v119 = v118 == v115;
-    const int64_t v120 = v119 ? v115 : v116;
-    const int64_t v121 = v119 ? v115 : v117;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v117 = 0ll;
+    const int64_t v118 = d_N1;
+    const int64_t v119 = d_N2;
+    const int64_t v120 = d_D;
+    const bool v121 = v120 == v117;
+    const int64_t v122 = v121 ? v117 : v118;
+    const int64_t v123 = v121 ? v117 : v119;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v123 - v117, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -2991,13 +3063,13 @@ static void k_embedding_backward__i2_dtable2_f32_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v119)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3034,32 +3106,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = d_N;
-    const int64_t v123 = 0ll;
-    const int64_t v124 = d_N1;
-    const int64_t v125 = d_N2;
-    const int64_t v126 = d_D;
-    const bool v127 = v126 == v123;
-    const int64_t v128 = v127 ? v123 : v124;
-    const int64_t v129 = v127 ? v123 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid130 > 0) k_embedding_backward__i2_dtable2_f32_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid131 > 0) k_embedding_backward__i2_dtable2_f32_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v124 = d_N;
+    const int64_t v125 = 0ll;
+    const int64_t v126 = d_N1;
+    const int64_t v127 = d_N2;
+    const int64_t v128 = d_D;
+    const bool v129 = v128 == v125;
+    const int64_t v130 = v129 ? v125 : v126;
+    const int64_t v131 = v129 ? v125 : v127;
+    const int64_t grid132 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f32_k0<<<(unsigned)grid132, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f32_k1<<<(unsigned)grid133, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v126, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v126), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid132 > 0) k_embedding_backward__i2_dtable2_f32_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v130 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid134 > 0) k_embedding_backward__i2_dtable2_f32_k2<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v127, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v127), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid133 > 0) k_embedding_backward__i2_dtable2_f32_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid(v131 - v125, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid135 > 0) k_embedding_backward__i2_dtable2_f32_k3<<<(unsigned)grid135, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f32");
 }
 
@@ -3130,56 +3202,60 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     for (int64_t i32 = v24 + (int64_t)blockIdx.x; i32 < v28; i32 += (int64_t)gridDim.x) {
         double *__restrict__ l33 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[12] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z34 = threadIdx.x * 2; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 2) for (size_t z34j = z34; z34j < z34 + 2 && z34j < (size_t)d_D; z34j++) l33[z34j] = (double)0;
-        const int64_t v35 = opgen_seg_start(t3, i32, v25, v23);
-        const int64_t v36 = i32 + v29;
-        const int64_t v37 = opgen_seg_start(t3, v36, v25, v23);
-        for (int64_t i38 = v35; i38 < v37; i38++) {
-            const int64_t v39 = t4[i38];
-            const bool vok44 = ((uintptr_t)&p_dy[v39 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v24 + vq46 * 2 < v26; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v24 + vq46 * 2;
-                if (vok44 && vb45 + 2 <= v26) {
-                    opgen_vec<double, 2> vec42 = *(const opgen_vec<double, 2> *)&p_dy[v39 * st_dy_0 + vb45];
-                    opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&l33[vb45];
+        const bool za35 = (uintptr_t)l33 % (sizeof(double) * 2) == 0;
+        for (size_t z34 = threadIdx.x * 2; z34 < (size_t)d_D; z34 += OPGEN_CUDA_THREADS * 2) {
+            if (za35 && z34 + 2 <= (size_t)d_D) *(opgen_vec<double, 2> *)&l33[z34] = opgen_vec<double, 2>{};
+            else for (size_t z34j = z34; z34j < z34 + 2 && z34j < (size_t)d_D; z34j++) l33[z34j] = (double)0;
+        }
+        const int64_t v36 = opgen_seg_start(t3, i32, v25, v23);
+        const int64_t v37 = i32 + v29;
+        const int64_t v38 = opgen_seg_start(t3, v37, v25, v23);
+        for (int64_t i39 = v36; i39 < v38; i39++) {
+            const int64_t v40 = t4[i39];
+            const bool vok45 = ((uintptr_t)&p_dy[v40 * st_dy_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v24 + vq47 * 2 < v26; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v24 + vq47 * 2;
+                if (vok45 && vb46 + 2 <= v26) {
+                    opgen_vec<double, 2> vec43 = *(const opgen_vec<double, 2> *)&p_dy[v40 * st_dy_0 + vb46];
+                    opgen_vec<double, 2> vec44 = *(const opgen_vec<double, 2> *)&l33[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 2; vj47++) {
-                        const double v48 = vec42.v[vj47];
-                        const double v49 = v48 * v30;
-                        vec43.v[vj47] += v49;
+                    for (int vj48 = 0; vj48 < 2; vj48++) {
+                        const double v49 = vec43.v[vj48];
+                        const double v50 = v49 * v30;
+                        vec44.v[vj48] += v50;
                     }
-                    *(opgen_vec<double, 2> *)&l33[vb45] = vec43;
+                    *(opgen_vec<double, 2> *)&l33[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 2 && i41 < v26; i41++) {
-                        const double v50 = p_dy[v39 * st_dy_0 + i41];
-                        const double v51 = v50 * v30;
-                        l33[i41] += v51;
+                    for (int64_t i42 = vb46; i42 < vb46 + 2 && i42 < v26; i42++) {
+                        const double v51 = p_dy[v40 * st_dy_0 + i42];
+                        const double v52 = v51 * v30;
+                        l33[i42] += v52;
                     }
                 }
             }
         }
-        const bool vok57 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
-        for (int64_t vq59 = threadIdx.x; v24 + vq59 * 2 < v26; vq59 += OPGEN_CUDA_THREADS) {
-            const int64_t vb58 = v24 + vq59 * 2;
-            if (vok57 && vb58 + 2 <= v26) {
-                opgen_vec<double, 2> vec54 = *(const opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb58];
-                opgen_vec<double, 2> vec55 = *(const opgen_vec<double, 2> *)&l33[vb58];
+        const bool vok58 = ((uintptr_t)&p_dtable1[i32 * st_dtable1_0 + v24] % 16u == 0) && ((uintptr_t)&l33[v24] % 16u == 0);
+        for (int64_t vq60 = threadIdx.x; v24 + vq60 * 2 < v26; vq60 += OPGEN_CUDA_THREADS) {
+            const int64_t vb59 = v24 + vq60 * 2;
+            if (vok58 && vb59 + 2 <= v26) {
+                opgen_vec<double, 2> vec55 = *(const opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb59];
+                opgen_vec<double, 2> vec56 = *(const opgen_vec<double, 2> *)&l33[vb59];
                 #pragma unroll
-                for (int vj60 = 0; vj60 < 2; vj60++) {
-                    const double v61 = vec54.v[vj60];
-                    const double v62 = p_dtable1_acc ? v61 : v31;
-                    const double v63 = vec55.v[vj60];
-                    const double v64 = v62 + v63;
-                    vec54.v[vj60] = v64;
+                for (int vj61 = 0; vj61 < 2; vj61++) {
+                    const double v62 = vec55.v[vj61];
+                    const double v63 = p_dtable1_acc ? v62 : v31;
+                    const double v64 = vec56.v[vj61];
+                    const double v65 = v63 + v64;
+                    vec55.v[vj61] = v65;
                 }
-                *(opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb58] = vec54;
+                *(opgen_vec<double, 2> *)&p_dtable1[i32 * st_dtable1_0 + vb59] = vec55;
             } else {
-                for (int64_t i53 = vb58; i53 < vb58 + 2 && i53 < v26; i53++) {
-                    const double v65 = p_dtable1[i32 * st_dtable1_0 + i53];
-                    const double v66 = p_dtable1_acc ? v65 : v31;
-                    const double v67 = l33[i53];
-                    const double v68 = v66 + v67;
-                    p_dtable1[i32 * st_dtable1_0 + i53] = v68;
+                for (int64_t i54 = vb59; i54 < vb59 + 2 && i54 < v26; i54++) {
+                    const double v66 = p_dtable1[i32 * st_dtable1_0 + i54];
+                    const double v67 = p_dtable1_acc ? v66 : v31;
+                    const double v68 = l33[i54];
+                    const double v69 = v67 + v68;
+                    p_dtable1[i32 * st_dtable1_0 + i54] = v69;
                 }
             }
         }
@@ -3200,68 +3276,72 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_backwar
     const int64_t d_N2 = a.dims[3];
     int64_t *__restrict__ t5 = (int64_t *)a.wsp[4];
     int64_t *__restrict__ t6 = (int64_t *)a.wsp[5];
-    const int64_t v69 = d_N;
-    const int64_t v70 = 0ll;
-    const int64_t v71 = d_N2;
-    const int64_t v72 = d_D;
-    const bool v73 = v72 == v70;
-    const int64_t v74 = 1ll;
-    const double v75 = 0.0;
-    const int64_t v76 = v73 ? v70 : v71;
-    const double v77 = (double)(p_alpha2);
-    for (int64_t i78 = v70 + (int64_t)blockIdx.x; i78 < v76; i78 += (int64_t)gridDim.x) {
-        double *__restrict__ l79 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
+    const int64_t v70 = d_N;
+    const int64_t v71 = 0ll;
+    const int64_t v72 = d_N2;
+    const int64_t v73 = d_D;
+    const bool v74 = v73 == v71;
+    const int64_t v75 = 1ll;
+    const double v76 = 0.0;
+    const int64_t v77 = v74 ? v71 : v72;
+    const double v78 = (double)(p_alpha2);
+    for (int64_t i79 = v71 + (int64_t)blockIdx.x; i79 < v77; i79 += (int64_t)gridDim.x) {
+        double *__restrict__ l80 = a.smem ? (double *)opgen_dyn_smem() : (double *)a.wsp[13] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z80 = threadIdx.x * 2; z80 < (size_t)d_D; z80 += OPGEN_CUDA_THREADS * 2) for (size_t z80j = z80; z80j < z80 + 2 && z80j < (size_t)d_D; z80j++) l79[z80j] = (double)0;
-        const int64_t v81 = opgen_seg_start(t5, i78, v71, v69);
-        const int64_t v82 = i78 + v74;
-        const int64_t v83 = opgen_seg_start(t5, v82, v71, v69);
-        for (int64_t i84 = v81; i84 < v83; i84++) {
-            const int64_t v85 = t6[i84];
-            const bool vok90 = ((uintptr_t)&p_dy[v85 * st_dy_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-            for (int64_t vq92 = threadIdx.x; v70 + vq92 * 2 < v72; vq92 += OPGEN_CUDA_THREADS) {
-                const int64_t vb91 = v70 + vq92 * 2;
-                if (vok90 && vb91 + 2 <= v72) {
-                    opgen_vec<double, 2> vec88 = *(const opgen_vec<double, 2> *)&p_dy[v85 * st_dy_0 + vb91];
-                    opgen_vec<double, 2> vec89 = *(const opgen_vec<double, 2> *)&l79[vb91];
+        const bool za82 = (uintptr_t)l80 % (sizeof(double) * 2) == 0;
+        for (size_t z81 = threadIdx.x * 2; z81 < (size_t)d_D; z81 += OPGEN_CUDA_THREADS * 2) {
+            if (za82 && z81 + 2 <= (size_t)d_D) *(opgen_vec<double, 2> *)&l80[z81] = opgen_vec<double, 2>{};
+            else for (size_t z81j = z81; z81j < z81 + 2 && z81j < (size_t)d_D; z81j++) l80[z81j] = (double)0;
+        }
+        const int64_t v83 = opgen_seg_start(t5, i79, v72, v70);
+        const int64_t v84 = i79 + v75;
+        const int64_t v85 = opgen_seg_start(t5, v84, v72, v70);
+        for (int64_t i86 = v83; i86 < v85; i86++) {
+            const int64_t v87 = t6[i86];
+            const bool vok92 = ((uintptr_t)&p_dy[v87 * st_dy_0 + v71] % 16u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+            for (int64_t vq94 = threadIdx.x; v71 + vq94 * 2 < v73; vq94 += OPGEN_CUDA_THREADS) {
+                const int64_t vb93 = v71 + vq94 * 2;
+                if (vok92 && vb93 + 2 <= v73) {
+                    opgen_vec<double, 2> vec90 = *(const opgen_vec<double, 2> *)&p_dy[v87 * st_dy_0 + vb93];
+                    opgen_vec<double, 2> vec91 = *(const opgen_vec<double, 2> *)&l80[vb93];
                     #pragma unroll
-                    for (int vj93 = 0; vj93 < 2; vj93++) {
-                        const double v94 = vec88.v[vj93];
-                        const double v95 = v94 * v77;
-                        vec89.v[vj93] += v95;
+                    for (int vj95 = 0; vj95 < 2; vj95++) {
+                        const double v96 = vec90.v[vj95];
+                        const double v97 = v96 * v78;
+                        vec91.v[vj95] += v97;
                     }
-                    *(opgen_vec<double, 2> *)&l79[vb91] = vec89;
+                    *(opgen_vec<double, 2> *)&l80[vb93] = vec91;
                 } else {
-                    for (int64_t i87 = vb91; i87 < vb91 + 2 && i87 < v72; i87++) {
-                        const double v96 = p_dy[v85 * st_dy_0 + i87];
-                        const double v97 = v96 * v77;
-                        l79[i87] += v97;
+                    for (int64_t i89 = vb93; i89 < vb93 + 2 && i89 < v73; i89++) {
+                        const double v98 = p_dy[v87 * st_dy_0 + i89];
+                        const double v99 = v98 * v78;
+                        l80[i89] += v99;
                     }
                 }
             }
         }
-        const bool vok103 = ((uintptr_t)&p_dtable2[i78 * st_dtable2_0 + v70] % 16u == 0) && ((uintptr_t)&l79[v70] % 16u == 0);
-        for (int64_t vq105 = threadIdx.x; v70 + vq105 * 2 < v72; vq105 += OPGEN_CUDA_THREADS) {
-            const int64_t vb104 = v70 + vq105 * 2;
-            if (vok103 && vb104 + 2 <= v72) {
-                opgen_vec<double, 2> vec100 = *(const opgen_vec<double, 2> *)&p_dtable2[i78 * st_dtable2_0 + vb104];
-                opgen_vec<double, 2> vec101 = *(const opgen_vec<double, 2> *)&l79[vb104];
+        const bool vok105 = ((uintptr_t)&p_dtable2[i79 * st_dtable2_0 + v71] % 16u == 0) && ((uintptr_t)&l80[v71] % 16u == 0);
+        for (int64_t vq107 = threadIdx.x; v71 + vq107 * 2 < v73; vq107 += OPGEN_CUDA_THREADS) {
+            const int64_t vb106 = v71 + vq107 * 2;
+            if (vok105 && vb106 + 2 <= v73) {
+                opgen_vec<double, 2> vec102 = *(const opgen_vec<double, 2> *)&p_dtable2[i79 * st_dtable2_0 + vb106];
+                opgen_vec<double, 2> vec103 = *(const opgen_vec<double, 2> *)&l80[vb106];
                 #pragma unroll
-                for (int vj106 = 0; vj106 < 2; vj106++) {
-                    const double v107 = vec100.v[vj106];
-                    const double v108 = p_dtable2_acc ? v107 : v75;
-                    const double v109 = vec101.v[vj106];
-                    const double v110 = v108 + v109;
-                    vec100.v[vj106] = v110;
+                for (int vj108 = 0; vj108 < 2; vj108++) {
+                    const double v109 = vec102.v[vj108];
+                    const double v110 = p_dtable2_acc ? v109 : v76;
+                    const double v111 = vec103.v[vj108];
+                    const double v112 = v110 + v111;
+                    vec102.v[vj108] = v112;
                 }
-                *(opgen_vec<double, 2> *)&p_dtable2[i78 * st_dtable2_0 + vb104] = vec100;
+                *(opgen_vec<double, 2> *)&p_dtable2[i79 * st_dtable2_0 + vb106] = vec102;
             } else {
-                for (int64_t i99 = vb104; i99 < vb104 + 2 && i99 < v72; i99++) {
-                    const double v111 = p_dtable2[i78 * st_dtable2_0 + i99];
-                    const double v112 = p_dtable2_acc ? v111 : v75;
-                    const double v113 = l79[i99];
-                    const double v114 = v112 + v113;
-                    p_dtable2[i78 * st_dtable2_0 + i99] = v114;
+                for (int64_t i101 = vb106; i101 < vb106 + 2 && i101 < v73; i101++) {
+                    const double v113 = p_dtable2[i79 * st_dtable2_0 + i101];
+                    const double v114 = p_dtable2_acc ? v113 : v76;
+                    const double v115 = l80[i101];
+                    const double v116 = v114 + v115;
+                    p_dtable2[i79 * st_dtable2_0 + i101] = v116;
                 }
             }
         }
@@ -3274,15 +3354,15 @@ static void k_embedding_backward__i2_dtable2_f64_layout(const int64_t *dims, cha
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v115 = 0ll;
-    const int64_t v116 = d_N1;
-    const int64_t v117 = d_N2;
-    const int64_t v118 = d_D;
-    const bool v119 = v118 == v115;
-    const int64_t v120 = v119 ? v115 : v116;
-    const int64_t v121 = v119 ? v115 : v117;
-    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v120 - v115, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
-    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v121 - v115, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v117 = 0ll;
+    const int64_t v118 = d_N1;
+    const int64_t v119 = d_N2;
+    const int64_t v120 = d_D;
+    const bool v121 = v120 == v117;
+    const int64_t v122 = v121 ? v117 : v118;
+    const int64_t v123 = v121 ? v117 : v119;
+    const int64_t g2 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v122 - v117, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t g3 = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v123 - v117, opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -3301,13 +3381,13 @@ static void k_embedding_backward__i2_dtable2_f64_layout(const int64_t *dims, cha
     if (wsp) wsp[7] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[8] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v116)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v118)));
     if (wsp) wsp[9] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[10] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[11] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v117)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v119)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -3344,32 +3424,32 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     const int64_t d_D = dims[1];
     const int64_t d_N1 = dims[2];
     const int64_t d_N2 = dims[3];
-    const int64_t v122 = d_N;
-    const int64_t v123 = 0ll;
-    const int64_t v124 = d_N1;
-    const int64_t v125 = d_N2;
-    const int64_t v126 = d_D;
-    const bool v127 = v126 == v123;
-    const int64_t v128 = v127 ? v123 : v124;
-    const int64_t v129 = v127 ? v123 : v125;
-    const int64_t grid130 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid130 > 0) k_embedding_backward__i2_dtable2_f64_k0<<<(unsigned)grid130, OPGEN_CUDA_THREADS, 0, stream>>>(a);
-    const int64_t grid131 = opgen_cuda_grid((v122 - v123 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid131 > 0) k_embedding_backward__i2_dtable2_f64_k1<<<(unsigned)grid131, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v124 = d_N;
+    const int64_t v125 = 0ll;
+    const int64_t v126 = d_N1;
+    const int64_t v127 = d_N2;
+    const int64_t v128 = d_D;
+    const bool v129 = v128 == v125;
+    const int64_t v130 = v129 ? v125 : v126;
+    const int64_t v131 = v129 ? v125 : v127;
+    const int64_t grid132 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid132 > 0) k_embedding_backward__i2_dtable2_f64_k0<<<(unsigned)grid132, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid133 = opgen_cuda_grid((v124 - v125 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid133 > 0) k_embedding_backward__i2_dtable2_f64_k1<<<(unsigned)grid133, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v124, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v124), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v126, (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[6], (int64_t *)a.wsp[7], a.wsp[8], opgen_cuda_segments_tmp(d_N, v126), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid132 = opgen_cuda_grid(v128 - v123, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid132 > 0) k_embedding_backward__i2_dtable2_f64_k2<<<(unsigned)grid132, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid134 = opgen_cuda_grid(v130 - v125, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid134 > 0) k_embedding_backward__i2_dtable2_f64_k2<<<(unsigned)grid134, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v125, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v125), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[1], d_N, v127, (int64_t *)a.wsp[4], (int64_t *)a.wsp[5], (int64_t *)a.wsp[9], (int64_t *)a.wsp[10], a.wsp[11], opgen_cuda_segments_tmp(d_N, v127), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(double), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid133 = opgen_cuda_grid(v129 - v123, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
-    if (grid133 > 0) k_embedding_backward__i2_dtable2_f64_k3<<<(unsigned)grid133, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid135 = opgen_cuda_grid(v131 - v125, a.smem ? 0 : opgen_align(sizeof(double) * (size_t)d_D));
+    if (grid135 > 0) k_embedding_backward__i2_dtable2_f64_k3<<<(unsigned)grid135, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(double) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_backward__i2_dtable2_f64");
 }
 

@@ -45,25 +45,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
-        const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
-        for (int64_t i25 = v22; i25 < v24; i25++) {
-            const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
-                    const float v34 = opgen_bf16_to_f32(p_grad[v26 * st_grad_0 + i28 * st_grad_1]);
-                    l20[i28] += v34;
+        const bool za22 = (uintptr_t)l20 % (sizeof(float) * 4) == 0;
+        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) {
+            if (za22 && z21 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l20[z21] = opgen_vec<float, 4>{};
+            else for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
+        }
+        const int64_t v23 = opgen_seg_start(t2, i19, v14, v12);
+        const int64_t v24 = i19 + v18;
+        const int64_t v25 = opgen_seg_start(t2, v24, v14, v12);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v13 + vq34 * 4 < v15; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v13 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v15; i29++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29 * st_grad_1]);
+                    l20[i29] += v35;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
-                const float v42 = l20[i36];
-                p_out[i19 * st_out_0 + i36 * st_out_1] = opgen_f32_to_bf16(v42);
+        for (int64_t vq42 = threadIdx.x; v13 + vq42 * 4 < v15; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v13 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v15; i37++) {
+                const float v43 = l20[i37];
+                p_out[i19 * st_out_0 + i37 * st_out_1] = opgen_f32_to_bf16(v43);
             }
         }
         __syncthreads();
@@ -74,12 +78,12 @@ static void k_embedding_bw_bf16_layout(const int64_t *dims, char *ws, char **wsp
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_V;
-    const int64_t v45 = d_D;
-    const bool v46 = v45 == v43;
-    const int64_t v47 = v46 ? v43 : v44;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v43, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_V;
+    const int64_t v46 = d_D;
+    const bool v47 = v46 == v44;
+    const int64_t v48 = v47 ? v44 : v45;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v44, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -92,7 +96,7 @@ static void k_embedding_bw_bf16_layout(const int64_t *dims, char *ws, char **wsp
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v44)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v45)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -124,21 +128,21 @@ static opgen_status_t k_embedding_bw_bf16_g(const opgen_buf_t *bufs, const int64
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t v51 = d_D;
-    const bool v52 = v51 == v49;
-    const int64_t v53 = v52 ? v49 : v50;
-    const int64_t grid54 = opgen_cuda_grid((v48 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid54 > 0) k_embedding_bw_bf16_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = d_N;
+    const int64_t v50 = 0ll;
+    const int64_t v51 = d_V;
+    const int64_t v52 = d_D;
+    const bool v53 = v52 == v50;
+    const int64_t v54 = v53 ? v50 : v51;
+    const int64_t grid55 = opgen_cuda_grid((v49 - v50 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid55 > 0) k_embedding_bw_bf16_g_k0<<<(unsigned)grid55, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v51, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v51), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid55 = opgen_cuda_grid(v53 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid55 > 0) k_embedding_bw_bf16_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid56 = opgen_cuda_grid(v54 - v50, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid56 > 0) k_embedding_bw_bf16_g_k1<<<(unsigned)grid56, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_g");
 }
 
@@ -184,48 +188,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_bf16
     for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
-        const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
-        for (int64_t i25 = v22; i25 < v24; i25++) {
-            const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                if (vok31 && vb32 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec29 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v26 * st_grad_0 + vb32];
-                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
+        const bool za22 = (uintptr_t)l20 % (sizeof(float) * 4) == 0;
+        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) {
+            if (za22 && z21 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l20[z21] = opgen_vec<float, 4>{};
+            else for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
+        }
+        const int64_t v23 = opgen_seg_start(t2, i19, v14, v12);
+        const int64_t v24 = i19 + v18;
+        const int64_t v25 = opgen_seg_start(t2, v24, v14, v12);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v13] % 8u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v13 + vq34 * 4 < v15; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v13 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec30 = *(const opgen_vec<uint16_t, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l20[vb33];
                     #pragma unroll
-                    for (int vj34 = 0; vj34 < 4; vj34++) {
-                        const float v35 = opgen_bf16_to_f32(vec29.v[vj34]);
-                        vec30.v[vj34] += v35;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = opgen_bf16_to_f32(vec30.v[vj35]);
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l20[vb32] = vec30;
+                    *(opgen_vec<float, 4> *)&l20[vb33] = vec31;
                 } else {
-                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
-                        const float v36 = opgen_bf16_to_f32(p_grad[v26 * st_grad_0 + i28]);
-                        l20[i28] += v36;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v15; i29++) {
+                        const float v37 = opgen_bf16_to_f32(p_grad[v27 * st_grad_0 + i29]);
+                        l20[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v13 + vq43 * 4;
-            if (vok41 && vb42 + 4 <= v15) {
-                opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
-                opgen_vec<uint16_t, 4> vec40;
+        const bool vok42 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq44 = threadIdx.x; v13 + vq44 * 4 < v15; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v13 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v15) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l20[vb43];
+                opgen_vec<uint16_t, 4> vec41;
                 #pragma unroll
-                for (int vj44 = 0; vj44 < 4; vj44++) {
-                    const float v45 = vec39.v[vj44];
-                    vec40.v[vj44] = opgen_f32_to_bf16(v45);
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = opgen_f32_to_bf16(v46);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_out[i19 * st_out_0 + vb42] = vec40;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i19 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v15; i38++) {
-                    const float v46 = l20[i38];
-                    p_out[i19 * st_out_0 + i38] = opgen_f32_to_bf16(v46);
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v15; i39++) {
+                    const float v47 = l20[i39];
+                    p_out[i19 * st_out_0 + i39] = opgen_f32_to_bf16(v47);
                 }
             }
         }
@@ -246,21 +254,21 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v52 = d_N;
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t v55 = d_D;
-    const bool v56 = v55 == v53;
-    const int64_t v57 = v56 ? v53 : v54;
-    const int64_t grid58 = opgen_cuda_grid((v52 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid58 > 0) k_embedding_bw_bf16_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = d_N;
+    const int64_t v54 = 0ll;
+    const int64_t v55 = d_V;
+    const int64_t v56 = d_D;
+    const bool v57 = v56 == v54;
+    const int64_t v58 = v57 ? v54 : v55;
+    const int64_t grid59 = opgen_cuda_grid((v53 - v54 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid59 > 0) k_embedding_bw_bf16_u_k0<<<(unsigned)grid59, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v55, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v55), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid59 = opgen_cuda_grid(v57 - v53, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid59 > 0) k_embedding_bw_bf16_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid60 = opgen_cuda_grid(v58 - v54, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid60 > 0) k_embedding_bw_bf16_u_k1<<<(unsigned)grid60, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_bf16_u");
 }
 
@@ -314,25 +322,29 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
-        const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
-        for (int64_t i25 = v22; i25 < v24; i25++) {
-            const int64_t v26 = t3[i25];
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
-                    const float v34 = p_grad[v26 * st_grad_0 + i28 * st_grad_1];
-                    l20[i28] += v34;
+        const bool za22 = (uintptr_t)l20 % (sizeof(float) * 4) == 0;
+        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) {
+            if (za22 && z21 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l20[z21] = opgen_vec<float, 4>{};
+            else for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
+        }
+        const int64_t v23 = opgen_seg_start(t2, i19, v14, v12);
+        const int64_t v24 = i19 + v18;
+        const int64_t v25 = opgen_seg_start(t2, v24, v14, v12);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            for (int64_t vq34 = threadIdx.x; v13 + vq34 * 4 < v15; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v13 + vq34 * 4;
+                for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v15; i29++) {
+                    const float v35 = p_grad[v27 * st_grad_0 + i29 * st_grad_1];
+                    l20[i29] += v35;
                 }
             }
         }
-        for (int64_t vq41 = threadIdx.x; v13 + vq41 * 4 < v15; vq41 += OPGEN_CUDA_THREADS) {
-            const int64_t vb40 = v13 + vq41 * 4;
-            for (int64_t i36 = vb40; i36 < vb40 + 4 && i36 < v15; i36++) {
-                const float v42 = l20[i36];
-                p_out[i19 * st_out_0 + i36 * st_out_1] = v42;
+        for (int64_t vq42 = threadIdx.x; v13 + vq42 * 4 < v15; vq42 += OPGEN_CUDA_THREADS) {
+            const int64_t vb41 = v13 + vq42 * 4;
+            for (int64_t i37 = vb41; i37 < vb41 + 4 && i37 < v15; i37++) {
+                const float v43 = l20[i37];
+                p_out[i19 * st_out_0 + i37 * st_out_1] = v43;
             }
         }
         __syncthreads();
@@ -343,12 +355,12 @@ static void k_embedding_bw_f32_layout(const int64_t *dims, char *ws, char **wsp,
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v43 = 0ll;
-    const int64_t v44 = d_V;
-    const int64_t v45 = d_D;
-    const bool v46 = v45 == v43;
-    const int64_t v47 = v46 ? v43 : v44;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v47 - v43, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v44 = 0ll;
+    const int64_t v45 = d_V;
+    const int64_t v46 = d_D;
+    const bool v47 = v46 == v44;
+    const int64_t v48 = v47 ? v44 : v45;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v48 - v44, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -361,7 +373,7 @@ static void k_embedding_bw_f32_layout(const int64_t *dims, char *ws, char **wsp,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v44)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v45)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -393,21 +405,21 @@ static opgen_status_t k_embedding_bw_f32_g(const opgen_buf_t *bufs, const int64_
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v48 = d_N;
-    const int64_t v49 = 0ll;
-    const int64_t v50 = d_V;
-    const int64_t v51 = d_D;
-    const bool v52 = v51 == v49;
-    const int64_t v53 = v52 ? v49 : v50;
-    const int64_t grid54 = opgen_cuda_grid((v48 - v49 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid54 > 0) k_embedding_bw_f32_g_k0<<<(unsigned)grid54, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v49 = d_N;
+    const int64_t v50 = 0ll;
+    const int64_t v51 = d_V;
+    const int64_t v52 = d_D;
+    const bool v53 = v52 == v50;
+    const int64_t v54 = v53 ? v50 : v51;
+    const int64_t grid55 = opgen_cuda_grid((v49 - v50 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid55 > 0) k_embedding_bw_f32_g_k0<<<(unsigned)grid55, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v50, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v50), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v51, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v51), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid55 = opgen_cuda_grid(v53 - v49, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid55 > 0) k_embedding_bw_f32_g_k1<<<(unsigned)grid55, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid56 = opgen_cuda_grid(v54 - v50, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid56 > 0) k_embedding_bw_f32_g_k1<<<(unsigned)grid56, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_g");
 }
 
@@ -453,48 +465,52 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_bw_f32_
     for (int64_t i19 = v13 + (int64_t)blockIdx.x; i19 < v17; i19 += (int64_t)gridDim.x) {
         float *__restrict__ l20 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
-        const int64_t v22 = opgen_seg_start(t2, i19, v14, v12);
-        const int64_t v23 = i19 + v18;
-        const int64_t v24 = opgen_seg_start(t2, v23, v14, v12);
-        for (int64_t i25 = v22; i25 < v24; i25++) {
-            const int64_t v26 = t3[i25];
-            const bool vok31 = ((uintptr_t)&p_grad[v26 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
-            for (int64_t vq33 = threadIdx.x; v13 + vq33 * 4 < v15; vq33 += OPGEN_CUDA_THREADS) {
-                const int64_t vb32 = v13 + vq33 * 4;
-                if (vok31 && vb32 + 4 <= v15) {
-                    opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_grad[v26 * st_grad_0 + vb32];
-                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&l20[vb32];
+        const bool za22 = (uintptr_t)l20 % (sizeof(float) * 4) == 0;
+        for (size_t z21 = threadIdx.x * 4; z21 < (size_t)d_D; z21 += OPGEN_CUDA_THREADS * 4) {
+            if (za22 && z21 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l20[z21] = opgen_vec<float, 4>{};
+            else for (size_t z21j = z21; z21j < z21 + 4 && z21j < (size_t)d_D; z21j++) l20[z21j] = (float)0;
+        }
+        const int64_t v23 = opgen_seg_start(t2, i19, v14, v12);
+        const int64_t v24 = i19 + v18;
+        const int64_t v25 = opgen_seg_start(t2, v24, v14, v12);
+        for (int64_t i26 = v23; i26 < v25; i26++) {
+            const int64_t v27 = t3[i26];
+            const bool vok32 = ((uintptr_t)&p_grad[v27 * st_grad_0 + v13] % 16u == 0) && ((uintptr_t)&l20[v13] % 16u == 0);
+            for (int64_t vq34 = threadIdx.x; v13 + vq34 * 4 < v15; vq34 += OPGEN_CUDA_THREADS) {
+                const int64_t vb33 = v13 + vq34 * 4;
+                if (vok32 && vb33 + 4 <= v15) {
+                    opgen_vec<float, 4> vec30 = *(const opgen_vec<float, 4> *)&p_grad[v27 * st_grad_0 + vb33];
+                    opgen_vec<float, 4> vec31 = *(const opgen_vec<float, 4> *)&l20[vb33];
                     #pragma unroll
-                    for (int vj34 = 0; vj34 < 4; vj34++) {
-                        const float v35 = vec29.v[vj34];
-                        vec30.v[vj34] += v35;
+                    for (int vj35 = 0; vj35 < 4; vj35++) {
+                        const float v36 = vec30.v[vj35];
+                        vec31.v[vj35] += v36;
                     }
-                    *(opgen_vec<float, 4> *)&l20[vb32] = vec30;
+                    *(opgen_vec<float, 4> *)&l20[vb33] = vec31;
                 } else {
-                    for (int64_t i28 = vb32; i28 < vb32 + 4 && i28 < v15; i28++) {
-                        const float v36 = p_grad[v26 * st_grad_0 + i28];
-                        l20[i28] += v36;
+                    for (int64_t i29 = vb33; i29 < vb33 + 4 && i29 < v15; i29++) {
+                        const float v37 = p_grad[v27 * st_grad_0 + i29];
+                        l20[i29] += v37;
                     }
                 }
             }
         }
-        const bool vok41 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq43 = threadIdx.x; v13 + vq43 * 4 < v15; vq43 += OPGEN_CUDA_THREADS) {
-            const int64_t vb42 = v13 + vq43 * 4;
-            if (vok41 && vb42 + 4 <= v15) {
-                opgen_vec<float, 4> vec39 = *(const opgen_vec<float, 4> *)&l20[vb42];
-                opgen_vec<float, 4> vec40;
+        const bool vok42 = ((uintptr_t)&l20[v13] % 16u == 0) && ((uintptr_t)&p_out[i19 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq44 = threadIdx.x; v13 + vq44 * 4 < v15; vq44 += OPGEN_CUDA_THREADS) {
+            const int64_t vb43 = v13 + vq44 * 4;
+            if (vok42 && vb43 + 4 <= v15) {
+                opgen_vec<float, 4> vec40 = *(const opgen_vec<float, 4> *)&l20[vb43];
+                opgen_vec<float, 4> vec41;
                 #pragma unroll
-                for (int vj44 = 0; vj44 < 4; vj44++) {
-                    const float v45 = vec39.v[vj44];
-                    vec40.v[vj44] = v45;
+                for (int vj45 = 0; vj45 < 4; vj45++) {
+                    const float v46 = vec40.v[vj45];
+                    vec41.v[vj45] = v46;
                 }
-                *(opgen_vec<float, 4> *)&p_out[i19 * st_out_0 + vb42] = vec40;
+                *(opgen_vec<float, 4> *)&p_out[i19 * st_out_0 + vb43] = vec41;
             } else {
-                for (int64_t i38 = vb42; i38 < vb42 + 4 && i38 < v15; i38++) {
-                    const float v46 = l20[i38];
-                    p_out[i19 * st_out_0 + i38] = v46;
+                for (int64_t i39 = vb43; i39 < vb43 + 4 && i39 < v15; i39++) {
+                    const float v47 = l20[i39];
+                    p_out[i19 * st_out_0 + i39] = v47;
                 }
             }
         }
@@ -515,21 +531,21 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t d_N = dims[0];
     const int64_t d_V = dims[1];
     const int64_t d_D = dims[2];
-    const int64_t v52 = d_N;
-    const int64_t v53 = 0ll;
-    const int64_t v54 = d_V;
-    const int64_t v55 = d_D;
-    const bool v56 = v55 == v53;
-    const int64_t v57 = v56 ? v53 : v54;
-    const int64_t grid58 = opgen_cuda_grid((v52 - v53 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid58 > 0) k_embedding_bw_f32_u_k0<<<(unsigned)grid58, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v53 = d_N;
+    const int64_t v54 = 0ll;
+    const int64_t v55 = d_V;
+    const int64_t v56 = d_D;
+    const bool v57 = v56 == v54;
+    const int64_t v58 = v57 ? v54 : v55;
+    const int64_t grid59 = opgen_cuda_grid((v53 - v54 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid59 > 0) k_embedding_bw_f32_u_k0<<<(unsigned)grid59, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v54, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v54), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v55, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v55), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid59 = opgen_cuda_grid(v57 - v53, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid59 > 0) k_embedding_bw_f32_u_k1<<<(unsigned)grid59, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid60 = opgen_cuda_grid(v58 - v54, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid60 > 0) k_embedding_bw_f32_u_k1<<<(unsigned)grid60, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_bw_f32_u");
 }
 

@@ -53,40 +53,44 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                    const float v47 = p_grad[ro_grad[v28] + i41 * st_grad_1];
-                    const float v48 = v47;
-                    const float v49 = v48 * v39;
-                    const float v50 = v30 ? v49 : v20;
-                    l22[i41] += v50;
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                    const float v48 = p_grad[ro_grad[v29] + i42 * st_grad_1];
+                    const float v49 = v48;
+                    const float v50 = v49 * v40;
+                    const float v51 = v31 ? v50 : v20;
+                    l22[i42] += v51;
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
-                const float v58 = l22[i52];
-                const float v59 = v58;
-                p_out[i21 * st_out_0 + i52 * st_out_1] = v59;
+        for (int64_t vq58 = threadIdx.x; v13 + vq58 * 4 < v15; vq58 += OPGEN_CUDA_THREADS) {
+            const int64_t vb57 = v13 + vq58 * 4;
+            for (int64_t i53 = vb57; i53 < vb57 + 4 && i53 < v15; i53++) {
+                const float v59 = l22[i53];
+                const float v60 = v59;
+                p_out[i21 * st_out_0 + i53 * st_out_1] = v60;
             }
         }
         __syncthreads();
@@ -97,12 +101,12 @@ static void k_embedding_dense_backward_f32_layout(const int64_t *dims, char *ws,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t v62 = d_D;
-    const bool v63 = v62 == v60;
-    const int64_t v64 = v63 ? v60 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v61 = 0ll;
+    const int64_t v62 = d_V;
+    const int64_t v63 = d_D;
+    const bool v64 = v63 == v61;
+    const int64_t v65 = v64 ? v61 : v62;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v65 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -115,7 +119,7 @@ static void k_embedding_dense_backward_f32_layout(const int64_t *dims, char *ws,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v62)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -147,21 +151,21 @@ static opgen_status_t k_embedding_dense_backward_f32_g(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_V;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_dense_backward_f32_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_V;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_dense_backward_f32_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_dense_backward_f32_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_dense_backward_f32_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_g");
 }
 
@@ -215,67 +219,71 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v15) {
-                    opgen_vec<float, 4> vec42 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v28] + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            const bool vok45 = ((uintptr_t)&p_grad[ro_grad[v29] + v13] % 16u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v15) {
+                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&p_grad[ro_grad[v29] + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = vec42.v[vj47];
-                        const float v49 = v48;
-                        const float v50 = v49 * v39;
-                        const float v51 = v30 ? v50 : v20;
-                        vec43.v[vj47] += v51;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = vec43.v[vj48];
+                        const float v50 = v49;
+                        const float v51 = v50 * v40;
+                        const float v52 = v31 ? v51 : v20;
+                        vec44.v[vj48] += v52;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l22[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                        const float v52 = p_grad[ro_grad[v28] + i41];
-                        const float v53 = v52;
-                        const float v54 = v53 * v39;
-                        const float v55 = v30 ? v54 : v20;
-                        l22[i41] += v55;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                        const float v53 = p_grad[ro_grad[v29] + i42];
+                        const float v54 = v53;
+                        const float v55 = v54 * v40;
+                        const float v56 = v31 ? v55 : v20;
+                        l22[i42] += v56;
                     }
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 16u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v15) {
-                opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
-                opgen_vec<float, 4> vec59;
+        const bool vok61 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 16u == 0);
+        for (int64_t vq63 = threadIdx.x; v13 + vq63 * 4 < v15; vq63 += OPGEN_CUDA_THREADS) {
+            const int64_t vb62 = v13 + vq63 * 4;
+            if (vok61 && vb62 + 4 <= v15) {
+                opgen_vec<float, 4> vec59 = *(const opgen_vec<float, 4> *)&l22[vb62];
+                opgen_vec<float, 4> vec60;
                 #pragma unroll
-                for (int vj63 = 0; vj63 < 4; vj63++) {
-                    const float v64 = vec58.v[vj63];
-                    const float v65 = v64;
-                    vec59.v[vj63] = v65;
+                for (int vj64 = 0; vj64 < 4; vj64++) {
+                    const float v65 = vec59.v[vj64];
+                    const float v66 = v65;
+                    vec60.v[vj64] = v66;
                 }
-                *(opgen_vec<float, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
+                *(opgen_vec<float, 4> *)&p_out[i21 * st_out_0 + vb62] = vec60;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
-                    const float v66 = l22[i57];
-                    const float v67 = v66;
-                    p_out[i21 * st_out_0 + i57] = v67;
+                for (int64_t i58 = vb62; i58 < vb62 + 4 && i58 < v15; i58++) {
+                    const float v67 = l22[i58];
+                    const float v68 = v67;
+                    p_out[i21 * st_out_0 + i58] = v68;
                 }
             }
         }
@@ -296,21 +304,21 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = d_N;
-    const int64_t v74 = 0ll;
-    const int64_t v75 = d_V;
-    const int64_t v76 = d_D;
-    const bool v77 = v76 == v74;
-    const int64_t v78 = v77 ? v74 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid79 > 0) k_embedding_dense_backward_f32_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v74 = d_N;
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_V;
+    const int64_t v77 = d_D;
+    const bool v78 = v77 == v75;
+    const int64_t v79 = v78 ? v75 : v76;
+    const int64_t grid80 = opgen_cuda_grid((v74 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid80 > 0) k_embedding_dense_backward_f32_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v76, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v76), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid80 > 0) k_embedding_dense_backward_f32_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid81 = opgen_cuda_grid(v79 - v75, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid81 > 0) k_embedding_dense_backward_f32_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f32_u");
 }
 
@@ -372,40 +380,44 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                    const float v47 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
-                    const float v48 = v47;
-                    const float v49 = v48 * v39;
-                    const float v50 = v30 ? v49 : v20;
-                    l22[i41] += v50;
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                    const float v48 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i42 * st_grad_1]);
+                    const float v49 = v48;
+                    const float v50 = v49 * v40;
+                    const float v51 = v31 ? v50 : v20;
+                    l22[i42] += v51;
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
-                const float v58 = l22[i52];
-                const float v59 = v58;
-                p_out[i21 * st_out_0 + i52 * st_out_1] = opgen_f32_to_f16(v59);
+        for (int64_t vq58 = threadIdx.x; v13 + vq58 * 4 < v15; vq58 += OPGEN_CUDA_THREADS) {
+            const int64_t vb57 = v13 + vq58 * 4;
+            for (int64_t i53 = vb57; i53 < vb57 + 4 && i53 < v15; i53++) {
+                const float v59 = l22[i53];
+                const float v60 = v59;
+                p_out[i21 * st_out_0 + i53 * st_out_1] = opgen_f32_to_f16(v60);
             }
         }
         __syncthreads();
@@ -416,12 +428,12 @@ static void k_embedding_dense_backward_f16_layout(const int64_t *dims, char *ws,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t v62 = d_D;
-    const bool v63 = v62 == v60;
-    const int64_t v64 = v63 ? v60 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v61 = 0ll;
+    const int64_t v62 = d_V;
+    const int64_t v63 = d_D;
+    const bool v64 = v63 == v61;
+    const int64_t v65 = v64 ? v61 : v62;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v65 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -434,7 +446,7 @@ static void k_embedding_dense_backward_f16_layout(const int64_t *dims, char *ws,
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v62)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -466,21 +478,21 @@ static opgen_status_t k_embedding_dense_backward_f16_g(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_V;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_dense_backward_f16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_V;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_dense_backward_f16_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_dense_backward_f16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_dense_backward_f16_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_g");
 }
 
@@ -534,67 +546,71 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            const bool vok45 = ((uintptr_t)&p_grad[ro_grad[v29] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = opgen_f16_to_f32(vec42.v[vj47]);
-                        const float v49 = v48;
-                        const float v50 = v49 * v39;
-                        const float v51 = v30 ? v50 : v20;
-                        vec43.v[vj47] += v51;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = opgen_f16_to_f32(vec43.v[vj48]);
+                        const float v50 = v49;
+                        const float v51 = v50 * v40;
+                        const float v52 = v31 ? v51 : v20;
+                        vec44.v[vj48] += v52;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l22[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                        const float v52 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i41]);
-                        const float v53 = v52;
-                        const float v54 = v53 * v39;
-                        const float v55 = v30 ? v54 : v20;
-                        l22[i41] += v55;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                        const float v53 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i42]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v40;
+                        const float v56 = v31 ? v55 : v20;
+                        l22[i42] += v56;
                     }
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v15) {
-                opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
-                opgen_vec<uint16_t, 4> vec59;
+        const bool vok61 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq63 = threadIdx.x; v13 + vq63 * 4 < v15; vq63 += OPGEN_CUDA_THREADS) {
+            const int64_t vb62 = v13 + vq63 * 4;
+            if (vok61 && vb62 + 4 <= v15) {
+                opgen_vec<float, 4> vec59 = *(const opgen_vec<float, 4> *)&l22[vb62];
+                opgen_vec<uint16_t, 4> vec60;
                 #pragma unroll
-                for (int vj63 = 0; vj63 < 4; vj63++) {
-                    const float v64 = vec58.v[vj63];
-                    const float v65 = v64;
-                    vec59.v[vj63] = opgen_f32_to_f16(v65);
+                for (int vj64 = 0; vj64 < 4; vj64++) {
+                    const float v65 = vec59.v[vj64];
+                    const float v66 = v65;
+                    vec60.v[vj64] = opgen_f32_to_f16(v66);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb62] = vec60;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
-                    const float v66 = l22[i57];
-                    const float v67 = v66;
-                    p_out[i21 * st_out_0 + i57] = opgen_f32_to_f16(v67);
+                for (int64_t i58 = vb62; i58 < vb62 + 4 && i58 < v15; i58++) {
+                    const float v67 = l22[i58];
+                    const float v68 = v67;
+                    p_out[i21 * st_out_0 + i58] = opgen_f32_to_f16(v68);
                 }
             }
         }
@@ -615,21 +631,21 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = d_N;
-    const int64_t v74 = 0ll;
-    const int64_t v75 = d_V;
-    const int64_t v76 = d_D;
-    const bool v77 = v76 == v74;
-    const int64_t v78 = v77 ? v74 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid79 > 0) k_embedding_dense_backward_f16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v74 = d_N;
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_V;
+    const int64_t v77 = d_D;
+    const bool v78 = v77 == v75;
+    const int64_t v79 = v78 ? v75 : v76;
+    const int64_t grid80 = opgen_cuda_grid((v74 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid80 > 0) k_embedding_dense_backward_f16_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v76, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v76), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid80 > 0) k_embedding_dense_backward_f16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid81 = opgen_cuda_grid(v79 - v75, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid81 > 0) k_embedding_dense_backward_f16_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_f16_u");
 }
 
@@ -691,40 +707,44 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                    const float v47 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i41 * st_grad_1]);
-                    const float v48 = v47;
-                    const float v49 = v48 * v39;
-                    const float v50 = v30 ? v49 : v20;
-                    l22[i41] += v50;
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                    const float v48 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i42 * st_grad_1]);
+                    const float v49 = v48;
+                    const float v50 = v49 * v40;
+                    const float v51 = v31 ? v50 : v20;
+                    l22[i42] += v51;
                 }
             }
         }
-        for (int64_t vq57 = threadIdx.x; v13 + vq57 * 4 < v15; vq57 += OPGEN_CUDA_THREADS) {
-            const int64_t vb56 = v13 + vq57 * 4;
-            for (int64_t i52 = vb56; i52 < vb56 + 4 && i52 < v15; i52++) {
-                const float v58 = l22[i52];
-                const float v59 = v58;
-                p_out[i21 * st_out_0 + i52 * st_out_1] = opgen_f32_to_bf16(v59);
+        for (int64_t vq58 = threadIdx.x; v13 + vq58 * 4 < v15; vq58 += OPGEN_CUDA_THREADS) {
+            const int64_t vb57 = v13 + vq58 * 4;
+            for (int64_t i53 = vb57; i53 < vb57 + 4 && i53 < v15; i53++) {
+                const float v59 = l22[i53];
+                const float v60 = v59;
+                p_out[i21 * st_out_0 + i53 * st_out_1] = opgen_f32_to_bf16(v60);
             }
         }
         __syncthreads();
@@ -735,12 +755,12 @@ static void k_embedding_dense_backward_bf16_layout(const int64_t *dims, char *ws
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v60 = 0ll;
-    const int64_t v61 = d_V;
-    const int64_t v62 = d_D;
-    const bool v63 = v62 == v60;
-    const int64_t v64 = v63 ? v60 : v61;
-    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v64 - v60, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v61 = 0ll;
+    const int64_t v62 = d_V;
+    const int64_t v63 = d_D;
+    const bool v64 = v63 == v61;
+    const int64_t v65 = v64 ? v61 : v62;
+    const int64_t g1 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v65 - v61, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
@@ -753,7 +773,7 @@ static void k_embedding_dense_backward_bf16_layout(const int64_t *dims, char *ws
     if (wsp) wsp[4] = ws + off;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(int64_t), opgen_sz_dim(d_N))));
     if (wsp) wsp[5] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v61)));
+    off = opgen_sz_add(off, opgen_align(opgen_cuda_segments_tmp(d_N, v62)));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -785,21 +805,21 @@ static opgen_status_t k_embedding_dense_backward_bf16_g(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v65 = d_N;
-    const int64_t v66 = 0ll;
-    const int64_t v67 = d_V;
-    const int64_t v68 = d_D;
-    const bool v69 = v68 == v66;
-    const int64_t v70 = v69 ? v66 : v67;
-    const int64_t grid71 = opgen_cuda_grid((v65 - v66 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid71 > 0) k_embedding_dense_backward_bf16_g_k0<<<(unsigned)grid71, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v66 = d_N;
+    const int64_t v67 = 0ll;
+    const int64_t v68 = d_V;
+    const int64_t v69 = d_D;
+    const bool v70 = v69 == v67;
+    const int64_t v71 = v70 ? v67 : v68;
+    const int64_t grid72 = opgen_cuda_grid((v66 - v67 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid72 > 0) k_embedding_dense_backward_bf16_g_k0<<<(unsigned)grid72, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v67, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v67), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v68, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v68), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid72 = opgen_cuda_grid(v70 - v66, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid72 > 0) k_embedding_dense_backward_bf16_g_k1<<<(unsigned)grid72, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid73 = opgen_cuda_grid(v71 - v67, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid73 > 0) k_embedding_dense_backward_bf16_g_k1<<<(unsigned)grid73, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_g");
 }
 
@@ -853,67 +873,71 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_embedding_dense_b
     for (int64_t i21 = v13 + (int64_t)blockIdx.x; i21 < v17; i21 += (int64_t)gridDim.x) {
         float *__restrict__ l22 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[6] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
-        const int64_t v24 = opgen_seg_start(t2, i21, v14, v12);
-        const int64_t v25 = i21 + v18;
-        const int64_t v26 = opgen_seg_start(t2, v25, v14, v12);
-        for (int64_t i27 = v24; i27 < v26; i27++) {
-            const int64_t v28 = t3[i27];
-            const int64_t v29 = p_indices[ro_indices[v28]];
-            const bool v30 = v29 != p_padding_idx;
-            const int64_t v31 = t1[v28];
-            const int64_t v32 = opgen_seg_start(t2, v31, v14, v12);
-            const int64_t v33 = v31 + v18;
-            const int64_t v34 = opgen_seg_start(t2, v33, v14, v12);
-            const int64_t v35 = v34 - v32;
-            const int32_t v36 = (int32_t)(v35);
-            const float v37 = (float)(v36);
-            const float v38 = v19 / v37;
-            const float v39 = p_scale_grad_by_freq ? v38 : v19;
-            const bool vok44 = ((uintptr_t)&p_grad[ro_grad[v28] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
-            for (int64_t vq46 = threadIdx.x; v13 + vq46 * 4 < v15; vq46 += OPGEN_CUDA_THREADS) {
-                const int64_t vb45 = v13 + vq46 * 4;
-                if (vok44 && vb45 + 4 <= v15) {
-                    opgen_vec<uint16_t, 4> vec42 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v28] + vb45];
-                    opgen_vec<float, 4> vec43 = *(const opgen_vec<float, 4> *)&l22[vb45];
+        const bool za24 = (uintptr_t)l22 % (sizeof(float) * 4) == 0;
+        for (size_t z23 = threadIdx.x * 4; z23 < (size_t)d_D; z23 += OPGEN_CUDA_THREADS * 4) {
+            if (za24 && z23 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l22[z23] = opgen_vec<float, 4>{};
+            else for (size_t z23j = z23; z23j < z23 + 4 && z23j < (size_t)d_D; z23j++) l22[z23j] = (float)0;
+        }
+        const int64_t v25 = opgen_seg_start(t2, i21, v14, v12);
+        const int64_t v26 = i21 + v18;
+        const int64_t v27 = opgen_seg_start(t2, v26, v14, v12);
+        for (int64_t i28 = v25; i28 < v27; i28++) {
+            const int64_t v29 = t3[i28];
+            const int64_t v30 = p_indices[ro_indices[v29]];
+            const bool v31 = v30 != p_padding_idx;
+            const int64_t v32 = t1[v29];
+            const int64_t v33 = opgen_seg_start(t2, v32, v14, v12);
+            const int64_t v34 = v32 + v18;
+            const int64_t v35 = opgen_seg_start(t2, v34, v14, v12);
+            const int64_t v36 = v35 - v33;
+            const int32_t v37 = (int32_t)(v36);
+            const float v38 = (float)(v37);
+            const float v39 = v19 / v38;
+            const float v40 = p_scale_grad_by_freq ? v39 : v19;
+            const bool vok45 = ((uintptr_t)&p_grad[ro_grad[v29] + v13] % 8u == 0) && ((uintptr_t)&l22[v13] % 16u == 0);
+            for (int64_t vq47 = threadIdx.x; v13 + vq47 * 4 < v15; vq47 += OPGEN_CUDA_THREADS) {
+                const int64_t vb46 = v13 + vq47 * 4;
+                if (vok45 && vb46 + 4 <= v15) {
+                    opgen_vec<uint16_t, 4> vec43 = *(const opgen_vec<uint16_t, 4> *)&p_grad[ro_grad[v29] + vb46];
+                    opgen_vec<float, 4> vec44 = *(const opgen_vec<float, 4> *)&l22[vb46];
                     #pragma unroll
-                    for (int vj47 = 0; vj47 < 4; vj47++) {
-                        const float v48 = opgen_bf16_to_f32(vec42.v[vj47]);
-                        const float v49 = v48;
-                        const float v50 = v49 * v39;
-                        const float v51 = v30 ? v50 : v20;
-                        vec43.v[vj47] += v51;
+                    for (int vj48 = 0; vj48 < 4; vj48++) {
+                        const float v49 = opgen_bf16_to_f32(vec43.v[vj48]);
+                        const float v50 = v49;
+                        const float v51 = v50 * v40;
+                        const float v52 = v31 ? v51 : v20;
+                        vec44.v[vj48] += v52;
                     }
-                    *(opgen_vec<float, 4> *)&l22[vb45] = vec43;
+                    *(opgen_vec<float, 4> *)&l22[vb46] = vec44;
                 } else {
-                    for (int64_t i41 = vb45; i41 < vb45 + 4 && i41 < v15; i41++) {
-                        const float v52 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i41]);
-                        const float v53 = v52;
-                        const float v54 = v53 * v39;
-                        const float v55 = v30 ? v54 : v20;
-                        l22[i41] += v55;
+                    for (int64_t i42 = vb46; i42 < vb46 + 4 && i42 < v15; i42++) {
+                        const float v53 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i42]);
+                        const float v54 = v53;
+                        const float v55 = v54 * v40;
+                        const float v56 = v31 ? v55 : v20;
+                        l22[i42] += v56;
                     }
                 }
             }
         }
-        const bool vok60 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
-        for (int64_t vq62 = threadIdx.x; v13 + vq62 * 4 < v15; vq62 += OPGEN_CUDA_THREADS) {
-            const int64_t vb61 = v13 + vq62 * 4;
-            if (vok60 && vb61 + 4 <= v15) {
-                opgen_vec<float, 4> vec58 = *(const opgen_vec<float, 4> *)&l22[vb61];
-                opgen_vec<uint16_t, 4> vec59;
+        const bool vok61 = ((uintptr_t)&l22[v13] % 16u == 0) && ((uintptr_t)&p_out[i21 * st_out_0 + v13] % 8u == 0);
+        for (int64_t vq63 = threadIdx.x; v13 + vq63 * 4 < v15; vq63 += OPGEN_CUDA_THREADS) {
+            const int64_t vb62 = v13 + vq63 * 4;
+            if (vok61 && vb62 + 4 <= v15) {
+                opgen_vec<float, 4> vec59 = *(const opgen_vec<float, 4> *)&l22[vb62];
+                opgen_vec<uint16_t, 4> vec60;
                 #pragma unroll
-                for (int vj63 = 0; vj63 < 4; vj63++) {
-                    const float v64 = vec58.v[vj63];
-                    const float v65 = v64;
-                    vec59.v[vj63] = opgen_f32_to_bf16(v65);
+                for (int vj64 = 0; vj64 < 4; vj64++) {
+                    const float v65 = vec59.v[vj64];
+                    const float v66 = v65;
+                    vec60.v[vj64] = opgen_f32_to_bf16(v66);
                 }
-                *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb61] = vec59;
+                *(opgen_vec<uint16_t, 4> *)&p_out[i21 * st_out_0 + vb62] = vec60;
             } else {
-                for (int64_t i57 = vb61; i57 < vb61 + 4 && i57 < v15; i57++) {
-                    const float v66 = l22[i57];
-                    const float v67 = v66;
-                    p_out[i21 * st_out_0 + i57] = opgen_f32_to_bf16(v67);
+                for (int64_t i58 = vb62; i58 < vb62 + 4 && i58 < v15; i58++) {
+                    const float v67 = l22[i58];
+                    const float v68 = v67;
+                    p_out[i21 * st_out_0 + i58] = opgen_f32_to_bf16(v68);
                 }
             }
         }
@@ -934,21 +958,21 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
     const int64_t d_V = dims[2];
-    const int64_t v73 = d_N;
-    const int64_t v74 = 0ll;
-    const int64_t v75 = d_V;
-    const int64_t v76 = d_D;
-    const bool v77 = v76 == v74;
-    const int64_t v78 = v77 ? v74 : v75;
-    const int64_t grid79 = opgen_cuda_grid((v73 - v74 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid79 > 0) k_embedding_dense_backward_bf16_u_k0<<<(unsigned)grid79, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t v74 = d_N;
+    const int64_t v75 = 0ll;
+    const int64_t v76 = d_V;
+    const int64_t v77 = d_D;
+    const bool v78 = v77 == v75;
+    const int64_t v79 = v78 ? v75 : v76;
+    const int64_t grid80 = opgen_cuda_grid((v74 - v75 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
+    if (grid80 > 0) k_embedding_dense_backward_bf16_u_k0<<<(unsigned)grid80, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     {
-        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v75, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v75), stream);
+        const opgen_status_t st = opgen_cuda_segments((const int64_t *)a.wsp[0], d_N, v76, (int64_t *)a.wsp[1], (int64_t *)a.wsp[2], (int64_t *)a.wsp[3], (int64_t *)a.wsp[4], a.wsp[5], opgen_cuda_segments_tmp(d_N, v76), stream);
         if (st != OPGEN_SUCCESS) return st;
     }
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid80 = opgen_cuda_grid(v78 - v74, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid80 > 0) k_embedding_dense_backward_bf16_u_k1<<<(unsigned)grid80, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid81 = opgen_cuda_grid(v79 - v75, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid81 > 0) k_embedding_dense_backward_bf16_u_k1<<<(unsigned)grid81, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
     return opgen_cuda_launched("k_embedding_dense_backward_bf16_u");
 }
 

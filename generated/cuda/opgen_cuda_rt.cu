@@ -63,6 +63,16 @@ static int opgen_cuda_sms(void) {
     return cache[dev];
 }
 
+/* $OPGEN_CUDA_MAX_GRID (a positive integer) caps every grid: results must not change with it
+ * (benchmarks/gpu.py checks them bitwise under several caps). Read at each call. */
+static int64_t opgen_cuda_grid_limit(void) {
+    const char *s = getenv("OPGEN_CUDA_MAX_GRID");
+    if (!s || !*s) return 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    return (end && *end == '\0' && v > 0) ? (int64_t)v : 0;
+}
+
 int64_t opgen_cuda_grid(int64_t iters, size_t scratch) {
     if (iters <= 0) return 0;
     int64_t cap = 16 * (int64_t)opgen_cuda_sms();
@@ -71,6 +81,8 @@ int64_t opgen_cuda_grid(int64_t iters, size_t scratch) {
         if (fit < opgen_cuda_sms()) fit = opgen_cuda_sms();
         if (fit < cap) cap = fit;
     }
+    const int64_t limit = opgen_cuda_grid_limit();
+    if (limit > 0 && limit < cap) cap = limit;
     return iters < cap ? iters : cap;
 }
 

@@ -133,14 +133,13 @@ unsigned int *opgen_cuda_sticky(void);
 size_t opgen_cuda_segments_tmp(int64_t n, int64_t rows);
 opgen_status_t opgen_cuda_segments(const int64_t *idx, int64_t n, int64_t rows, int64_t *seg, int64_t *order,
                                    int64_t *keys, int64_t *vals, void *tmp, size_t tmp_bytes,
-                                   cudaStream_t stream);
-/* A segment table describes n indices in [0, rows) sorted by value (ties by position):
- * - dense layout (rows not much larger than n): start[0..rows], rows + 1 words;
+                                   cudaStream_t stream);/* A segment table describes n indices in [0, rows) sorted by value (ties by position):
+ * - dense layout (rows <= 64 n + 4096): start[0..rows], rows + 1 words;
  * - sparse layout (rows >> n): the n sorted indices (start(v) = first position whose index
  *   is >= v, by bisection), then 2n words of sorting scratch: 3n words.
  * Both sizes are saturated at INT64_MAX (a workspace that large is refused, never wrapped). */
 static inline __host__ __device__ int opgen_seg_dense(int64_t rows, int64_t n) {
-    return rows <= 4096 || (rows - 4096) / 4 <= n;
+    return rows <= 4096 || (rows - 4096) / 64 <= n;
 }
 static inline __host__ __device__ int64_t opgen_seg_words(int64_t rows, int64_t n) {
     if (opgen_seg_dense(rows, n)) return rows < INT64_MAX ? rows + 1 : INT64_MAX;
@@ -175,11 +174,20 @@ static __device__ __forceinline__ unsigned char *opgen_dyn_smem(void) {
 #endif
 /* f16 / bf16 <-> f32 with round-to-nearest-even (NaN stays NaN), as the CPU runtime. */
 static __device__ __forceinline__ float opgen_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* Round to nearest even; NaN gives the canonical NaN 0x7fff. On sm_80+ one instruction (the bit
+ * manipulation below took 11 and made the bf16 scatter compute-bound on an H100); the same
+ * function in software elsewhere (the CPU model of CUDA in the tests). */
 static __device__ __forceinline__ uint16_t opgen_f32_to_bf16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+#else
     uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fffu;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+#endif
 }
 static __device__ __forceinline__ float opgen_f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ uint16_t opgen_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
@@ -230,11 +238,28 @@ static __device__ void opgen_block_reduce_n(T (&v)[N]) {
             T x = part[i][lane < OPGEN_CUDA_THREADS / 32 ? lane : 0];
             for (int o = OPGEN_CUDA_THREADS / 64; o > 0; o >>= 1)
                 x = opgen_combine<K, T>(x, __shfl_down_sync(0xffffffffu, x, o));
+            __syncwarp(); /* every lane's read of part[i][.] is done (a shuffle orders no memory) */
             if (lane == 0) part[i][0] = x;
         }
     }
     __syncthreads();
     for (int i = 0; i < N; i++) v[i] = part[i][0];
+}
+
+/* A `columns` kernel (opgen/lower/gpu_map.py): lane l of warp w holds its partial of column l
+ * over the slice iterations w, w + W, ... (W warps); warp 0 gets each column's W partials
+ * combined in warp order (other threads get their own value back). All threads must call it. */
+#define OPGEN_CUDA_COLUMNS 32
+template <int K, typename T>
+static __device__ T opgen_column_combine(T v) {
+    __shared__ T part[OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS][OPGEN_CUDA_COLUMNS];
+    const int lane = (int)(threadIdx.x % OPGEN_CUDA_COLUMNS), warp = (int)(threadIdx.x / OPGEN_CUDA_COLUMNS);
+    part[warp][lane] = v;
+    __syncthreads();
+    if (warp == 0)
+        for (int w = 1; w < OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS; w++) v = opgen_combine<K, T>(v, part[w][lane]);
+    __syncthreads(); /* part is free for the next call */
+    return v;
 }
 
 /* One block-wide reduction (the tree of opgen_block_reduce_n). */

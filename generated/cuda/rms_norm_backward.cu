@@ -19,81 +19,85 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 8;
-                    for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
-                        const float v33 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
-                        const float v34 = v33 * v33;
-                        part23 += v34;
-                        const float v35 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
-                        const float v36 = opgen_f16_to_f32(p_w[i25 * st_w_0]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
-                        const float v39 = v37 * v38;
-                        part24 += v39;
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 8 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 8;
+                    for (int64_t i26 = vb32; i26 < vb32 + 8 && i26 < v2; i26++) {
+                        const float v34 = opgen_f16_to_f32(p_x[ro_x[i18] + i26]);
+                        const float v35 = v34 * v34;
+                        part24 += v35;
+                        const float v36 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i26]);
+                        const float v37 = opgen_f16_to_f32(p_w[i26 * st_w_0]);
+                        const float v38 = v36 * v37;
+                        const float v39 = opgen_f16_to_f32(p_x[ro_x[i18] + i26]);
+                        const float v40 = v38 * v39;
+                        part25 += v40;
                     }
                 }
-                float red40[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red40);
-                l19 = red40[0];
-                l21 = red40[1];
+                float red41[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red41);
+                l20 = red41[0];
+                l22 = red41[1];
             }
-            const float v41 = l19;
-            l18 = v41;
-            const float v42 = l21;
-            l20 = v42;
-            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
-                const int64_t vb51 = v3 + vq52 * 4;
-                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
-                    const float v53 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i44]);
-                    const float v54 = opgen_f16_to_f32(p_x[ro_x[i17] + i44]);
-                    const float v55 = v53 * v54;
-                    const float v56 = l18;
-                    const float v57 = v56 / v9;
-                    const float v58 = v57 + v10;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    l12[i44] += v60;
-                    const float v61 = opgen_f16_to_f32(p_w[i44 * st_w_0]);
-                    const float v62 = v53 * v61;
-                    const float v63 = v62 * v59;
-                    const float v64 = l20;
-                    const float v65 = v64 / v9;
-                    const float v66 = v65 * v59;
-                    const float v67 = v66 * v59;
-                    const float v68 = v67 * v59;
-                    const float v69 = v54 * v68;
-                    const float v70 = v63 - v69;
-                    p_grad_x[ro_grad_x[i17] + i44] = opgen_f32_to_f16(v70);
+            const float v42 = l20;
+            l19 = v42;
+            const float v43 = l22;
+            l21 = v43;
+            for (int64_t vq53 = threadIdx.x; v3 + vq53 * 4 < v2; vq53 += OPGEN_CUDA_THREADS) {
+                const int64_t vb52 = v3 + vq53 * 4;
+                for (int64_t i45 = vb52; i45 < vb52 + 4 && i45 < v2; i45++) {
+                    const float v54 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i45]);
+                    const float v55 = opgen_f16_to_f32(p_x[ro_x[i18] + i45]);
+                    const float v56 = v54 * v55;
+                    const float v57 = l19;
+                    const float v58 = v57 / v9;
+                    const float v59 = v58 + v10;
+                    const float v60 = 1.0f / sqrtf(v59);
+                    const float v61 = v56 * v60;
+                    l12[i45] += v61;
+                    const float v62 = opgen_f16_to_f32(p_w[i45 * st_w_0]);
+                    const float v63 = v54 * v62;
+                    const float v64 = v63 * v60;
+                    const float v65 = l21;
+                    const float v66 = v65 / v9;
+                    const float v67 = v66 * v60;
+                    const float v68 = v67 * v60;
+                    const float v69 = v68 * v60;
+                    const float v70 = v55 * v69;
+                    const float v71 = v64 - v70;
+                    p_grad_x[ro_grad_x[i18] + i45] = opgen_f32_to_f16(v71);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
-            const int64_t vb76 = v3 + vq77 * 4;
-            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
-                const float v78 = l12[i72];
-                t1[i11 * d_D + i72] = v78;
+        for (int64_t vq78 = threadIdx.x; v3 + vq78 * 4 < v2; vq78 += OPGEN_CUDA_THREADS) {
+            const int64_t vb77 = v3 + vq78 * 4;
+            for (int64_t i73 = vb77; i73 < vb77 + 4 && i73 < v2; i73++) {
+                const float v79 = l12[i73];
+                t1[i11 * d_D + i73] = v79;
             }
         }
         __syncthreads();
@@ -107,32 +111,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v79 = d_D;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l83 = (float)0;
-        for (int64_t i84 = v80; i84 < v81; i84++) {
-            const float v85 = t1[i84 * d_D + i82];
-            l83 += v85;
+    const int64_t v80 = d_D;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b84 < v80; b84 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i83 = b84 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l85 = (float)0;
+        if (i83 < v80) {
+            #pragma unroll 4
+            for (int64_t i86 = v81 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i86 < v82; i86 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v87 = t1[i86 * d_D + i83];
+                l85 += v87;
+            }
         }
-        const float v86 = l83;
-        p_grad_w[i82 * st_grad_w_0] = opgen_f32_to_f16(v86);
+        l85 = opgen_column_combine<0, float>(l85);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i83 < v80) {
+            const float v88 = l85;
+            p_grad_w[i83 * st_grad_w_0] = opgen_f32_to_f16(v88);
+        }
     }
 }
 
 static void k_rms_norm_backward_f16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = d_D;
-    const int64_t v88 = 0ll;
-    const bool v89 = v87 == v88;
-    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v91 = v89 ? v88 : v90;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const int64_t v92 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v93 = v91 ? v90 : v92;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v93 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 8 + (d_N % 8 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -163,16 +174,16 @@ static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v92 = d_D;
-    const int64_t v93 = 0ll;
-    const bool v94 = v92 == v93;
-    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v96 = v94 ? v93 : v95;
+    const int64_t v94 = d_D;
+    const int64_t v95 = 0ll;
+    const bool v96 = v94 == v95;
+    const int64_t v97 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v98 = v96 ? v95 : v97;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid97 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid98 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid99 = opgen_cuda_grid(v98 - v95, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid99 > 0) k_rms_norm_backward_f16_g_k0<<<(unsigned)grid99, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid100 = opgen_cuda_grid((v94 - v95 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid100 > 0) k_rms_norm_backward_f16_g_k1<<<(unsigned)grid100, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_g");
 }
 
@@ -193,145 +204,149 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 8;
-                    if (vok30 && vb31 + 8 <= v2) {
-                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i17] + vb31];
-                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i17] + vb31];
-                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb31];
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                const bool vok31 = ((uintptr_t)&p_x[ro_x[i18] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 8 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 8;
+                    if (vok31 && vb32 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i18] + vb32];
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i18] + vb32];
+                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb32];
                         #pragma unroll
-                        for (int vj33 = 0; vj33 < 8; vj33++) {
-                            const float v34 = opgen_f16_to_f32(vec26.v[vj33]);
-                            const float v35 = v34 * v34;
-                            part23 += v35;
-                            const float v36 = opgen_f16_to_f32(vec27.v[vj33]);
-                            const float v37 = opgen_f16_to_f32(vec28.v[vj33]);
-                            const float v38 = v36 * v37;
-                            const float v39 = opgen_f16_to_f32(vec26.v[vj33]);
-                            const float v40 = v38 * v39;
-                            part24 += v40;
+                        for (int vj34 = 0; vj34 < 8; vj34++) {
+                            const float v35 = opgen_f16_to_f32(vec27.v[vj34]);
+                            const float v36 = v35 * v35;
+                            part24 += v36;
+                            const float v37 = opgen_f16_to_f32(vec28.v[vj34]);
+                            const float v38 = opgen_f16_to_f32(vec29.v[vj34]);
+                            const float v39 = v37 * v38;
+                            const float v40 = opgen_f16_to_f32(vec27.v[vj34]);
+                            const float v41 = v39 * v40;
+                            part25 += v41;
                         }
                     } else {
-                        for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
-                            const float v41 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
-                            const float v42 = v41 * v41;
-                            part23 += v42;
-                            const float v43 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
-                            const float v44 = opgen_f16_to_f32(p_w[i25]);
-                            const float v45 = v43 * v44;
-                            const float v46 = opgen_f16_to_f32(p_x[ro_x[i17] + i25]);
-                            const float v47 = v45 * v46;
-                            part24 += v47;
+                        for (int64_t i26 = vb32; i26 < vb32 + 8 && i26 < v2; i26++) {
+                            const float v42 = opgen_f16_to_f32(p_x[ro_x[i18] + i26]);
+                            const float v43 = v42 * v42;
+                            part24 += v43;
+                            const float v44 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i26]);
+                            const float v45 = opgen_f16_to_f32(p_w[i26]);
+                            const float v46 = v44 * v45;
+                            const float v47 = opgen_f16_to_f32(p_x[ro_x[i18] + i26]);
+                            const float v48 = v46 * v47;
+                            part25 += v48;
                         }
                     }
                 }
-                float red48[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red48);
-                l19 = red48[0];
-                l21 = red48[1];
+                float red49[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red49);
+                l20 = red49[0];
+                l22 = red49[1];
             }
-            const float v49 = l19;
-            l18 = v49;
-            const float v50 = l21;
-            l20 = v50;
-            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 8u == 0);
-            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
-                const int64_t vb59 = v3 + vq60 * 4;
-                if (vok58 && vb59 + 4 <= v2) {
-                    opgen_vec<uint16_t, 4> vec53 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
-                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i17] + vb59];
-                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
-                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb59];
-                    opgen_vec<uint16_t, 4> vec57;
+            const float v50 = l20;
+            l19 = v50;
+            const float v51 = l22;
+            l21 = v51;
+            const bool vok59 = ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i18] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i18] + v3] % 8u == 0);
+            for (int64_t vq61 = threadIdx.x; v3 + vq61 * 4 < v2; vq61 += OPGEN_CUDA_THREADS) {
+                const int64_t vb60 = v3 + vq61 * 4;
+                if (vok59 && vb60 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i18] + vb60];
+                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i18] + vb60];
+                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l12[vb60];
+                    opgen_vec<uint16_t, 4> vec57 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb60];
+                    opgen_vec<uint16_t, 4> vec58;
                     #pragma unroll
-                    for (int vj61 = 0; vj61 < 4; vj61++) {
-                        const float v62 = opgen_f16_to_f32(vec53.v[vj61]);
-                        const float v63 = opgen_f16_to_f32(vec54.v[vj61]);
-                        const float v64 = v62 * v63;
-                        const float v65 = l18;
-                        const float v66 = v65 / v9;
-                        const float v67 = v66 + v10;
-                        const float v68 = 1.0f / sqrtf(v67);
-                        const float v69 = v64 * v68;
-                        vec55.v[vj61] += v69;
-                        const float v70 = opgen_f16_to_f32(vec56.v[vj61]);
-                        const float v71 = v62 * v70;
-                        const float v72 = v71 * v68;
-                        const float v73 = l20;
-                        const float v74 = v73 / v9;
-                        const float v75 = v74 * v68;
-                        const float v76 = v75 * v68;
-                        const float v77 = v76 * v68;
-                        const float v78 = v63 * v77;
-                        const float v79 = v72 - v78;
-                        vec57.v[vj61] = opgen_f32_to_f16(v79);
+                    for (int vj62 = 0; vj62 < 4; vj62++) {
+                        const float v63 = opgen_f16_to_f32(vec54.v[vj62]);
+                        const float v64 = opgen_f16_to_f32(vec55.v[vj62]);
+                        const float v65 = v63 * v64;
+                        const float v66 = l19;
+                        const float v67 = v66 / v9;
+                        const float v68 = v67 + v10;
+                        const float v69 = 1.0f / sqrtf(v68);
+                        const float v70 = v65 * v69;
+                        vec56.v[vj62] += v70;
+                        const float v71 = opgen_f16_to_f32(vec57.v[vj62]);
+                        const float v72 = v63 * v71;
+                        const float v73 = v72 * v69;
+                        const float v74 = l21;
+                        const float v75 = v74 / v9;
+                        const float v76 = v75 * v69;
+                        const float v77 = v76 * v69;
+                        const float v78 = v77 * v69;
+                        const float v79 = v64 * v78;
+                        const float v80 = v73 - v79;
+                        vec58.v[vj62] = opgen_f32_to_f16(v80);
                     }
-                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
-                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
+                    *(opgen_vec<float, 4> *)&l12[vb60] = vec56;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i18] + vb60] = vec58;
                 } else {
-                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
-                        const float v80 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i17] + i52]);
-                        const float v81 = opgen_f16_to_f32(p_x[ro_x[i17] + i52]);
-                        const float v82 = v80 * v81;
-                        const float v83 = l18;
-                        const float v84 = v83 / v9;
-                        const float v85 = v84 + v10;
-                        const float v86 = 1.0f / sqrtf(v85);
-                        const float v87 = v82 * v86;
-                        l12[i52] += v87;
-                        const float v88 = opgen_f16_to_f32(p_w[i52]);
-                        const float v89 = v80 * v88;
-                        const float v90 = v89 * v86;
-                        const float v91 = l20;
-                        const float v92 = v91 / v9;
-                        const float v93 = v92 * v86;
-                        const float v94 = v93 * v86;
-                        const float v95 = v94 * v86;
-                        const float v96 = v81 * v95;
-                        const float v97 = v90 - v96;
-                        p_grad_x[ro_grad_x[i17] + i52] = opgen_f32_to_f16(v97);
+                    for (int64_t i53 = vb60; i53 < vb60 + 4 && i53 < v2; i53++) {
+                        const float v81 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i18] + i53]);
+                        const float v82 = opgen_f16_to_f32(p_x[ro_x[i18] + i53]);
+                        const float v83 = v81 * v82;
+                        const float v84 = l19;
+                        const float v85 = v84 / v9;
+                        const float v86 = v85 + v10;
+                        const float v87 = 1.0f / sqrtf(v86);
+                        const float v88 = v83 * v87;
+                        l12[i53] += v88;
+                        const float v89 = opgen_f16_to_f32(p_w[i53]);
+                        const float v90 = v81 * v89;
+                        const float v91 = v90 * v87;
+                        const float v92 = l21;
+                        const float v93 = v92 / v9;
+                        const float v94 = v93 * v87;
+                        const float v95 = v94 * v87;
+                        const float v96 = v95 * v87;
+                        const float v97 = v82 * v96;
+                        const float v98 = v91 - v97;
+                        p_grad_x[ro_grad_x[i18] + i53] = opgen_f32_to_f16(v98);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
-        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
-            const int64_t vb103 = v3 + vq104 * 4;
-            if (vok102 && vb103 + 4 <= v2) {
-                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
-                opgen_vec<float, 4> vec101;
+        const bool vok103 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v3 + vq105 * 4 < v2; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v3 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v2) {
+                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l12[vb104];
+                opgen_vec<float, 4> vec102;
                 #pragma unroll
-                for (int vj105 = 0; vj105 < 4; vj105++) {
-                    const float v106 = vec100.v[vj105];
-                    vec101.v[vj105] = v106;
+                for (int vj106 = 0; vj106 < 4; vj106++) {
+                    const float v107 = vec101.v[vj106];
+                    vec102.v[vj106] = v107;
                 }
-                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb104] = vec102;
             } else {
-                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
-                    const float v107 = l12[i99];
-                    t1[i11 * d_D + i99] = v107;
+                for (int64_t i100 = vb104; i100 < vb104 + 4 && i100 < v2; i100++) {
+                    const float v108 = l12[i100];
+                    t1[i11 * d_D + i100] = v108;
                 }
             }
         }
@@ -345,17 +360,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v108 = d_D;
-    const int64_t v109 = 0ll;
-    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l112 = (float)0;
-        for (int64_t i113 = v109; i113 < v110; i113++) {
-            const float v114 = t1[i113 * d_D + i111];
-            l112 += v114;
+    const int64_t v109 = d_D;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b113 < v109; b113 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i112 = b113 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l114 = (float)0;
+        if (i112 < v109) {
+            #pragma unroll 4
+            for (int64_t i115 = v110 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i115 < v111; i115 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v116 = t1[i115 * d_D + i112];
+                l114 += v116;
+            }
         }
-        const float v115 = l112;
-        p_grad_w[i111] = opgen_f32_to_f16(v115);
+        l114 = opgen_column_combine<0, float>(l114);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i112 < v109) {
+            const float v117 = l114;
+            p_grad_w[i112] = opgen_f32_to_f16(v117);
+        }
     }
 }
 
@@ -371,16 +393,16 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v121 = d_D;
-    const int64_t v122 = 0ll;
-    const bool v123 = v121 == v122;
-    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v125 = v123 ? v122 : v124;
+    const int64_t v123 = d_D;
+    const int64_t v124 = 0ll;
+    const bool v125 = v123 == v124;
+    const int64_t v126 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v127 = v125 ? v124 : v126;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid126 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid127 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid128 = opgen_cuda_grid(v127 - v124, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid128 > 0) k_rms_norm_backward_f16_u_k0<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid129 = opgen_cuda_grid((v123 - v124 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid129 > 0) k_rms_norm_backward_f16_u_k1<<<(unsigned)grid129, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f16_u");
 }
 
@@ -408,81 +430,85 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 4 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 4;
-                    for (int64_t i25 = vb31; i25 < vb31 + 4 && i25 < v2; i25++) {
-                        const float v33 = p_x[ro_x[i17] + i25];
-                        const float v34 = v33 * v33;
-                        part23 += v34;
-                        const float v35 = p_grad_y[ro_grad_y[i17] + i25];
-                        const float v36 = p_w[i25 * st_w_0];
-                        const float v37 = v35 * v36;
-                        const float v38 = p_x[ro_x[i17] + i25];
-                        const float v39 = v37 * v38;
-                        part24 += v39;
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 4 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 4;
+                    for (int64_t i26 = vb32; i26 < vb32 + 4 && i26 < v2; i26++) {
+                        const float v34 = p_x[ro_x[i18] + i26];
+                        const float v35 = v34 * v34;
+                        part24 += v35;
+                        const float v36 = p_grad_y[ro_grad_y[i18] + i26];
+                        const float v37 = p_w[i26 * st_w_0];
+                        const float v38 = v36 * v37;
+                        const float v39 = p_x[ro_x[i18] + i26];
+                        const float v40 = v38 * v39;
+                        part25 += v40;
                     }
                 }
-                float red40[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red40);
-                l19 = red40[0];
-                l21 = red40[1];
+                float red41[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red41);
+                l20 = red41[0];
+                l22 = red41[1];
             }
-            const float v41 = l19;
-            l18 = v41;
-            const float v42 = l21;
-            l20 = v42;
-            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
-                const int64_t vb51 = v3 + vq52 * 4;
-                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
-                    const float v53 = p_grad_y[ro_grad_y[i17] + i44];
-                    const float v54 = p_x[ro_x[i17] + i44];
-                    const float v55 = v53 * v54;
-                    const float v56 = l18;
-                    const float v57 = v56 / v9;
-                    const float v58 = v57 + v10;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    l12[i44] += v60;
-                    const float v61 = p_w[i44 * st_w_0];
-                    const float v62 = v53 * v61;
-                    const float v63 = v62 * v59;
-                    const float v64 = l20;
-                    const float v65 = v64 / v9;
-                    const float v66 = v65 * v59;
-                    const float v67 = v66 * v59;
-                    const float v68 = v67 * v59;
-                    const float v69 = v54 * v68;
-                    const float v70 = v63 - v69;
-                    p_grad_x[ro_grad_x[i17] + i44] = v70;
+            const float v42 = l20;
+            l19 = v42;
+            const float v43 = l22;
+            l21 = v43;
+            for (int64_t vq53 = threadIdx.x; v3 + vq53 * 4 < v2; vq53 += OPGEN_CUDA_THREADS) {
+                const int64_t vb52 = v3 + vq53 * 4;
+                for (int64_t i45 = vb52; i45 < vb52 + 4 && i45 < v2; i45++) {
+                    const float v54 = p_grad_y[ro_grad_y[i18] + i45];
+                    const float v55 = p_x[ro_x[i18] + i45];
+                    const float v56 = v54 * v55;
+                    const float v57 = l19;
+                    const float v58 = v57 / v9;
+                    const float v59 = v58 + v10;
+                    const float v60 = 1.0f / sqrtf(v59);
+                    const float v61 = v56 * v60;
+                    l12[i45] += v61;
+                    const float v62 = p_w[i45 * st_w_0];
+                    const float v63 = v54 * v62;
+                    const float v64 = v63 * v60;
+                    const float v65 = l21;
+                    const float v66 = v65 / v9;
+                    const float v67 = v66 * v60;
+                    const float v68 = v67 * v60;
+                    const float v69 = v68 * v60;
+                    const float v70 = v55 * v69;
+                    const float v71 = v64 - v70;
+                    p_grad_x[ro_grad_x[i18] + i45] = v71;
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
-            const int64_t vb76 = v3 + vq77 * 4;
-            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
-                const float v78 = l12[i72];
-                t1[i11 * d_D + i72] = v78;
+        for (int64_t vq78 = threadIdx.x; v3 + vq78 * 4 < v2; vq78 += OPGEN_CUDA_THREADS) {
+            const int64_t vb77 = v3 + vq78 * 4;
+            for (int64_t i73 = vb77; i73 < vb77 + 4 && i73 < v2; i73++) {
+                const float v79 = l12[i73];
+                t1[i11 * d_D + i73] = v79;
             }
         }
         __syncthreads();
@@ -496,32 +522,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v79 = d_D;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l83 = (float)0;
-        for (int64_t i84 = v80; i84 < v81; i84++) {
-            const float v85 = t1[i84 * d_D + i82];
-            l83 += v85;
+    const int64_t v80 = d_D;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b84 < v80; b84 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i83 = b84 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l85 = (float)0;
+        if (i83 < v80) {
+            #pragma unroll 4
+            for (int64_t i86 = v81 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i86 < v82; i86 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v87 = t1[i86 * d_D + i83];
+                l85 += v87;
+            }
         }
-        const float v86 = l83;
-        p_grad_w[i82 * st_grad_w_0] = v86;
+        l85 = opgen_column_combine<0, float>(l85);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i83 < v80) {
+            const float v88 = l85;
+            p_grad_w[i83 * st_grad_w_0] = v88;
+        }
     }
 }
 
 static void k_rms_norm_backward_f32_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = d_D;
-    const int64_t v88 = 0ll;
-    const bool v89 = v87 == v88;
-    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v91 = v89 ? v88 : v90;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const int64_t v92 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v93 = v91 ? v90 : v92;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v93 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 8 + (d_N % 8 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -552,16 +585,16 @@ static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v92 = d_D;
-    const int64_t v93 = 0ll;
-    const bool v94 = v92 == v93;
-    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v96 = v94 ? v93 : v95;
+    const int64_t v94 = d_D;
+    const int64_t v95 = 0ll;
+    const bool v96 = v94 == v95;
+    const int64_t v97 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v98 = v96 ? v95 : v97;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid97 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid98 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid99 = opgen_cuda_grid(v98 - v95, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid99 > 0) k_rms_norm_backward_f32_g_k0<<<(unsigned)grid99, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid100 = opgen_cuda_grid((v94 - v95 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid100 > 0) k_rms_norm_backward_f32_g_k1<<<(unsigned)grid100, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_g");
 }
 
@@ -582,145 +615,149 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 4 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 4;
-                    if (vok30 && vb31 + 4 <= v2) {
-                        opgen_vec<float, 4> vec26 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i17] + vb31];
-                        opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i17] + vb31];
-                        opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&p_w[vb31];
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                const bool vok31 = ((uintptr_t)&p_x[ro_x[i18] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 4 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 4;
+                    if (vok31 && vb32 + 4 <= v2) {
+                        opgen_vec<float, 4> vec27 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i18] + vb32];
+                        opgen_vec<float, 4> vec28 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i18] + vb32];
+                        opgen_vec<float, 4> vec29 = *(const opgen_vec<float, 4> *)&p_w[vb32];
                         #pragma unroll
-                        for (int vj33 = 0; vj33 < 4; vj33++) {
-                            const float v34 = vec26.v[vj33];
-                            const float v35 = v34 * v34;
-                            part23 += v35;
-                            const float v36 = vec27.v[vj33];
-                            const float v37 = vec28.v[vj33];
-                            const float v38 = v36 * v37;
-                            const float v39 = vec26.v[vj33];
-                            const float v40 = v38 * v39;
-                            part24 += v40;
+                        for (int vj34 = 0; vj34 < 4; vj34++) {
+                            const float v35 = vec27.v[vj34];
+                            const float v36 = v35 * v35;
+                            part24 += v36;
+                            const float v37 = vec28.v[vj34];
+                            const float v38 = vec29.v[vj34];
+                            const float v39 = v37 * v38;
+                            const float v40 = vec27.v[vj34];
+                            const float v41 = v39 * v40;
+                            part25 += v41;
                         }
                     } else {
-                        for (int64_t i25 = vb31; i25 < vb31 + 4 && i25 < v2; i25++) {
-                            const float v41 = p_x[ro_x[i17] + i25];
-                            const float v42 = v41 * v41;
-                            part23 += v42;
-                            const float v43 = p_grad_y[ro_grad_y[i17] + i25];
-                            const float v44 = p_w[i25];
-                            const float v45 = v43 * v44;
-                            const float v46 = p_x[ro_x[i17] + i25];
-                            const float v47 = v45 * v46;
-                            part24 += v47;
+                        for (int64_t i26 = vb32; i26 < vb32 + 4 && i26 < v2; i26++) {
+                            const float v42 = p_x[ro_x[i18] + i26];
+                            const float v43 = v42 * v42;
+                            part24 += v43;
+                            const float v44 = p_grad_y[ro_grad_y[i18] + i26];
+                            const float v45 = p_w[i26];
+                            const float v46 = v44 * v45;
+                            const float v47 = p_x[ro_x[i18] + i26];
+                            const float v48 = v46 * v47;
+                            part25 += v48;
                         }
                     }
                 }
-                float red48[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red48);
-                l19 = red48[0];
-                l21 = red48[1];
+                float red49[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red49);
+                l20 = red49[0];
+                l22 = red49[1];
             }
-            const float v49 = l19;
-            l18 = v49;
-            const float v50 = l21;
-            l20 = v50;
-            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 16u == 0);
-            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
-                const int64_t vb59 = v3 + vq60 * 4;
-                if (vok58 && vb59 + 4 <= v2) {
-                    opgen_vec<float, 4> vec53 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
-                    opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i17] + vb59];
-                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
-                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&p_w[vb59];
-                    opgen_vec<float, 4> vec57;
+            const float v50 = l20;
+            l19 = v50;
+            const float v51 = l22;
+            l21 = v51;
+            const bool vok59 = ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 16u == 0) && ((uintptr_t)&p_x[ro_x[i18] + v3] % 16u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i18] + v3] % 16u == 0);
+            for (int64_t vq61 = threadIdx.x; v3 + vq61 * 4 < v2; vq61 += OPGEN_CUDA_THREADS) {
+                const int64_t vb60 = v3 + vq61 * 4;
+                if (vok59 && vb60 + 4 <= v2) {
+                    opgen_vec<float, 4> vec54 = *(const opgen_vec<float, 4> *)&p_grad_y[ro_grad_y[i18] + vb60];
+                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&p_x[ro_x[i18] + vb60];
+                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l12[vb60];
+                    opgen_vec<float, 4> vec57 = *(const opgen_vec<float, 4> *)&p_w[vb60];
+                    opgen_vec<float, 4> vec58;
                     #pragma unroll
-                    for (int vj61 = 0; vj61 < 4; vj61++) {
-                        const float v62 = vec53.v[vj61];
-                        const float v63 = vec54.v[vj61];
-                        const float v64 = v62 * v63;
-                        const float v65 = l18;
-                        const float v66 = v65 / v9;
-                        const float v67 = v66 + v10;
-                        const float v68 = 1.0f / sqrtf(v67);
-                        const float v69 = v64 * v68;
-                        vec55.v[vj61] += v69;
-                        const float v70 = vec56.v[vj61];
-                        const float v71 = v62 * v70;
-                        const float v72 = v71 * v68;
-                        const float v73 = l20;
-                        const float v74 = v73 / v9;
-                        const float v75 = v74 * v68;
-                        const float v76 = v75 * v68;
-                        const float v77 = v76 * v68;
-                        const float v78 = v63 * v77;
-                        const float v79 = v72 - v78;
-                        vec57.v[vj61] = v79;
+                    for (int vj62 = 0; vj62 < 4; vj62++) {
+                        const float v63 = vec54.v[vj62];
+                        const float v64 = vec55.v[vj62];
+                        const float v65 = v63 * v64;
+                        const float v66 = l19;
+                        const float v67 = v66 / v9;
+                        const float v68 = v67 + v10;
+                        const float v69 = 1.0f / sqrtf(v68);
+                        const float v70 = v65 * v69;
+                        vec56.v[vj62] += v70;
+                        const float v71 = vec57.v[vj62];
+                        const float v72 = v63 * v71;
+                        const float v73 = v72 * v69;
+                        const float v74 = l21;
+                        const float v75 = v74 / v9;
+                        const float v76 = v75 * v69;
+                        const float v77 = v76 * v69;
+                        const float v78 = v77 * v69;
+                        const float v79 = v64 * v78;
+                        const float v80 = v73 - v79;
+                        vec58.v[vj62] = v80;
                     }
-                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
-                    *(opgen_vec<float, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
+                    *(opgen_vec<float, 4> *)&l12[vb60] = vec56;
+                    *(opgen_vec<float, 4> *)&p_grad_x[ro_grad_x[i18] + vb60] = vec58;
                 } else {
-                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
-                        const float v80 = p_grad_y[ro_grad_y[i17] + i52];
-                        const float v81 = p_x[ro_x[i17] + i52];
-                        const float v82 = v80 * v81;
-                        const float v83 = l18;
-                        const float v84 = v83 / v9;
-                        const float v85 = v84 + v10;
-                        const float v86 = 1.0f / sqrtf(v85);
-                        const float v87 = v82 * v86;
-                        l12[i52] += v87;
-                        const float v88 = p_w[i52];
-                        const float v89 = v80 * v88;
-                        const float v90 = v89 * v86;
-                        const float v91 = l20;
-                        const float v92 = v91 / v9;
-                        const float v93 = v92 * v86;
-                        const float v94 = v93 * v86;
-                        const float v95 = v94 * v86;
-                        const float v96 = v81 * v95;
-                        const float v97 = v90 - v96;
-                        p_grad_x[ro_grad_x[i17] + i52] = v97;
+                    for (int64_t i53 = vb60; i53 < vb60 + 4 && i53 < v2; i53++) {
+                        const float v81 = p_grad_y[ro_grad_y[i18] + i53];
+                        const float v82 = p_x[ro_x[i18] + i53];
+                        const float v83 = v81 * v82;
+                        const float v84 = l19;
+                        const float v85 = v84 / v9;
+                        const float v86 = v85 + v10;
+                        const float v87 = 1.0f / sqrtf(v86);
+                        const float v88 = v83 * v87;
+                        l12[i53] += v88;
+                        const float v89 = p_w[i53];
+                        const float v90 = v81 * v89;
+                        const float v91 = v90 * v87;
+                        const float v92 = l21;
+                        const float v93 = v92 / v9;
+                        const float v94 = v93 * v87;
+                        const float v95 = v94 * v87;
+                        const float v96 = v95 * v87;
+                        const float v97 = v82 * v96;
+                        const float v98 = v91 - v97;
+                        p_grad_x[ro_grad_x[i18] + i53] = v98;
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
-        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
-            const int64_t vb103 = v3 + vq104 * 4;
-            if (vok102 && vb103 + 4 <= v2) {
-                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
-                opgen_vec<float, 4> vec101;
+        const bool vok103 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v3 + vq105 * 4 < v2; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v3 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v2) {
+                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l12[vb104];
+                opgen_vec<float, 4> vec102;
                 #pragma unroll
-                for (int vj105 = 0; vj105 < 4; vj105++) {
-                    const float v106 = vec100.v[vj105];
-                    vec101.v[vj105] = v106;
+                for (int vj106 = 0; vj106 < 4; vj106++) {
+                    const float v107 = vec101.v[vj106];
+                    vec102.v[vj106] = v107;
                 }
-                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb104] = vec102;
             } else {
-                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
-                    const float v107 = l12[i99];
-                    t1[i11 * d_D + i99] = v107;
+                for (int64_t i100 = vb104; i100 < vb104 + 4 && i100 < v2; i100++) {
+                    const float v108 = l12[i100];
+                    t1[i11 * d_D + i100] = v108;
                 }
             }
         }
@@ -734,17 +771,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v108 = d_D;
-    const int64_t v109 = 0ll;
-    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l112 = (float)0;
-        for (int64_t i113 = v109; i113 < v110; i113++) {
-            const float v114 = t1[i113 * d_D + i111];
-            l112 += v114;
+    const int64_t v109 = d_D;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b113 < v109; b113 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i112 = b113 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l114 = (float)0;
+        if (i112 < v109) {
+            #pragma unroll 4
+            for (int64_t i115 = v110 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i115 < v111; i115 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v116 = t1[i115 * d_D + i112];
+                l114 += v116;
+            }
         }
-        const float v115 = l112;
-        p_grad_w[i111] = v115;
+        l114 = opgen_column_combine<0, float>(l114);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i112 < v109) {
+            const float v117 = l114;
+            p_grad_w[i112] = v117;
+        }
     }
 }
 
@@ -760,16 +804,16 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v121 = d_D;
-    const int64_t v122 = 0ll;
-    const bool v123 = v121 == v122;
-    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v125 = v123 ? v122 : v124;
+    const int64_t v123 = d_D;
+    const int64_t v124 = 0ll;
+    const bool v125 = v123 == v124;
+    const int64_t v126 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v127 = v125 ? v124 : v126;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid126 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid127 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid128 = opgen_cuda_grid(v127 - v124, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid128 > 0) k_rms_norm_backward_f32_u_k0<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid129 = opgen_cuda_grid((v123 - v124 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid129 > 0) k_rms_norm_backward_f32_u_k1<<<(unsigned)grid129, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_f32_u");
 }
 
@@ -797,81 +841,85 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 8;
-                    for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
-                        const float v33 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
-                        const float v34 = v33 * v33;
-                        part23 += v34;
-                        const float v35 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
-                        const float v36 = opgen_bf16_to_f32(p_w[i25 * st_w_0]);
-                        const float v37 = v35 * v36;
-                        const float v38 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
-                        const float v39 = v37 * v38;
-                        part24 += v39;
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 8 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 8;
+                    for (int64_t i26 = vb32; i26 < vb32 + 8 && i26 < v2; i26++) {
+                        const float v34 = opgen_bf16_to_f32(p_x[ro_x[i18] + i26]);
+                        const float v35 = v34 * v34;
+                        part24 += v35;
+                        const float v36 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i26]);
+                        const float v37 = opgen_bf16_to_f32(p_w[i26 * st_w_0]);
+                        const float v38 = v36 * v37;
+                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[i18] + i26]);
+                        const float v40 = v38 * v39;
+                        part25 += v40;
                     }
                 }
-                float red40[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red40);
-                l19 = red40[0];
-                l21 = red40[1];
+                float red41[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red41);
+                l20 = red41[0];
+                l22 = red41[1];
             }
-            const float v41 = l19;
-            l18 = v41;
-            const float v42 = l21;
-            l20 = v42;
-            for (int64_t vq52 = threadIdx.x; v3 + vq52 * 4 < v2; vq52 += OPGEN_CUDA_THREADS) {
-                const int64_t vb51 = v3 + vq52 * 4;
-                for (int64_t i44 = vb51; i44 < vb51 + 4 && i44 < v2; i44++) {
-                    const float v53 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i44]);
-                    const float v54 = opgen_bf16_to_f32(p_x[ro_x[i17] + i44]);
-                    const float v55 = v53 * v54;
-                    const float v56 = l18;
-                    const float v57 = v56 / v9;
-                    const float v58 = v57 + v10;
-                    const float v59 = 1.0f / sqrtf(v58);
-                    const float v60 = v55 * v59;
-                    l12[i44] += v60;
-                    const float v61 = opgen_bf16_to_f32(p_w[i44 * st_w_0]);
-                    const float v62 = v53 * v61;
-                    const float v63 = v62 * v59;
-                    const float v64 = l20;
-                    const float v65 = v64 / v9;
-                    const float v66 = v65 * v59;
-                    const float v67 = v66 * v59;
-                    const float v68 = v67 * v59;
-                    const float v69 = v54 * v68;
-                    const float v70 = v63 - v69;
-                    p_grad_x[ro_grad_x[i17] + i44] = opgen_f32_to_bf16(v70);
+            const float v42 = l20;
+            l19 = v42;
+            const float v43 = l22;
+            l21 = v43;
+            for (int64_t vq53 = threadIdx.x; v3 + vq53 * 4 < v2; vq53 += OPGEN_CUDA_THREADS) {
+                const int64_t vb52 = v3 + vq53 * 4;
+                for (int64_t i45 = vb52; i45 < vb52 + 4 && i45 < v2; i45++) {
+                    const float v54 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i45]);
+                    const float v55 = opgen_bf16_to_f32(p_x[ro_x[i18] + i45]);
+                    const float v56 = v54 * v55;
+                    const float v57 = l19;
+                    const float v58 = v57 / v9;
+                    const float v59 = v58 + v10;
+                    const float v60 = 1.0f / sqrtf(v59);
+                    const float v61 = v56 * v60;
+                    l12[i45] += v61;
+                    const float v62 = opgen_bf16_to_f32(p_w[i45 * st_w_0]);
+                    const float v63 = v54 * v62;
+                    const float v64 = v63 * v60;
+                    const float v65 = l21;
+                    const float v66 = v65 / v9;
+                    const float v67 = v66 * v60;
+                    const float v68 = v67 * v60;
+                    const float v69 = v68 * v60;
+                    const float v70 = v55 * v69;
+                    const float v71 = v64 - v70;
+                    p_grad_x[ro_grad_x[i18] + i45] = opgen_f32_to_bf16(v71);
                 }
             }
         }
         __syncthreads();
-        for (int64_t vq77 = threadIdx.x; v3 + vq77 * 4 < v2; vq77 += OPGEN_CUDA_THREADS) {
-            const int64_t vb76 = v3 + vq77 * 4;
-            for (int64_t i72 = vb76; i72 < vb76 + 4 && i72 < v2; i72++) {
-                const float v78 = l12[i72];
-                t1[i11 * d_D + i72] = v78;
+        for (int64_t vq78 = threadIdx.x; v3 + vq78 * 4 < v2; vq78 += OPGEN_CUDA_THREADS) {
+            const int64_t vb77 = v3 + vq78 * 4;
+            for (int64_t i73 = vb77; i73 < vb77 + 4 && i73 < v2; i73++) {
+                const float v79 = l12[i73];
+                t1[i11 * d_D + i73] = v79;
             }
         }
         __syncthreads();
@@ -885,32 +933,39 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v79 = d_D;
-    const int64_t v80 = 0ll;
-    const int64_t v81 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i82 = v80 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i82 < v79; i82 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l83 = (float)0;
-        for (int64_t i84 = v80; i84 < v81; i84++) {
-            const float v85 = t1[i84 * d_D + i82];
-            l83 += v85;
+    const int64_t v80 = d_D;
+    const int64_t v81 = 0ll;
+    const int64_t v82 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b84 = v81 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b84 < v80; b84 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i83 = b84 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l85 = (float)0;
+        if (i83 < v80) {
+            #pragma unroll 4
+            for (int64_t i86 = v81 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i86 < v82; i86 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v87 = t1[i86 * d_D + i83];
+                l85 += v87;
+            }
         }
-        const float v86 = l83;
-        p_grad_w[i82 * st_grad_w_0] = opgen_f32_to_bf16(v86);
+        l85 = opgen_column_combine<0, float>(l85);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i83 < v80) {
+            const float v88 = l85;
+            p_grad_w[i83 * st_grad_w_0] = opgen_f32_to_bf16(v88);
+        }
     }
 }
 
 static void k_rms_norm_backward_bf16_layout(const int64_t *dims, char *ws, char **wsp, size_t *total) {
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v87 = d_D;
-    const int64_t v88 = 0ll;
-    const bool v89 = v87 == v88;
-    const int64_t v90 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v91 = v89 ? v88 : v90;
-    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v91 - v88, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
+    const int64_t v89 = d_D;
+    const int64_t v90 = 0ll;
+    const bool v91 = v89 == v90;
+    const int64_t v92 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v93 = v91 ? v90 : v92;
+    const int64_t g0 = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX) ? 0 : opgen_cuda_grid(v93 - v90, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)))); /* 0: shared memory */
     size_t off = opgen_align(sizeof(unsigned int)); /* the call's status word */
     if (wsp) wsp[0] = ws + off;
-    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 8 + (d_N % 8 != 0))), opgen_sz_dim(d_D)))));
     const size_t arena = off;
     size_t end = off;
     off = arena;
@@ -941,16 +996,16 @@ static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v92 = d_D;
-    const int64_t v93 = 0ll;
-    const bool v94 = v92 == v93;
-    const int64_t v95 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v96 = v94 ? v93 : v95;
+    const int64_t v94 = d_D;
+    const int64_t v95 = 0ll;
+    const bool v96 = v94 == v95;
+    const int64_t v97 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v98 = v96 ? v95 : v97;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid97 = opgen_cuda_grid(v96 - v93, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid97 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid97, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid98 = opgen_cuda_grid((v92 - v93 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid98 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid98, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid99 = opgen_cuda_grid(v98 - v95, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid99 > 0) k_rms_norm_backward_bf16_g_k0<<<(unsigned)grid99, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid100 = opgen_cuda_grid((v94 - v95 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid100 > 0) k_rms_norm_backward_bf16_g_k1<<<(unsigned)grid100, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_g");
 }
 
@@ -971,145 +1026,149 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t v3 = 0ll;
     const bool v4 = v2 == v3;
     const int64_t v5 = d_N;
-    const int64_t v6 = 32ll;
-    const int64_t v7 = (d_N / 32 + (d_N % 32 != 0));
+    const int64_t v6 = 8ll;
+    const int64_t v7 = (d_N / 8 + (d_N % 8 != 0));
     const int64_t v8 = v4 ? v3 : v7;
     const float v9 = (float)(v2);
     const float v10 = p_eps;
     for (int64_t i11 = v3 + (int64_t)blockIdx.x; i11 < v8; i11 += (int64_t)gridDim.x) {
         float *__restrict__ l12 = a.smem ? (float *)opgen_dyn_smem() : (float *)a.wsp[1] + (size_t)blockIdx.x * ((size_t)d_D);
         /* thread-owned elements (gpu_thread_owned): no barrier */
-        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
-        const int64_t v14 = i11 * v6;
-        const int64_t v15 = v14 + v6;
-        const int64_t v16 = ((v15 < v5 || v15 != v15) ? v15 : v5);
-        for (int64_t i17 = v14; i17 < v16; i17++) {
-            float l18 = (float)0;
+        const bool za14 = (uintptr_t)l12 % (sizeof(float) * 4) == 0;
+        for (size_t z13 = threadIdx.x * 4; z13 < (size_t)d_D; z13 += OPGEN_CUDA_THREADS * 4) {
+            if (za14 && z13 + 4 <= (size_t)d_D) *(opgen_vec<float, 4> *)&l12[z13] = opgen_vec<float, 4>{};
+            else for (size_t z13j = z13; z13j < z13 + 4 && z13j < (size_t)d_D; z13j++) l12[z13j] = (float)0;
+        }
+        const int64_t v15 = i11 * v6;
+        const int64_t v16 = v15 + v6;
+        const int64_t v17 = ((v16 < v5 || v16 != v16) ? v16 : v5);
+        for (int64_t i18 = v15; i18 < v17; i18++) {
             float l19 = (float)0;
             float l20 = (float)0;
             float l21 = (float)0;
+            float l22 = (float)0;
             {
-                float part23 = threadIdx.x == 0 ? l19 : (float)0;
-                float part24 = threadIdx.x == 0 ? l21 : (float)0;
-                const bool vok30 = ((uintptr_t)&p_x[ro_x[i17] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
-                for (int64_t vq32 = threadIdx.x; v3 + vq32 * 8 < v2; vq32 += OPGEN_CUDA_THREADS) {
-                    const int64_t vb31 = v3 + vq32 * 8;
-                    if (vok30 && vb31 + 8 <= v2) {
-                        opgen_vec<uint16_t, 8> vec26 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i17] + vb31];
-                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i17] + vb31];
-                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb31];
+                float part24 = threadIdx.x == 0 ? l20 : (float)0;
+                float part25 = threadIdx.x == 0 ? l22 : (float)0;
+                const bool vok31 = ((uintptr_t)&p_x[ro_x[i18] + v3] % 16u == 0) && ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 16u == 0);
+                for (int64_t vq33 = threadIdx.x; v3 + vq33 * 8 < v2; vq33 += OPGEN_CUDA_THREADS) {
+                    const int64_t vb32 = v3 + vq33 * 8;
+                    if (vok31 && vb32 + 8 <= v2) {
+                        opgen_vec<uint16_t, 8> vec27 = *(const opgen_vec<uint16_t, 8> *)&p_x[ro_x[i18] + vb32];
+                        opgen_vec<uint16_t, 8> vec28 = *(const opgen_vec<uint16_t, 8> *)&p_grad_y[ro_grad_y[i18] + vb32];
+                        opgen_vec<uint16_t, 8> vec29 = *(const opgen_vec<uint16_t, 8> *)&p_w[vb32];
                         #pragma unroll
-                        for (int vj33 = 0; vj33 < 8; vj33++) {
-                            const float v34 = opgen_bf16_to_f32(vec26.v[vj33]);
-                            const float v35 = v34 * v34;
-                            part23 += v35;
-                            const float v36 = opgen_bf16_to_f32(vec27.v[vj33]);
-                            const float v37 = opgen_bf16_to_f32(vec28.v[vj33]);
-                            const float v38 = v36 * v37;
-                            const float v39 = opgen_bf16_to_f32(vec26.v[vj33]);
-                            const float v40 = v38 * v39;
-                            part24 += v40;
+                        for (int vj34 = 0; vj34 < 8; vj34++) {
+                            const float v35 = opgen_bf16_to_f32(vec27.v[vj34]);
+                            const float v36 = v35 * v35;
+                            part24 += v36;
+                            const float v37 = opgen_bf16_to_f32(vec28.v[vj34]);
+                            const float v38 = opgen_bf16_to_f32(vec29.v[vj34]);
+                            const float v39 = v37 * v38;
+                            const float v40 = opgen_bf16_to_f32(vec27.v[vj34]);
+                            const float v41 = v39 * v40;
+                            part25 += v41;
                         }
                     } else {
-                        for (int64_t i25 = vb31; i25 < vb31 + 8 && i25 < v2; i25++) {
-                            const float v41 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
-                            const float v42 = v41 * v41;
-                            part23 += v42;
-                            const float v43 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i25]);
-                            const float v44 = opgen_bf16_to_f32(p_w[i25]);
-                            const float v45 = v43 * v44;
-                            const float v46 = opgen_bf16_to_f32(p_x[ro_x[i17] + i25]);
-                            const float v47 = v45 * v46;
-                            part24 += v47;
+                        for (int64_t i26 = vb32; i26 < vb32 + 8 && i26 < v2; i26++) {
+                            const float v42 = opgen_bf16_to_f32(p_x[ro_x[i18] + i26]);
+                            const float v43 = v42 * v42;
+                            part24 += v43;
+                            const float v44 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i26]);
+                            const float v45 = opgen_bf16_to_f32(p_w[i26]);
+                            const float v46 = v44 * v45;
+                            const float v47 = opgen_bf16_to_f32(p_x[ro_x[i18] + i26]);
+                            const float v48 = v46 * v47;
+                            part25 += v48;
                         }
                     }
                 }
-                float red48[2] = {part23, part24};
-                opgen_block_reduce_n<0, float, 2>(red48);
-                l19 = red48[0];
-                l21 = red48[1];
+                float red49[2] = {part24, part25};
+                opgen_block_reduce_n<0, float, 2>(red49);
+                l20 = red49[0];
+                l22 = red49[1];
             }
-            const float v49 = l19;
-            l18 = v49;
-            const float v50 = l21;
-            l20 = v50;
-            const bool vok58 = ((uintptr_t)&p_grad_y[ro_grad_y[i17] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i17] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i17] + v3] % 8u == 0);
-            for (int64_t vq60 = threadIdx.x; v3 + vq60 * 4 < v2; vq60 += OPGEN_CUDA_THREADS) {
-                const int64_t vb59 = v3 + vq60 * 4;
-                if (vok58 && vb59 + 4 <= v2) {
-                    opgen_vec<uint16_t, 4> vec53 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i17] + vb59];
-                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i17] + vb59];
-                    opgen_vec<float, 4> vec55 = *(const opgen_vec<float, 4> *)&l12[vb59];
-                    opgen_vec<uint16_t, 4> vec56 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb59];
-                    opgen_vec<uint16_t, 4> vec57;
+            const float v50 = l20;
+            l19 = v50;
+            const float v51 = l22;
+            l21 = v51;
+            const bool vok59 = ((uintptr_t)&p_grad_y[ro_grad_y[i18] + v3] % 8u == 0) && ((uintptr_t)&p_x[ro_x[i18] + v3] % 8u == 0) && ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&p_w[v3] % 8u == 0) && ((uintptr_t)&p_grad_x[ro_grad_x[i18] + v3] % 8u == 0);
+            for (int64_t vq61 = threadIdx.x; v3 + vq61 * 4 < v2; vq61 += OPGEN_CUDA_THREADS) {
+                const int64_t vb60 = v3 + vq61 * 4;
+                if (vok59 && vb60 + 4 <= v2) {
+                    opgen_vec<uint16_t, 4> vec54 = *(const opgen_vec<uint16_t, 4> *)&p_grad_y[ro_grad_y[i18] + vb60];
+                    opgen_vec<uint16_t, 4> vec55 = *(const opgen_vec<uint16_t, 4> *)&p_x[ro_x[i18] + vb60];
+                    opgen_vec<float, 4> vec56 = *(const opgen_vec<float, 4> *)&l12[vb60];
+                    opgen_vec<uint16_t, 4> vec57 = *(const opgen_vec<uint16_t, 4> *)&p_w[vb60];
+                    opgen_vec<uint16_t, 4> vec58;
                     #pragma unroll
-                    for (int vj61 = 0; vj61 < 4; vj61++) {
-                        const float v62 = opgen_bf16_to_f32(vec53.v[vj61]);
-                        const float v63 = opgen_bf16_to_f32(vec54.v[vj61]);
-                        const float v64 = v62 * v63;
-                        const float v65 = l18;
-                        const float v66 = v65 / v9;
-                        const float v67 = v66 + v10;
-                        const float v68 = 1.0f / sqrtf(v67);
-                        const float v69 = v64 * v68;
-                        vec55.v[vj61] += v69;
-                        const float v70 = opgen_bf16_to_f32(vec56.v[vj61]);
-                        const float v71 = v62 * v70;
-                        const float v72 = v71 * v68;
-                        const float v73 = l20;
-                        const float v74 = v73 / v9;
-                        const float v75 = v74 * v68;
-                        const float v76 = v75 * v68;
-                        const float v77 = v76 * v68;
-                        const float v78 = v63 * v77;
-                        const float v79 = v72 - v78;
-                        vec57.v[vj61] = opgen_f32_to_bf16(v79);
+                    for (int vj62 = 0; vj62 < 4; vj62++) {
+                        const float v63 = opgen_bf16_to_f32(vec54.v[vj62]);
+                        const float v64 = opgen_bf16_to_f32(vec55.v[vj62]);
+                        const float v65 = v63 * v64;
+                        const float v66 = l19;
+                        const float v67 = v66 / v9;
+                        const float v68 = v67 + v10;
+                        const float v69 = 1.0f / sqrtf(v68);
+                        const float v70 = v65 * v69;
+                        vec56.v[vj62] += v70;
+                        const float v71 = opgen_bf16_to_f32(vec57.v[vj62]);
+                        const float v72 = v63 * v71;
+                        const float v73 = v72 * v69;
+                        const float v74 = l21;
+                        const float v75 = v74 / v9;
+                        const float v76 = v75 * v69;
+                        const float v77 = v76 * v69;
+                        const float v78 = v77 * v69;
+                        const float v79 = v64 * v78;
+                        const float v80 = v73 - v79;
+                        vec58.v[vj62] = opgen_f32_to_bf16(v80);
                     }
-                    *(opgen_vec<float, 4> *)&l12[vb59] = vec55;
-                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i17] + vb59] = vec57;
+                    *(opgen_vec<float, 4> *)&l12[vb60] = vec56;
+                    *(opgen_vec<uint16_t, 4> *)&p_grad_x[ro_grad_x[i18] + vb60] = vec58;
                 } else {
-                    for (int64_t i52 = vb59; i52 < vb59 + 4 && i52 < v2; i52++) {
-                        const float v80 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i17] + i52]);
-                        const float v81 = opgen_bf16_to_f32(p_x[ro_x[i17] + i52]);
-                        const float v82 = v80 * v81;
-                        const float v83 = l18;
-                        const float v84 = v83 / v9;
-                        const float v85 = v84 + v10;
-                        const float v86 = 1.0f / sqrtf(v85);
-                        const float v87 = v82 * v86;
-                        l12[i52] += v87;
-                        const float v88 = opgen_bf16_to_f32(p_w[i52]);
-                        const float v89 = v80 * v88;
-                        const float v90 = v89 * v86;
-                        const float v91 = l20;
-                        const float v92 = v91 / v9;
-                        const float v93 = v92 * v86;
-                        const float v94 = v93 * v86;
-                        const float v95 = v94 * v86;
-                        const float v96 = v81 * v95;
-                        const float v97 = v90 - v96;
-                        p_grad_x[ro_grad_x[i17] + i52] = opgen_f32_to_bf16(v97);
+                    for (int64_t i53 = vb60; i53 < vb60 + 4 && i53 < v2; i53++) {
+                        const float v81 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i18] + i53]);
+                        const float v82 = opgen_bf16_to_f32(p_x[ro_x[i18] + i53]);
+                        const float v83 = v81 * v82;
+                        const float v84 = l19;
+                        const float v85 = v84 / v9;
+                        const float v86 = v85 + v10;
+                        const float v87 = 1.0f / sqrtf(v86);
+                        const float v88 = v83 * v87;
+                        l12[i53] += v88;
+                        const float v89 = opgen_bf16_to_f32(p_w[i53]);
+                        const float v90 = v81 * v89;
+                        const float v91 = v90 * v87;
+                        const float v92 = l21;
+                        const float v93 = v92 / v9;
+                        const float v94 = v93 * v87;
+                        const float v95 = v94 * v87;
+                        const float v96 = v95 * v87;
+                        const float v97 = v82 * v96;
+                        const float v98 = v91 - v97;
+                        p_grad_x[ro_grad_x[i18] + i53] = opgen_f32_to_bf16(v98);
                     }
                 }
             }
         }
         __syncthreads();
-        const bool vok102 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
-        for (int64_t vq104 = threadIdx.x; v3 + vq104 * 4 < v2; vq104 += OPGEN_CUDA_THREADS) {
-            const int64_t vb103 = v3 + vq104 * 4;
-            if (vok102 && vb103 + 4 <= v2) {
-                opgen_vec<float, 4> vec100 = *(const opgen_vec<float, 4> *)&l12[vb103];
-                opgen_vec<float, 4> vec101;
+        const bool vok103 = ((uintptr_t)&l12[v3] % 16u == 0) && ((uintptr_t)&t1[i11 * d_D + v3] % 16u == 0);
+        for (int64_t vq105 = threadIdx.x; v3 + vq105 * 4 < v2; vq105 += OPGEN_CUDA_THREADS) {
+            const int64_t vb104 = v3 + vq105 * 4;
+            if (vok103 && vb104 + 4 <= v2) {
+                opgen_vec<float, 4> vec101 = *(const opgen_vec<float, 4> *)&l12[vb104];
+                opgen_vec<float, 4> vec102;
                 #pragma unroll
-                for (int vj105 = 0; vj105 < 4; vj105++) {
-                    const float v106 = vec100.v[vj105];
-                    vec101.v[vj105] = v106;
+                for (int vj106 = 0; vj106 < 4; vj106++) {
+                    const float v107 = vec101.v[vj106];
+                    vec102.v[vj106] = v107;
                 }
-                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb103] = vec101;
+                *(opgen_vec<float, 4> *)&t1[i11 * d_D + vb104] = vec102;
             } else {
-                for (int64_t i99 = vb103; i99 < vb103 + 4 && i99 < v2; i99++) {
-                    const float v107 = l12[i99];
-                    t1[i11 * d_D + i99] = v107;
+                for (int64_t i100 = vb104; i100 < vb104 + 4 && i100 < v2; i100++) {
+                    const float v108 = l12[i100];
+                    t1[i11 * d_D + i100] = v108;
                 }
             }
         }
@@ -1123,17 +1182,24 @@ static __global__ void __launch_bounds__(OPGEN_CUDA_THREADS) k_rms_norm_backward
     const int64_t d_N = a.dims[0];
     const int64_t d_D = a.dims[1];
     float *__restrict__ t1 = (float *)a.wsp[0];
-    const int64_t v108 = d_D;
-    const int64_t v109 = 0ll;
-    const int64_t v110 = (d_N / 32 + (d_N % 32 != 0));
-    for (int64_t i111 = v109 + (int64_t)blockIdx.x * OPGEN_CUDA_THREADS + (int64_t)threadIdx.x; i111 < v108; i111 += (int64_t)gridDim.x * OPGEN_CUDA_THREADS) {
-        float l112 = (float)0;
-        for (int64_t i113 = v109; i113 < v110; i113++) {
-            const float v114 = t1[i113 * d_D + i111];
-            l112 += v114;
+    const int64_t v109 = d_D;
+    const int64_t v110 = 0ll;
+    const int64_t v111 = (d_N / 8 + (d_N % 8 != 0));
+    for (int64_t b113 = v110 + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; b113 < v109; b113 += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {
+        const int64_t i112 = b113 + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);
+        float l114 = (float)0;
+        if (i112 < v109) {
+            #pragma unroll 4
+            for (int64_t i115 = v110 + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); i115 < v111; i115 += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {
+                const float v116 = t1[i115 * d_D + i112];
+                l114 += v116;
+            }
         }
-        const float v115 = l112;
-        p_grad_w[i111] = opgen_f32_to_bf16(v115);
+        l114 = opgen_column_combine<0, float>(l114);
+        if (threadIdx.x < OPGEN_CUDA_COLUMNS && i112 < v109) {
+            const float v117 = l114;
+            p_grad_w[i112] = opgen_f32_to_bf16(v117);
+        }
     }
 }
 
@@ -1149,16 +1215,16 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     a.sticky = opgen_cuda_sticky();
     const int64_t d_N = dims[0];
     const int64_t d_D = dims[1];
-    const int64_t v121 = d_D;
-    const int64_t v122 = 0ll;
-    const bool v123 = v121 == v122;
-    const int64_t v124 = (d_N / 32 + (d_N % 32 != 0));
-    const int64_t v125 = v123 ? v122 : v124;
+    const int64_t v123 = d_D;
+    const int64_t v124 = 0ll;
+    const bool v125 = v123 == v124;
+    const int64_t v126 = (d_N / 8 + (d_N % 8 != 0));
+    const int64_t v127 = v125 ? v124 : v126;
     a.smem = (opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D))) <= OPGEN_CUDA_SMEM_MAX);
-    const int64_t grid126 = opgen_cuda_grid(v125 - v122, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
-    if (grid126 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid126, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
-    const int64_t grid127 = opgen_cuda_grid((v121 - v122 + OPGEN_CUDA_THREADS - 1) / OPGEN_CUDA_THREADS, 0);
-    if (grid127 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid127, OPGEN_CUDA_THREADS, 0, stream>>>(a);
+    const int64_t grid128 = opgen_cuda_grid(v127 - v124, a.smem ? 0 : opgen_align(sizeof(float) * (size_t)d_D));
+    if (grid128 > 0) k_rms_norm_backward_bf16_u_k0<<<(unsigned)grid128, OPGEN_CUDA_THREADS, a.smem ? opgen_align(sizeof(float) * (size_t)d_D) : 0, stream>>>(a);
+    const int64_t grid129 = opgen_cuda_grid((v123 - v124 + OPGEN_CUDA_COLUMNS - 1) / OPGEN_CUDA_COLUMNS, 0);
+    if (grid129 > 0) k_rms_norm_backward_bf16_u_k1<<<(unsigned)grid129, OPGEN_CUDA_THREADS, 0, stream>>>(a);
     return opgen_cuda_launched("k_rms_norm_backward_bf16_u");
 }
 

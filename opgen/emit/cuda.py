@@ -114,8 +114,8 @@ class WorkspaceRegion:
 class KernelGroup:
     ops: list[Operation]
     kid: int
-    mode: str = "single"  # its gpu_mapping: single | block | flat | matmul (map-gpu)
-    loop: s.ForOp | None = None  # block / flat: the loop mapped onto the grid
+    mode: str = "single"  # its gpu_mapping: single | block | flat | columns | matmul (map-gpu)
+    loop: s.ForOp | None = None  # block / flat / columns: the loop mapped onto the grid
 
 
 class CudaPrinter(CPrinter):
@@ -386,9 +386,17 @@ class CudaPrinter(CPrinter):
             if w == 1:
                 self.line(f"for (size_t {z} = threadIdx.x; {z} < {count}; {z} += OPGEN_CUDA_THREADS) "
                           f"{n}[{z}] = ({ct})0;")
-            else:  # the chunks of the loops that use it
-                self.line(f"for (size_t {z} = threadIdx.x * {w}; {z} < {count}; {z} += OPGEN_CUDA_THREADS * {w}) "
-                          f"for (size_t {z}j = {z}; {z}j < {z} + {w} && {z}j < {count}; {z}j++) {n}[{z}j] = ({ct})0;")
+            else:  # the chunks of the loops that use it: a whole chunk in one vector store when aligned
+                za = self.fresh("za")
+                self.line(f"const bool {za} = (uintptr_t){n} % (sizeof({ct}) * {w}) == 0;")
+                self.line(f"for (size_t {z} = threadIdx.x * {w}; {z} < {count}; {z} += OPGEN_CUDA_THREADS * {w}) {{")
+                self.depth += 1
+                vec = f"opgen_vec<{ct}, {w}>"
+                self.line(f"if ({za} && {z} + {w} <= {count}) *({vec} *)&{n}[{z}] = {vec}{{}};")
+                self.line(f"else for (size_t {z}j = {z}; {z}j < {z} + {w} && {z}j < {count}; {z}j++) "
+                          f"{n}[{z}j] = ({ct})0;")
+                self.depth -= 1
+                self.line("}")
 
     # ------------------------------------------------------------------ loops
     def plain_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
@@ -657,6 +665,9 @@ class CudaPrinter(CPrinter):
             self.depth -= 1
             self.leave_thread(saved)
             self.line("}")
+        elif g.mode == "columns":
+            assert g.loop is not None
+            self.column_loop(g.loop)
         else:
             members = set(g.ops)
             needed_inside = {o for o in need if self.order[o] > first}
@@ -664,6 +675,49 @@ class CudaPrinter(CPrinter):
         body = self.lines
         return render.render("cuda/kernel.cu.j2", kernel=f"{self.fn_name}_k{g.kid}", note=True,
                              prologue=self.prologue(), body=body)
+
+    def column_loop(self, lp: s.ForOp) -> None:
+        """A ``columns`` kernel (map-gpu): lane l of each block owns iteration base + l; the
+        ``slices`` loop is split over the warps (warp w: its iterations w, w + W, ...), the W
+        partials are combined in warp order by warp 0 (opgen_column_combine), which runs the rest
+        of the body."""
+        alloc, inner, *rest = list(lp.body.block.ops)
+        assert isinstance(alloc, s.AllocOp) and isinstance(inner, s.ForOp)
+        acc = next(o for o in inner.body.block.ops if isinstance(o, s.AccumOp))
+        iv, base = self.fresh("i"), self.fresh("b")
+        self.names[lp.iv] = iv
+        lo, hi = self.name(lp.lo), self.name(lp.hi)
+        self.line(f"for (int64_t {base} = {lo} + (int64_t)blockIdx.x * OPGEN_CUDA_COLUMNS; {base} < {hi}; "
+                  f"{base} += (int64_t)gridDim.x * OPGEN_CUDA_COLUMNS) {{")
+        self.depth += 1
+        self.line(f"const int64_t {iv} = {base} + (int64_t)(threadIdx.x % OPGEN_CUDA_COLUMNS);")
+        saved = self.enter_thread((lp.iv,))
+        self.ctx = "flat"
+        self.walk(iter([alloc]))
+        jv = self.fresh("i")
+        self.names[inner.iv] = jv
+        self.line(f"if ({iv} < {hi}) {{")
+        self.depth += 1
+        self.line("#pragma unroll 4")  # (the loads of 4 iterations in flight before their sums)
+        self.line(f"for (int64_t {jv} = {self.name(inner.lo)} + (int64_t)(threadIdx.x / OPGEN_CUDA_COLUMNS); "
+                  f"{jv} < {self.name(inner.hi)}; {jv} += OPGEN_CUDA_THREADS / OPGEN_CUDA_COLUMNS) {{")
+        self.depth += 1
+        self.walk(iter(inner.body.block.ops))
+        self.depth -= 1
+        self.line("}")
+        self.depth -= 1
+        self.line("}")
+        ct = self.storage_ctype(s.buf_type(alloc.result))
+        n = self.name(alloc.result)
+        self.line(f"{n} = opgen_column_combine<{REDUCE_KIND[acc.kind.data]}, {ct}>({n});")
+        self.line(f"if (threadIdx.x < OPGEN_CUDA_COLUMNS && {iv} < {hi}) {{")
+        self.depth += 1
+        self.walk(iter(rest))
+        self.depth -= 1
+        self.line("}")
+        self.leave_thread(saved)
+        self.depth -= 1
+        self.line("}")
 
     def smem_fits(self, kid: int) -> str:
         """Host condition: kernel ``kid``'s per-block scratch goes to dynamic shared memory."""
@@ -707,7 +761,7 @@ class CudaPrinter(CPrinter):
             kid = kernel_id(op)
             assert kid is not None
             if kid == len(groups):
-                loop = op if m in (GpuMapping.BLOCK, GpuMapping.FLAT) else None
+                loop = op if m in (GpuMapping.BLOCK, GpuMapping.FLAT, GpuMapping.COLUMNS) else None
                 groups.append(KernelGroup([], kid, m, loop))  # type: ignore[arg-type]
                 steps.append(("group", groups[-1]))
             groups[kid].ops.append(op)

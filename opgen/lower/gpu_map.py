@@ -12,8 +12,13 @@ Each top-level statement of a ``sched.kernel`` gets a ``gpu_mapping`` (``#sched<
   of statements — one per top-level loop, statements sharing a scalar local kept together —
   mapped as ``block`` (one ``parallel`` loop with work for a whole block: iterations over
   ``blockIdx.x``), ``flat`` (one ``parallel`` loop with scalar work, or a ``serial`` loop with
-  provably independent iterations: one iteration per thread over the grid) or ``single`` (one
-  block runs it uniformly: always correct).
+  provably independent iterations: one iteration per thread over the grid), ``columns`` (a
+  ``parallel`` loop whose iterations each sum a long loop into a register, reading memory at the
+  parallel index: 32 iterations per block, one per lane; the long loop, marked ``slices``, is
+  split over the 8 warps, warp w taking its iterations w, w + 8, ..., and the 8 partials are
+  combined in warp order — a column sum reads whole rows at once, where ``flat`` would give
+  one thread a column's whole serial chain) or ``single`` (one block runs it uniformly: always
+  correct).
 
 Inside a ``block`` or ``single`` kernel, whose code every thread of a block runs with the same
 values, loops get ``threads`` (a parallel loop, and the perfect nest under it counted by
@@ -244,6 +249,34 @@ class KernelFacts:
                 return True
         return False
 
+    def column_sliced(self, loop: s.ForOp) -> bool:
+        """``loop`` (a parallel loop with scalar work) is ``[zeroed register, loop accumulating
+        into it, ...]`` and the inner loop only loads and accumulates, reading some buffer at
+        ``loop``'s index last (consecutive lanes, consecutive addresses): the ``columns`` mapping."""
+        ops = list(loop.body.block.ops)
+        if len(ops) < 2 or not isinstance(ops[0], s.AllocOp) or not isinstance(ops[1], s.ForOp):
+            return False
+        acc, inner = ops[0].result, ops[1]
+        if not register(acc) or ops[0].zero is None or not ops[0].zero.data \
+                or inner.kind.data not in ("serial", "reduce"):
+            return False
+        if any(inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
+               for v in (inner.lo, inner.hi)):
+            return False
+        if not all(c in SHUFFLE_CTYPES for c in self.storage_ctypes(s.buf_type(acc))):
+            return False
+        kinds, coalesced = set(), False
+        for o in inner.body.block.ops:
+            if isinstance(o, s.AccumOp):
+                if o.buf is not acc:
+                    return False
+                kinds.add(o.kind.data)
+            elif isinstance(o, s.LoadOp):
+                coalesced |= bool(o.idx) and o.idx[-1] is loop.iv and not register(o.buf)
+            elif not scalar_value(o):
+                return False
+        return len(kinds) == 1 and coalesced
+
     def independent(self, loop: s.ForOp) -> bool:
         """Iterations of a ``serial`` loop touch disjoint memory (or only count atomically)."""
         iv = loop.iv
@@ -330,6 +363,9 @@ def map_kernel(k: s.KernelOp) -> None:
             if f.host_ok(lp.lo) and f.host_ok(lp.hi):
                 if lp.kind.data == "parallel" and f.needs_block(lp):
                     m = GpuMapping.BLOCK
+                elif lp.kind.data == "parallel" and f.column_sliced(lp):
+                    m = GpuMapping.COLUMNS
+                    lp.body.block.ops.first.next_op.attributes[MAPPING] = GpuMappingAttr(GpuMapping.SLICES)
                 elif lp.kind.data == "parallel" or (lp.kind.data == "serial" and f.independent(lp)):
                     m = GpuMapping.FLAT
         for op in g:

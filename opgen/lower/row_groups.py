@@ -5,8 +5,9 @@ A group for dim X holds
   * "column" reductions over X that are outputs (``sum(..., axis=0)``),
   * row-local values: reductions and scatter-adds whose result leads with X and which only
     group members read, always at the current row — computed into per-row scratch first.
-Column reductions accumulate per fixed chunk of CHUNK rows into a workspace of partials, summed
-afterwards in chunk order: deterministic and independent of the thread count.
+Column reductions accumulate per fixed chunk of rows (CHUNK, or the target's ``chunk``) into a
+workspace of partials, summed afterwards in chunk order: deterministic and independent of the
+thread count. A chunk is the unit of parallelism of the row loop: the GPU takes smaller ones.
 Within a row, reads come before writes (column accumulations, then outputs, aliased ones last),
 so an output may alias an input read at the same element.
 """
@@ -46,7 +47,12 @@ class RowGroup:
 
 
 class RowGroupLowering(_Lowering):
-    """``lower-to-loops`` with row groups (falls back by raising NotFusable)."""
+    """``lower-to-loops`` with row groups (falls back by raising NotFusable); column reductions
+    take partials per ``chunk`` rows."""
+
+    def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int = CHUNK):
+        super().__init__(func, aliases)
+        self.chunk = chunk
 
     def sinks(self, v: SSAValue) -> set[SSAValue]:
         """Materialised values / returned values that consume ``v`` through inlined ops."""
@@ -171,7 +177,7 @@ class RowGroupLowering(_Lowering):
         skip = b.empty(*rests)
         partials: list[tuple[str, ir.ReduceOp, SSAValue, SSAValue]] = []
         if g.colreds:
-            nchunk = f"cdiv({x_dim},{CHUNK})"
+            nchunk = f"cdiv({x_dim},{self.chunk})"
             for name, r in g.colreds:
                 rest = list(ir.tensor_type(r.result).shape)
                 p = _Builder(self.kblock).alloc([nchunk, *rest], ir.tensor_type(r.x).dtype, "temp", top=True)
@@ -182,8 +188,8 @@ class RowGroupLowering(_Lowering):
                 rest = list(ir.tensor_type(r.result).shape)
                 a = b.alloc(rest, ir.tensor_type(r.x).dtype, "local", zero=True)
                 accs.append(a.result)
-            lo = b.scalar(ir.MulOp(c, b.const(CHUNK, "i64")))
-            hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(CHUNK, "i64"))), b.dim(x_dim)))
+            lo = b.scalar(ir.MulOp(c, b.const(self.chunk, "i64")))
+            hi = b.scalar(ir.MinOp(b.scalar(ir.AddOp(lo, b.const(self.chunk, "i64"))), b.dim(x_dim)))
             x = b.open(lo, hi, "serial", "x")
         else:
             (x,) = b.loops([x_dim], "parallel", "x", skip_if=skip)
@@ -234,7 +240,7 @@ class RowGroupLowering(_Lowering):
                 b.close_n(len(inner))
             b.close()  # c
             for name, r, p, _ in partials:
-                self.combine_partials(r, p, self.arg(name), f"cdiv({x_dim},{CHUNK})")
+                self.combine_partials(r, p, self.arg(name), f"cdiv({x_dim},{self.chunk})")
 
     def combine_partials(self, r: ir.ReduceOp, p: SSAValue, dst: SSAValue, nchunk: str) -> None:
         b = _Builder(self.kblock)

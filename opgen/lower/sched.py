@@ -122,6 +122,8 @@ class GpuMapping(StrEnum):
     MATMUL = "matmul"
     THREADS = "threads"  # (a loop inside a kernel's uniform code) strided over the block's threads
     BLOCK_REDUCE = "block_reduce"  # (a reduce loop inside uniform code) a fixed-tree block reduction
+    COLUMNS = "columns"  # a parallel loop summing a long loop per iteration: 32 iterations per block
+    SLICES = "slices"  # (the long loop of a columns kernel) each warp sums every 8th iteration
 
 
 @irdl_attr_definition

@@ -680,14 +680,15 @@ def reshape_index(b: _Builder, src: Sequence[str], dst: Sequence[str], idx: Sequ
 
 
 def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = True,  # type: ignore[assignment]
-               chain_rows: int | None = None, chain_groups: int | None = None) -> s.KernelOp:
+               chain_rows: int | None = None, chain_groups: int | None = None,
+               column_chunk: int | None = None) -> s.KernelOp:
     """Lower one function; with ``fuse``, matmul chains (opgen.lower.matmul_chain, tiles of
     ``chain_rows`` rows; one pass over ``chain_groups`` column groups when given) or row groups
-    (opgen.lower.row_groups) are formed where legal, else every materialised value gets its own
-    loop nest."""
+    (opgen.lower.row_groups, column partials per ``column_chunk`` rows) are formed where legal,
+    else every materialised value gets its own loop nest."""
     if fuse:
         from opgen.lower.matmul_chain import ROW_BLOCK, MatmulChainLowering
-        from opgen.lower.row_groups import RowGroupLowering
+        from opgen.lower.row_groups import CHUNK, RowGroupLowering
 
         try:
             return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK,
@@ -695,7 +696,7 @@ def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = Tr
         except NotFusable:
             pass
         try:
-            return RowGroupLowering(func, set(aliases)).run()
+            return RowGroupLowering(func, set(aliases), column_chunk or CHUNK).run()
         except NotFusable:
             pass
     return _Lowering(func, set(aliases)).run()
@@ -712,10 +713,13 @@ class LowerToLoops(ModulePass):
     #: matmul chains in one pass over this many column groups (None: two passes, each owning
     #: its outputs' rows; opgen.lower.matmul_chain)
     chain_groups: int | None = None
+    #: rows per partial of a row group's column reductions (None: opgen.lower.row_groups.CHUNK)
+    column_chunk: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in list(op.body.block.ops):
             if isinstance(f, ir.FuncOp):
-                k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups)
+                k = lower_func(f, set(f.aliased_outputs), self.fuse, self.chain_rows, self.chain_groups,
+                               self.column_chunk)
                 op.body.block.insert_op_before(k, f)
                 op.body.block.erase_op(f)
