@@ -303,6 +303,26 @@ def rms_norm_cuda(ops, unit_stride: bool):
     return k, source
 
 
+def test_columns_mapping_needs_a_fresh_register_summed_blindly(ops):
+    """map-gpu's columns mapping splits the summing loop over warps: only legal when the register
+    starts at zero and the loop never reads the running value (each warp would see its slice's)."""
+    from opgen.lower import gpu_map
+
+    k, _ = rms_norm_cuda(ops, unit_stride=True)
+    facts = gpu_map.KernelFacts(k)
+    (cols,) = [op for op in k.body.block.ops if gpu_map.mapping(op) == s.GpuMapping.COLUMNS]
+    assert facts.column_sliced(cols)
+    alloc, inner = list(cols.body.block.ops)[:2]
+    acc = next(o for o in inner.body.block.ops if isinstance(o, s.AccumOp))
+    peek = s.LoadOp(alloc.result, [])
+    inner.body.block.insert_op_before(peek, acc)
+    assert not facts.column_sliced(cols)
+    inner.body.block.erase_op(peek)
+    assert facts.column_sliced(cols)
+    alloc.zero = None  # (an accumulator that starts from what it held)
+    assert not facts.column_sliced(cols)
+
+
 def test_the_cuda_printer_follows_map_gpu(ops):
     """The printer decides no mapping: a kernel map-gpu maps onto blocks is launched over the
     grid; the same kernel marked ``single`` (always correct) is launched as one block."""

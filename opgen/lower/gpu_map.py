@@ -272,6 +272,8 @@ class KernelFacts:
                     return False
                 kinds.add(o.kind.data)
             elif isinstance(o, s.LoadOp):
+                if o.buf is acc:  # a running value: each warp would see only its own slice's
+                    return False
                 coalesced |= bool(o.idx) and o.idx[-1] is loop.iv and not register(o.buf)
             elif not scalar_value(o):
                 return False
