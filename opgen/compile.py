@@ -183,9 +183,8 @@ def build_cuda_library(src_dir: Path, include_dir: Path, out_dir: Path, verbose:
     link ``out_dir/libopgen_cuda.so``."""
     results = compile_cuda_objects(src_dir, include_dir, out_dir / "obj", verbose=verbose)
     lib = out_dir / "libopgen_cuda.so"
-    # (objects compiled by another build sharing obj/, e.g. the tests', are newer than the library)
-    if any(fresh for _, fresh in results) or not lib.exists() \
-            or any(o.stat().st_mtime > lib.stat().st_mtime for o, _ in results):
+    # an object newer than the library: compiled just now, or by another build sharing obj/ (the tests')
+    if not lib.exists() or any(o.stat().st_mtime > lib.stat().st_mtime for o, _ in results):
         link_cuda_library([o for o, _ in results], lib)
         if verbose:
             print(f"  [  link] {lib}", flush=True)

@@ -109,6 +109,11 @@ def inside(op: Operation | None, anc: Operation) -> bool:
     return False
 
 
+def defined_inside(v: SSAValue, op: Operation) -> bool:
+    """``v`` is computed (or is a block argument) inside ``op``."""
+    return inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), op)
+
+
 def register(buf: SSAValue) -> bool:
     """A rank-0 local buffer: a register of the thread (or of every thread, in uniform code)."""
     t = s.buf_type(buf)
@@ -226,8 +231,7 @@ class KernelFacts:
             inner = ops[-1]
             if not all(scalar_value(o) for o in ops[:-1]):
                 break
-            if any(inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
-                   for v in (inner.lo, inner.hi)):
+            if any(defined_inside(v, loop) for v in (inner.lo, inner.hi)):
                 break
             chain.append(inner)
         if len(chain) > 1:  # the scalar code between the loops now runs once per element: it must
@@ -260,8 +264,7 @@ class KernelFacts:
         if not register(acc) or ops[0].zero is None or not ops[0].zero.data \
                 or inner.kind.data not in ("serial", "reduce"):
             return False
-        if any(inside(v.owner if isinstance(v.owner, Operation) else v.owner.parent_op(), loop)
-               for v in (inner.lo, inner.hi)):
+        if any(defined_inside(v, loop) for v in (inner.lo, inner.hi)):
             return False
         if not all(c in SHUFFLE_CTYPES for c in self.storage_ctypes(s.buf_type(acc))):
             return False

@@ -50,9 +50,9 @@ class RowGroupLowering(_Lowering):
     """``lower-to-loops`` with row groups (falls back by raising NotFusable); column reductions
     take partials per ``chunk`` rows."""
 
-    def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int = CHUNK):
+    def __init__(self, func: ir.FuncOp, aliases: set[str], chunk: int | None = None):
         super().__init__(func, aliases)
-        self.chunk = chunk
+        self.chunk = chunk or CHUNK
 
     def sinks(self, v: SSAValue) -> set[SSAValue]:
         """Materialised values / returned values that consume ``v`` through inlined ops."""

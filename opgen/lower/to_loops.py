@@ -688,7 +688,7 @@ def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = Tr
     else every materialised value gets its own loop nest."""
     if fuse:
         from opgen.lower.matmul_chain import ROW_BLOCK, MatmulChainLowering
-        from opgen.lower.row_groups import CHUNK, RowGroupLowering
+        from opgen.lower.row_groups import RowGroupLowering
 
         try:
             return MatmulChainLowering(func, set(aliases), row_block=chain_rows or ROW_BLOCK,
@@ -696,7 +696,7 @@ def lower_func(func: ir.FuncOp, aliases: set[str] = frozenset(), fuse: bool = Tr
         except NotFusable:
             pass
         try:
-            return RowGroupLowering(func, set(aliases), column_chunk or CHUNK).run()
+            return RowGroupLowering(func, set(aliases), column_chunk).run()
         except NotFusable:
             pass
     return _Lowering(func, set(aliases)).run()
