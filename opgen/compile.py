@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,14 +45,22 @@ def compile_cached(tool: str, key_tool: str, flags: list[str], includes: list[st
     obj = obj_dir / f"{src.stem}.{key}.o"
     if obj.exists():
         return obj, False
-    cmd = [tool, *flags, *includes, "-c", str(src), "-o", str(obj) + ".tmp"]
+    tmp = scratch_name(obj)
+    cmd = [tool, *flags, *includes, "-c", str(src), "-o", tmp]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}")
     for old in obj_dir.glob(f"{src.stem}.*.o"):
-        old.unlink()
-    os.replace(str(obj) + ".tmp", obj)
+        old.unlink(missing_ok=True)  # (another build of this directory may have removed it first)
+    os.replace(tmp, obj)
     return obj, True
+
+
+def scratch_name(out: Path) -> str:
+    """Where a compiler writes ``out`` before it is renamed into place: a name of this process and
+    thread, so that two builds of one directory at once (test workers, two ``opgen build`` runs)
+    never write, or rename away, each other's half-written file."""
+    return f"{out}.{os.getpid()}-{threading.get_ident()}.tmp"
 
 
 def compiler() -> str:
@@ -108,12 +117,12 @@ def _build_library(src_dir: Path, include_dir: Path, out_dir: Path, sanitize: bo
         for o in rebuilt:
             print(f"  [    cc] {o.name.split('.')[0]}.c", flush=True)
     if rebuilt or not lib.exists():
-        cmd = [cc, "-shared", "-fopenmp", *(SANITIZE if sanitize else []), "-o", str(lib) + ".tmp",
-               *map(str, objs), "-lm"]
+        tmp = scratch_name(lib)
+        cmd = [cc, "-shared", "-fopenmp", *(SANITIZE if sanitize else []), "-o", tmp, *map(str, objs), "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise CompileError(f"{' '.join(cmd)}\n{r.stderr[-4000:]}")
-        os.replace(str(lib) + ".tmp", lib)
+        os.replace(tmp, lib)
         if verbose:
             print(f"  [  link] {lib}", flush=True)
     return lib
@@ -193,8 +202,9 @@ def build_cuda_library(src_dir: Path, include_dir: Path, out_dir: Path, verbose:
 
 def link_cuda_library(objs: list[Path], lib: Path) -> None:
     """Link nvcc objects into the shared library ``lib`` (exporting only the plain ABI)."""
-    cmd = [str(nvcc()), *NVCC_LINK, *GENCODE, "-o", str(lib) + ".tmp", *map(str, objs)]
+    tmp = scratch_name(lib)
+    cmd = [str(nvcc()), *NVCC_LINK, *GENCODE, "-o", tmp, *map(str, objs)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
-    os.replace(str(lib) + ".tmp", lib)
+    os.replace(tmp, lib)

@@ -142,3 +142,26 @@ def test_out_dir_builds_never_touch_the_repository_build(broken_ops: Path) -> No
     assert str(broken_ops / "other" / "include") in config
     pc = (broken_ops / "other.build" / "cpu" / "opgen.pc").read_text()
     assert f"libdir={broken_ops / 'other.build' / 'cpu'}" in pc
+
+
+def test_concurrent_compiles_of_one_object_all_succeed(tmp_path: Path) -> None:
+    """Builds sharing an object directory (test workers, two ``opgen build`` runs) may compile the
+    same source at the same time: each writes its own scratch file and renames it into place, so
+    every one succeeds and the object is whole (a fixed ``<obj>.tmp`` name let one build rename
+    away the file another was about to rename: FileNotFoundError)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opgen.compile import compile_cached, compiler
+
+    src = tmp_path / "k.c"
+    src.write_text("".join(f"int f{i}(int x) {{ return x * {i} + {i * i}; }}\n" for i in range(400)))
+    obj_dir = tmp_path / "obj"
+    obj_dir.mkdir()
+    cc = compiler()
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        results = list(ex.map(lambda _: compile_cached(cc, cc, ["-O1"], [], src, obj_dir, b""), range(8)))
+    (obj,) = {o for o, _ in results}
+    assert sorted(p.name for p in obj_dir.iterdir()) == [obj.name]  # no scratch file left behind
+    nm = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert "T f399" in nm and "T f0" in nm

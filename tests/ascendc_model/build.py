@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from opgen.compile import CompileError, compile_cached
+from opgen.compile import CompileError, compile_cached, scratch_name
 
 HERE = Path(__file__).resolve().parent
 RUNTIME = HERE / "ascendc_model_runtime.cpp"
@@ -266,10 +266,11 @@ def _build(sources: Mapping[str, str], out_dir: Path, include_dirs: Iterable[Pat
     stamp = hashlib.sha256(b"".join(o.name.encode() for o in objs)).hexdigest()
     stamp_file = lib.with_suffix(".stamp")
     if not lib.exists() or not stamp_file.exists() or stamp_file.read_text() != stamp:
-        cmd = [tool, "-shared", "-pthread", "-o", str(lib) + ".tmp", *map(str, objs)]
+        tmp = scratch_name(lib)
+        cmd = [tool, "-shared", "-pthread", "-o", tmp, *map(str, objs)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise ModelBuildError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
-        os.replace(str(lib) + ".tmp", lib)
+        os.replace(tmp, lib)
         stamp_file.write_text(stamp)
     return lib

@@ -14,7 +14,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from opgen.compile import CompileError, compile_cached
+from opgen.compile import CompileError, compile_cached, scratch_name
 
 HERE = Path(__file__).resolve().parent
 FLAGS = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing"]
@@ -118,10 +118,11 @@ def build(sources: dict[str, str], out_dir: Path, tsan: bool = False) -> Path:
     stamp = hashlib.sha256(b"".join(o.name.encode() for o in objs)).hexdigest()
     stamp_file = lib.with_suffix(".stamp")
     if not lib.exists() or not stamp_file.exists() or stamp_file.read_text() != stamp:
-        cmd = [tool, "-shared", "-pthread", *(TSAN if tsan else []), "-o", str(lib) + ".tmp", *map(str, objs)]
+        tmp = scratch_name(lib)
+        cmd = [tool, "-shared", "-pthread", *(TSAN if tsan else []), "-o", tmp, *map(str, objs)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise EmuBuildError(f"{' '.join(cmd)}\n{(r.stdout + r.stderr)[-4000:]}")
-        os.replace(str(lib) + ".tmp", lib)
+        os.replace(tmp, lib)
         stamp_file.write_text(stamp)
     return lib
