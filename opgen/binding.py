@@ -194,7 +194,7 @@ def _bind_tensor(b: Binding, pname: str, spec: TensorSpec, arr: np.ndarray) -> n
         prev = b.batch_shapes.setdefault(lead.name, bshape)
         if prev != bshape:
             raise OpError("shape", f"{pname}: leading shape {bshape} differs from {prev}")
-        _bind_dim(b, pname, lead.name, int(np.prod(bshape, dtype=np.int64)))
+        _bind_dim(b, pname, lead.name, math.prod(bshape))
         rest, rest_spec = shape[nb:], spec.shape[1:]
         logical = arr.reshape((b.dims[lead.name], *rest))
     else:

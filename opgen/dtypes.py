@@ -85,6 +85,8 @@ F64 = _dt("f64", "float", 64, np.float64, "double", 14, 11)
 
 ALL: tuple[DType, ...] = (BOOL, I8, I16, I32, I64, U8, U16, U32, U64, F16, BF16, F32, F64)
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
+_CODE: dict[str, int] = {d.name: i for i, d in enumerate(ALL)}
+_BY_NUMPY: dict[np.dtype, DType] = {d.np_dtype: d for d in ALL}
 FLOATS = (F16, BF16, F32, F64)
 INTS = (I8, I16, I32, I64, U8, U16, U32, U64)
 
@@ -100,10 +102,16 @@ def by_name(name: str) -> DType:
 def from_numpy(dt: np.dtype | type) -> DType:
     """The opgen dtype of a numpy dtype (ml_dtypes.bfloat16 included)."""
     npd = np.dtype(dt)
-    for d in ALL:
-        if d.np_dtype == npd:
-            return d
-    raise KeyError(f"numpy dtype {npd} has no opgen equivalent")
+    d = _BY_NUMPY.get(npd)
+    if d is None:
+        raise KeyError(f"numpy dtype {npd} has no opgen equivalent")
+    return d
+
+
+def code(d: DType) -> int:
+    """``d``'s value in the C ABI's opgen_dtype_t: its position in :data:`ALL` (a dict lookup: the
+    binding asks once per tensor per call)."""
+    return _CODE[d.name]
 
 
 _RANK = {"bool": 0, "uint": 1, "int": 1, "float": 2}

@@ -87,7 +87,7 @@ def describe(arr: np.ndarray, what: str = "tensor", check_aligned: bool = True) 
         raise OpError("param", f"{what}: the data address is not aligned to the {item}-byte item size")
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
     strides = (ctypes.c_int64 * max(arr.ndim, 1))(*(st // item for st in arr.strides))
-    desc = TensorDesc(arr.ctypes.data if arr.size else None, dtypes.ALL.index(d), arr.ndim, shape, strides)
+    desc = TensorDesc(arr.ctypes.data if arr.size else None, dtypes.code(d), arr.ndim, shape, strides)
     return desc, (shape, strides, arr)
 
 

@@ -89,7 +89,7 @@ def describe(t: Any, what: str = "tensor") -> tuple[TensorDesc, tuple[Any, ...]]
         d = dtypes.BY_NAME[dtype_name(t)]
     except KeyError:
         raise OpError("dtype", f"{what}: unsupported dtype {t.dtype}") from None
-    desc = TensorDesc(t.data_ptr() if t.numel() else None, dtypes.ALL.index(d), t.dim(), shape, strides)
+    desc = TensorDesc(t.data_ptr() if t.numel() else None, dtypes.code(d), t.dim(), shape, strides)
     return desc, (shape, strides, t)
 
 
