@@ -26,7 +26,7 @@ from opgen.binding import OpError
 from opgen.emit import ascendc
 from tests.ascendc_model import build as model
 from tests.cpu_cases import rms_args
-from tests.test_new_op_backends import LN_CAST
+from tests.test_new_op_backends import GELU, GELU_TANH, LN_CAST
 
 REPO = registry.REPO_ROOT
 OUT = REPO / "build" / "ascendc-model"
@@ -106,6 +106,31 @@ def target_logit_grad(x: Tensor[T, BT, H], w: Tensor[T, V, H], lmax: Tensor[f32,
 '''
 
 
+#: per-element conditions: comparisons against a tile, a per-row value and scalars (either side),
+#: selects of two tiles and of a tile and a scalar, a comparison used as a number
+MASK_OPS = '''
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16, f16)
+
+
+@op
+def relu_backward(grad: Tensor[T, Batch(N), D], x: Tensor[T, Batch(N), D], *, dx: Output[T, Batch(N), D]):
+    """dx = grad where x > 0, else 0 (NaN: 0)."""
+    return {"dx": where(x > 0, grad, 0.0)}
+
+
+@op
+def clip_grad(g: Tensor[T, N, D], x: Tensor[T, N, D], lo: Tensor[T, N], *, dx: Output[T, N, D],
+              hits: Output[T, N, D]):
+    """The gradient of clip(x, lo, 1) (per-row lower bounds), and 1 where x sits on the lower bound
+    or 2.5 <= g (a scalar on the left), else -3."""
+    inside = where(x > lo[:, None], g, x * 0.0)
+    return {"dx": inside * cast(x <= 1.0, f32), "hits": where((x == lo[:, None]) | (2.5 <= g), 1.0, -3.0)}
+'''
+
+
 def target_cases(rng: np.random.Generator, BT: int = 40, H: int = 24, V: int = 70) -> list[tuple[str, dict]]:
     """target_logit_grad's arguments with targets of four dtypes: fractions, negatives, NaN and
     values past V (the softmax statistics computed in f32 from the inputs)."""
@@ -143,6 +168,9 @@ def new_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     (ops / "gate.py").write_text(GATE_OP)
     (ops / "target.py").write_text(TARGET_OP)
     (ops / "ln_cast.py").write_text(LN_CAST)
+    (ops / "mask.py").write_text(MASK_OPS)
+    (ops / "gelu.py").write_text(GELU)
+    (ops / "gelu_tanh.py").write_text(GELU_TANH)
     env = dict(os.environ, OPGEN_OPS_DIR=str(ops))
     r = subprocess.run([sys.executable, "-m", "opgen.cli", "build", "--out", str(root / "generated"), "-q"],
                        cwd=REPO, env=env, capture_output=True, text=True)
@@ -339,6 +367,53 @@ def test_new_ops_on_the_model(new_ops, tmp_path):
     _bitwise_across_cores(lib, _new_cases(), tmp_path, env)
 
 
+def _mask_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """Per-element conditions and the expanded erf/tanh (the shared polynomial kernels): values on
+    both sides of every threshold and branch point, exact ties, +-0, NaN and +-inf, tiles whose
+    elements are no whole number of 256-byte repeats (the comparisons round their count up)."""
+    from tests.cpu_cases import floats
+
+    rng = np.random.default_rng(19)
+    special = np.array([0.0, -0.0, 1.0, -1.0, 2.5, np.nan, np.inf, -np.inf, 0.875, -0.875, 0.55, 3.925, -3.925,
+                        5.0, -9.5, 1e-30, -1e-38, 0.3, 12.0, -40.0], np.float64)
+    cases = []
+    for T in ("f32", "bf16", "f16"):
+        for shape in ((9, 33), (130, 64), (2, 5, 17), (0, 4), (1, 1), (3, 70)):
+            n = int(np.prod(shape))
+            x = np.resize(special, n).reshape(shape) * (1 + rng.random(shape) * (rng.random(shape) < 0.5))
+            x = x.astype(NP_FLOAT[T])
+            g = floats(rng, shape, T)
+            cases.append((f"relu-{T}-{shape}", "relu_backward", {"grad": g, "x": x}))
+            w = (rng.standard_normal(shape) * 3).astype(NP_FLOAT[T])
+            if n:
+                w.reshape(-1)[::7] = x.reshape(-1)[::7]
+            mixed = np.where(rng.random(shape) < 0.5, x, w)
+            cases.append((f"gelu-{T}-{shape}", "gelu_backward", {"grad": g, "x": mixed}))
+            if T != "f16":
+                cases.append((f"gelu-tanh-{T}-{shape}", "gelu_tanh_backward", {"grad": g, "x": w}))
+            if len(shape) == 2:
+                lo = x[:, 0].copy() if shape[1] else np.zeros(shape[0], NP_FLOAT[T])
+                cases.append((f"clip-{T}-{shape}", "clip_grad", {"g": (g * 3).astype(NP_FLOAT[T]), "x": x, "lo": lo}))
+    return cases
+
+
+def test_per_element_conditions_and_expanded_math_on_the_model(new_ops, tmp_path):
+    """where() by comparisons (Compare / CompareScalar into bit masks, Select, Or of masks, a mask
+    cast to a number) and GELU backward in both forms (erf and tanh expanded into the shared
+    polynomial kernels: the A2 vector unit has neither) against the oracle, bitwise across cores."""
+    lib, env = new_ops
+    from opgen import registry
+    from opgen.emit import ascendc
+
+    ops = registry.load_all(env["OPGEN_OPS_DIR"])
+    for name in ("relu_backward", "clip_grad", "gelu_backward", "gelu_tanh_backward"):
+        assert ascendc.unsupported_reason(ops[name]) is None, name
+    src = ascendc.op_sources(ops["clip_grad"])["ascendc/clip_grad_kernel.cpp"]
+    for call in ("Compare(", "CompareScalar(", "Or(", "VSEL_TENSOR_TENSOR_MODE", "VSEL_TENSOR_SCALAR_MODE"):
+        assert call in src, call
+    _bitwise_across_cores(lib, _mask_cases(), tmp_path, env, cores=(1, 3))
+
+
 def test_column_sums_behind_a_cast_on_the_model(new_ops, tmp_path):
     """LayerNorm backward from saved f32 statistics with its weight/bias gradients cast from
     f32 column sums (tests/test_new_op_backends.py's LN_CAST): fused into the row tiles as
@@ -461,10 +536,10 @@ from opgen.dsl import *
 N, D = dims("N D")
 
 @op
-def tanh_backward(y: Tensor[f32, N, D], g: Tensor[f32, N, D], *, dx: Output[f32, N, D]):
-    return {"dx": g * (1 - tanh(y) * tanh(y))}
+def half_rows(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+    return {"y": concat([x[:, D // 2:], x[:, :D // 2]], axis=1)}
 """})
-    assert ascendc.unsupported_reason(ops["tanh_backward"]) == "tanh"
+    assert ascendc.unsupported_reason(ops["half_rows"]) == "slicing with bounds"
 
 
 def test_static_report_meets_the_goals():

@@ -184,6 +184,12 @@ extern "C" __global__ __aicore__ void rules(GM_ADDR gm, uint32_t which) {
         break;
     }
     case 37: { pipe.InitBuffer(b, 1024); LocalTensor<float> t = b.Get<float>(); t.GetValue(256); break; }
+    case 38: {
+        pipe.InitBuffer(b, 1024);
+        LocalTensor<float> t = b.Get<float>();
+        CompareScalar(t[128].ReinterpretCast<uint8_t>(), t, 0.5f, CMPMODE::GT, 72);
+        break;
+    }
     }
 }
 """
@@ -443,38 +449,51 @@ __aicore__ inline void red(GM_ADDR src, GM_ADDR out, uint32_t op, uint32_t n) {
 RED(red_f32, float)
 RED(red_f16, half)
 
+/* Compare / CompareScalar into bit masks, Select both ways, And / Or / Not of the masks as uint16_t
+ * words (logic: and, or, not of the two masks, n / 8 bytes each) */
 template <typename T>
-__aicore__ inline void cmpsel(GM_ADDR a, GM_ADDR b, GM_ADDR mask_out, GM_ADDR sel, GM_ADDR sel2, uint32_t mode,
-                              uint32_t n) {
+__aicore__ inline void cmpsel(GM_ADDR a, GM_ADDR b, GM_ADDR mask_out, GM_ADDR sel, GM_ADDR sel2, GM_ADDR smask_out,
+                              GM_ADDR logic_out, uint32_t mode, uint32_t n) {
     TPipe pipe;
-    TBuf<> ba, bb, bm, bz, bz2;
+    TBuf<> ba, bb, bm, bz, bz2, bs, bl;
     pipe.InitBuffer(ba, n * sizeof(T));
     pipe.InitBuffer(bb, n * sizeof(T));
     pipe.InitBuffer(bm, n / 8);
     pipe.InitBuffer(bz, n * sizeof(T));
     pipe.InitBuffer(bz2, n * sizeof(T));
+    pipe.InitBuffer(bs, n / 8);
+    pipe.InitBuffer(bl, 3 * n / 8);
     GlobalTensor<T> ga, gb, gz, gz2;
-    GlobalTensor<uint8_t> gm;
+    GlobalTensor<uint8_t> gm, gs, gl;
     ga.SetGlobalBuffer((__gm__ T *)a, n);
     gb.SetGlobalBuffer((__gm__ T *)b, n);
     gz.SetGlobalBuffer((__gm__ T *)sel, n);
     gz2.SetGlobalBuffer((__gm__ T *)sel2, n);
     gm.SetGlobalBuffer((__gm__ uint8_t *)mask_out, n / 8);
+    gs.SetGlobalBuffer((__gm__ uint8_t *)smask_out, n / 8);
+    gl.SetGlobalBuffer((__gm__ uint8_t *)logic_out, 3 * n / 8);
     LocalTensor<T> x = ba.Get<T>(), y = bb.Get<T>(), z = bz.Get<T>(), z2 = bz2.Get<T>();
-    LocalTensor<uint8_t> m = bm.Get<uint8_t>();
+    LocalTensor<uint8_t> m = bm.Get<uint8_t>(), ms = bs.Get<uint8_t>(), lg = bl.Get<uint8_t>();
     DataCopy(x, ga, n);
     DataCopy(y, gb, n);
     Compare(m, x, y, (CMPMODE)mode, n);
+    CompareScalar(ms, x, (T)1.5f, (CMPMODE)mode, n);
     Select(z, m, x, y, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
     Select(z2, m, x, (T)2.5f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+    const int32_t words = (int32_t)(n / 16);
+    And(lg.ReinterpretCast<uint16_t>(), m.ReinterpretCast<uint16_t>(), ms.ReinterpretCast<uint16_t>(), words);
+    Or(lg[n / 8].ReinterpretCast<uint16_t>(), m.ReinterpretCast<uint16_t>(), ms.ReinterpretCast<uint16_t>(), words);
+    Not(lg[n / 4].ReinterpretCast<uint16_t>(), m.ReinterpretCast<uint16_t>(), words);
     DataCopyPad(gm, m, DataCopyExtParams{1, n / 8, 0, 0, 0});
+    DataCopyPad(gs, ms, DataCopyExtParams{1, n / 8, 0, 0, 0});
+    DataCopyPad(gl, lg, DataCopyExtParams{1, 3 * n / 8, 0, 0, 0});
     DataCopy(gz, z, n);
     DataCopy(gz2, z2, n);
 }
 #define CMPSEL(name, T)                                                                                  \
     extern "C" __global__ __aicore__ void name(GM_ADDR a, GM_ADDR b, GM_ADDR m, GM_ADDR s, GM_ADDR s2,     \
-                                               uint32_t mode, uint32_t n) {                              \
-        cmpsel<T>(a, b, m, s, s2, mode, n);                                                              \
+                                               GM_ADDR ms, GM_ADDR lg, uint32_t mode, uint32_t n) {      \
+        cmpsel<T>(a, b, m, s, s2, ms, lg, mode, n);                                                      \
     }
 CMPSEL(cmpsel_f32, float)
 CMPSEL(cmpsel_f16, half)
@@ -1067,6 +1086,7 @@ RULE_CASES = [
     (35, 1, None, 0, "model", "a second TPipe"),
     (36, 1, None, 0, "model", "Cast int32_t->half works with SetDeqScale"),
     (37, 1, None, 0, "bounds", "LocalTensor::GetValue(256): index out of range"),
+    (38, 1, None, 7, "vector op", "CompareScalar: count 72 x float = 288 B is not a multiple of 256 B"),
 ]
 
 
@@ -1451,18 +1471,23 @@ def test_compare_and_select(lib: Path, rng: np.random.Generator, kname: str, dt)
     a[:2] = np.nan
     names = ["LT", "GT", "EQ", "LE", "GE", "NE"]
     calls, arrays = [], {"a": a, "b": b}
+    a[5:9] = 1.5  # (ties with CompareScalar's scalar)
     for i, m in enumerate(names):
-        calls.append(kernel(kname, 1, "a", "b", f"m_{m}", f"s_{m}", f"s2_{m}", i, n))
-        arrays |= {f"m_{m}": np.zeros(n // 8, np.uint8), f"s_{m}": np.zeros(n, dt), f"s2_{m}": np.zeros(n, dt)}
+        calls.append(kernel(kname, 1, "a", "b", f"m_{m}", f"s_{m}", f"s2_{m}", f"ms_{m}", f"lg_{m}", i, n))
+        arrays |= {f"m_{m}": np.zeros(n // 8, np.uint8), f"s_{m}": np.zeros(n, dt), f"s2_{m}": np.zeros(n, dt),
+                   f"ms_{m}": np.zeros(n // 8, np.uint8), f"lg_{m}": np.zeros(3 * n // 8, np.uint8)}
     res, _ = run(lib, calls, **arrays)
     ops = {"LT": np.less, "GT": np.greater, "EQ": np.equal, "LE": np.less_equal, "GE": np.greater_equal,
            "NE": np.not_equal}
     with np.errstate(invalid="ignore"):
         for m in names:
-            bits = ops[m](a, b)
+            bits, sbits = ops[m](a, b), ops[m](a, dt(1.5))
             np.testing.assert_array_equal(res[f"m_{m}"], np.packbits(bits, bitorder="little"), err_msg=m)
+            np.testing.assert_array_equal(res[f"ms_{m}"], np.packbits(sbits, bitorder="little"), err_msg=m)
             np.testing.assert_array_equal(res[f"s_{m}"], np.where(bits, a, b), err_msg=m)
             np.testing.assert_array_equal(res[f"s2_{m}"], np.where(bits, a, dt(2.5)), err_msg=m)
+            logic = np.concatenate([bits & sbits, bits | sbits, ~bits])
+            np.testing.assert_array_equal(res[f"lg_{m}"], np.packbits(logic, bitorder="little"), err_msg=m)
 
 
 # ---------------------------------------------------------------------------------------------

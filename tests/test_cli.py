@@ -249,11 +249,22 @@ def test_ttmetal_report_on_the_command_line(capsys):
 
 
 def test_list_names_every_target_when_ascendc_lacks_the_op(op_files):
-    """An exact GELU backward (erf: no Ascend C form yet) still lists what TT-Metal has; before,
-    the line stopped at Ascend C's refusal."""
+    """An op Ascend C refuses still gets TT-Metal's verdict on the line (before, the line stopped
+    at Ascend C's refusal); exact GELU (erf, now a polynomial kernel on the tile level) is listed
+    with its dtypes on both NPU targets."""
     from opgen.cli import _targets_line
     from tests.test_new_op_backends import GELU
 
-    line = _targets_line(op_files({"gelu.py": GELU})["gelu_backward"])
-    assert "ascendc: not supported (erf)" in line
-    assert "ttmetal: T=bf16; T=f32" in line, line
+    ops = op_files({"gelu.py": GELU, "odd.py": """
+from opgen.dsl import *
+N, D = dims("N D")
+
+@op
+def half_rows(x: Tensor[f32, N, D], *, y: Output[f32, N, D]):
+    return {"y": concat([x[:, D // 2:], x[:, :D // 2]], axis=1)}
+"""})
+    line = _targets_line(ops["half_rows"])
+    assert "ascendc: not supported (slicing with bounds)" in line, line
+    assert "ttmetal: not supported (slicing with bounds)" in line, line
+    line = _targets_line(ops["gelu_backward"])
+    assert "ascendc: all" in line and "ttmetal: T=bf16; T=f32" in line, line

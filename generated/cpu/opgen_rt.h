@@ -216,7 +216,7 @@ static inline float opgen_expf(float x) {
  * needed both: 2-3x the time); beyond, +-1; NaN NaN. (Clamped on the bits, with no select for
  * the +-1 beyond or for NaN: the same bits as three selects, 27% less time in cache on AVX2.)
  * Maximum error measured over every f32 input: docs/backend_cpu.md (tests/test_vector_math.py). */
-static inline float opgen_erff(float x) {
+static inline float opgen_erff(float x) { /* (coefficients: opgen/vmath.py, shared with Ascend C's expansion) */
     const float ax = fabsf(x), t = x * x;
     float q = -0.000621850333703725f;
     q = fmaf(q, t, 0.005035122163087297f);
@@ -255,7 +255,7 @@ static inline float opgen_erff(float x) {
  * for opgen, degree 5); beyond, 1 - 2 / (exp(2|x|) + 1) with x's sign (exactly +-1 from 9.0109 on);
  * NaN NaN. Maximum error measured over every f32 input: docs/backend_cpu.md
  * (tests/test_vector_math.py). */
-static inline float opgen_tanhf(float x) {
+static inline float opgen_tanhf(float x) { /* (coefficients: opgen/vmath.py) */
     const float ax = fabsf(x), t = x * x;
     float q = 0.0025284624216840666f;
     q = fmaf(q, t, -0.008527901334843942f);

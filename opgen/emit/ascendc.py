@@ -41,10 +41,10 @@ from opgen.ir import dialect as ir
 from opgen.lower.boundary import TARGETS as BOUNDARY_TARGETS
 from opgen.passes import pipeline
 from opgen.tile import dialect as t
-from opgen.tile.buffers import layout
+from opgen.tile.buffers import is_mask, layout
 from opgen.tile.indices import INDEX_DTYPES
 from opgen.tile.lower import TileUnsupported
-from opgen.tile.sizes import TILING_BYTES
+from opgen.tile.sizes import MASK_GRAIN, TILING_BYTES
 
 #: storage C types on the AI core
 ACL_CTYPE = {"f32": "float", "f16": "half", "bf16": "bfloat16_t", "i32": "int32_t", "i64": "int64_t",
@@ -67,6 +67,9 @@ PLATFORM = {"cores": "cores", "ub_bytes": "ub_bytes", "sys_ws_bytes": "opgen_asc
 #: the Matmul API's names of the matrix unit's operand dtypes
 MM_DTYPE = {"f16": "DT_FLOAT16", "bf16": "DT_BF16", "f32": "DT_FLOAT"}
 C_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+#: the vector unit's comparison modes, and each predicate with its operands swapped
+CMP_MODE = {"eq": "EQ", "ne": "NE", "lt": "LT", "le": "LE", "gt": "GT", "ge": "GE"}
+CMP_SWAPPED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
 def _cbool(a: IntAttr) -> str:
@@ -543,6 +546,20 @@ class AscendPrinter:
                 self.line(f"for (int64_t {r} = 0; {r} < {rows}; {r}++) "
                           f"DataCopy({dst}[{r} * {pitch}], {self.name(src)}, (uint32_t){pitch});")
             return
+        if isinstance(op, ir.CmpOp):
+            self.compare(op, dst)
+            return
+        if is_mask(v):  # and/or/not of masks: on their bits, 16 at a time
+            words = f"(int32_t)(({count} + {MASK_GRAIN - 1}) / {MASK_GRAIN} * {MASK_GRAIN // 16})"
+            bits = [f"{self.name(x)}.ReinterpretCast<uint16_t>()" for x in op.operands]
+            fn = {ir.AndOp: "And", ir.OrOp: "Or", ir.NotOp: "Not"}[type(op)]
+            self.line(f"{fn}({dst}.ReinterpretCast<uint16_t>(), {', '.join(bits)}, {words});")
+            return
+        if isinstance(op, ir.CastOp) and is_mask(op.x):  # 1 where the mask's bit is set, else 0
+            self.line(f"Duplicate({dst}, (float)1, {count});")
+            self.line(f"Select({dst}, {self.name(op.x)}, {dst}, (float)0, SELMODE::VSEL_TENSOR_SCALAR_MODE, "
+                      f"(uint32_t){count});")
+            return
         if isinstance(op, ir.CastOp):
             src_dt = ir.tensor_type(op.x).dtype
             dst_dt = ir.tensor_type(v).dtype
@@ -629,13 +646,55 @@ class AscendPrinter:
         else:
             self.line(f"Add({row}, {row}, {self.name(op.value)}, (int32_t){pitch});")
 
+    def compare(self, op: ir.CmpOp, dst: str) -> None:
+        """A comparison into a mask (a bit an element): ``Compare``, or ``CompareScalar`` against
+        a folded scalar. Both cover whole 256-byte repeats: the count is rounded up to them
+        (plan-buffers padded the operands' buffers, size-tiles sized the mask)."""
+        what = self.k.sym_name.data
+        if any(ir.tensor_type(x).dtype != "f32" for x in op.operands):
+            raise TileUnsupported(what, "a comparison of tiles that are not f32")
+        self.check_mask_uses(op.result)
+        count = f"(uint32_t)(({self.count_of(op.result)} + {MASK_GRAIN - 1}) / {MASK_GRAIN} * {MASK_GRAIN})"
+        a, b = op.operands
+        pred = op.predicate.data
+        if self._bcast(a) is not None:  # s < x is x > s
+            a, b, pred = b, a, CMP_SWAPPED[pred]
+        mode = f"CMPMODE::{CMP_MODE[pred]}"
+        folded = self._bcast(b)
+        if folded is None:
+            self.line(f"Compare({dst}, {self.name(a)}, {self.name(b)}, {mode}, {count});")
+        else:
+            self.line(f"CompareScalar({dst}, {self.name(a)}, (float){folded[1]}, {mode}, {count});")
+
+    def check_mask_uses(self, v: SSAValue) -> None:
+        """A mask is a select's condition, cast to a float, or and/or/not-ed with masks."""
+        for u in v.uses:
+            o = u.operation
+            if isinstance(o, ir.AndOp | ir.OrOp | ir.NotOp) and is_mask(o.results[0]):
+                self.check_mask_uses(o.results[0])
+            elif not (isinstance(o, ir.SelectOp) and u.index == 0) and \
+                    not (isinstance(o, ir.CastOp) and dtypes.by_name(ir.tensor_type(o.result).dtype).is_float):
+                raise TileUnsupported(self.k.sym_name.data,
+                                      "a comparison used other than as a select's condition or a number")
+
     def select(self, op: ir.SelectOp, dst: str) -> None:
-        """A select on tiles whose condition is one scalar (a folded broadcast): a copy of the
-        operand it picks."""
-        cond = self._bcast(op.cond)
-        if cond is None or cond[0] != "scalar":
-            raise TileUnsupported(self.k.sym_name.data, "a select on tiles by a per-element condition")
+        """A select on tiles: by a mask (a comparison), ``Select`` of two tiles or of a tile and a
+        folded scalar; by one scalar condition (a folded broadcast), a copy of the operand it
+        picks."""
         v = op.result
+        cond = self._bcast(op.cond)
+        if cond is None:  # a mask
+            count = f"(uint32_t){self.count_of(v)}"
+            other = self._bcast(op.b)
+            if other is None:
+                self.line(f"Select({dst}, {self.name(op.cond)}, {self.name(op.a)}, {self.name(op.b)}, "
+                          f"SELMODE::VSEL_TENSOR_TENSOR_MODE, {count});")
+            else:
+                self.line(f"Select({dst}, {self.name(op.cond)}, {self.name(op.a)}, (float){other[1]}, "
+                          f"SELMODE::VSEL_TENSOR_SCALAR_MODE, {count});")
+            return
+        if cond[0] != "scalar":
+            raise TileUnsupported(self.k.sym_name.data, "a select on tiles by a per-row or per-column condition")
         count = self.count_of(v)
         self.line(f"if ({cond[1]}) {{")
         for i, x in enumerate((op.a, op.b)):

@@ -28,15 +28,19 @@ STATUS_C = {s["abstract"]: s["c"] for s in STATUSES if "abstract" in s}
 
 @cache
 def env() -> jinja2.Environment:
-    return jinja2.Environment(
+    from opgen import vmath
+
+    e = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(registry.REPO_ROOT / "templates")),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=False,
         lstrip_blocks=False)
+    e.globals["vm"] = vmath  # (a global: templates that import macros from another see it too)
+    return e
 
 
 def render(name: str, **ctx: Any) -> str:
-    """Render ``templates/<name>`` with the common context (statuses, dtypes, the GEMM's k block)
-    added."""
+    """Render ``templates/<name>`` with the common context (statuses, dtypes, the GEMM's k block;
+    the global ``vm``: the shared vector-math coefficients, opgen/vmath.py) added."""
     from opgen.lower.sched import GEMM_KC
 
     return env().get_template(name).render(statuses=STATUSES, dtypes=dtypes.ALL, gemm_kc=GEMM_KC, **ctx)

@@ -28,6 +28,7 @@ from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.empty_ranges import SpecialiseEmptyRanges
+from opgen.lower.expand_math import ExpandMath
 from opgen.lower.fuse_reductions import FuseReductions
 from opgen.lower.gpu_map import MapGpu, PlanGpuWorkspace
 from opgen.lower.gpu_sync import ChunkGpuLoops, PlaceGpuBarriers
@@ -101,10 +102,11 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # cores, on-chip buffers planned under the unified buffer's capacity (opgen/emit/ascendc.py).
     # Tensors read only cast (opgen/tile/boundary.py) are converted by the host entries on the
     # NPU; index tensors to range-checked int32 by the tile level (opgen/tile/indices.py). Vector
-    # casts A2 lacks go through f16 (opgen/tile/casts.py).
-    "ascendc": [*L0, ConvertAtBoundaryTiles(), LowerToTiles(), CanonicalizePass(), CommonSubexpressionElimination(),
-                SplitCasts(), PlanBuffers(), SizeTiles(), SplitCores(), PlanWorkspace(), CanonicalizePass(),
-                CommonSubexpressionElimination(), CanonicalizePass()],
+    # casts A2 lacks go through f16 (opgen/tile/casts.py). Its vector unit has no erf or tanh:
+    # the shared polynomial kernels replace them (opgen/lower/expand_math.py, opgen/vmath.py).
+    "ascendc": [*L0, ConvertAtBoundaryTiles(), ExpandMath(("erf", "tanh")), LowerToTiles(), CanonicalizePass(),
+                CommonSubexpressionElimination(), SplitCasts(), PlanBuffers(), SizeTiles(), SplitCores(),
+                PlanWorkspace(), CanonicalizePass(), CommonSubexpressionElimination(), CanonicalizePass()],
     # TT-Metal: the same tile level, with Tensix tile sizes (32x32 tiles, groups of row blocks per
     # core; a matmul chain's spans split over the cores when its blocks are too few), then
     # reader/compute/writer kernels with their CBs and DST sections

@@ -12,7 +12,12 @@
   in place;
 * a broadcast of a scalar, of a per-row value ([R, 1]) or of a column vector ([1, c]) whose every
   use is an add, sub, mul, max or min is *folded* into those ops (they read the row's scalar or
-  the vector directly) and gets no buffer; so is a broadcast scalar a select or an add_row reads;
+  the vector directly) and gets no buffer; so is a broadcast scalar a comparison, an add_row or a
+  select reads (a select by a per-element condition: as its second operand only);
+* a comparison's result on tiles is a *mask*, a bit an element (``bits``: the vector unit's
+  ``Compare`` writes bits), and so are and/or/not of masks; the tiles a comparison compares get
+  buffers padded to whole 256-byte repeats (``align``: ``Compare`` covers whole repeats, so its
+  count is rounded up to them);
 * ``tile.segments`` gets its on-chip table: the segment starts and running cursors of a block's
   rows (``segrows``: ``seg_rows + 1`` int32 each), a window of sorted positions (``segwin``) and a
   copy-in queue for the indices it scans (``segchunk``), named by its ``buffers`` attribute;
@@ -39,6 +44,8 @@ from opgen.ir import dialect as ir
 from opgen.tile import dialect as t
 
 FOLDABLE = (ir.AddOp, ir.SubOp, ir.MulOp, ir.MaxOp, ir.MinOp)
+#: bytes a comparison's operand buffers are padded to (one repeat of the vector unit)
+COMPARE_ALIGN = 256
 
 
 def layout(shape: tuple[str, ...]) -> str:
@@ -55,6 +62,19 @@ def is_tile(v: SSAValue) -> bool:
     return isinstance(v.type, ir.TensorType) and v.type.rank == 2
 
 
+def is_mask(v: SSAValue) -> bool:
+    """A comparison's result on tiles, or a logical op of such: stored a bit an element (see the
+    module docstring)."""
+    op = v.owner
+    return is_tile(v) and (isinstance(op, ir.CmpOp) or (isinstance(op, ir.AndOp | ir.OrOp | ir.NotOp)
+                                                         and all(is_mask(x) for x in op.operands)))
+
+
+def scalar_broadcast(v: SSAValue) -> bool:
+    """``v`` is one scalar broadcast over a tile."""
+    return isinstance(v.owner, ir.BroadcastOp) and ir.tensor_type(v.owner.x).rank == 0
+
+
 @dataclass
 class _Slot:
     sym: str
@@ -63,6 +83,8 @@ class _Slot:
     layout: str
     cols: str
     depth: int
+    bits: bool = False  # a mask: a bit an element
+    align: int = 32  # the bytes its size is rounded to
     free_at: int = -1  # position after which a compute buffer may take another value
     values: list[SSAValue] = field(default_factory=list)
 
@@ -83,13 +105,17 @@ def folded(op: Operation) -> bool:
     src = ir.tensor_type(op.x)
     if src.rank == 2 and src.shape == ir.tensor_type(op.result).shape:
         return False
-    def reads_directly(u: Operation) -> bool:
+    def reads_directly(u: Operation, index: int) -> bool:
+        if isinstance(u, ir.SelectOp) and not scalar_broadcast(u.cond):  # a per-element condition
+            return src.rank == 0 and index == 2
         if isinstance(u, ir.SelectOp | t.AddRowOp):
             return src.rank == 0 and (not isinstance(u, t.AddRowOp) or u.value is op.result)
+        if isinstance(u, ir.CmpOp):
+            return src.rank == 0 and not all(scalar_broadcast(x) for x in u.operands)
         return (isinstance(u, FOLDABLE) and u.result.type == op.result.type
                 and layout(ir.tensor_type(u.result).shape) in ("tile", "vec", "row"))
 
-    return all(reads_directly(u.operation) for u in op.result.uses)
+    return all(reads_directly(u.operation, u.index) for u in op.result.uses)
 
 
 class _Planner:
@@ -135,7 +161,7 @@ class _Planner:
         self.counter[kind.value] += 1
         shape = ir.tensor_type(v).shape
         s = _Slot(f"{kind.value}{self.counter[kind.value]}", kind, ir.tensor_type(v).dtype, layout(shape), shape[1],
-                  depth)
+                  depth, bits=is_mask(v))
         self.slots.append(s)
         return s
 
@@ -155,7 +181,8 @@ class _Planner:
         tt = ir.tensor_type(v)
         for s in self.slots:
             if (s.kind == t.BufferKind.CALC and s.dtype == tt.dtype and s.layout == layout(tt.shape)
-                    and s.cols == tt.shape[1] and (s.free_at < at or (in_place and s.free_at == at))):
+                    and s.cols == tt.shape[1] and s.bits == is_mask(v)
+                    and (s.free_at < at or (in_place and s.free_at == at))):
                 return s
         return self.new(t.BufferKind.CALC, v, 1)
 
@@ -221,6 +248,12 @@ class _Planner:
                     op.attributes["folded"] = StringAttr("yes")
                     continue
                 self.assign(r, self.calc(r))
+        # the tiles a comparison reads: whole repeats
+        for op, _ in _ops(self.k.body.block):
+            if isinstance(op, ir.CmpOp) and is_tile(op.result):
+                for x in op.operands:
+                    if x in self.slot_of:
+                        self.slot_of[x].align = COMPARE_ALIGN
         # the tables of tile.segments
         for op, _ in _ops(self.k.body.block):
             if isinstance(op, t.SegmentsOp):
@@ -249,6 +282,10 @@ class _Planner:
             b.attributes["elem"] = StringAttr(s.dtype)
             b.attributes["layout"] = StringAttr(s.layout)
             b.attributes["cols"] = StringAttr(s.cols)
+            if s.bits:
+                b.attributes["bits"] = StringAttr("1")
+            if s.align != 32:
+                b.attributes["align"] = StringAttr(str(s.align))
             self.k.body.block.insert_op_after(b, anchor) if anchor is not None else self.k.body.block.add_op(b)
             anchor = b
             for v in s.values:

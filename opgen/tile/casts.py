@@ -16,6 +16,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from opgen.ir import dialect as ir
+from opgen.tile.buffers import is_mask
 
 #: (source dtype, destination dtype) -> the dtype to go through
 THROUGH = {("u8", "f32"): "f16", ("bool", "f32"): "f16", ("i8", "f32"): "f16"}
@@ -31,7 +32,7 @@ class SplitCasts(ModulePass):
         for c in [o for o in op.walk() if isinstance(o, ir.CastOp)]:
             src, dst = ir.tensor_type(c.x), ir.tensor_type(c.result)
             via = THROUGH.get((src.dtype, dst.dtype))
-            if via is None or src.rank == 0:
+            if via is None or src.rank == 0 or is_mask(c.x):  # (a comparison's bits: printed as a select)
                 continue
             mid = ir.CastOp(c.x, via)
             Rewriter.insert_op(mid, InsertPoint.before(c))

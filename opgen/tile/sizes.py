@@ -136,24 +136,51 @@ def _itemsize(b: t.BufferOp) -> int:
     return dtypes.by_name(b.attributes["elem"].data).itemsize  # type: ignore[attr-defined]
 
 
+def _is_mask(b: t.BufferOp) -> bool:
+    """A comparison's mask: a bit an element (plan-buffers)."""
+    return "bits" in b.attributes
+
+
+def _align(b: t.BufferOp) -> int:
+    """The bytes the buffer's size is rounded to (plan-buffers: a comparison's operands 256)."""
+    return int(b.attributes["align"].data) if "align" in b.attributes else ALIGN  # type: ignore[attr-defined]
+
+
+#: elements a comparison covers are rounded up to this (256 bytes of f32: its whole repeats)
+MASK_GRAIN = 64
+#: more than a mask's bytes exceed a bit an element by (MASK_GRAIN / 8 and a 32-byte rounding)
+MASK_SLACK = 64
+
+
+def _sized(b: _Builder, x: t.BufferOp, count: SSAValue, round_to: int = 1) -> SSAValue:
+    """The bytes of buffer ``x`` holding ``count`` elements: a mask's bits (of whole repeats,
+    32-byte rounded), else count elements rounded up to ``round_to`` bytes or the buffer's
+    alignment where that is larger than 32 bytes."""
+    if _is_mask(x):
+        return b.round_up(b.bin(ir.DivOp, b.round_up(count, MASK_GRAIN), b.c(8)), ALIGN)
+    nbytes = b.bin(ir.MulOp, count, b.c(_itemsize(x)))
+    step = max(round_to, _align(x) if _align(x) > ALIGN else 1)
+    return nbytes if step == 1 else b.round_up(nbytes, step)
+
+
 def _buffer_bytes(b: _Builder, bufs: list[t.BufferOp], rows: SSAValue, pitch: SSAValue, cc: SSAValue) -> None:
     """Every buffer's bytes: a tile ``rows`` rows of ``pitch`` elements, a per-row value ``rows``
     elements (32-byte rounded), a row ``pitch`` elements (``cc`` in the column-sum phase), a
     scratch block 32 bytes; the segment tables are sized by size_segments."""
     for x in bufs:
-        lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+        lay = x.attributes["layout"].data  # type: ignore[attr-defined]
         if lay == "tile":
-            nbytes = b.bin(ir.MulOp, b.bin(ir.MulOp, rows, pitch), b.c(sz))
+            count = b.bin(ir.MulOp, rows, pitch)
         elif lay == "vec":
-            nbytes = b.round_up(b.bin(ir.MulOp, rows, b.c(sz)), ALIGN)
+            count = rows
         elif lay == "row":
-            width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
-            nbytes = b.bin(ir.MulOp, width, b.c(sz))
+            count = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
         elif lay in SEG_LAYOUTS:
             continue
         else:
-            nbytes = b.c(ALIGN)
-        b.set(x.bytes.data, nbytes)
+            b.set(x.bytes.data, b.c(ALIGN))
+            continue
+        b.set(x.bytes.data, _sized(b, x, count, ALIGN if lay == "vec" else 1))
 
 
 class SizeTiles(ModulePass):
@@ -189,6 +216,20 @@ class SizeTiles(ModulePass):
             for x in bufs:
                 nb = x.depth.data if x.kind.data == t.BufferKind.CALC else min(x.depth.data, depth_q)
                 lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+                if _is_mask(x):  # a bit an element, and its roundings (under MASK_SLACK bytes)
+                    fixed = b.bin(ir.AddOp, fixed, b.c(nb * MASK_SLACK))
+                    if lay == "tile":  # (pitch is a multiple of 8 elements)
+                        per_row = b.bin(ir.AddOp, per_row, b.bin(ir.MulOp, b.bin(ir.DivOp, pitch, b.c(8)), b.c(nb)))
+                    elif lay == "vec":  # (a byte a row: more than enough)
+                        per_row = b.bin(ir.AddOp, per_row, b.c(nb))
+                    elif x.attributes["cols"].data == "CC":  # type: ignore[attr-defined]
+                        per_col = b.bin(ir.AddOp, per_col, b.c(nb))
+                        fixed = b.bin(ir.AddOp, fixed, b.c(nb * MIN_COL_CHUNK))
+                    else:
+                        fixed = b.bin(ir.AddOp, fixed, b.bin(ir.MulOp, b.bin(ir.DivOp, pitch, b.c(8)), b.c(nb)))
+                    continue
+                if _align(x) > ALIGN:  # (its padding, at most)
+                    fixed = b.bin(ir.AddOp, fixed, b.c(nb * _align(x)))
                 if lay == "tile":
                     per_row = b.bin(ir.AddOp, per_row, b.bin(ir.MulOp, pitch, b.c(nb * sz)))
                 elif lay == "vec":
@@ -319,6 +360,11 @@ class SizeTiles(ModulePass):
         for x in bufs:
             nb = x.depth.data
             lay, sz, xc = x.attributes["layout"].data, _itemsize(x), x.attributes["cols"].data  # type: ignore[attr-defined]
+            if _is_mask(x):  # (a byte a column: more than enough)
+                sz = 1
+                fixed = b.bin(ir.AddOp, fixed, b.c(nb * MASK_SLACK))
+            elif lay in ("tile", "row", "vec") and _align(x) > ALIGN:  # (its padding, at most)
+                fixed = b.bin(ir.AddOp, fixed, b.c(nb * _align(x)))
             if lay in ("tile", "row") and xc != "CC":  # one row of the chunk
                 per_col = b.bin(ir.AddOp, per_col, b.c(nb * sz))
             elif lay == "row":  # the column-sum phase: at least MIN_COL_CHUNK columns
@@ -349,10 +395,12 @@ class SizeTiles(ModulePass):
         b.set("group", b.c(1))
         b.set("groups", tiles)
         for x in bufs:
-            lay, sz = x.attributes["layout"].data, _itemsize(x)  # type: ignore[attr-defined]
+            lay = x.attributes["layout"].data  # type: ignore[attr-defined]
             if lay in ("tile", "row"):
                 width = cc if x.attributes["cols"].data == "CC" else pitch  # type: ignore[attr-defined]
-                nbytes = b.bin(ir.MulOp, width, b.c(sz))
+                nbytes = _sized(b, x, width)
+            elif lay == "vec" and (_is_mask(x) or _align(x) > ALIGN):  # (one row)
+                nbytes = _sized(b, x, b.c(1), ALIGN)
             elif lay in SEG_LAYOUTS:
                 continue
             else:

@@ -58,6 +58,12 @@ struct Calc<int16_t> {
     static int16_t out(C v) { return (int16_t)(uint16_t)(uint32_t)v; }
 };
 template <>
+struct Calc<uint16_t> { /* (And/Or/Not: bits) */
+    using C = uint32_t;
+    static C in(uint16_t x) { return x; }
+    static uint16_t out(C v) { return (uint16_t)v; }
+};
+template <>
 struct Calc<int32_t> {
     using C = int64_t;
     static C in(int32_t x) { return x; }
@@ -436,6 +442,9 @@ ASCM_BINARY(Mul, ASCM_ARITH, ASCM_TYPES_ARITH, a * b)
 ASCM_BINARY(Div, ASCM_FLOATS, "half, float", a / b)
 ASCM_BINARY(Max, ASCM_ARITH, ASCM_TYPES_ARITH, ascend_model::vmax(a, b))
 ASCM_BINARY(Min, ASCM_ARITH, ASCM_TYPES_ARITH, ascend_model::vmin(a, b))
+#define ASCM_BITS int16_t, uint16_t
+ASCM_BINARY(And, ASCM_BITS, "int16_t, uint16_t", (decltype(a))(a & b))
+ASCM_BINARY(Or, ASCM_BITS, "int16_t, uint16_t", (decltype(a))(a | b))
 #undef ASCM_BINARY
 
 /* ---- vector-scalar ---- */
@@ -483,6 +492,13 @@ ASCM_UNARY(Sqrt, ASCM_FLOATS, "half, float", sqrtf(v))
 ASCM_UNARY(Rsqrt, ASCM_FLOATS, "half, float", 1.0f / sqrtf(v))
 ASCM_UNARY(Reciprocal, ASCM_FLOATS, "half, float", 1.0f / v)
 ASCM_UNARY(Abs, ASCM_FLOATS, "half, float", fabsf(v))
+template <typename T>
+inline void Not(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t &count) {
+    static_assert(ascend_model::is_one_of<T, ASCM_BITS>, "ascend-model: rule 7 (vector op): Not supports int16_t, "
+                                                         "uint16_t on A2");
+    ascend_model::unary("Not", dst, src, count, [](T x) -> T { return (T)~x; });
+}
+#undef ASCM_BITS
 #define ASCM_RELU_TYPES half, int32_t, float
 ASCM_UNARY(Relu, ASCM_RELU_TYPES, "half, int32_t, float", (v < 0 ? 0 : v))
 #undef ASCM_RELU_TYPES
@@ -577,39 +593,44 @@ inline void ReduceMin(const LocalTensor<T> &dst, const LocalTensor<T> &src, cons
 }
 
 /* ---- Compare: bit i (LSB first) of byte i/8 of dst = src0[i] <op> src1[i] ---- */
+namespace detail {
+/* Compare's and CompareScalar's rules and bits; src1 null: the scalar y1 */
 template <typename T, typename U>
-inline void Compare(const LocalTensor<U> &dst, const LocalTensor<T> &src0, const LocalTensor<T> &src1, CMPMODE cmpMode,
-                    uint32_t count) {
+inline void compare(const char *api, const LocalTensor<U> &dst, const LocalTensor<T> &src0,
+                    const LocalTensor<T> *src1, T y1, CMPMODE cmpMode, uint32_t count) {
     static_assert(ascend_model::is_one_of<T, half, float, int32_t>,
-                  "ascend-model: rule 7 (vector op): Compare supports half, float (and int32_t with EQ) on A2");
+                  "ascend-model: rule 7 (vector op): Compare/CompareScalar support half, float (and int32_t with "
+                  "EQ) on A2");
     static_assert(ascend_model::is_one_of<U, int8_t, uint8_t>,
-                  "ascend-model: rule 7 (vector op): Compare writes its bit mask to int8_t/uint8_t");
-    const char *api = "Compare";
+                  "ascend-model: rule 7 (vector op): Compare/CompareScalar write their bit mask to int8_t/uint8_t");
     dst.live(api);
     src0.live(api);
-    src1.live(api);
+    if (src1) src1->live(api);
     if (std::is_same_v<T, int32_t> && cmpMode != CMPMODE::EQ)
-        ascend_model::fail(7, "vector op", "Compare<int32_t> supports only CMPMODE::EQ on A2");
-    if ((unsigned)cmpMode > 5) ascend_model::fail(7, "vector op", "Compare: unknown CMPMODE %u", (unsigned)cmpMode);
+        ascend_model::fail(7, "vector op", "%s<int32_t> supports only CMPMODE::EQ on A2", api);
+    if ((unsigned)cmpMode > 5) ascend_model::fail(7, "vector op", "%s: unknown CMPMODE %u", api, (unsigned)cmpMode);
     if (count == 0) return;
     uint64_t bytes = (uint64_t)count * sizeof(T);
     if (bytes % 256 != 0)
         ascend_model::fail(7, "vector op",
-                           "Compare: count %u x %s = %llu B is not a multiple of 256 B (the hardware leaves the "
+                           "%s: count %u x %s = %llu B is not a multiple of 256 B (the hardware leaves the "
                            "incomplete repeat out)",
-                           count, ascend_model::type_name<T>(), (unsigned long long)bytes);
+                           api, count, ascend_model::type_name<T>(), (unsigned long long)bytes);
     ascend_model::voperand(src0, api, "src0", bytes);
-    ascend_model::voperand(src1, api, "src1", bytes);
     ascend_model::voperand(dst, api, "dst", count / 8);
     ascend_model::no_partial_overlap(api, "dst", dst.addr_, count / 8, "src0", src0.addr_, bytes);
-    ascend_model::no_partial_overlap(api, "dst", dst.addr_, count / 8, "src1", src1.addr_, bytes);
+    if (src1) {
+        ascend_model::voperand(*src1, api, "src1", bytes);
+        ascend_model::no_partial_overlap(api, "dst", dst.addr_, count / 8, "src1", src1->addr_, bytes);
+    }
     const T *a = src0.ptr();
-    const T *b = src1.ptr();
+    const T *b = src1 ? src1->ptr() : nullptr;
     uint8_t *d = (uint8_t *)dst.ptr();
     memset(d, 0, count / 8);
     for (uint32_t i = 0; i < count; i++) {
-        auto x = (double)(float)a[i], y = (double)(float)b[i];
-        if constexpr (std::is_same_v<T, int32_t>) x = a[i], y = b[i];
+        const T bi = b ? b[i] : y1;
+        auto x = (double)(float)a[i], y = (double)(float)bi;
+        if constexpr (std::is_same_v<T, int32_t>) x = a[i], y = bi;
         bool r = false;
         switch (cmpMode) {
             case CMPMODE::LT: r = x < y; break;
@@ -621,6 +642,21 @@ inline void Compare(const LocalTensor<U> &dst, const LocalTensor<T> &src0, const
         }
         if (r) d[i / 8] |= (uint8_t)(1u << (i % 8));
     }
+}
+}  // namespace detail
+
+template <typename T, typename U>
+inline void Compare(const LocalTensor<U> &dst, const LocalTensor<T> &src0, const LocalTensor<T> &src1, CMPMODE cmpMode,
+                    uint32_t count) {
+    detail::compare("Compare", dst, src0, &src1, T{}, cmpMode, count);
+}
+
+/* ---- CompareScalar: bit i of dst = src0[i] <op> src1Scalar (the same rules as Compare: the count
+ * covers whole 256-byte repeats) ---- */
+template <typename T, typename U>
+inline void CompareScalar(const LocalTensor<U> &dst, const LocalTensor<T> &src0, const T src1Scalar, CMPMODE cmpMode,
+                          uint32_t count) {
+    detail::compare("CompareScalar", dst, src0, (const LocalTensor<T> *)nullptr, src1Scalar, cmpMode, count);
 }
 
 /* ---- Select: dst[i] = bit i of selMask ? src0[i] : src1 (tensor [mode 2] or scalar [mode 1]) ---- */
