@@ -231,7 +231,7 @@ def new_ops(tmp_path_factory) -> dict[str, Any]:
     """silu_backward, softmax_backward and layer_norm_backward (tests/test_ascendc.py's DSL file),
     deep_mix, the exact GELU backward (erf) and the tanh GELU backward (tests/test_new_op_backends.py's),
     loaded from their own ops directory: nothing of them is in the compiler."""
-    from tests.test_ascendc import NEW_OPS
+    from tests.test_ascendc import MASK_OPS, NEW_OPS
     from tests.test_new_op_backends import GELU, GELU_TANH, LN_CAST
 
     d = tmp_path_factory.mktemp("tt-ops") / "opgen_test_tt_ops"
@@ -241,6 +241,7 @@ def new_ops(tmp_path_factory) -> dict[str, Any]:
     (d / "gelu.py").write_text(GELU)  # erf: SFPU erf_tile<false> (the accurate one)
     (d / "gelu_tanh.py").write_text(GELU_TANH)  # tanh: SFPU tanh_tile
     (d / "ln_cast.py").write_text(LN_CAST)  # column sums behind casts
+    (d / "masks.py").write_text(MASK_OPS)  # where() by comparisons: relu_backward, clip_grad
     ops = registry.load_all(str(d))
     for o in ops.values():
         runner.register(o)
@@ -305,9 +306,47 @@ def test_new_dsl_ops_on_the_model(new_ops, op, tmp_path):
     assert not failures, "\n".join(failures)
 
 
+MASKED = ("relu_backward", "clip_grad")
+
+
+def _flushed(a: np.ndarray) -> np.ndarray:
+    """``a`` with its subnormals replaced by zeros of their sign (as the SFPU's comparisons see them)."""
+    f = a.astype(np.float32)
+    return np.where(np.abs(f) < np.finfo(np.float32).tiny, np.copysign(0.0, f), f).astype(a.dtype)
+
+
+def test_per_element_conditions_on_the_model(new_ops, tmp_path):
+    """where() by comparisons on TT-Metal (SFPU ``lt/gt/le/ge/eq/ne_binary_tile`` of two DST tiles,
+    a scalar filled into one, masks combined by product and ``nez_tile``, picked by ``where_tile``)
+    against the oracle: ties, +-0, NaN, +-inf (equal infinities compare equal), per-row bounds, a
+    scalar on the left, bitwise the same on 1 and 64 cores. Subnormal inputs are flushed first: the
+    SFPU's comparisons take them as zeros (docs/backend_ttmetal.md)."""
+    from tests.test_ascendc import _mask_cases
+
+    exes = {op: runner.build(op, OUT / op) for op in MASKED}
+    failures = []
+    for name, op, a in _mask_cases():
+        if op not in MASKED or "f16" in name:
+            continue  # (TT-Metal computes bf16 and f32)
+        a = {k: _flushed(v) for k, v in a.items()}
+        a.update({k: np.zeros_like(a["x"]) for k in (("dx", "hits") if op == "clip_grad" else ("dx",))})
+        ref = oracle.run(new_ops[op], **{k: np.copy(v) for k, v in a.items()})
+        runs = {}
+        for g in ((8, 8), (1, 1)):
+            proc, outs = runner.run(exes[op], op, a, tmp_path / f"{name}-{g[0]}".replace(" ", ""), grid=g)
+            assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+            runs[g] = outs
+        for k, v in ref.items():
+            if runs[(8, 8)][k].tobytes() != v.tobytes():  # (picks and exact products: bitwise)
+                failures.append(f"{name}.{k}: differs from the oracle")
+            if runs[(1, 1)][k].tobytes() != runs[(8, 8)][k].tobytes():
+                failures.append(f"{name}.{k}: 1 core differs from 64")
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.skipif(not CHECKER.is_file() or shutil.which("bash") is None, reason="tt-kernel-check not available")
 def test_new_dsl_ops_pass_the_real_header_check(new_ops):
-    _check_kernels([k for op in NEW for k in _kernels(op)])
+    _check_kernels([k for op in (*NEW, *MASKED) for k in _kernels(op)])
 
 
 # --------------------------------------------------------------------------- boundary conversion

@@ -72,10 +72,15 @@ SFPU_UNARY = {ir.RsqrtOp: "rsqrt", ir.RecipOp: "recip", ir.ExpOp: "exp", ir.Sigm
               ir.LogOp: "log", ir.SqrtOp: "sqrt", ir.NegOp: "negative", ir.AbsOp: "abs", ir.ErfOp: "erf"}
 #: template arguments of an SFPU op's init and call: erf's default is its fast approximation
 SFPU_TEMPLATE = {"erf": ("false",)}
+#: masks: a comparison is the SFPU's f32 ``P_binary_tile`` of two DST tiles (a scalar filled into
+#: one): 1.0 where ``a P b`` holds, else 0.0 (NaN: only ``ne`` holds; subnormals compare as zero).
+#: ``a & b`` is the product of two masks, ``a | b`` whether their sum is nonzero (``nez_tile``),
+#: ``~a`` whether it is zero (``eqz_tile``); ``where`` picks by a mask (``where_tile``)
+MASK_OPS = (ir.AndOp, ir.OrOp, ir.NotOp)
 #: the tile-level ops this lowering handles (anything else: TtUnsupported naming it)
 LOWERED = (t.KernelOp, t.TilingOp, t.ParamOp, t.BlockIdxOp, t.BlockNumOp, t.ForOp, t.YieldOp, t.SyncAllOp,
            t.WorkspaceOp, t.CopyInOp, t.CopyOutOp, t.ReduceOp, ir.BroadcastOp, ir.CastOp, ir.CheckOp, *SFPU_UNARY,
-           *SCALAR_OPS, t.TileMatmulOp, t.FenceOp, t.LoadOp, t.LoadBitOp, t.SetAtOp)
+           ir.SelectOp, *MASK_OPS, *SCALAR_OPS, t.TileMatmulOp, t.FenceOp, t.LoadOp, t.LoadBitOp, t.SetAtOp)
 #: what the scatter-add lowering (opgen/ttmetal/scatter.py) reads of the tile level
 SCATTER_OPS = (t.SegmentsOp, t.SegStartOp, t.SegAtOp, t.AddRowOp)
 WHAT = {t.SegmentsOp: "owner-computes scatter-add segments", t.SegStartOp: "scatter-add segments",
@@ -113,7 +118,8 @@ class Node:
     """A tile value the compute kernel evaluates per tile: ``leaf`` (a CB tile: ``cb``, ``mode``
     ``tile`` = tile j of the block, ``first`` = tile 0, ``front`` = the front tile, popped after
     use), ``bcast_row``/``bcast_col`` (a leaf broadcast), ``scalar`` (an f32 runtime argument),
-    ``binary``/``unary`` SFPU math, ``colsum`` (REDUCE_COL of a full expression)."""
+    ``binary``/``unary`` SFPU math, ``cmp`` (a comparison: 1.0 or 0.0), ``select`` (``where``:
+    condition, picked, otherwise), ``colsum`` (REDUCE_COL of a full expression)."""
 
     op: str
     kids: list[Node] = field(default_factory=list)
@@ -135,9 +141,11 @@ class Node:
         """DST tiles evaluating it takes (a column sum's operand is stored before its section)."""
         if self.op == "colsum":
             return 1
-        if self.op == "binary" and not any(c.op == "scalar" for c in self.kids):
+        if self.op == "cmp" or (self.op == "binary" and not any(c.op == "scalar" for c in self.kids)):
             a, b = (c.need() for c in self.kids)
             return max(a, b) if a != b else a + 1
+        if self.op == "select":  # (its operands side by side, the deepest first)
+            return max(n + i for i, n in enumerate(sorted((c.need() for c in self.kids), reverse=True)))
         if self.kids:
             return max(c.need() for c in self.kids if c.op != "scalar")
         return 1
@@ -737,6 +745,19 @@ class Lowering:
                     any(not isinstance(u.operation, t.CopyOutOp) for u in op.results[0].uses):
                 self.round_bf16(op.results[0])  # used in math: rounded here, as the pack would
             return
+        if isinstance(op, ir.CmpOp):
+            self.env[op.results[0]] = Node("cmp", [self.node(op.lhs), self.node(op.rhs)], fn=op.predicate.data)
+            return
+        if isinstance(op, (ir.AndOp, ir.OrOp)):
+            both = Node("binary", [self.node(o) for o in op.operands], fn="mul" if isinstance(op, ir.AndOp) else "add")
+            self.env[op.results[0]] = both if isinstance(op, ir.AndOp) else Node("unary", [both], fn="nez")
+            return
+        if isinstance(op, ir.NotOp):
+            self.env[op.results[0]] = Node("unary", [self.node(op.operands[0])], fn="eqz")
+            return
+        if isinstance(op, ir.SelectOp):
+            self.env[op.results[0]] = Node("select", [self.node(o) for o in op.operands])
+            return
         if type(op) in SFPU_BINARY:
             a, b = (self.node(o) for o in op.operands)
             self.env[op.results[0]] = Node("binary", [a, b], fn=SFPU_BINARY[type(op)])
@@ -1278,14 +1299,32 @@ class Lowering:
                     fn = "mul"
                 c.call(f"{fn}_unary_tile", str(slot), c.val(s.scalar))
                 return r
-            first, second = (a, b) if a.need() >= b.need() else (b, a)
-            r1 = self.eval(first, slot, j, pops)
-            r2 = self.eval(second, slot + 1, j, pops)
-            ia, ib = (slot, slot + 1) if first is a else (slot + 1, slot)
-            c.call(f"{node.fn}_binary_tile_init")
-            c.call(f"{node.fn}_binary_tile", str(ia), str(ib), str(slot))
-            return r1 or r2
+            return self.eval_pair(node, slot, j, pops)
+        if node.op == "cmp":  # (a scalar operand filled into its own tile)
+            return self.eval_pair(node, slot, j, pops)
+        if node.op == "select":  # the condition and both values side by side, the deepest first
+            order = sorted(range(3), key=lambda i: -node.kids[i].need())
+            slots = [0, 0, 0]
+            r = False
+            for pos, i in enumerate(order):
+                slots[i] = slot + pos
+                r = self.eval(node.kids[i], slot + pos, j, pops) or r
+            c.call("where_tile_init")
+            c.call("where_tile", *(str(s) for s in slots), str(slot), template=("DataFormat::Float32",))
+            return r
         raise TtUnsupported(self.name, f"evaluating {node.op}")
+
+    def eval_pair(self, node: Node, slot: int, j: SSAValue, pops: list[tuple[int, int]]) -> bool:
+        """``node``'s two operands in DST ``slot`` and ``slot + 1`` (the deeper first), then its
+        SFPU ``<fn>_binary_tile`` into ``slot``."""
+        a, b = node.kids
+        first, second = (a, b) if a.need() >= b.need() else (b, a)
+        r1 = self.eval(first, slot, j, pops)
+        r2 = self.eval(second, slot + 1, j, pops)
+        ia, ib = (slot, slot + 1) if first is a else (slot + 1, slot)
+        self.c.call(f"{node.fn}_binary_tile_init")
+        self.c.call(f"{node.fn}_binary_tile", str(ia), str(ib), str(slot))
+        return r1 or r2
 
 
 class LowerToTtKernel(ModulePass):

@@ -99,6 +99,8 @@ inline uint16_t f32_to_bf16_bits(float f) { /* round to nearest even, NaN kept q
 }
 inline float bf16_bits_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
 inline float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+/* a subnormal as the zero of its sign (how the SFPU's f32 comparisons see it) */
+inline float flush(float f) { return std::fpclassify(f) == FP_SUBNORMAL ? std::copysign(0.0f, f) : f; }
 inline float trunc_tf32(float f) { /* FPU source registers: 10 mantissa bits, truncated [unchecked] */
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return f;

@@ -553,6 +553,14 @@ OPGEN_TT_SFPU_BINARY(sub, x - y)
 OPGEN_TT_SFPU_BINARY(mul, x * y)
 OPGEN_TT_SFPU_BINARY(div, x / y)
 OPGEN_TT_SFPU_BINARY(rsub, y - x)
+/* f32 comparisons (calculate_binary_comp_fp32): 1.0 where x P y holds, else 0.0; NaN holds for ne
+ * only; a subnormal compares as a zero of its sign (the kernels reject |x| + |y| == 0 first) */
+OPGEN_TT_SFPU_BINARY(eq, ttmodel::flush(x) == ttmodel::flush(y) ? 1.0f : 0.0f)
+OPGEN_TT_SFPU_BINARY(ne, ttmodel::flush(x) == ttmodel::flush(y) ? 0.0f : 1.0f)
+OPGEN_TT_SFPU_BINARY(lt, ttmodel::flush(x) < ttmodel::flush(y) ? 1.0f : 0.0f)
+OPGEN_TT_SFPU_BINARY(gt, ttmodel::flush(x) > ttmodel::flush(y) ? 1.0f : 0.0f)
+OPGEN_TT_SFPU_BINARY(le, ttmodel::flush(x) <= ttmodel::flush(y) ? 1.0f : 0.0f)
+OPGEN_TT_SFPU_BINARY(ge, ttmodel::flush(x) >= ttmodel::flush(y) ? 1.0f : 0.0f)
 #undef OPGEN_TT_SFPU_BINARY
 
 /* ---- more SFPU unary ops (api/compute/compute_kernel_api.h, eltwise_unary/{sqrt,negative}.h) ----
@@ -608,6 +616,39 @@ inline void negative_tile(uint32_t idst, int line = __builtin_LINE()) {
 inline void abs_tile_init(int line = __builtin_LINE()) { ttmodel::unary_init("abs", line); }
 inline void abs_tile(uint32_t idst, int line = __builtin_LINE()) {
     ttmodel::sfpu_unary("abs_tile", "abs_tile", idst, line, [](float x, uint32_t) { return fabsf(x); });
+}
+
+/* ---- comparisons with zero (api/compute/eltwise_unary/comp.h): 1.0 where x == 0 (eqz) or x != 0
+ * (nez), else 0.0; +-0 are zero; NaN is not (the 0.81.1 kernels test |x| == 0) */
+inline void eqz_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "eqz_tile", "eqz_tile_init"); }
+inline void eqz_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("eqz_tile", "eqz_tile", idst, line, [](float x, uint32_t) { return x == 0.0f ? 1.0f : 0.0f; });
+}
+inline void nez_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "nez_tile", "nez_tile_init"); }
+inline void nez_tile(uint32_t idst, int line = __builtin_LINE()) {
+    ttmodel::sfpu_unary("nez_tile", "nez_tile", idst, line, [](float x, uint32_t) { return x == 0.0f ? 0.0f : 1.0f; });
+}
+
+/* ---- where (api/compute/eltwise_unary/where.h): DST[odst] = DST[c] != 0 ? DST[a] : DST[b], bits
+ * moved, not computed (NaN and inf pass through). The header takes Float32, Float16_b, Int32 and
+ * UInt32; the model, holding DST as f32, takes the float formats (Float32 needs fp32_dest_acc_en). */
+inline void where_tile_init(int line = __builtin_LINE()) { ttmodel::sfpu_init(ttmodel::self(line), "where_tile", "where_tile_init"); }
+template <DataFormat data_format>
+inline void where_tile(uint32_t idst0, uint32_t idst1, uint32_t idst2, uint32_t odst, int line = __builtin_LINE()) {
+    using namespace ttmodel;
+    static_assert(data_format == DataFormat::Float32 || data_format == DataFormat::Float16_b,
+                  "opgen TT model: where_tile models the float formats (Float32, Float16_b)");
+    Thread &t = self(line);
+    ComputeState &s = sfpu(t, "where_tile", "where_tile", odst);
+    if (data_format == DataFormat::Float32 && !t.core->fp32_dest_acc)
+        fail(0, "model", "where_tile<DataFormat::Float32> on a 16-bit DST (the kernel's fp32_dest_acc_en is off)");
+    need_valid(t, s, idst0, "where_tile");
+    need_valid(t, s, idst1, "where_tile");
+    need_valid(t, s, idst2, "where_tile");
+    for (uint32_t i = 0; i < kTileElems; i++)
+        s.dst[odst][i] = s.dst[idst0][i] != 0.0f ? s.dst[idst1][i] : s.dst[idst2][i];
+    s.valid[odst] = true;
+    s.from_reduce[odst] = false;
 }
 
 /* ---- DST -> DST copy (api/compute/copy_dest_values.h) ---- */

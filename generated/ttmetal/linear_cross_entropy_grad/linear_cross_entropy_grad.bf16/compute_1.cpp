@@ -12,6 +12,8 @@
 #include "api/compute/eltwise_unary/sqrt.h"
 #include "api/compute/eltwise_unary/negative.h"
 #include "api/compute/eltwise_unary/erf_erfc.h"
+#include "api/compute/eltwise_unary/comp.h"
+#include "api/compute/eltwise_unary/where.h"
 #include "api/compute/compute_kernel_api.h"
 #include "api/compute/eltwise_unary/fill.h"
 #include "api/compute/eltwise_unary/bitwise.h"
