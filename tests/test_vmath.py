@@ -2,8 +2,8 @@
 runs (Ascend C, through expand-math) against the correctly rounded results, and the coefficients
 against what the C compiler reads for the CPU runtime's functions.
 
-CI checks every 997th f32 bit pattern; ``OPGEN_ULP_STRIDE=1`` checks every input (about half an
-hour a function on one core: the figures docs/backend_ascendc.md records).
+CI checks every 997th f32 bit pattern; ``OPGEN_ULP_STRIDE=1`` checks every input (about six minutes
+a function on one core: the figures docs/backend_ascendc.md records).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from opgen.ir import dialect as ir
 from opgen.lower.expand_math import ExpandMath
 from opgen.passes import pipeline
 
-#: the bounds asserted (measured over every input: erf 1.83 ulp, tanh 1.18 with numpy's f32 exp)
-BOUNDS = {"erf": 2.0, "tanh": 1.5}
+#: the bounds asserted (measured over every input, 2026-11-28: erf 1.942 ulp at 0.47566828, tanh
+#: 1.685 at 0.55253655 with numpy's f32 exp; every 997th input finds 1.833 and 1.180)
+BOUNDS = {"erf": 2.0, "tanh": 1.75}
 REFERENCE = {"erf": torch.special.erf, "tanh": torch.tanh}
 
 
@@ -52,16 +53,20 @@ def test_steps_error_bound(fn: str) -> None:
     """Every step rounded to f32 (as a vector unit computes them), the result is within the bound
     of the correctly rounded value, in chunks of the stride's inputs."""
     stride = int(os.environ.get("OPGEN_ULP_STRIDE", "997"))
-    worst, count = 0.0, 0
+    worst, at, count = 0.0, np.float32(0), 0
     for part in _inputs(stride):
+        if not len(part):  # (a chunk of NaN bit patterns only)
+            continue
         ref = REFERENCE[fn](torch.from_numpy(part.astype(np.float64))).numpy()
         err = _ulps(vmath.evaluate(fn, part), ref)
         i = int(np.argmax(err))
-        assert err[i] <= BOUNDS[fn], f"{fn}: {err[i]:.3f} ulp at {part[i]!r}"
-        worst, count = max(worst, float(err[i])), count + len(part)
+        if err[i] > worst:
+            worst, at = float(err[i]), part[i]
+        count += len(part)
+    print(f"\n{fn}: at most {worst:.3f} ulp (at {at!r}) over {count} inputs (stride {stride})")  # (shown with -s)
+    assert worst <= BOUNDS[fn], f"{fn}: {worst:.3f} ulp at {at!r}"
     assert count >= 2**32 // stride - 2**32 // stride // 100  # (the non-finite patterns left out)
     assert worst > 0.5  # (an evaluation that no longer rounds anything would be suspicious)
-    print(f"\n{fn}: at most {worst:.3f} ulp over {count} inputs (stride {stride})")  # (shown with -s)
 
 
 @pytest.mark.parametrize("fn", ["erf", "tanh"])
