@@ -137,14 +137,16 @@ class Node:
             return self.n
         return next((k.tiles() for k in self.kids if k.op != "bcast_col" and k.tiles() is not None), None)
 
+    def side_by_side(self) -> bool:
+        """Whether its operands are evaluated into consecutive DST tiles (an SFPU op of several
+        tiles: a binary op without a scalar, a comparison, a select)."""
+        return self.op in ("cmp", "select") or (self.op == "binary" and not any(c.op == "scalar" for c in self.kids))
+
     def need(self) -> int:
         """DST tiles evaluating it takes (a column sum's operand is stored before its section)."""
         if self.op == "colsum":
             return 1
-        if self.op == "cmp" or (self.op == "binary" and not any(c.op == "scalar" for c in self.kids)):
-            a, b = (c.need() for c in self.kids)
-            return max(a, b) if a != b else a + 1
-        if self.op == "select":  # (its operands side by side, the deepest first)
+        if self.side_by_side():  # (the deepest first, each later one a slot further)
             return max(n + i for i, n in enumerate(sorted((c.need() for c in self.kids), reverse=True)))
         if self.kids:
             return max(c.need() for c in self.kids if c.op != "scalar")
@@ -1299,32 +1301,27 @@ class Lowering:
                     fn = "mul"
                 c.call(f"{fn}_unary_tile", str(slot), c.val(s.scalar))
                 return r
-            return self.eval_pair(node, slot, j, pops)
-        if node.op == "cmp":  # (a scalar operand filled into its own tile)
-            return self.eval_pair(node, slot, j, pops)
-        if node.op == "select":  # the condition and both values side by side, the deepest first
-            order = sorted(range(3), key=lambda i: -node.kids[i].need())
-            slots = [0, 0, 0]
-            r = False
-            for pos, i in enumerate(order):
-                slots[i] = slot + pos
-                r = self.eval(node.kids[i], slot + pos, j, pops) or r
-            c.call("where_tile_init")
-            c.call("where_tile", *(str(s) for s in slots), str(slot), template=("DataFormat::Float32",))
+        if node.side_by_side():  # (a comparison's scalar operand: filled into its own tile)
+            slots, r = self.eval_side_by_side(node.kids, slot, j, pops)
+            if node.op == "select":
+                c.call("where_tile_init")
+                c.call("where_tile", *slots, str(slot), template=("DataFormat::Float32",))
+            else:
+                c.call(f"{node.fn}_binary_tile_init")
+                c.call(f"{node.fn}_binary_tile", *slots, str(slot))
             return r
         raise TtUnsupported(self.name, f"evaluating {node.op}")
 
-    def eval_pair(self, node: Node, slot: int, j: SSAValue, pops: list[tuple[int, int]]) -> bool:
-        """``node``'s two operands in DST ``slot`` and ``slot + 1`` (the deeper first), then its
-        SFPU ``<fn>_binary_tile`` into ``slot``."""
-        a, b = node.kids
-        first, second = (a, b) if a.need() >= b.need() else (b, a)
-        r1 = self.eval(first, slot, j, pops)
-        r2 = self.eval(second, slot + 1, j, pops)
-        ia, ib = (slot, slot + 1) if first is a else (slot + 1, slot)
-        self.c.call(f"{node.fn}_binary_tile_init")
-        self.c.call(f"{node.fn}_binary_tile", str(ia), str(ib), str(slot))
-        return r1 or r2
+    def eval_side_by_side(self, kids: list[Node], slot: int, j: SSAValue,
+                          pops: list[tuple[int, int]]) -> tuple[list[str], bool]:
+        """``kids`` evaluated into DST ``slot``, ``slot + 1``, ... the deepest first (in their
+        order on ties; what Node.need counts): each kid's slot, and whether any popped a CB."""
+        slots = [""] * len(kids)
+        r = False
+        for pos, i in enumerate(sorted(range(len(kids)), key=lambda i: -kids[i].need())):
+            slots[i] = str(slot + pos)
+            r = self.eval(kids[i], slot + pos, j, pops) or r
+        return slots, r
 
 
 class LowerToTtKernel(ModulePass):
