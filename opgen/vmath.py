@@ -21,7 +21,7 @@ tanh: |x| < 0.55: ``x (1 + t Q(t))`` (the C function: ``x + x t Q(t)``); else
 
 from __future__ import annotations
 
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def tanh(s: Steps[V], x: V) -> V:
 FUNCTIONS = {"erf": erf, "tanh": tanh}
 
 
-class NumpySteps(Generic[V]):
+class NumpySteps:
     """The steps on numpy float32 arrays, each rounded to f32 (exp: numpy's float32 exp, within
     an ulp; a vector unit's own exp may differ)."""
 

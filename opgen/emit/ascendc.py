@@ -163,6 +163,11 @@ class AscendPrinter:
             return "(int32_t)tl.rows"
         return f"(int32_t){self.pitch_of(v)}"
 
+    def mask_repeats(self, v: SSAValue) -> str:
+        """The whole comparison repeats (MASK_GRAIN elements each) covering tile value ``v``: the
+        unit a comparison and the logical ops on its mask work in (size-tiles sized the mask so)."""
+        return f"(({self.count_of(v)} + {MASK_GRAIN - 1}) / {MASK_GRAIN})"
+
     def copy_count(self, v: SSAValue) -> str:
         """Elements a UB -> UB DataCopy of ``v``'s buffer moves: whole 32-byte blocks (a per-row
         tile's buffer is rounded up to them)."""
@@ -550,7 +555,7 @@ class AscendPrinter:
             self.compare(op, dst)
             return
         if is_mask(v):  # and/or/not of masks: on their bits, 16 at a time
-            words = f"(int32_t)(({count} + {MASK_GRAIN - 1}) / {MASK_GRAIN} * {MASK_GRAIN // 16})"
+            words = f"(int32_t)({self.mask_repeats(v)} * {MASK_GRAIN // 16})"
             bits = [f"{self.name(x)}.ReinterpretCast<uint16_t>()" for x in op.operands]
             fn = {ir.AndOp: "And", ir.OrOp: "Or", ir.NotOp: "Not"}[type(op)]
             self.line(f"{fn}({dst}.ReinterpretCast<uint16_t>(), {', '.join(bits)}, {words});")
@@ -654,7 +659,7 @@ class AscendPrinter:
         if any(ir.tensor_type(x).dtype != "f32" for x in op.operands):
             raise TileUnsupported(what, "a comparison of tiles that are not f32")
         self.check_mask_uses(op.result)
-        count = f"(uint32_t)(({self.count_of(op.result)} + {MASK_GRAIN - 1}) / {MASK_GRAIN} * {MASK_GRAIN})"
+        count = f"(uint32_t)({self.mask_repeats(op.result)} * {MASK_GRAIN})"
         a, b = op.operands
         pred = op.predicate.data
         if self._bcast(a) is not None:  # s < x is x > s
