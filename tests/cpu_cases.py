@@ -13,8 +13,8 @@ with EPS[T] the machine epsilon of the storage dtype (one ulp at that magnitude;
 f64 beyond their own rounding), TINY the smallest subnormal, and REORDER the f32 (f64)
 summation-order noise relative to the largest result. NaN/Inf positions and signs must match.
 
-A kernel whose matmuls take bf16 products on AMX tiles (narrow-products: on an AMX machine,
-the bf16 instances of the cross-entropy gradients) rounds an operand computed in f32 — the
+A kernel whose matmuls take bf16 products on bf16 units (narrow-products: on a machine with AMX
+or AVX512-BF16, the bf16 instances of the cross-entropy gradients) rounds an operand computed in f32 — the
 logits' gradient — to bf16 before its products, as PyTorch's bf16 path does; its bf16 results
 are then held to SPEC §0's margin for bf16 (PRODUCTS, relative to max|oracle|) instead of
 REORDER. tests/test_gemm.py checks those products tightly; test_flce_vs_torch holds the op to
@@ -200,9 +200,9 @@ def flce_args(rng, T, M, TI, mode, BT=70, H=20, V=300, mask_p=0.4, mask_extra=0)
 
 @functools.cache
 def bf16_products(name: str) -> bool:
-    """Op ``name``'s C kernels take bf16 products on AMX tiles in this process (module docstring):
-    a matmul marked by narrow-products, and opgen_amx() true."""
-    if not runtime.load().opgen_amx():
+    """Op ``name``'s C kernels take bf16 products on bf16 units in this process (module
+    docstring): a matmul marked by narrow-products, and opgen_bf16_units() > 0."""
+    if not runtime.load().opgen_bf16_units():
         return False
     m = pipeline.run(registry.get(name).module(), "cpu", until="narrow-products")
     return any(isinstance(x, sched.BufferMatmulOp) and x.products is not None for x in m.walk())

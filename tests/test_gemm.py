@@ -1,5 +1,5 @@
 """The CPU runtime's packed f32 GEMM (generated/cpu/opgen_rt.c: opgen_sgemm, opgen_sgemm_par)
-and its bf16 tile products (opgen_bgemm, opgen_bgemm_par: AMX) driven directly
+and its bf16 products (opgen_bgemm, opgen_bgemm_par: AMX or AVX512-BF16) driven directly
 (tests/c/gemm_check.c) on shapes around its blocking — partial MR-row panels and
 NR-column panels, several row blocks and OPGEN_NC column blocks, k within one OPGEN_KC block and
 across several, k = 0, transposed (strided) operands, accumulation, a padded leading dimension:
@@ -10,8 +10,9 @@ across several, k = 0, transposed (strided) operands, accumulation, a padded lea
   kernel) — single-threaded and on 1 and 3 OpenMP threads: the k order is fixed
   (blocks of ``GEMM_KC``), whatever the tiles, the instruction set or the threads;
 * the padding columns of C are never written;
-* opgen_bgemm: against float64 products of bf16-rounded operands on AMX machines, the same bits on
-  every thread count, exactly opgen_sgemm without AMX;
+* opgen_bgemm: against float64 products of bf16-rounded operands on each kind of bf16 units the
+  machine has (AMX tiles, AVX512-BF16 dot products: OPGEN_BF16_UNITS=amx, dp), the same bits on
+  every thread count, exactly opgen_sgemm without them (OPGEN_BF16_UNITS=none);
 * when the panels (or the f32 C of a bf16 output) cannot be allocated, every GEMM falls back to
   its plain loops and gives the same bits (the runtime built with its allocations failing)."""
 
@@ -63,26 +64,28 @@ def _build_driver(exe: Path, extra: list[str]) -> Path:
 
 
 def run(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
-        tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True) -> np.ndarray:
+        tb: int, acc: int, pad: int, fn: int, threads: str = "1", units: str = "amx") -> np.ndarray:
     """C from the driver's GEMM ``fn`` (0 opgen_sgemm, 1 opgen_sgemm_par, 2 opgen_bgemm, 3
-    opgen_bgemm_par) on ``threads`` OpenMP threads (``amx`` False: with OPGEN_NO_AMX=1)."""
-    return run_amx(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx)[0]
+    opgen_bgemm_par, ...: tests/c/gemm_check.c) on ``threads`` OpenMP threads, with
+    OPGEN_BF16_UNITS=``units`` (amx: the best the machine has, dp, none)."""
+    return run_units(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units)[0]
 
 
-def run_amx(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
-            tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True) -> tuple[np.ndarray, bool]:
-    """:func:`run`, and whether opgen_bgemm ran on AMX tiles in that process."""
-    got, r = run_driver(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx)
-    return got, r.stdout.strip() == "1"
+def run_units(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
+              tb: int, acc: int, pad: int, fn: int, threads: str = "1", units: str = "amx") -> tuple[np.ndarray, int]:
+    """:func:`run`, and the bf16 units opgen_bgemm ran on in that process (2 AMX, 1 AVX512-BF16,
+    0 none)."""
+    got, r = run_driver(exe, tmp, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units)
+    return got, int(r.stdout.strip())
 
 
 def run_driver(exe: Path, tmp: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int, ta: int,
-               tb: int, acc: int, pad: int, fn: int, threads: str = "1", amx: bool = True,
+               tb: int, acc: int, pad: int, fn: int, threads: str = "1", units: str = "amx",
                env: dict[str, str] | None = None) -> tuple[np.ndarray, subprocess.CompletedProcess]:
     """C from one driver run (more environment in ``env``), and the finished process."""
-    src, dst = tmp / "in.bin", tmp / f"out-{exe.name}-{fn}-{threads}-{amx}.bin"
+    src, dst = tmp / "in.bin", tmp / f"out-{exe.name}-{fn}-{threads}-{units}.bin"
     np.concatenate([a.ravel(), b.ravel(), c.ravel()]).astype(np.float32).tofile(src)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_NO_AMX": "0" if amx else "1",
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "OMP_DYNAMIC": "false", "OPGEN_BF16_UNITS": units,
            **(env or {})}
     r = subprocess.run([str(exe), str(src), str(dst), *map(str, (m, n, k, ta, tb, acc, pad, fn))],
                        capture_output=True, text=True, env=env)
@@ -134,29 +137,38 @@ BF16_SHAPES = [(13, 31, 7), (70, 45, 33), (300, 1024 + 40, 2 * GEMM_KC + 9), (29
                (1, 33, 300), (300, 1, 70), (256, 256, 1024), (256, 1024, 256)]
 
 
+# OPGEN_BF16_UNITS for each kind of bf16 units: the best the machine has (AMX tiles where there
+# are, else AVX512-BF16) and the dot products (on an AMX machine: the other kind)
+UNITS = ("amx", "dp")
+
+
+@pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), BF16_SHAPES)
-def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers, tmp_path, m, n, k):
-    """opgen_bgemm: on an AMX machine, op(A) and op(B) rounded to bf16 (round to nearest even:
-    ml_dtypes, an independent rounding) then multiplied exactly and summed in f32; the same bits
-    single-threaded and from opgen_bgemm_par on 1 and 3 threads; padding columns untouched.
-    Elsewhere (and always with OPGEN_NO_AMX=1) exactly opgen_sgemm's bits."""
+def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers, tmp_path, m, n, k, units):
+    """opgen_bgemm on the machine's bf16 units (AMX tiles or AVX512-BF16 dot products): op(A) and
+    op(B) rounded to bf16 (round to nearest even: ml_dtypes, an independent rounding) then
+    multiplied exactly and summed in f32; the same bits single-threaded and from opgen_bgemm_par on
+    1 and 3 threads; padding columns untouched. Without such units (and always with
+    OPGEN_BF16_UNITS=none) exactly opgen_sgemm's bits."""
     import ml_dtypes
 
     exe = drivers["native"]
     rng = np.random.default_rng(m * 5 + n * 11 + k)
     for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
         a, b, c = _abc(rng, m, n, k, ta, tb, pad)
-        got, amx = run_amx(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
-        others = [run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 3, t) for t in ("1", "3")]
+        got, ran = run_units(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, units=units)
+        others = [run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 3, t, units) for t in ("1", "3")]
         for other in others:
             assert np.array_equal(other.view(np.uint32), got.view(np.uint32)), ("threads", ta, tb, acc, pad)
         assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
         sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
-        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, amx=False)
-        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), "OPGEN_NO_AMX=1 is not opgen_sgemm"
-        if not amx:
-            assert np.array_equal(got.view(np.uint32), sgemm.view(np.uint32)), "no AMX: not opgen_sgemm"
+        off, none = run_units(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, units="none")
+        assert none == 0 and np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), \
+            "OPGEN_BF16_UNITS=none is not opgen_sgemm"
+        if not ran:
+            assert np.array_equal(got.view(np.uint32), sgemm.view(np.uint32)), "no bf16 units: not opgen_sgemm"
             continue
+        assert units != "dp" or ran == 1, f"OPGEN_BF16_UNITS=dp ran on units {ran}"
         opa, opb = _operand(a, ta), _operand(b, tb)
         ra = opa.astype(ml_dtypes.bfloat16).astype(np.float64)
         rb = opb.astype(ml_dtypes.bfloat16).astype(np.float64)
@@ -169,11 +181,12 @@ def test_bf16_products_against_float64_and_bitwise_on_every_thread_count(drivers
             assert np.abs(got[:, :n] - exact).max() > np.abs(got[:, :n] - want).max()
 
 
+@pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (300, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0)])
-def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k):
+def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k, units):
     """opgen_gemm_bf16 (bf16 caller tensors, any strides): the bits of opgen_bgemm on the same
-    (bf16-valued) operands held as f32 — AMX tiles where they run, else opgen_sgemm — on 1 and 3
-    threads; with OPGEN_NO_AMX=1 exactly opgen_sgemm."""
+    (bf16-valued) operands held as f32 — the bf16 units where they run, else opgen_sgemm — on 1 and 3
+    threads; with OPGEN_BF16_UNITS=none exactly opgen_sgemm."""
     import ml_dtypes
 
     exe = drivers["native"]
@@ -185,17 +198,18 @@ def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k):
         a = bf((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k))
         b = bf((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n))
         c = rng.standard_normal((m, n + pad)).astype(np.float32)
-        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, units=units)
         for fn, threads in ((4, "1"), (5, "1"), (5, "3")):
-            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
-        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 4, amx=False)
+        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 4, units="none")
         sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
         assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), (ta, tb, acc, pad)
 
 
+@pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (64, 32, 300)])
-def test_bf16_output(drivers, tmp_path, m, n, k):
+def test_bf16_output(drivers, tmp_path, m, n, k, units):
     """opgen_gemm_bf16_out (bf16 A, B and C): each element is opgen_bgemm's f32 sum on the same
     values (C widened when accumulating) rounded once to bf16 (ml_dtypes, round to nearest even),
     on 1 and 3 threads; the padding columns of C untouched."""
@@ -211,30 +225,31 @@ def test_bf16_output(drivers, tmp_path, m, n, k):
         a = bf((k, m) if ta == 1 else (m, 2 * k) if ta == 2 else (m, k))
         b = bf((n, k) if tb == 1 else (k, 2 * n) if tb == 2 else (k, n))
         c = bf((m, n + pad))
-        f32 = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
+        f32 = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, units=units)
         want = f32[:, :n].astype(ml_dtypes.bfloat16).astype(np.float32)
         for fn, threads in ((6, "1"), (7, "1"), (7, "3")):
-            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads)
+            got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units)
             assert np.array_equal(got[:, :n].view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc)
             assert np.array_equal(got[:, n:], c[:, n:]), "the padding columns of C were written"
 
 
+@pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), BF16_SHAPES)
-def test_packed_right_hand_operand(drivers, tmp_path, m, n, k):
+def test_packed_right_hand_operand(drivers, tmp_path, m, n, k, units):
     """opgen_bpack + opgen_bgemm_pb (hoist-packing's B packed ahead of the loop): bitwise
     opgen_bgemm's result on every shape and stride (the same products on the same packed words),
     never writing past round32(k) x round32(n) words nor reading a word it did not pack (the
-    buffer starts as NaN patterns); with OPGEN_NO_AMX=1 exactly opgen_sgemm."""
+    buffer starts as NaN patterns); with OPGEN_BF16_UNITS=none exactly opgen_sgemm."""
     exe = drivers["native"]
     rng = np.random.default_rng(m * 3 + n * 7 + k)
     for ta, tb, acc, pad in ((0, 0, 0, 0), (1, 1, 1, 3), (0, 1, 1, 0), (1, 0, 0, 5), (2, 2, 1, 1)):
         a, b, c = _abc(rng, m, n, k, ta, tb, pad)
-        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2)
-        got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8)
+        want = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 2, units=units)
+        got = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8, units=units)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (ta, tb, acc, pad)
-        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8, amx=False)
+        off = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 8, units="none")
         sgemm = run(exe, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, 0)
-        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), ("no AMX", ta, tb, acc, pad)
+        assert np.array_equal(off.view(np.uint32), sgemm.view(np.uint32)), ("no bf16 units", ta, tb, acc, pad)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
@@ -264,7 +279,7 @@ def failing_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp_path, m, n, k):
     """Every GEMM entry point (f32, bf16 operands, bf16 output, B packed ahead; one and three
     threads) with each of its large allocations failing: its plain loops give the bits of the
-    panel GEMM (without AMX, whose tile products round differently by design), and the failure
+    panel GEMM (without bf16 units, whose products round differently by design), and the failure
     really happened (the driver counts the refused requests)."""
     import ml_dtypes
 
@@ -274,8 +289,8 @@ def test_every_gemm_falls_back_when_memory_runs_out(drivers, failing_driver, tmp
         a, b, c = (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (a, b, c))  # (bf16 values)
         for fn, threads in ((0, "1"), (1, "3"), (2, "1"), (3, "3"), (4, "1"), (5, "3"), (6, "1"), (7, "3"), (8, "1"),
                             (9, "1")):
-            want = run(drivers["native"], tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx=False)
-            got, r = run_driver(failing_driver, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, amx=False,
+            want = run(drivers["native"], tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units="none")
+            got, r = run_driver(failing_driver, tmp_path, a, b, c, m, n, k, ta, tb, acc, pad, fn, threads, units="none",
                                 env={"GEMM_CHECK_FAIL_ALLOC": "1"})
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fn, threads, ta, tb, acc, pad)
             failed = int(r.stderr.split("failed allocations:")[1])

@@ -78,7 +78,7 @@ def run_both(o: Any, args: dict[str, Any], lib: Any = None, level: str = "loops"
             m_args[p.name] = p.spec.default
     c_out = runtime.call(o.name, lib=lib, **c_args)
     assert j.call(fn, **m_args) == 0
-    # (bf16 products on AMX tiles: the units' own bits, which the MLIR loops do not model)
+    # (bf16 products on bf16 units, AMX or AVX512-BF16: their own bits, which the MLIR loops do not model)
     tiles = cc.bf16_products(o.name) and "bf16" in dtype_bindings(o, args).values()
     exact = level == "loops" and not uses_transcendental(j, fn) and not tiles
     for name, ref in c_out.items():

@@ -365,47 +365,63 @@ void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate) {
     sgemm(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, opgen_team());
 }
-/* ---- bf16 tile products (sched.matmul's `products` bf16): AMX where the CPU and the OS have it ----
- * opgen_bgemm rounds op(A) and op(B) to bf16 (round to nearest even) while packing them and runs
- * the products on the AMX tile units (TDPBF16PS: 16 x 16 f32 accumulators, k in steps of 32),
- * C accumulated in f32 in k blocks of OPGEN_KC added in order. The bits are fixed per machine and
- * do not depend on the threads or the row split (each element sees the same instructions), but
- * they are not the f32 GEMM's: the tile units' internal rounding is their own. Without AMX
- * (another CPU, an OS that refuses the tile state, OPGEN_NO_AMX=1) it is opgen_sgemm on the f32
- * operands, unrounded. Compiled for AMX by a target pragma and chosen at run time (CPUID, then the
- * kernel's permission for the tile data), so every build of the library has it. */
+/* ---- bf16 products (sched.matmul's `products` bf16): AMX tiles or AVX512-BF16 dot products ----
+ * opgen_bgemm rounds op(A) and op(B) to bf16 (round to nearest even) while packing them (pairs of
+ * k interleaved) and multiplies them on the CPU's bf16 units, C accumulated in f32 in k blocks of
+ * OPGEN_KC added in order, pairs of k in order within a block:
+ *   2 AMX: the tile units (TDPBF16PS: 16 x 16 f32 accumulators, k in steps of 32);
+ *   1 AVX512-BF16: VDPBF16PS (16 f32 lanes, one pair of k per instruction) on the same packed
+ *     panels, 8 rows x 32 columns of C in registers (Zen 4/5, Cooper Lake: no AMX there);
+ *   0 none: opgen_sgemm on the f32 operands, unrounded.
+ * The bits are fixed per machine and units and do not depend on the threads or the row split (each
+ * element sees the same instructions), but they are not the f32 GEMM's: the units' internal
+ * rounding is their own. Chosen once per process: the best the CPU (CPUID) and the OS (the
+ * AVX-512 state saved; Linux's permission for the tile data) allow, or OPGEN_BF16_UNITS=amx, dp or
+ * none (the best up to that; another value: the best). Compiled by a target pragma, so every
+ * build of the library has them. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define OPGEN_HAVE_AMX 1
+#define OPGEN_HAVE_BF16_UNITS 1
 #define BKC OPGEN_KC /* k block (elements) */
 #define BMC 256      /* rows of A packed at once */
-static atomic_int opgen_amx_state; /* 0 undecided, 1 usable, -1 not */
+static atomic_int opgen_units_state; /* 0 undecided, else 1 + opgen_bf16_units() */
 
-static int amx_usable(void) {
+/* AVX512F, BW, VL and AVX512_BF16, and the OS saves the AVX-512 state */
+static int cpu_dpbf16(void) {
     unsigned a, b, c, d;
-    const char *no = getenv("OPGEN_NO_AMX");
-    if (no && *no && *no != '0') return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    /* AMX-BF16 (EDX 22), AMX-TILE (24), AVX512F (EBX 16), AVX512BW (30), AVX512VL (31) */
-    if (!(d & (1u << 22)) || !(d & (1u << 24)) || !(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31))) return 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0; /* AVX512_BF16 */
+    if (!(b & (1u << 16)) || !(b & (1u << 30)) || !(b & (1u << 31))) return 0; /* EBX 16, 30, 31 */
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0; /* EAX 5 */
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 0xe6u) != 0xe6u) return 0; /* the OS saves the AVX-512 state */
-    /* Linux: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
+    return (lo & 0xe6u) == 0xe6u;
+}
+
+/* AMX-BF16 (EDX 22) and AMX-TILE (24), and Linux grants the tile data state
+ * (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
+static int cpu_amx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
-int opgen_amx(void) {
-    int s = atomic_load_explicit(&opgen_amx_state, memory_order_relaxed);
+static int units_detect(void) {
+    const char *want = getenv("OPGEN_BF16_UNITS");
+    const int cap = !want ? 2 : !strcmp(want, "none") ? 0 : !strcmp(want, "dp") ? 1 : 2;
+    if (cap == 0 || !cpu_dpbf16()) return 0;
+    return cap == 2 && cpu_amx() ? 2 : 1;
+}
+
+int opgen_bf16_units(void) {
+    int s = atomic_load_explicit(&opgen_units_state, memory_order_relaxed);
     if (!s) {
-        s = amx_usable() ? 1 : -1;
-        atomic_store_explicit(&opgen_amx_state, s, memory_order_relaxed);
+        s = 1 + units_detect();
+        atomic_store_explicit(&opgen_units_state, s, memory_order_relaxed);
     }
-    return s > 0;
+    return s - 1;
 }
 
 #pragma GCC push_options
@@ -580,12 +596,69 @@ static void amx_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const ui
     _tile_stored(2, c + 16 * ldc, ldc * 4); _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
 }
 
+/* amx_kernel_all_k on AVX512-BF16 dot products: C's 32 rows 8 at a time (16 f32 registers: 8
+ * rows x 2 column groups; one pair of k per VDPBF16PS, A's pair broadcast from its packed row),
+ * C through memory between k blocks (so each element's sum is the same chain of pairs); a k
+ * block of B's 32 columns (16 KB) stays in L1 over the four passes */
+#define DPR 8
+static inline __m512bh pair_bcast(const uint16_t *p) {
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    return (__m512bh)_mm512_set1_epi32(w);
+}
+static void dp_kernel_all_k(int64_t k, const uint16_t *pa, int64_t sa, const uint16_t *pb, int64_t sb, int64_t g,
+                            float *c, int64_t ldc, int load) {
+    for (int64_t kb = 0, k0 = 0; k0 < k; kb++, k0 += BKC) {
+        const int64_t kcp = ((k - k0 < BKC ? k - k0 : BKC) + 31) & ~(int64_t)31;
+        const uint16_t *a = pa + kb * sa, *b0 = pb + kb * sb + g * kcp * 16, *b1 = b0 + kcp * 16;
+        const int ld = load || k0 > 0;
+        for (int r0 = 0; r0 < 32; r0 += DPR) {
+            __m512 acc[2 * DPR];
+#pragma GCC unroll 8
+            for (int i = 0; i < DPR; i++) {
+                acc[2 * i] = ld ? _mm512_loadu_ps(c + (r0 + i) * ldc) : _mm512_setzero_ps();
+                acc[2 * i + 1] = ld ? _mm512_loadu_ps(c + (r0 + i) * ldc + 16) : _mm512_setzero_ps();
+            }
+            const uint16_t *ar = a + (r0 / 16) * 16 * BKC + (r0 % 16) * 32;
+            for (int64_t s = 0; s < kcp / 32; s++) /* 32 of k: 16 pairs */
+                for (int q = 0; q < 16; q++) {
+                    const __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + (s * 16 + q) * 32);
+                    const __m512bh v1 = (__m512bh)_mm512_loadu_si512(b1 + (s * 16 + q) * 32);
+#pragma GCC unroll 8
+                    for (int i = 0; i < DPR; i++) {
+                        const __m512bh w = pair_bcast(ar + s * 512 + i * 32 + 2 * q);
+                        acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], w, v0);
+                        acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], w, v1);
+                    }
+                }
+#pragma GCC unroll 8
+            for (int i = 0; i < DPR; i++) {
+                _mm512_storeu_ps(c + (r0 + i) * ldc, acc[2 * i]);
+                _mm512_storeu_ps(c + (r0 + i) * ldc + 16, acc[2 * i + 1]);
+            }
+        }
+    }
+}
+#undef DPR
+
+/* the kernel of this process's units (opgen_bf16_units() > 0), and their per-thread set-up around
+ * a run of its calls (the tile configuration on AMX) */
+typedef void (*bkernel_t)(int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t, int64_t, float *, int64_t, int);
+static bkernel_t units_begin(void) {
+    if (opgen_bf16_units() != 2) return dp_kernel_all_k;
+    tile_config();
+    return amx_kernel_all_k;
+}
+static void units_end(void) {
+    if (opgen_bf16_units() == 2) _tile_release();
+}
+
 /* rows [r0, r1) of C over the k block at k0 (B's block packed in pb); pa: this thread's A pack */
 static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc, const void *A, int64_t ars,
                        int64_t acs, int abf, const uint16_t *pb, float *C, int64_t ldc, int load, uint16_t *pa) {
     const int64_t kcp = (kc + 31) & ~(int64_t)31;
     float tmp[32 * 32];
-    tile_config();
+    const bkernel_t kernel = units_begin();
     for (int64_t i0 = r0; i0 < r1; i0 += BMC) {
         const int64_t mc = r1 - i0 < BMC ? r1 - i0 : BMC;
         bpack_a(mc, kc, kcp, at(A, i0 * ars + k0 * acs, abf), ars, acs, abf, pa);
@@ -593,18 +666,18 @@ static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc
             for (int64_t j = 0; j < n; j += 32) {
                 float *c = C + (i0 + i) * ldc + j;
                 if (mc - i >= 32 && n - j >= 32) {
-                    amx_kernel_all_k(kc, pa + i * BKC, 0, pb, 0, j / 16, c, ldc, load);
+                    kernel(kc, pa + i * BKC, 0, pb, 0, j / 16, c, ldc, load);
                     continue;
                 }
                 /* an edge block: through a 32 x 32 copy (A's and B's padding are zeros) */
                 const int64_t r = mc - i < 32 ? mc - i : 32, q = n - j < 32 ? n - j : 32;
                 if (load)
                     for (int64_t a = 0; a < r; a++) memcpy(tmp + a * 32, c + a * ldc, sizeof(float) * (size_t)q);
-                amx_kernel_all_k(kc, pa + i * BKC, 0, pb, 0, j / 16, tmp, 32, load);
+                kernel(kc, pa + i * BKC, 0, pb, 0, j / 16, tmp, 32, load);
                 for (int64_t a = 0; a < r; a++) memcpy(c + a * ldc, tmp + a * 32, sizeof(float) * (size_t)q);
             }
     }
-    _tile_release();
+    units_end();
 }
 
 /* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
@@ -634,7 +707,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
 #define OPGEN_OUT_ROWS(t, T) do { /* thread t of T: its share of the row blocks */ \
     uint16_t *pa = pt + (size_t)(t) * (nt / sizeof(uint16_t)); \
     _Alignas(64) float tmp[32 * 32]; \
-    tile_config(); \
+    const bkernel_t kernel = units_begin(); \
     for (int64_t rb = blocks * (t) / (T); rb < blocks * ((t) + 1) / (T); rb++) { \
         const int64_t i0 = rb * OUT_RB, rows = m - i0 < OUT_RB ? m - i0 : OUT_RB; \
         for (int64_t kb = 0; kb < nkb; kb++) { \
@@ -648,12 +721,12 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
                 if (accumulate) \
                     for (int64_t a = 0; a < 32; a++) \
                         for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
-                amx_kernel_all_k(k, pa + i * BKC, (int64_t)sa, pb, (int64_t)sb, j / 16, tmp, 32, accumulate); \
+                kernel(k, pa + i * BKC, (int64_t)sa, pb, (int64_t)sb, j / 16, tmp, 32, accumulate); \
                 for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */ \
                     opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q); \
             } \
     } \
-    _tile_release(); \
+    units_end(); \
 } while (0)
     if (threads > 1) {
         #pragma omp parallel for schedule(static) num_threads(threads)
@@ -727,13 +800,13 @@ static int bgemm_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t
 #undef BKC
 #undef BMC
 #else
-int opgen_amx(void) { return 0; }
+int opgen_bf16_units(void) { return 0; }
 #endif
 
 static void bgemm_any(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
-#ifdef OPGEN_HAVE_AMX
-    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, 0, B, brs, bcs, 0, C, ldc, accumulate,
+#ifdef OPGEN_HAVE_BF16_UNITS
+    if (m > 0 && n > 0 && k > 0 && opgen_bf16_units() && bgemm(m, n, k, A, ars, acs, 0, B, brs, bcs, 0, C, ldc, accumulate,
                                                         threads))
         return;
 #endif
@@ -751,8 +824,8 @@ void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
 }
 
 void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p) {
-#ifdef OPGEN_HAVE_AMX
-    if (k > 0 && n > 0 && opgen_amx()) bpack_all(k, n, B, brs, bcs, 0, p);
+#ifdef OPGEN_HAVE_BF16_UNITS
+    if (k > 0 && n > 0 && opgen_bf16_units()) bpack_all(k, n, B, brs, bcs, 0, p);
 #else
     (void)k, (void)n, (void)B, (void)brs, (void)bcs, (void)p;
 #endif
@@ -760,8 +833,8 @@ void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs,
 
 void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate) {
-#ifdef OPGEN_HAVE_AMX
-    if (m > 0 && n > 0 && k > 0 && opgen_amx() && bgemm_packed(m, n, k, A, ars, acs, pb, C, ldc, accumulate))
+#ifdef OPGEN_HAVE_BF16_UNITS
+    if (m > 0 && n > 0 && k > 0 && opgen_bf16_units() && bgemm_packed(m, n, k, A, ars, acs, pb, C, ldc, accumulate))
         return;
 #else
     (void)pb;
@@ -783,8 +856,8 @@ static void gemm_bf16_loop(int64_t m, int64_t n, int64_t k, const uint16_t *A, i
 static void gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
                       int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate, int threads) {
     if (m <= 0 || n <= 0) return;
-#ifdef OPGEN_HAVE_AMX
-    if (k > 0 && opgen_amx() && bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
+#ifdef OPGEN_HAVE_BF16_UNITS
+    if (k > 0 && opgen_bf16_units() && bgemm(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads)) return;
 #endif
     /* the exact f32 values through the f32 GEMM (widened in its panels: its k order, so its bits) */
     sgemm_x(m, n, k, A, ars, acs, 1, B, brs, bcs, 1, C, ldc, accumulate, threads);
@@ -832,8 +905,8 @@ static void gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, in
                           const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate,
                           int threads) {
     if (m <= 0 || n <= 0) return;
-#ifdef OPGEN_HAVE_AMX
-    if (k > 0 && opgen_amx() && bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
+#ifdef OPGEN_HAVE_BF16_UNITS
+    if (k > 0 && opgen_bf16_units() && bgemm_out(m, n, k, A, ars, acs, B, brs, bcs, C, ldc, accumulate, threads)) return;
 #endif
     /* the f32 GEMM into an f32 copy of C, then rounded; without memory for it, its loop (the
        same k order, so the same bits) */

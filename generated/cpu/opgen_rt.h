@@ -113,9 +113,10 @@ void opgen_sgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 void opgen_sgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                      const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 
-/* opgen_sgemm with op(A) and op(B) rounded to bf16 for the products where the CPU has bf16 tile
- * units (AMX): sched.matmul's `products` bf16. Per machine deterministic, independent of threads;
- * not the f32 GEMM's bits on AMX machines; exactly opgen_sgemm elsewhere or with OPGEN_NO_AMX=1. */
+/* opgen_sgemm with op(A) and op(B) rounded to bf16 for the products where the CPU has bf16 units
+ * (AMX tiles, or AVX512-BF16 dot products: opgen_bf16_units()): sched.matmul's `products` bf16.
+ * Per machine deterministic, independent of threads; not the f32 GEMM's bits where the units run;
+ * exactly opgen_sgemm elsewhere or with OPGEN_BF16_UNITS=none. */
 void opgen_bgemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                  const float *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
 void opgen_bgemm_par(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
@@ -127,13 +128,13 @@ void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs,
 void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate);
 /* opgen_bgemm's right-hand operand packed ahead (sched.pack): op(B) (k x n) into p, which holds
- * round32(k) x round32(n) words; nothing where opgen_bgemm does not run on AMX tiles.
+ * round32(k) x round32(n) words; nothing where opgen_bgemm does not run on bf16 units.
  * opgen_bgemm_pb: opgen_bgemm (one thread, the same bits) reading B from p where opgen_bpack
  * packed it, else from B (the same B: a matmul given both, hoist-packing). */
 void opgen_bpack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, uint16_t *p);
 void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const uint16_t *pb, float *C, int64_t ldc, int accumulate);
-/* opgen_sgemm for bf16 operands in memory (caller tensors): on AMX tiles where opgen_bgemm runs
+/* opgen_sgemm for bf16 operands in memory (caller tensors): on the bf16 units where opgen_bgemm runs
  * there, else the f32 GEMM on their exact f32 values (bitwise opgen_sgemm's result on them). */
 void opgen_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                      const uint16_t *B, int64_t brs, int64_t bcs, float *C, int64_t ldc, int accumulate);
@@ -144,8 +145,9 @@ void opgen_gemm_bf16_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int
                          const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
 void opgen_gemm_bf16_out_par(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs,
                              const uint16_t *B, int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate);
-/* 1 when opgen_bgemm runs on AMX tiles in this process (decided once) */
-int opgen_amx(void);
+/* The bf16 units opgen_bgemm runs on in this process (decided once): 2 AMX tiles, 1 AVX512-BF16
+ * dot products, 0 none (the f32 GEMM). OPGEN_BF16_UNITS=amx, dp or none caps the choice. */
+int opgen_bf16_units(void);
 
 /* A hint that the line `ahead` bytes past element `off` of p will be read soon (map-cpu's
  * `stream` loops). The address is integer arithmetic, so no pointer past an object is formed;

@@ -1,11 +1,11 @@
 """``hoist-packing``: a matmul inside loops that leave its right-hand operand B alone gets B
 packed once, before the outermost of those loops, instead of at every call.
 
-The CPU runtime's GEMMs pack B at each call: ``opgen_bgemm`` into the AMX tiles' layout (bf16
+The CPU runtime's GEMMs pack B at each call: ``opgen_bgemm`` into its bf16 units' layout (bf16
 pairs in groups of 16 columns), ``opgen_sgemm`` into panels of 32 columns. In a matmul chain's
 tile loop the same B comes back for every row block: FLCE's ``W_j`` (``X_i W_j^T`` and
 ``G W_j``) is the same for all the row blocks of column block j, and under ``perf`` packing took
-about as long as the AMX products themselves. The pass places ``sched.pack`` (B into a ``local``
+about as long as the AMX products themselves (an AMX machine). The pass places ``sched.pack`` (B into a ``local``
 f32 buffer of round32(k) x round32(n) elements, room for either layout) right before that loop
 and gives the matmul the packed buffer (``b_packed``); the printer calls the runtime's packing for
 the instance's products there (``opgen_bpack`` for bf16, ``opgen_spack`` for f32 and f16,

@@ -1,6 +1,6 @@
 """``narrow-products``: a matmul whose operands hold values of a narrow float storage dtype takes
 its products in that dtype (``sched.matmul``'s ``products``), which the CPU runtime runs on bf16
-tile units (AMX) where the machine has them; the sums stay in f32.
+units (AMX tiles, or AVX512-BF16 dot products) where the machine has them; the sums stay in f32.
 
 Each operand must be
 

@@ -638,7 +638,7 @@ class BufferMatmulOp(IRDLOperation):
 
     ``products`` (set by narrow-products: opgen/lower/narrow_products.py) names a storage dtype
     (or dtype variable) the operands may be rounded to for the products, where the target has
-    units for it (bf16 tile units: the CPU runtime's opgen_bgemm on AMX); the k blocks stay, but
+    units for it (bf16 units: the CPU runtime's opgen_bgemm on AMX or AVX512-BF16); the k blocks stay, but
     the bits within a block are then the units' own, fixed per machine and thread-independent.
 
     ``exact`` (set by exact-operands: opgen/lower/narrow_products.py) gives, for A and B, the
@@ -693,7 +693,7 @@ class BufferMatmulOp(IRDLOperation):
 class PackOp(IRDLOperation):
     """``dst`` = op(``src``) (``k`` x ``n``; ``trans``: src is its transpose) laid out as the right-hand
     operand of a matmul whose ``products`` are ``products`` (sched.matmul's ``b_packed``): the target's
-    packed layout (the CPU runtime's opgen_bpack for bf16 products, AMX groups of bf16 pairs in
+    packed layout (the CPU runtime's opgen_bpack for bf16 products, groups of 16 columns of bf16 pairs in
     round32(k) x round32(n) words; opgen_spack for f32 ones, 32-column panels in k x round32(n)
     floats), or nothing where that target packs nothing."""
 

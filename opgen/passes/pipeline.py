@@ -63,7 +63,7 @@ PIPELINES: dict[str, list[ModulePass]] = {
     "l0": L0,
     # C11 + OpenMP: loops over buffers (independent reductions over one range fused; a matmul
     # feeding only an elementwise epilogue writes its output: opgen/lower/matmul_output.py; a
-    # matmul of bf16 values takes bf16 products, AMX where the machine has it:
+    # matmul of bf16 values takes bf16 products, AMX or AVX512-BF16 where the machine has them:
     # opgen/lower/narrow_products.py, its right-hand operand packed once before the loops that
     # leave it alone: opgen/lower/hoist_packing.py; matmul chains in one pass of 3 tile products
     # over column groups: opgen/lower/matmul_chain.py); map-cpu

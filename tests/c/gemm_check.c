@@ -1,5 +1,6 @@
 /* Driver for tests/test_gemm.py: runs one of the CPU runtime's GEMMs (opgen_rt.c) on operands
- * read from a file and writes C to another; prints opgen_amx() (1: opgen_bgemm runs on AMX tiles).
+ * read from a file and writes C to another; prints opgen_bf16_units() (2: opgen_bgemm runs on AMX tiles, 1: on AVX512-BF16 dot products,
+ * 0: it is opgen_sgemm).
  *
  *   gemm_check IN OUT m n k ta tb accumulate ldc_pad fn
  *
@@ -41,7 +42,7 @@ void opgen_bgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
 void opgen_spack(int64_t k, int64_t n, const float *B, int64_t brs, int64_t bcs, float *p);
 void opgen_sgemm_pb(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
                     int64_t brs, int64_t bcs, const float *pb, float *C, int64_t ldc, int accumulate);
-int opgen_amx(void);
+int opgen_bf16_units(void);
 
 #ifdef GEMM_CHECK_FAIL_ALLOC
 /* Built with -Dmalloc=gemm_check_malloc -Daligned_alloc=gemm_check_aligned_alloc, so opgen_rt.c's
@@ -148,7 +149,7 @@ int main(int argc, char **argv) {
     } else {
         fns[fn](m, n, k, A, ars, acs, B, brs, bcs, C, ldc, acc);
     }
-    printf("%d\n", opgen_amx());
+    printf("%d\n", opgen_bf16_units());
 #ifdef GEMM_CHECK_FAIL_ALLOC
     fprintf(stderr, "failed allocations: %ld\n", failed);
 #endif
