@@ -467,9 +467,10 @@ def test_stream_loops_prefetch_rows_read_first(built):
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 95])
 def test_staged_stores(built, rng, T, n):
-    """map-cpu's ``staged`` stores: the stream loop's store into a caller row (GELU backward's dx)
-    is marked; its bf16 instance keeps a strip's values in f32 and rounds them a strip at a time
-    (``opgen_bf16_store_strip``, in both stride flavours), the f32 instance stores as it goes.
+    """map-cpu's staged stores: the stream loop's store into a caller row (GELU backward's dx, an
+    output it never reads: ``nontemporal``) is marked; both instances keep a strip's values (in
+    f32) and store them a strip at a time (``opgen_bf16_store_strip`` rounding them,
+    ``opgen_f32_store_strip``; in both stride flavours), streaming when dx is large (``nt_p_dx``).
     Against the oracle over row lengths around the strip of 32, contiguous and with strided rows
     (the general flavour), with no element written outside dx's view."""
     from opgen.emit import cpu
@@ -480,15 +481,16 @@ def test_staged_stores(built, rng, T, n):
     pipeline.run(m, "cpu")
     (loop,) = [o for o in m.walk() if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
     (st,) = [o for o in loop.body.block.ops if isinstance(o, s.StoreOp)]
-    assert cpu_map.cpu_mapping(st) == s.CpuMapping.STAGED
+    assert cpu_map.cpu_mapping(st) == s.CpuMapping.NONTEMPORAL
     assert not [o for o in m.walk() if isinstance(o, s.StoreOp) and o is not st
-                and cpu_map.cpu_mapping(o) == s.CpuMapping.STAGED]
+                and cpu_map.cpu_mapping(o) in (s.CpuMapping.STAGED, s.CpuMapping.NONTEMPORAL)]
     text = cpu.op_source(built["ops"]["gelu_backward"])
     body = {f: text[text.index(f"k_gelu_backward_{f}("):] for f in ("f32_u", "f32_g", "bf16_u", "bf16_g")}
     body = {f: b[:b.index("return OPGEN_SUCCESS")] for f, b in body.items()}
     assert "opgen_bf16_store_strip(&p_dx[" in body["bf16_u"] and ", 1, stg" in body["bf16_u"]
-    assert "st_dx_1, stg" in body["bf16_g"]
-    assert not any("stg" in body[f] for f in ("f32_u", "f32_g"))
+    assert "opgen_f32_store_strip(&p_dx[" in body["f32_u"] and ", 1, stg" in body["f32_u"]
+    assert "st_dx_1, stg" in body["bf16_g"] and "st_dx_1, stg" in body["f32_g"]
+    assert all(", nt_p_dx);" in b for b in body.values())
     x = rounded(rng.standard_normal((2, n)) * 3, T)
     g = rng.standard_normal((2, n))
     g[1] *= 1e-39  # (row 1's results are denormal: the instruction alone would flush them to zero)
@@ -507,6 +509,139 @@ def test_staged_stores(built, rng, T, n):
         untouched = np.ones(big.shape, bool)
         untouched[:, 1:2 * n + 1:2 if strided else 1][:, :n] = False
         assert np.all(f64(big)[untouched] == 7.0)
+
+
+def test_nontemporal_stores_only_into_outputs_never_read(built):
+    """map-cpu's ``nontemporal`` stores: every store into an output the kernel only writes, row by
+    row (GELU's dx, LayerNorm's grad_x; embedding backward's rows, zeros and sums, from two loops,
+    whose ``simd`` loops become streams), and nothing else: not a rank-1 output (LayerNorm's
+    grad_w), not an output a matmul writes and its epilogue reads back (the linear layer's). The
+    parallel loop around streaming stores is a region that fences them on each thread; the
+    write prefetch of a second pass runs only when grad_x does not stream."""
+    from opgen import registry
+    from opgen.emit import cpu
+    from opgen.lower import cpu_map
+    from opgen.passes import pipeline
+
+    def marked(o: object) -> dict[str, list[str]]:
+        m = o.module()
+        pipeline.run(m, "cpu")
+        out: dict[str, list[str]] = {}
+        for k in (x for x in m.walk() if isinstance(x, s.KernelOp)):
+            for st in (x for x in k.walk() if isinstance(x, s.StoreOp) and x.buf in k.param_names):
+                out.setdefault(k.param_names[st.buf], []).append(cpu_map.cpu_mapping(st) or "")
+                if cpu_map.cpu_mapping(st) == s.CpuMapping.NONTEMPORAL:
+                    assert cpu_map.cpu_mapping(st.parent_op()) == s.CpuMapping.STREAM
+        return out
+
+    assert marked(built["ops"]["gelu_backward"]) == {"dx": ["nontemporal"]}
+    ln = marked(built["ops"]["ln_cast_backward"])
+    assert set(ln["grad_x"]) == {"nontemporal"} and "nontemporal" not in ln["grad_w"] + ln["grad_b"]
+    saved = os.environ.pop("OPGEN_OPS_DIR")  # (the seeds' registry, for a moment)
+    registry.load_all.cache_clear()
+    try:
+        seed = registry.get("embedding_dense_backward")
+    finally:
+        os.environ["OPGEN_OPS_DIR"] = saved
+        registry.load_all.cache_clear()
+    assert set(marked(seed)["out"]) == {"nontemporal"}
+    assert not any("nontemporal" in v for v in marked(built["ops"]["linear_relu"]).values())
+    text = cpu.op_source(built["ops"]["ln_cast_backward"])
+    body = text[text.index("k_ln_cast_backward_f32_u("):]
+    body = body[:body.index("return OPGEN_SUCCESS")]
+    assert "if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, " in body
+    assert body.count("#pragma omp parallel num_threads(opgen_team())") == body.count("opgen_stream_fence();") == 1
+    assert "#pragma omp for schedule(static) nowait" in body
+
+
+def test_streaming_only_into_large_resident_outputs():
+    """opgen_nt: an output streams from opgen_nt_bytes() on (the last-level cache, at most 32 MiB;
+    OPGEN_NT_BYTES unset here) and only when its pages are resident: a fresh 64 MiB allocation
+    (untouched) does not, the same memory once written does, 1 MiB written does not."""
+    import ctypes
+
+    lib = runtime.load()
+    lib.opgen_nt.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.opgen_nt_bytes.restype = ctypes.c_size_t
+    if "OPGEN_NT_BYTES" in os.environ:
+        pytest.skip("OPGEN_NT_BYTES set by the caller")
+    assert 0 < lib.opgen_nt_bytes() <= 32 << 20
+    fresh = np.empty(64 << 20, np.uint8)
+    assert lib.opgen_nt(fresh.ctypes.data, fresh.nbytes) == 0
+    fresh.fill(1)
+    assert lib.opgen_nt(fresh.ctypes.data, fresh.nbytes) == 1
+    assert lib.opgen_nt(fresh.ctypes.data, 1 << 20) == 0
+    assert lib.opgen_nt(None, fresh.nbytes) == 0
+
+
+NT_WORKER = """
+import pickle, sys
+import numpy as np
+from opgen import runtime
+src, dst = sys.argv[1:3]
+with open(src, "rb") as f:
+    lib, op, args, outs = pickle.load(f)
+got = {}
+for offset in (0, 1):  # (an output 64-byte aligned, and one element past: no line is whole)
+    a = dict(args)
+    for name, (shape, dtype) in outs.items():
+        flat = np.full(int(np.prod(shape)) + 32, 7, dtype=dtype)
+        base = (-flat.ctypes.data // flat.itemsize) % (64 // flat.itemsize)
+        a[name] = flat[base + offset:base + offset + int(np.prod(shape))].reshape(shape)
+    r = runtime.call(op, lib=runtime.load(lib), **a)
+    got[offset] = {k: np.asarray(v).copy() for k, v in r.items()}
+with open(dst, "wb") as f:
+    pickle.dump(got, f)
+"""
+
+
+@pytest.mark.parametrize("T", ["f32", "bf16", "f16"])
+def test_streaming_stores_give_the_same_bits(built, rng, tmp_path, T):
+    """With every output streaming (OPGEN_NT_BYTES=0, in a fresh process: the threshold is read
+    once) the results are bitwise those of the cached stores (small outputs: never streaming), on
+    2 threads, for outputs 64-byte aligned and not (whose strips fall back to plain stores), rows
+    around the strip of 16 and 32: GELU backward, LayerNorm backward, and the seeds embedding and
+    RMSNorm backward."""
+    import pickle
+
+    from opgen import registry
+
+    seeds = str(registry.REPO_ROOT / "build" / "cpu" / "libopgen.so")
+    newops = str(built["root"] / "generated.build" / "cpu" / "libopgen.so")
+    cases = []
+    for n in (1, 16, 33, 64):
+        x = rounded(rng.standard_normal((5, n)), T)
+        g = rounded(rng.standard_normal((5, n)), T)
+        if T != "f16":
+            cases.append((newops, "gelu_backward", {"grad": g, "x": x}, {"dx": ((5, n), x.dtype)}))
+            outs = {"grad_x": ((5, n), x.dtype), "grad_w": ((n,), x.dtype), "grad_b": ((n,), x.dtype)}
+            cases.append((newops, "ln_cast_backward", ln_cast_args(rng, T, (5, n)), outs))
+        w = rounded(rng.standard_normal(n), T)
+        cases.append((seeds, "rms_norm_backward", {"grad_y": g, "x": x, "w": w, "eps": 1e-6},
+                      {"grad_x": ((5, n), x.dtype), "grad_w": ((n,), x.dtype)}))
+        idx = np.array([3, 0, 3, 6, 1], np.int64)
+        cases.append((seeds, "embedding_dense_backward",
+                      {"grad": g, "indices": idx, "num_weights": 7, "scale_grad_by_freq": n % 2 == 1},
+                      {"out": ((7, n), x.dtype)}))
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OMP_DYNAMIC": "false",
+           "PYTHONPATH": str(registry.REPO_ROOT)}
+    for i, (lib, op, args, outs) in enumerate(cases):
+        src, dst = tmp_path / f"in{i}.pkl", tmp_path / f"out{i}.pkl"
+        src.write_bytes(pickle.dumps((lib, op, args, outs)))
+        runs = {}
+        for nt in ("0", str(1 << 40)):
+            penv = {**env, "OPGEN_NT_BYTES": nt}
+            if lib == seeds:
+                penv.pop("OPGEN_OPS_DIR", None)
+            r = subprocess.run([sys.executable, "-c", NT_WORKER, str(src), str(dst)], env=penv, capture_output=True,
+                               text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            runs[nt] = pickle.loads(dst.read_bytes())
+        for offset in (0, 1):
+            for k, v in runs["0"][offset].items():
+                want = runs[str(1 << 40)][offset][k]
+                assert np.array_equal(v.view(np.uint8), want.view(np.uint8)), (op, k, offset, args["grad" if "grad" in
+                                                                                            args else "grad_y"].shape)
 
 
 def test_second_pass_over_a_row_prefetches_the_next_row(built):

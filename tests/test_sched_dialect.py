@@ -471,7 +471,8 @@ def test_the_cuda_printer_prints_the_barriers_and_chunks_it_is_given(ops):
 @pytest.mark.parametrize("name", SEED_OPS)
 def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
     """map-cpu: OpenMP on the outermost parallel loop of each nest only (never nested), lanes on
-    reduce loops over scalar accumulators, staged stores in stream loops only; the printer puts
+    reduce loops over scalar accumulators, staged and nontemporal stores in stream loops only
+    (a loop is a stream when it prefetches or streams its stores); the printer puts
     its pragmas exactly there."""
     from opgen.emit import cpu
     from opgen.lower import cpu_map
@@ -490,16 +491,21 @@ def test_map_cpu_marks_openmp_loops_and_lanes(ops, name):
         if isinstance(op, s.ForOp) and op.kind.data == "parallel":
             assert (where == s.CpuMapping.OMP_FOR) == (not enclosing), op
             hints = any(isinstance(x, s.PrefetchOp) for x in op.body.block.ops)
-            assert (where == s.CpuMapping.STREAM) == hints, op  # (streams: tests/test_new_op_backends.py)
+            streamed = any(isinstance(x, s.StoreOp) and cpu_map.cpu_mapping(x) == s.CpuMapping.NONTEMPORAL
+                           for x in op.body.block.ops)
+            assert (where == s.CpuMapping.STREAM) == (hints or streamed), op  # (tests/test_new_op_backends.py)
         elif isinstance(op, s.ForOp) and op.kind.data == "reduce" and cpu_map.lane_split(op):
             assert where == s.CpuMapping.LANES
         elif isinstance(op, s.StoreOp) and where is not None:  # (staged: tests/test_new_op_backends.py)
             loop = op.parent_op()
-            assert where == s.CpuMapping.STAGED and cpu_map.cpu_mapping(loop) == s.CpuMapping.STREAM, op
+            assert where in (s.CpuMapping.STAGED, s.CpuMapping.NONTEMPORAL), op
+            assert cpu_map.cpu_mapping(loop) == s.CpuMapping.STREAM, op
             assert op in cpu_map.staged_stores(loop)
         elif not isinstance(op, s.BufferMatmulOp):
             assert where is None, op
         marked += where is not None
     assert marked
-    pragmas = cpu.op_source(ops[name]).count("#pragma omp parallel for")
-    assert pragmas > 0
+    text = cpu.op_source(ops[name])
+    regions = text.count("#pragma omp parallel num_threads(opgen_team())")  # (a loop with streaming stores)
+    assert text.count("#pragma omp parallel for") + regions > 0
+    assert regions == text.count("#pragma omp for schedule(static) nowait") == text.count("opgen_stream_fence();")

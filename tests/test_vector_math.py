@@ -79,7 +79,9 @@ def test_bf16_strip_rounding_is_the_scalar_rounding(tmp_path: Path, name: str, e
                                                     path: int) -> None:
     """opgen_bf16_store_strip (map-cpu's staged bf16 stores; vcvtne2ps2bf16 on AVX512-BF16, whose
     denormal inputs read as zero; the integer steps 8 lanes at a time on AVX2) writes the bits
-    opgen_f32_to_bf16 writes, and nothing between a strided strip's elements: every 997th f32 bit
+    opgen_f32_to_bf16 writes, opgen_f16_store_strip those of opgen_f32_to_f16 and
+    opgen_f32_store_strip the f32 bits, each storing normally and streaming (nt: map-cpu's
+    nontemporal stores), and nothing between a strided strip's elements: every 997th f32 bit
     pattern plus every exponent, sign and NaN payload with the rounding ties
     (tests/c/bf16_strip_check.c; OPGEN_ULP_STRIDE=1: all 2^32, checked once: no mismatch), for
     every vector path this machine runs."""

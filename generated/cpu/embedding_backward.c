@@ -94,7 +94,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
                         const float v28 = p_dtable1_acc ? v27 : v18;
                         const float v29 = v28 + v24;
@@ -127,7 +127,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
                         const float v42 = p_dtable1_acc ? v41 : v18;
                         const float v43 = l33[i39];
@@ -239,13 +239,13 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
                     _Alignas(64) float stg27[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v28 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
                         const float v29 = p_dtable1_acc ? v28 : v18;
                         const float v30 = v29 + v24;
                         stg27[l] = v30;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i25 = r26; i25 < d_D; i25++) {
@@ -274,14 +274,14 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
                     _Alignas(64) float stg42[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i40 = r41 + l;
+                        const int64_t i40 = r41 + l; (void)i40;
                         const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
                         const float v44 = p_dtable1_acc ? v43 : v18;
                         const float v45 = l34[i40];
                         const float v46 = v44 + v45;
                         stg42[l] = v46;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i40 = r41; i40 < d_D; i40++) {
@@ -386,7 +386,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v27 = p_dtable1[i19 * st_dtable1_0 + i25];
                         const float v28 = p_dtable1_acc ? v27 : v18;
                         const float v29 = v28 + v24;
@@ -419,7 +419,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
                         const float v42 = p_dtable1_acc ? v41 : v18;
                         const float v43 = l33[i39];
@@ -530,7 +530,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const double v27 = p_dtable1[i19 * st_dtable1_0 + i25];
                         const double v28 = p_dtable1_acc ? v27 : v18;
                         const double v29 = v28 + v24;
@@ -563,7 +563,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
                         const double v42 = p_dtable1_acc ? v41 : v18;
                         const double v43 = l33[i39];
@@ -666,7 +666,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l;
+                        const int64_t i21 = r22 + l; (void)i21;
                         const float v23 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
                         const float v24 = p_dtable1_acc ? v23 : v14;
                         const float v25 = v24 + v20;
@@ -699,7 +699,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i35 = r36 + l;
+                        const int64_t i35 = r36 + l; (void)i35;
                         const float v37 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i35]);
                         const float v38 = p_dtable1_acc ? v37 : v14;
                         const float v39 = l29[i35];
@@ -803,13 +803,13 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
                     _Alignas(64) float stg23[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l;
+                        const int64_t i21 = r22 + l; (void)i21;
                         const float v24 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i21]);
                         const float v25 = p_dtable1_acc ? v24 : v14;
                         const float v26 = v25 + v20;
                         stg23[l] = v26;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r22], 1, stg23, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r22], 1, stg23, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i21 = r22; i21 < d_D; i21++) {
@@ -838,14 +838,14 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
                     _Alignas(64) float stg38[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i36 = r37 + l;
+                        const int64_t i36 = r37 + l; (void)i36;
                         const float v39 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i36]);
                         const float v40 = p_dtable1_acc ? v39 : v14;
                         const float v41 = l30[i36];
                         const float v42 = v40 + v41;
                         stg38[l] = v42;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r37], 1, stg38, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r37], 1, stg38, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i36 = r37; i36 < d_D; i36++) {
@@ -942,7 +942,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r22 + l;
+                        const int64_t i21 = r22 + l; (void)i21;
                         const float v23 = p_dtable1[i15 * st_dtable1_0 + i21];
                         const float v24 = p_dtable1_acc ? v23 : v14;
                         const float v25 = v24 + v20;
@@ -975,7 +975,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i35 = r36 + l;
+                        const int64_t i35 = r36 + l; (void)i35;
                         const float v37 = p_dtable1[i15 * st_dtable1_0 + i35];
                         const float v38 = p_dtable1_acc ? v37 : v14;
                         const float v39 = l29[i35];
@@ -1078,7 +1078,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r22, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i21 = r22 + l;
+                        const int64_t i21 = r22 + l; (void)i21;
                         const double v23 = p_dtable1[i15 * st_dtable1_0 + i21];
                         const double v24 = p_dtable1_acc ? v23 : v14;
                         const double v25 = v24 + v20;
@@ -1111,7 +1111,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
                     OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i35 = r36 + l;
+                        const int64_t i35 = r36 + l; (void)i35;
                         const double v37 = p_dtable1[i15 * st_dtable1_0 + i35];
                         const double v38 = p_dtable1_acc ? v37 : v14;
                         const double v39 = l29[i35];
@@ -1222,7 +1222,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v27 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
                         const float v28 = p_dtable1_acc ? v27 : v18;
                         const float v29 = v28 + v24;
@@ -1255,7 +1255,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
                         const float v42 = p_dtable1_acc ? v41 : v18;
                         const float v43 = l33[i39];
@@ -1367,13 +1367,13 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
                     _Alignas(64) float stg27[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v28 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i25]);
                         const float v29 = p_dtable1_acc ? v28 : v18;
                         const float v30 = v29 + v24;
                         stg27[l] = v30;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r26], 1, stg27, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i25 = r26; i25 < d_D; i25++) {
@@ -1402,14 +1402,14 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
                     _Alignas(64) float stg42[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i40 = r41 + l;
+                        const int64_t i40 = r41 + l; (void)i40;
                         const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
                         const float v44 = p_dtable1_acc ? v43 : v18;
                         const float v45 = l34[i40];
                         const float v46 = v44 + v45;
                         stg42[l] = v46;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i40 = r41; i40 < d_D; i40++) {
@@ -1514,7 +1514,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const float v27 = p_dtable1[i19 * st_dtable1_0 + i25];
                         const float v28 = p_dtable1_acc ? v27 : v18;
                         const float v29 = v28 + v24;
@@ -1547,7 +1547,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
                         const float v42 = p_dtable1_acc ? v41 : v18;
                         const float v43 = l33[i39];
@@ -1658,7 +1658,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r26, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i25 = r26 + l;
+                        const int64_t i25 = r26 + l; (void)i25;
                         const double v27 = p_dtable1[i19 * st_dtable1_0 + i25];
                         const double v28 = p_dtable1_acc ? v27 : v18;
                         const double v29 = v28 + v24;
@@ -1691,7 +1691,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
                     OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i39 = r40 + l;
+                        const int64_t i39 = r40 + l; (void)i39;
                         const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
                         const double v42 = p_dtable1_acc ? v41 : v18;
                         const double v43 = l33[i39];
@@ -1824,7 +1824,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i27 = r28 + l;
+                        const int64_t i27 = r28 + l; (void)i27;
                         const float v29 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
                         const float v30 = p_dtable1_acc ? v29 : v20;
                         const float v31 = v30 + v26;
@@ -1857,7 +1857,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i41 = r42 + l;
+                        const int64_t i41 = r42 + l; (void)i41;
                         const float v43 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i41]);
                         const float v44 = p_dtable1_acc ? v43 : v20;
                         const float v45 = l35[i41];
@@ -1893,7 +1893,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l;
+                        const int64_t i61 = r62 + l; (void)i61;
                         const float v63 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i61]);
                         const float v64 = p_dtable2_acc ? v63 : v20;
                         const float v65 = v64 + v60;
@@ -1926,7 +1926,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i75 = r76 + l;
+                        const int64_t i75 = r76 + l; (void)i75;
                         const float v77 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i75]);
                         const float v78 = p_dtable2_acc ? v77 : v20;
                         const float v79 = l69[i75];
@@ -2060,13 +2060,13 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     _Alignas(64) float stg29[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i27 = r28 + l;
+                        const int64_t i27 = r28 + l; (void)i27;
                         const float v30 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i27]);
                         const float v31 = p_dtable1_acc ? v30 : v20;
                         const float v32 = v31 + v26;
                         stg29[l] = v32;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r28], 1, stg29, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r28], 1, stg29, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
@@ -2095,14 +2095,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     _Alignas(64) float stg44[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i42 = r43 + l;
+                        const int64_t i42 = r43 + l; (void)i42;
                         const float v45 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
                         const float v46 = p_dtable1_acc ? v45 : v20;
                         const float v47 = l36[i42];
                         const float v48 = v46 + v47;
                         stg44[l] = v48;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r43], 1, stg44, 32);
+                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r43], 1, stg44, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i42 = r43; i42 < d_D; i42++) {
@@ -2133,13 +2133,13 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     _Alignas(64) float stg65[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i63 = r64 + l;
+                        const int64_t i63 = r64 + l; (void)i63;
                         const float v66 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i63]);
                         const float v67 = p_dtable2_acc ? v66 : v20;
                         const float v68 = v67 + v62;
                         stg65[l] = v68;
                     }
-                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r64], 1, stg65, 32);
+                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r64], 1, stg65, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i63 = r64; i63 < d_D; i63++) {
@@ -2168,14 +2168,14 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
                     _Alignas(64) float stg80[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i78 = r79 + l;
+                        const int64_t i78 = r79 + l; (void)i78;
                         const float v81 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i78]);
                         const float v82 = p_dtable2_acc ? v81 : v20;
                         const float v83 = l72[i78];
                         const float v84 = v82 + v83;
                         stg80[l] = v84;
                     }
-                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r79], 1, stg80, 32);
+                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r79], 1, stg80, 32, 0);
                 }
                 #pragma omp simd
                 for (int64_t i78 = r79; i78 < d_D; i78++) {
@@ -2302,7 +2302,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r28 + l;
+                        const int64_t i27 = r28 + l; (void)i27;
                         const float v29 = p_dtable1[i21 * st_dtable1_0 + i27];
                         const float v30 = p_dtable1_acc ? v29 : v20;
                         const float v31 = v30 + v26;
@@ -2335,7 +2335,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i41 = r42 + l;
+                        const int64_t i41 = r42 + l; (void)i41;
                         const float v43 = p_dtable1[i21 * st_dtable1_0 + i41];
                         const float v44 = p_dtable1_acc ? v43 : v20;
                         const float v45 = l35[i41];
@@ -2371,7 +2371,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i61 = r62 + l;
+                        const int64_t i61 = r62 + l; (void)i61;
                         const float v63 = p_dtable2[i55 * st_dtable2_0 + i61];
                         const float v64 = p_dtable2_acc ? v63 : v20;
                         const float v65 = v64 + v60;
@@ -2404,7 +2404,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i75 = r76 + l;
+                        const int64_t i75 = r76 + l; (void)i75;
                         const float v77 = p_dtable2[i55 * st_dtable2_0 + i75];
                         const float v78 = p_dtable2_acc ? v77 : v20;
                         const float v79 = l69[i75];
@@ -2537,7 +2537,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r28, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i27 = r28 + l;
+                        const int64_t i27 = r28 + l; (void)i27;
                         const double v29 = p_dtable1[i21 * st_dtable1_0 + i27];
                         const double v30 = p_dtable1_acc ? v29 : v20;
                         const double v31 = v30 + v26;
@@ -2570,7 +2570,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i41 = r42 + l;
+                        const int64_t i41 = r42 + l; (void)i41;
                         const double v43 = p_dtable1[i21 * st_dtable1_0 + i41];
                         const double v44 = p_dtable1_acc ? v43 : v20;
                         const double v45 = l35[i41];
@@ -2606,7 +2606,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i61 = r62 + l;
+                        const int64_t i61 = r62 + l; (void)i61;
                         const double v63 = p_dtable2[i55 * st_dtable2_0 + i61];
                         const double v64 = p_dtable2_acc ? v63 : v20;
                         const double v65 = v64 + v60;
@@ -2639,7 +2639,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
                     OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i75 = r76 + l;
+                        const int64_t i75 = r76 + l; (void)i75;
                         const double v77 = p_dtable2[i55 * st_dtable2_0 + i75];
                         const double v78 = p_dtable2_acc ? v77 : v20;
                         const double v79 = l69[i75];

@@ -53,7 +53,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -67,7 +68,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     const int64_t v9 = v8 ? v2 : d_V;
     opgen_seg_build(t1, d_N, d_V, t10, t11);
     const int64_t v12 = 1ll;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i13 = v2; i13 < v9; i13++) {
         const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
         const int64_t v15 = i13 + v12;
@@ -75,24 +78,49 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            for (int64_t i19 = v2; i19 < d_D; i19++) {
-                p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
-            }
-        } else {
-            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l20, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i21 = v14; i21 < v16; i21++) {
-                const int64_t v22 = t11[i21];
-                for (int64_t i23 = v2; i23 < d_D; i23++) {
-                    const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23 * st_grad_1]);
-                    l20[i23] += v24;
+            {
+                int64_t r20 = v2;
+                for (; r20 + 32 <= d_D; r20 += 32) {
+                    _Alignas(64) float stg21[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i19 = r20 + l; (void)i19;
+                        stg21[l] = v18;
+                    }
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, stg21, 32, nt_p_out);
+                }
+                for (int64_t i19 = r20; i19 < d_D; i19++) {
+                    p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
                 }
             }
-            for (int64_t i25 = v2; i25 < d_D; i25++) {
-                const float v26 = l20[i25];
-                p_out[i13 * st_out_0 + i25 * st_out_1] = opgen_f32_to_bf16(v26);
+        } else {
+            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i23 = v14; i23 < v16; i23++) {
+                const int64_t v24 = t11[i23];
+                for (int64_t i25 = v2; i25 < d_D; i25++) {
+                    const float v26 = opgen_bf16_to_f32(p_grad[v24 * st_grad_0 + i25 * st_grad_1]);
+                    l22[i25] += v26;
+                }
+            }
+            {
+                int64_t r28 = v2;
+                for (; r28 + 32 <= d_D; r28 += 32) {
+                    _Alignas(64) float stg29[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i27 = r28 + l; (void)i27;
+                        const float v30 = l22[i27];
+                        stg29[l] = v30;
+                    }
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28 * st_out_1], st_out_1, stg29, 32, nt_p_out);
+                }
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v31 = l22[i27];
+                    p_out[i13 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v31);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -115,7 +143,8 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -129,7 +158,9 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     const int64_t v9 = v8 ? v2 : d_V;
     opgen_seg_build(t1, d_N, d_V, t10, t11);
     const int64_t v12 = 1ll;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i13 = v2; i13 < v9; i13++) {
         const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
         const int64_t v15 = i13 + v12;
@@ -137,27 +168,54 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            #pragma omp simd
-            for (int64_t i19 = v2; i19 < d_D; i19++) {
-                p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
-            }
-        } else {
-            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l20, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i21 = v14; i21 < v16; i21++) {
-                const int64_t v22 = t11[i21];
+            {
+                int64_t r20 = v2;
+                for (; r20 + 32 <= d_D; r20 += 32) {
+                    _Alignas(64) float stg21[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i19 = r20 + l; (void)i19;
+                        stg21[l] = v18;
+                    }
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r20], 1, stg21, 32, nt_p_out);
+                }
                 #pragma omp simd
-                for (int64_t i23 = v2; i23 < d_D; i23++) {
-                    const float v24 = opgen_bf16_to_f32(p_grad[v22 * st_grad_0 + i23]);
-                    l20[i23] += v24;
+                for (int64_t i19 = r20; i19 < d_D; i19++) {
+                    p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
                 }
             }
-            #pragma omp simd
-            for (int64_t i25 = v2; i25 < d_D; i25++) {
-                const float v26 = l20[i25];
-                p_out[i13 * st_out_0 + i25] = opgen_f32_to_bf16(v26);
+        } else {
+            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i23 = v14; i23 < v16; i23++) {
+                const int64_t v24 = t11[i23];
+                #pragma omp simd
+                for (int64_t i25 = v2; i25 < d_D; i25++) {
+                    const float v26 = opgen_bf16_to_f32(p_grad[v24 * st_grad_0 + i25]);
+                    l22[i25] += v26;
+                }
+            }
+            {
+                int64_t r28 = v2;
+                for (; r28 + 32 <= d_D; r28 += 32) {
+                    _Alignas(64) float stg29[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i27 = r28 + l; (void)i27;
+                        const float v30 = l22[i27];
+                        stg29[l] = v30;
+                    }
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg29, 32, nt_p_out);
+                }
+                #pragma omp simd
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v31 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v31);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -216,7 +274,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -230,7 +289,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     const int64_t v9 = v8 ? v2 : d_V;
     opgen_seg_build(t1, d_N, d_V, t10, t11);
     const int64_t v12 = 1ll;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i13 = v2; i13 < v9; i13++) {
         const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
         const int64_t v15 = i13 + v12;
@@ -238,24 +299,49 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            for (int64_t i19 = v2; i19 < d_D; i19++) {
-                p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
-            }
-        } else {
-            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l20, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i21 = v14; i21 < v16; i21++) {
-                const int64_t v22 = t11[i21];
-                for (int64_t i23 = v2; i23 < d_D; i23++) {
-                    const float v24 = p_grad[v22 * st_grad_0 + i23 * st_grad_1];
-                    l20[i23] += v24;
+            {
+                int64_t r20 = v2;
+                for (; r20 + 16 <= d_D; r20 += 16) {
+                    _Alignas(64) float stg21[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i19 = r20 + l; (void)i19;
+                        stg21[l] = v18;
+                    }
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, stg21, 16, nt_p_out);
+                }
+                for (int64_t i19 = r20; i19 < d_D; i19++) {
+                    p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
                 }
             }
-            for (int64_t i25 = v2; i25 < d_D; i25++) {
-                const float v26 = l20[i25];
-                p_out[i13 * st_out_0 + i25 * st_out_1] = v26;
+        } else {
+            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i23 = v14; i23 < v16; i23++) {
+                const int64_t v24 = t11[i23];
+                for (int64_t i25 = v2; i25 < d_D; i25++) {
+                    const float v26 = p_grad[v24 * st_grad_0 + i25 * st_grad_1];
+                    l22[i25] += v26;
+                }
+            }
+            {
+                int64_t r28 = v2;
+                for (; r28 + 16 <= d_D; r28 += 16) {
+                    _Alignas(64) float stg29[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r28 + l; (void)i27;
+                        const float v30 = l22[i27];
+                        stg29[l] = v30;
+                    }
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28 * st_out_1], st_out_1, stg29, 16, nt_p_out);
+                }
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v31 = l22[i27];
+                    p_out[i13 * st_out_0 + i27 * st_out_1] = v31;
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -278,7 +364,8 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l20_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -292,7 +379,9 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     const int64_t v9 = v8 ? v2 : d_V;
     opgen_seg_build(t1, d_N, d_V, t10, t11);
     const int64_t v12 = 1ll;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i13 = v2; i13 < v9; i13++) {
         const int64_t v14 = opgen_seg_start(t10, i13, d_V, d_N);
         const int64_t v15 = i13 + v12;
@@ -300,27 +389,54 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            #pragma omp simd
-            for (int64_t i19 = v2; i19 < d_D; i19++) {
-                p_out[i13 * st_out_0 + i19] = v18;
-            }
-        } else {
-            float *restrict l20 = l20_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l20, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i21 = v14; i21 < v16; i21++) {
-                const int64_t v22 = t11[i21];
+            {
+                int64_t r20 = v2;
+                for (; r20 + 16 <= d_D; r20 += 16) {
+                    _Alignas(64) float stg21[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i19 = r20 + l; (void)i19;
+                        stg21[l] = v18;
+                    }
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r20], 1, stg21, 16, nt_p_out);
+                }
                 #pragma omp simd
-                for (int64_t i23 = v2; i23 < d_D; i23++) {
-                    const float v24 = p_grad[v22 * st_grad_0 + i23];
-                    l20[i23] += v24;
+                for (int64_t i19 = r20; i19 < d_D; i19++) {
+                    p_out[i13 * st_out_0 + i19] = v18;
                 }
             }
-            #pragma omp simd
-            for (int64_t i25 = v2; i25 < d_D; i25++) {
-                const float v26 = l20[i25];
-                p_out[i13 * st_out_0 + i25] = v26;
+        } else {
+            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i23 = v14; i23 < v16; i23++) {
+                const int64_t v24 = t11[i23];
+                #pragma omp simd
+                for (int64_t i25 = v2; i25 < d_D; i25++) {
+                    const float v26 = p_grad[v24 * st_grad_0 + i25];
+                    l22[i25] += v26;
+                }
+            }
+            {
+                int64_t r28 = v2;
+                for (; r28 + 16 <= d_D; r28 += 16) {
+                    _Alignas(64) float stg29[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i27 = r28 + l; (void)i27;
+                        const float v30 = l22[i27];
+                        stg29[l] = v30;
+                    }
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg29, 16, nt_p_out);
+                }
+                #pragma omp simd
+                for (int64_t i27 = r28; i27 < d_D; i27++) {
+                    const float v31 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = v31;
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

@@ -61,7 +61,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -77,7 +78,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -85,40 +88,67 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21 * st_out_1] = v22;
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = p_grad[ro_grad[v25] + i37 * st_grad_1];
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 16 <= d_D; r22 += 16) {
+                    _Alignas(64) float stg23[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 16, nt_p_out);
+                }
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21 * st_out_1] = v25;
                 }
             }
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42 * st_out_1] = v44;
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = p_grad[ro_grad[v28] + i40 * st_grad_1];
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 16 <= d_D; r46 += 16) {
+                    _Alignas(64) float stg47[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 16, nt_p_out);
+                }
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45 * st_out_1] = v51;
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -145,7 +175,8 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -161,7 +192,9 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -169,43 +202,72 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            #pragma omp simd
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21] = v22;
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 16 <= d_D; r22 += 16) {
+                    _Alignas(64) float stg23[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 16, nt_p_out);
+                }
                 #pragma omp simd
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = p_grad[ro_grad[v25] + i37];
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21] = v25;
                 }
             }
-            #pragma omp simd
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42] = v44;
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                #pragma omp simd
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = p_grad[ro_grad[v28] + i40];
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 16 <= d_D; r46 += 16) {
+                    _Alignas(64) float stg47[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 16, nt_p_out);
+                }
+                #pragma omp simd
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45] = v51;
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -272,7 +334,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -288,7 +351,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -296,40 +361,67 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_f16(v22);
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = opgen_f16_to_f32(p_grad[ro_grad[v25] + i37 * st_grad_1]);
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    _Alignas(64) float stg23[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 32, nt_p_out);
+                }
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_f16(v25);
                 }
             }
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42 * st_out_1] = opgen_f32_to_f16(v44);
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i40 * st_grad_1]);
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 32 <= d_D; r46 += 32) {
+                    _Alignas(64) float stg47[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 32, nt_p_out);
+                }
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45 * st_out_1] = opgen_f32_to_f16(v51);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -356,7 +448,8 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -372,7 +465,9 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -380,43 +475,72 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            #pragma omp simd
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v22);
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    _Alignas(64) float stg23[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 32, nt_p_out);
+                }
                 #pragma omp simd
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = opgen_f16_to_f32(p_grad[ro_grad[v25] + i37]);
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v25);
                 }
             }
-            #pragma omp simd
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42] = opgen_f32_to_f16(v44);
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                #pragma omp simd
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i40]);
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 32 <= d_D; r46 += 32) {
+                    _Alignas(64) float stg47[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 32, nt_p_out);
+                }
+                #pragma omp simd
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45] = opgen_f32_to_f16(v51);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -483,7 +607,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -499,7 +624,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -507,40 +634,67 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_bf16(v22);
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = opgen_bf16_to_f32(p_grad[ro_grad[v25] + i37 * st_grad_1]);
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    _Alignas(64) float stg23[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 32, nt_p_out);
+                }
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_bf16(v25);
                 }
             }
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42 * st_out_1] = opgen_f32_to_bf16(v44);
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i40 * st_grad_1]);
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 32 <= d_D; r46 += 32) {
+                    _Alignas(64) float stg47[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 32, nt_p_out);
+                }
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45 * st_out_1] = opgen_f32_to_bf16(v51);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -567,7 +721,8 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l23_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -583,7 +738,9 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     const int64_t v12 = 1ll;
     const float v13 = 1.0f;
     const float v14 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i15 = v2; i15 < v9; i15++) {
         const int64_t v16 = opgen_seg_start(t10, i15, d_V, d_N);
         const int64_t v17 = i15 + v12;
@@ -591,43 +748,72 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
-            #pragma omp simd
-            for (int64_t i21 = v2; i21 < d_D; i21++) {
-                const float v22 = v20;
-                p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v22);
-            }
-        } else {
-            float *restrict l23 = l23_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l23, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i24 = v16; i24 < v18; i24++) {
-                const int64_t v25 = t11[i24];
-                const int64_t v26 = p_indices[ro_indices[v25]];
-                const bool v27 = v26 != p_padding_idx;
-                const int64_t v28 = t1[v25];
-                const int64_t v29 = opgen_seg_start(t10, v28, d_V, d_N);
-                const int64_t v30 = v28 + v12;
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v31 - v29;
-                const int32_t v33 = (int32_t)(v32);
-                const float v34 = (float)(v33);
-                const float v35 = v13 / v34;
-                const float v36 = p_scale_grad_by_freq ? v35 : v13;
+            {
+                int64_t r22 = v2;
+                for (; r22 + 32 <= d_D; r22 += 32) {
+                    _Alignas(64) float stg23[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i21 = r22 + l; (void)i21;
+                        const float v24 = v20;
+                        stg23[l] = v24;
+                    }
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 32, nt_p_out);
+                }
                 #pragma omp simd
-                for (int64_t i37 = v2; i37 < d_D; i37++) {
-                    const float v38 = opgen_bf16_to_f32(p_grad[ro_grad[v25] + i37]);
-                    const float v39 = v38;
-                    const float v40 = v39 * v36;
-                    const float v41 = v27 ? v40 : v14;
-                    l23[i37] += v41;
+                for (int64_t i21 = r22; i21 < d_D; i21++) {
+                    const float v25 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v25);
                 }
             }
-            #pragma omp simd
-            for (int64_t i42 = v2; i42 < d_D; i42++) {
-                const float v43 = l23[i42];
-                const float v44 = v43;
-                p_out[i15 * st_out_0 + i42] = opgen_f32_to_bf16(v44);
+        } else {
+            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l26, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i27 = v16; i27 < v18; i27++) {
+                const int64_t v28 = t11[i27];
+                const int64_t v29 = p_indices[ro_indices[v28]];
+                const bool v30 = v29 != p_padding_idx;
+                const int64_t v31 = t1[v28];
+                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
+                const int64_t v33 = v31 + v12;
+                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
+                const int64_t v35 = v34 - v32;
+                const int32_t v36 = (int32_t)(v35);
+                const float v37 = (float)(v36);
+                const float v38 = v13 / v37;
+                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+                #pragma omp simd
+                for (int64_t i40 = v2; i40 < d_D; i40++) {
+                    const float v41 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i40]);
+                    const float v42 = v41;
+                    const float v43 = v42 * v39;
+                    const float v44 = v30 ? v43 : v14;
+                    l26[i40] += v44;
+                }
+            }
+            {
+                int64_t r46 = v2;
+                for (; r46 + 32 <= d_D; r46 += 32) {
+                    _Alignas(64) float stg47[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i45 = r46 + l; (void)i45;
+                        const float v48 = l26[i45];
+                        const float v49 = v48;
+                        stg47[l] = v49;
+                    }
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 32, nt_p_out);
+                }
+                #pragma omp simd
+                for (int64_t i45 = r46; i45 < d_D; i45++) {
+                    const float v50 = l26[i45];
+                    const float v51 = v50;
+                    p_out[i15 * st_out_0 + i45] = opgen_f32_to_bf16(v51);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

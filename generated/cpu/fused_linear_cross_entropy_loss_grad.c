@@ -106,9 +106,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -133,7 +135,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -179,67 +183,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -345,9 +383,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -372,7 +412,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -418,67 +460,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -584,9 +660,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -611,7 +689,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -657,67 +737,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -823,9 +937,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__softmax: labelSmoothing must be 0");
@@ -850,7 +966,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -896,67 +1014,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -1074,7 +1226,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1104,7 +1258,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i32 = v15; i32 < v28; i32++) {
         const int64_t v33 = i32 * v27;
         const int64_t v34 = v33 + v27;
@@ -1177,44 +1333,78 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
                 const int64_t v84 = v38 + i83;
-                #pragma omp simd
-                for (int64_t i85 = v15; i85 < d_H; i85++) {
-                    const float v86 = l47[i83 * d_H + i85];
-                    const float v87 = v86;
-                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v87);
+                {
+                    int64_t r86 = v15;
+                    for (; r86 + 32 <= d_H; r86 += 32) {
+                        _Alignas(64) float stg87[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i85 = r86 + l; (void)i85;
+                            const float v88 = l47[i83 * d_H + i85];
+                            const float v89 = v88;
+                            stg87[l] = v89;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i85 = r86; i85 < d_H; i85++) {
+                        const float v90 = l47[i83 * d_H + i85];
+                        const float v91 = v90;
+                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v91);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i88 = v15; i88 < v30; i88++) {
-        const int64_t v89 = i88 * v23;
-        const int64_t v90 = v89 + v23;
-        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
-        const int64_t v92 = v91 - v89;
-        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i94 = v15; i94 < v28; i94++) {
-            const int64_t v95 = i94 * d_BT;
-            const int64_t v96 = v95 + v89;
-            for (int64_t i97 = v15; i97 < v92; i97++) {
-                const int64_t v98 = v96 + i97;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i92 = v15; i92 < v30; i92++) {
+        const int64_t v93 = i92 * v23;
+        const int64_t v94 = v93 + v23;
+        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
+        const int64_t v96 = v95 - v93;
+        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i98 = v15; i98 < v28; i98++) {
+            const int64_t v99 = i98 * d_BT;
+            const int64_t v100 = v99 + v93;
+            for (int64_t i101 = v15; i101 < v96; i101++) {
+                const int64_t v102 = v100 + i101;
                 #pragma omp simd
-                for (int64_t i99 = v15; i99 < d_H; i99++) {
-                    const float v100 = t29[v98 * d_H + i99];
-                    l93[i97 * d_H + i99] += v100;
+                for (int64_t i103 = v15; i103 < d_H; i103++) {
+                    const float v104 = t29[v102 * d_H + i103];
+                    l97[i101 * d_H + i103] += v104;
                 }
             }
         }
-        for (int64_t i101 = v15; i101 < v92; i101++) {
-            const int64_t v102 = v89 + i101;
-            #pragma omp simd
-            for (int64_t i103 = v15; i103 < d_H; i103++) {
-                const float v104 = l93[i101 * d_H + i103];
-                const float v105 = v104;
-                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_f16(v105);
+        for (int64_t i105 = v15; i105 < v96; i105++) {
+            const int64_t v106 = v93 + i105;
+            {
+                int64_t r108 = v15;
+                for (; r108 + 32 <= d_H; r108 += 32) {
+                    _Alignas(64) float stg109[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i107 = r108 + l; (void)i107;
+                        const float v110 = l97[i105 * d_H + i107];
+                        const float v111 = v110;
+                        stg109[l] = v111;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i107 = r108; i107 < d_H; i107++) {
+                    const float v112 = l97[i105 * d_H + i107];
+                    const float v113 = v112;
+                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_f16(v113);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -1332,7 +1522,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1362,7 +1554,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i32 = v15; i32 < v28; i32++) {
         const int64_t v33 = i32 * v27;
         const int64_t v34 = v33 + v27;
@@ -1435,44 +1629,78 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
                 const int64_t v84 = v38 + i83;
-                #pragma omp simd
-                for (int64_t i85 = v15; i85 < d_H; i85++) {
-                    const float v86 = l47[i83 * d_H + i85];
-                    const float v87 = v86;
-                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v87);
+                {
+                    int64_t r86 = v15;
+                    for (; r86 + 32 <= d_H; r86 += 32) {
+                        _Alignas(64) float stg87[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i85 = r86 + l; (void)i85;
+                            const float v88 = l47[i83 * d_H + i85];
+                            const float v89 = v88;
+                            stg87[l] = v89;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i85 = r86; i85 < d_H; i85++) {
+                        const float v90 = l47[i83 * d_H + i85];
+                        const float v91 = v90;
+                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_f16(v91);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i88 = v15; i88 < v30; i88++) {
-        const int64_t v89 = i88 * v23;
-        const int64_t v90 = v89 + v23;
-        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
-        const int64_t v92 = v91 - v89;
-        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i94 = v15; i94 < v28; i94++) {
-            const int64_t v95 = i94 * d_BT;
-            const int64_t v96 = v95 + v89;
-            for (int64_t i97 = v15; i97 < v92; i97++) {
-                const int64_t v98 = v96 + i97;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i92 = v15; i92 < v30; i92++) {
+        const int64_t v93 = i92 * v23;
+        const int64_t v94 = v93 + v23;
+        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
+        const int64_t v96 = v95 - v93;
+        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i98 = v15; i98 < v28; i98++) {
+            const int64_t v99 = i98 * d_BT;
+            const int64_t v100 = v99 + v93;
+            for (int64_t i101 = v15; i101 < v96; i101++) {
+                const int64_t v102 = v100 + i101;
                 #pragma omp simd
-                for (int64_t i99 = v15; i99 < d_H; i99++) {
-                    const float v100 = t29[v98 * d_H + i99];
-                    l93[i97 * d_H + i99] += v100;
+                for (int64_t i103 = v15; i103 < d_H; i103++) {
+                    const float v104 = t29[v102 * d_H + i103];
+                    l97[i101 * d_H + i103] += v104;
                 }
             }
         }
-        for (int64_t i101 = v15; i101 < v92; i101++) {
-            const int64_t v102 = v89 + i101;
-            #pragma omp simd
-            for (int64_t i103 = v15; i103 < d_H; i103++) {
-                const float v104 = l93[i101 * d_H + i103];
-                const float v105 = v104;
-                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_f16(v105);
+        for (int64_t i105 = v15; i105 < v96; i105++) {
+            const int64_t v106 = v93 + i105;
+            {
+                int64_t r108 = v15;
+                for (; r108 + 32 <= d_H; r108 += 32) {
+                    _Alignas(64) float stg109[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i107 = r108 + l; (void)i107;
+                        const float v110 = l97[i105 * d_H + i107];
+                        const float v111 = v110;
+                        stg109[l] = v111;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i107 = r108; i107 < d_H; i107++) {
+                    const float v112 = l97[i105 * d_H + i107];
+                    const float v113 = v112;
+                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_f16(v113);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -1590,7 +1818,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1620,7 +1850,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i32 = v15; i32 < v28; i32++) {
         const int64_t v33 = i32 * v27;
         const int64_t v34 = v33 + v27;
@@ -1693,44 +1925,78 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
                 const int64_t v84 = v38 + i83;
-                #pragma omp simd
-                for (int64_t i85 = v15; i85 < d_H; i85++) {
-                    const float v86 = l47[i83 * d_H + i85];
-                    const float v87 = v86;
-                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v87);
+                {
+                    int64_t r86 = v15;
+                    for (; r86 + 32 <= d_H; r86 += 32) {
+                        _Alignas(64) float stg87[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i85 = r86 + l; (void)i85;
+                            const float v88 = l47[i83 * d_H + i85];
+                            const float v89 = v88;
+                            stg87[l] = v89;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i85 = r86; i85 < d_H; i85++) {
+                        const float v90 = l47[i83 * d_H + i85];
+                        const float v91 = v90;
+                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v91);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i88 = v15; i88 < v30; i88++) {
-        const int64_t v89 = i88 * v23;
-        const int64_t v90 = v89 + v23;
-        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
-        const int64_t v92 = v91 - v89;
-        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i94 = v15; i94 < v28; i94++) {
-            const int64_t v95 = i94 * d_BT;
-            const int64_t v96 = v95 + v89;
-            for (int64_t i97 = v15; i97 < v92; i97++) {
-                const int64_t v98 = v96 + i97;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i92 = v15; i92 < v30; i92++) {
+        const int64_t v93 = i92 * v23;
+        const int64_t v94 = v93 + v23;
+        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
+        const int64_t v96 = v95 - v93;
+        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i98 = v15; i98 < v28; i98++) {
+            const int64_t v99 = i98 * d_BT;
+            const int64_t v100 = v99 + v93;
+            for (int64_t i101 = v15; i101 < v96; i101++) {
+                const int64_t v102 = v100 + i101;
                 #pragma omp simd
-                for (int64_t i99 = v15; i99 < d_H; i99++) {
-                    const float v100 = t29[v98 * d_H + i99];
-                    l93[i97 * d_H + i99] += v100;
+                for (int64_t i103 = v15; i103 < d_H; i103++) {
+                    const float v104 = t29[v102 * d_H + i103];
+                    l97[i101 * d_H + i103] += v104;
                 }
             }
         }
-        for (int64_t i101 = v15; i101 < v92; i101++) {
-            const int64_t v102 = v89 + i101;
-            #pragma omp simd
-            for (int64_t i103 = v15; i103 < d_H; i103++) {
-                const float v104 = l93[i101 * d_H + i103];
-                const float v105 = v104;
-                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_bf16(v105);
+        for (int64_t i105 = v15; i105 < v96; i105++) {
+            const int64_t v106 = v93 + i105;
+            {
+                int64_t r108 = v15;
+                for (; r108 + 32 <= d_H; r108 += 32) {
+                    _Alignas(64) float stg109[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i107 = r108 + l; (void)i107;
+                        const float v110 = l97[i105 * d_H + i107];
+                        const float v111 = v110;
+                        stg109[l] = v111;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i107 = r108; i107 < d_H; i107++) {
+                    const float v112 = l97[i105 * d_H + i107];
+                    const float v113 = v112;
+                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_bf16(v113);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -1848,7 +2114,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l55_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l60_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l61_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l93_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l97_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits: labelSmoothing must be 0");
@@ -1878,7 +2146,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i32 = v15; i32 < v28; i32++) {
         const int64_t v33 = i32 * v27;
         const int64_t v34 = v33 + v27;
@@ -1951,44 +2221,78 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
             }
             for (int64_t i83 = v15; i83 < v41; i83++) {
                 const int64_t v84 = v38 + i83;
-                #pragma omp simd
-                for (int64_t i85 = v15; i85 < d_H; i85++) {
-                    const float v86 = l47[i83 * d_H + i85];
-                    const float v87 = v86;
-                    p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v87);
+                {
+                    int64_t r86 = v15;
+                    for (; r86 + 32 <= d_H; r86 += 32) {
+                        _Alignas(64) float stg87[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i85 = r86 + l; (void)i85;
+                            const float v88 = l47[i83 * d_H + i85];
+                            const float v89 = v88;
+                            stg87[l] = v89;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v84 * st_weight_grad_0 + r86 * st_weight_grad_1], st_weight_grad_1, stg87, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i85 = r86; i85 < d_H; i85++) {
+                        const float v90 = l47[i83 * d_H + i85];
+                        const float v91 = v90;
+                        p_weight_grad[v84 * st_weight_grad_0 + i85 * st_weight_grad_1] = opgen_f32_to_bf16(v91);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i88 = v15; i88 < v30; i88++) {
-        const int64_t v89 = i88 * v23;
-        const int64_t v90 = v89 + v23;
-        const int64_t v91 = ((v90 < d_BT || v90 != v90) ? v90 : d_BT);
-        const int64_t v92 = v91 - v89;
-        float *restrict l93 = l93_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l93, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i94 = v15; i94 < v28; i94++) {
-            const int64_t v95 = i94 * d_BT;
-            const int64_t v96 = v95 + v89;
-            for (int64_t i97 = v15; i97 < v92; i97++) {
-                const int64_t v98 = v96 + i97;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i92 = v15; i92 < v30; i92++) {
+        const int64_t v93 = i92 * v23;
+        const int64_t v94 = v93 + v23;
+        const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
+        const int64_t v96 = v95 - v93;
+        float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i98 = v15; i98 < v28; i98++) {
+            const int64_t v99 = i98 * d_BT;
+            const int64_t v100 = v99 + v93;
+            for (int64_t i101 = v15; i101 < v96; i101++) {
+                const int64_t v102 = v100 + i101;
                 #pragma omp simd
-                for (int64_t i99 = v15; i99 < d_H; i99++) {
-                    const float v100 = t29[v98 * d_H + i99];
-                    l93[i97 * d_H + i99] += v100;
+                for (int64_t i103 = v15; i103 < d_H; i103++) {
+                    const float v104 = t29[v102 * d_H + i103];
+                    l97[i101 * d_H + i103] += v104;
                 }
             }
         }
-        for (int64_t i101 = v15; i101 < v92; i101++) {
-            const int64_t v102 = v89 + i101;
-            #pragma omp simd
-            for (int64_t i103 = v15; i103 < d_H; i103++) {
-                const float v104 = l93[i101 * d_H + i103];
-                const float v105 = v104;
-                p_input_grad[v102 * st_input_grad_0 + i103 * st_input_grad_1] = opgen_f32_to_bf16(v105);
+        for (int64_t i105 = v15; i105 < v96; i105++) {
+            const int64_t v106 = v93 + i105;
+            {
+                int64_t r108 = v15;
+                for (; r108 + 32 <= d_H; r108 += 32) {
+                    _Alignas(64) float stg109[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i107 = r108 + l; (void)i107;
+                        const float v110 = l97[i105 * d_H + i107];
+                        const float v111 = v110;
+                        stg109[l] = v111;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v106 * st_input_grad_0 + r108 * st_input_grad_1], st_input_grad_1, stg109, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i107 = r108; i107 < d_H; i107++) {
+                    const float v112 = l97[i105 * d_H + i107];
+                    const float v113 = v112;
+                    p_input_grad[v106 * st_input_grad_0 + i107 * st_input_grad_1] = opgen_f32_to_bf16(v113);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -2094,9 +2398,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -2121,7 +2427,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -2167,67 +2475,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -2333,9 +2675,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -2360,7 +2704,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -2406,67 +2752,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -2572,9 +2952,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -2599,7 +2981,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -2645,67 +3029,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -2811,9 +3229,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_softmax: labelSmoothing must be 0");
@@ -2838,7 +3258,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -2884,67 +3306,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -3050,9 +3506,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -3077,7 +3535,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -3123,67 +3583,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -3289,9 +3783,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -3316,7 +3812,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -3362,67 +3860,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -3528,9 +4060,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -3555,7 +4089,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -3601,67 +4137,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -3767,9 +4337,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -3794,7 +4366,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -3840,67 +4414,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -4006,9 +4614,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -4033,7 +4643,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -4079,67 +4691,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -4245,9 +4891,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -4272,7 +4920,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -4318,67 +4968,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_f16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_f16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_f16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_sgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_sgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_f16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_f16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_f16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -4484,9 +5168,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -4511,7 +5197,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -4557,67 +5245,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = (bool)((p_target_mask[(v77 >> 3) * st_target_mask_0] >> (v77 & 7)) & 1);
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = (bool)((p_target_mask[(v81 >> 3) * st_target_mask_0] >> (v81 & 7)) & 1);
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -4723,9 +5445,11 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     float *l32_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l38_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l53_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
-    float *l75_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l90_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l73_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l79_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
+    float *l94_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
     const float v8 = 0.0f;
     const bool v9 = p_label_smoothing == v8;
     if (!(v9)) return opgen_fail(OPGEN_ERR_PARAM, "fused_linear_cross_entropy_loss_grad__logits_max_sum_exp_logits_softmax: labelSmoothing must be 0");
@@ -4750,7 +5474,9 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v24 = (d_BT / 256 + (d_BT % 256 != 0));
     const int64_t v25 = (d_V / 256 + (d_V % 256 != 0));
     const float v26 = 1.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i27 = v15; i27 < v24; i27++) {
         const int64_t v28 = i27 * v23;
         const int64_t v29 = v28 + v23;
@@ -4796,67 +5522,101 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         }
         for (int64_t i59 = v15; i59 < v31; i59++) {
             const int64_t v60 = v28 + i59;
-            #pragma omp simd
-            for (int64_t i61 = v15; i61 < d_H; i61++) {
-                const float v62 = l32[i59 * d_H + i61];
-                const float v63 = v62;
-                p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v63);
+            {
+                int64_t r62 = v15;
+                for (; r62 + 32 <= d_H; r62 += 32) {
+                    _Alignas(64) float stg63[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i61 = r62 + l; (void)i61;
+                        const float v64 = l32[i59 * d_H + i61];
+                        const float v65 = v64;
+                        stg63[l] = v65;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v60 * st_input_grad_0 + r62 * st_input_grad_1], st_input_grad_1, stg63, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i61 = r62; i61 < d_H; i61++) {
+                    const float v66 = l32[i59 * d_H + i61];
+                    const float v67 = v66;
+                    p_input_grad[v60 * st_input_grad_0 + i61 * st_input_grad_1] = opgen_f32_to_bf16(v67);
+                }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i64 = v15; i64 < v25; i64++) {
-        const int64_t v65 = i64 * v23;
-        const int64_t v66 = v65 + v23;
-        const int64_t v67 = ((v66 < d_V || v66 != v66) ? v66 : d_V);
-        const int64_t v68 = v67 - v65;
-        float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l69, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i70 = v15; i70 < v24; i70++) {
-            const int64_t v71 = i70 * v23;
-            const int64_t v72 = v71 + v23;
-            const int64_t v73 = ((v72 < d_BT || v72 != v72) ? v72 : d_BT);
-            const int64_t v74 = v73 - v71;
-            float *restrict l75 = l75_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
-            for (int64_t i76 = v15; i76 < v74; i76++) {
-                const int64_t v77 = v71 + i76;
-                const int64_t v78 = p_masked_target[v77];
-                const bool v79 = p_target_mask[v77 * st_target_mask_0];
-                const bool v80 = !v79;
-                const float v81 = p_grad[v77 * st_grad_0];
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i68 = v15; i68 < v25; i68++) {
+        const int64_t v69 = i68 * v23;
+        const int64_t v70 = v69 + v23;
+        const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
+        const int64_t v72 = v71 - v69;
+        float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i74 = v15; i74 < v24; i74++) {
+            const int64_t v75 = i74 * v23;
+            const int64_t v76 = v75 + v23;
+            const int64_t v77 = ((v76 < d_BT || v76 != v76) ? v76 : d_BT);
+            const int64_t v78 = v77 - v75;
+            float *restrict l79 = l79_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)256ll);
+            for (int64_t i80 = v15; i80 < v78; i80++) {
+                const int64_t v81 = v75 + i80;
+                const int64_t v82 = p_masked_target[v81];
+                const bool v83 = p_target_mask[v81 * st_target_mask_0];
+                const bool v84 = !v83;
+                const float v85 = p_grad[v81 * st_grad_0];
                 #pragma omp simd
-                for (int64_t i82 = v15; i82 < v68; i82++) {
-                    const int64_t v83 = v65 + i82;
-                    const float v84 = p_softmax[v77 * st_softmax_0 + v83 * st_softmax_1];
-                    const bool v85 = v83 == v78;
-                    const bool v86 = v85 && v80;
-                    const float v87 = v86 ? v26 : v8;
-                    const float v88 = v84 - v87;
-                    const float v89 = v88 * v81;
-                    l75[i76 * 256ll + i82] = v89;
+                for (int64_t i86 = v15; i86 < v72; i86++) {
+                    const int64_t v87 = v69 + i86;
+                    const float v88 = p_softmax[v81 * st_softmax_0 + v87 * st_softmax_1];
+                    const bool v89 = v87 == v82;
+                    const bool v90 = v89 && v84;
+                    const float v91 = v90 ? v26 : v8;
+                    const float v92 = v88 - v91;
+                    const float v93 = v92 * v85;
+                    l79[i80 * 256ll + i86] = v93;
                 }
             }
-            float *restrict l90 = l90_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            for (int64_t i91 = v15; i91 < v74; i91++) {
-                const int64_t v92 = v71 + i91;
+            float *restrict l94 = l94_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+            for (int64_t i95 = v15; i95 < v78; i95++) {
+                const int64_t v96 = v75 + i95;
                 #pragma omp simd
-                for (int64_t i93 = v15; i93 < d_H; i93++) {
-                    const float v94 = opgen_bf16_to_f32(p_input[v92 * st_input_0 + i93 * st_input_1]);
-                    const float v95 = v94;
-                    l90[i91 * d_H + i93] = v95;
+                for (int64_t i97 = v15; i97 < d_H; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_input[v96 * st_input_0 + i97 * st_input_1]);
+                    const float v99 = v98;
+                    l94[i95 * d_H + i97] = v99;
                 }
             }
-            opgen_bgemm(v68, d_H, v74, l75, 1, 256ll, l90, d_H, 1, l69, d_H, 1);
+            opgen_bgemm(v72, d_H, v78, l79, 1, 256ll, l94, d_H, 1, l73, d_H, 1);
         }
-        for (int64_t i96 = v15; i96 < v68; i96++) {
-            const int64_t v97 = v65 + i96;
-            #pragma omp simd
-            for (int64_t i98 = v15; i98 < d_H; i98++) {
-                const float v99 = l69[i96 * d_H + i98];
-                const float v100 = v99;
-                p_weight_grad[v97 * st_weight_grad_0 + i98 * st_weight_grad_1] = opgen_f32_to_bf16(v100);
+        for (int64_t i100 = v15; i100 < v72; i100++) {
+            const int64_t v101 = v69 + i100;
+            {
+                int64_t r103 = v15;
+                for (; r103 + 32 <= d_H; r103 += 32) {
+                    _Alignas(64) float stg104[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i102 = r103 + l; (void)i102;
+                        const float v105 = l73[i100 * d_H + i102];
+                        const float v106 = v105;
+                        stg104[l] = v106;
+                    }
+                    opgen_bf16_store_strip(&p_weight_grad[v101 * st_weight_grad_0 + r103 * st_weight_grad_1], st_weight_grad_1, stg104, 32, nt_p_weight_grad);
+                }
+                #pragma omp simd
+                for (int64_t i102 = r103; i102 < d_H; i102++) {
+                    const float v107 = l73[i100 * d_H + i102];
+                    const float v108 = v107;
+                    p_weight_grad[v101 * st_weight_grad_0 + i102 * st_weight_grad_1] = opgen_f32_to_bf16(v108);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

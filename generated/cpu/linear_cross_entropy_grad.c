@@ -103,7 +103,9 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -124,7 +126,9 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i19 = v1; i19 < v14; i19++) {
         const int64_t v20 = i19 * v13;
         const int64_t v21 = v20 + v13;
@@ -197,44 +201,78 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {
                 const int64_t v71 = v25 + i70;
-                #pragma omp simd
-                for (int64_t i72 = v1; i72 < d_H; i72++) {
-                    const float v73 = l34[i70 * d_H + i72];
-                    const float v74 = v73;
-                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_f16(v74);
+                {
+                    int64_t r73 = v1;
+                    for (; r73 + 32 <= d_H; r73 += 32) {
+                        _Alignas(64) float stg74[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i72 = r73 + l; (void)i72;
+                            const float v75 = l34[i70 * d_H + i72];
+                            const float v76 = v75;
+                            stg74[l] = v76;
+                        }
+                        opgen_f16_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i72 = r73; i72 < d_H; i72++) {
+                        const float v77 = l34[i70 * d_H + i72];
+                        const float v78 = v77;
+                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_f16(v78);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v1; i75 < v16; i75++) {
-        const int64_t v76 = i75 * v9;
-        const int64_t v77 = v76 + v9;
-        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v1; i81 < v14; i81++) {
-            const int64_t v82 = i81 * d_BT;
-            const int64_t v83 = v82 + v76;
-            for (int64_t i84 = v1; i84 < v79; i84++) {
-                const int64_t v85 = v83 + i84;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i79 = v1; i79 < v16; i79++) {
+        const int64_t v80 = i79 * v9;
+        const int64_t v81 = v80 + v9;
+        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
+        const int64_t v83 = v82 - v80;
+        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i85 = v1; i85 < v14; i85++) {
+            const int64_t v86 = i85 * d_BT;
+            const int64_t v87 = v86 + v80;
+            for (int64_t i88 = v1; i88 < v83; i88++) {
+                const int64_t v89 = v87 + i88;
                 #pragma omp simd
-                for (int64_t i86 = v1; i86 < d_H; i86++) {
-                    const float v87 = t15[v85 * d_H + i86];
-                    l80[i84 * d_H + i86] += v87;
+                for (int64_t i90 = v1; i90 < d_H; i90++) {
+                    const float v91 = t15[v89 * d_H + i90];
+                    l84[i88 * d_H + i90] += v91;
                 }
             }
         }
-        for (int64_t i88 = v1; i88 < v79; i88++) {
-            const int64_t v89 = v76 + i88;
-            #pragma omp simd
-            for (int64_t i90 = v1; i90 < d_H; i90++) {
-                const float v91 = l80[i88 * d_H + i90];
-                const float v92 = v91;
-                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = opgen_f32_to_f16(v92);
+        for (int64_t i92 = v1; i92 < v83; i92++) {
+            const int64_t v93 = v80 + i92;
+            {
+                int64_t r95 = v1;
+                for (; r95 + 32 <= d_H; r95 += 32) {
+                    _Alignas(64) float stg96[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i94 = r95 + l; (void)i94;
+                        const float v97 = l84[i92 * d_H + i94];
+                        const float v98 = v97;
+                        stg96[l] = v98;
+                    }
+                    opgen_f16_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i94 = r95; i94 < d_H; i94++) {
+                    const float v99 = l84[i92 * d_H + i94];
+                    const float v100 = v99;
+                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = opgen_f32_to_f16(v100);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -337,7 +375,9 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(uint16_t))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -358,7 +398,9 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i19 = v1; i19 < v14; i19++) {
         const int64_t v20 = i19 * v13;
         const int64_t v21 = v20 + v13;
@@ -431,44 +473,78 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {
                 const int64_t v71 = v25 + i70;
-                #pragma omp simd
-                for (int64_t i72 = v1; i72 < d_H; i72++) {
-                    const float v73 = l34[i70 * d_H + i72];
-                    const float v74 = v73;
-                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_bf16(v74);
+                {
+                    int64_t r73 = v1;
+                    for (; r73 + 32 <= d_H; r73 += 32) {
+                        _Alignas(64) float stg74[32];
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i72 = r73 + l; (void)i72;
+                            const float v75 = l34[i70 * d_H + i72];
+                            const float v76 = v75;
+                            stg74[l] = v76;
+                        }
+                        opgen_bf16_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 32, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i72 = r73; i72 < d_H; i72++) {
+                        const float v77 = l34[i70 * d_H + i72];
+                        const float v78 = v77;
+                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = opgen_f32_to_bf16(v78);
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v1; i75 < v16; i75++) {
-        const int64_t v76 = i75 * v9;
-        const int64_t v77 = v76 + v9;
-        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v1; i81 < v14; i81++) {
-            const int64_t v82 = i81 * d_BT;
-            const int64_t v83 = v82 + v76;
-            for (int64_t i84 = v1; i84 < v79; i84++) {
-                const int64_t v85 = v83 + i84;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i79 = v1; i79 < v16; i79++) {
+        const int64_t v80 = i79 * v9;
+        const int64_t v81 = v80 + v9;
+        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
+        const int64_t v83 = v82 - v80;
+        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i85 = v1; i85 < v14; i85++) {
+            const int64_t v86 = i85 * d_BT;
+            const int64_t v87 = v86 + v80;
+            for (int64_t i88 = v1; i88 < v83; i88++) {
+                const int64_t v89 = v87 + i88;
                 #pragma omp simd
-                for (int64_t i86 = v1; i86 < d_H; i86++) {
-                    const float v87 = t15[v85 * d_H + i86];
-                    l80[i84 * d_H + i86] += v87;
+                for (int64_t i90 = v1; i90 < d_H; i90++) {
+                    const float v91 = t15[v89 * d_H + i90];
+                    l84[i88 * d_H + i90] += v91;
                 }
             }
         }
-        for (int64_t i88 = v1; i88 < v79; i88++) {
-            const int64_t v89 = v76 + i88;
-            #pragma omp simd
-            for (int64_t i90 = v1; i90 < d_H; i90++) {
-                const float v91 = l80[i88 * d_H + i90];
-                const float v92 = v91;
-                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = opgen_f32_to_bf16(v92);
+        for (int64_t i92 = v1; i92 < v83; i92++) {
+            const int64_t v93 = v80 + i92;
+            {
+                int64_t r95 = v1;
+                for (; r95 + 32 <= d_H; r95 += 32) {
+                    _Alignas(64) float stg96[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i94 = r95 + l; (void)i94;
+                        const float v97 = l84[i92 * d_H + i94];
+                        const float v98 = v97;
+                        stg96[l] = v98;
+                    }
+                    opgen_bf16_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 32, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i94 = r95; i94 < d_H; i94++) {
+                    const float v99 = l84[i92 * d_H + i94];
+                    const float v100 = v99;
+                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = opgen_f32_to_bf16(v100);
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -571,7 +647,9 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     float *l42_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
     float *l47_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
     float *l48_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)256ll * (size_t)opgen_threads());
-    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    float *l84_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)256ll * (size_t)d_H * (size_t)opgen_threads());
+    const int nt_p_weight_grad = opgen_nt(p_weight_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_H)), sizeof(float))); (void)nt_p_weight_grad;
+    const int nt_p_input_grad = opgen_nt(p_input_grad, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_BT)), opgen_sz_dim(d_H)), sizeof(float))); (void)nt_p_input_grad;
     const int64_t v1 = 0ll;
     for (int64_t i2 = v1; i2 < d_BT; i2++) {
         const bool v3 = p_no_target[i2 * st_no_target_0];
@@ -592,7 +670,9 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i19 = v1; i19 < v14; i19++) {
         const int64_t v20 = i19 * v13;
         const int64_t v21 = v20 + v13;
@@ -665,44 +745,78 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
             }
             for (int64_t i70 = v1; i70 < v28; i70++) {
                 const int64_t v71 = v25 + i70;
-                #pragma omp simd
-                for (int64_t i72 = v1; i72 < d_H; i72++) {
-                    const float v73 = l34[i70 * d_H + i72];
-                    const float v74 = v73;
-                    p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = v74;
+                {
+                    int64_t r73 = v1;
+                    for (; r73 + 16 <= d_H; r73 += 16) {
+                        _Alignas(64) float stg74[16];
+                        #pragma omp simd
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i72 = r73 + l; (void)i72;
+                            const float v75 = l34[i70 * d_H + i72];
+                            const float v76 = v75;
+                            stg74[l] = v76;
+                        }
+                        opgen_f32_store_strip(&p_weight_grad[v71 * st_weight_grad_0 + r73 * st_weight_grad_1], st_weight_grad_1, stg74, 16, nt_p_weight_grad);
+                    }
+                    #pragma omp simd
+                    for (int64_t i72 = r73; i72 < d_H; i72++) {
+                        const float v77 = l34[i70 * d_H + i72];
+                        const float v78 = v77;
+                        p_weight_grad[v71 * st_weight_grad_0 + i72 * st_weight_grad_1] = v78;
+                    }
                 }
             }
         }
     }
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i75 = v1; i75 < v16; i75++) {
-        const int64_t v76 = i75 * v9;
-        const int64_t v77 = v76 + v9;
-        const int64_t v78 = ((v77 < d_BT || v77 != v77) ? v77 : d_BT);
-        const int64_t v79 = v78 - v76;
-        float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l80, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
-        for (int64_t i81 = v1; i81 < v14; i81++) {
-            const int64_t v82 = i81 * d_BT;
-            const int64_t v83 = v82 + v76;
-            for (int64_t i84 = v1; i84 < v79; i84++) {
-                const int64_t v85 = v83 + i84;
+    opgen_stream_fence();
+    }
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
+    for (int64_t i79 = v1; i79 < v16; i79++) {
+        const int64_t v80 = i79 * v9;
+        const int64_t v81 = v80 + v9;
+        const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
+        const int64_t v83 = v82 - v80;
+        float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
+        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        for (int64_t i85 = v1; i85 < v14; i85++) {
+            const int64_t v86 = i85 * d_BT;
+            const int64_t v87 = v86 + v80;
+            for (int64_t i88 = v1; i88 < v83; i88++) {
+                const int64_t v89 = v87 + i88;
                 #pragma omp simd
-                for (int64_t i86 = v1; i86 < d_H; i86++) {
-                    const float v87 = t15[v85 * d_H + i86];
-                    l80[i84 * d_H + i86] += v87;
+                for (int64_t i90 = v1; i90 < d_H; i90++) {
+                    const float v91 = t15[v89 * d_H + i90];
+                    l84[i88 * d_H + i90] += v91;
                 }
             }
         }
-        for (int64_t i88 = v1; i88 < v79; i88++) {
-            const int64_t v89 = v76 + i88;
-            #pragma omp simd
-            for (int64_t i90 = v1; i90 < d_H; i90++) {
-                const float v91 = l80[i88 * d_H + i90];
-                const float v92 = v91;
-                p_input_grad[v89 * st_input_grad_0 + i90 * st_input_grad_1] = v92;
+        for (int64_t i92 = v1; i92 < v83; i92++) {
+            const int64_t v93 = v80 + i92;
+            {
+                int64_t r95 = v1;
+                for (; r95 + 16 <= d_H; r95 += 16) {
+                    _Alignas(64) float stg96[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i94 = r95 + l; (void)i94;
+                        const float v97 = l84[i92 * d_H + i94];
+                        const float v98 = v97;
+                        stg96[l] = v98;
+                    }
+                    opgen_f32_store_strip(&p_input_grad[v93 * st_input_grad_0 + r95 * st_input_grad_1], st_input_grad_1, stg96, 16, nt_p_input_grad);
+                }
+                #pragma omp simd
+                for (int64_t i94 = r95; i94 < d_H; i94++) {
+                    const float v99 = l84[i92 * d_H + i94];
+                    const float v100 = v99;
+                    p_input_grad[v93 * st_input_grad_0 + i94 * st_input_grad_1] = v100;
+                }
             }
         }
+    }
+    opgen_stream_fence();
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

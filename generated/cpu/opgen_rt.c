@@ -8,8 +8,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h> /* sysconf */
 #ifdef __linux__
-#include <sys/mman.h> /* madvise */
+#include <sys/mman.h> /* madvise, mincore */
 #endif
 
 static _Thread_local char opgen_err[256];
@@ -79,6 +80,47 @@ static void opgen_atfork_child(void) {
 __attribute__((constructor)) static void opgen_rt_init(void) {
     (void)opgen_team_cap();
     pthread_atfork(NULL, NULL, opgen_atfork_child);
+}
+
+/* ---- streaming stores: from which output size (opgen_nt) ----
+ * OPGEN_NT_BYTES (bytes; 0: always), else the last-level cache as the C library reports it
+ * (sysconf) up to 32 MiB, else 32 MiB: a VM reports its host's whole L3 (384 MiB on the Zen 5
+ * machine, whose cores share 32 MiB), and a core's share of a big L3 is smaller still. Decided
+ * once per process. */
+static atomic_size_t opgen_nt_from; /* 0 until decided (a decided 0 is kept as 1) */
+
+size_t opgen_nt_bytes(void) {
+    size_t b = atomic_load_explicit(&opgen_nt_from, memory_order_relaxed);
+    if (b) return b;
+    const char *env = getenv("OPGEN_NT_BYTES");
+    char *end = NULL;
+    unsigned long long v = env && *env ? strtoull(env, &end, 10) : 0;
+    if (env && *env && end && !*end) {
+        b = v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    } else {
+        long llc = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+        llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+        b = llc > 0 && llc < (32l << 20) ? (size_t)llc : (size_t)32 << 20;
+    }
+    if (!b) b = 1; /* (every output of at least one byte) */
+    atomic_store_explicit(&opgen_nt_from, b, memory_order_relaxed);
+    return b;
+}
+
+int opgen_nt(const void *p, size_t bytes) {
+    if (!p || bytes < opgen_nt_bytes()) return 0;
+#ifdef __linux__
+    const long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return 0;
+    const uintptr_t at[3] = {(uintptr_t)p, (uintptr_t)p + bytes / 2, (uintptr_t)p + (bytes - 1)};
+    for (int i = 0; i < 3; i++) {
+        unsigned char v = 0;
+        if (mincore((void *)(at[i] & ~(uintptr_t)(ps - 1)), 1, &v) != 0 || !(v & 1)) return 0;
+    }
+#endif
+    return 1;
 }
 
 /* ---- f32 GEMM: packed panels and an MR x NR register tile ----
@@ -723,7 +765,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
                         for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
                 kernel(k, pa + i * BKC, (int64_t)sa, pb, (int64_t)sb, j / 16, tmp, 32, accumulate); \
                 for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */ \
-                    opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q); \
+                    opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q, 0); \
             } \
     } \
     units_end(); \

@@ -5,7 +5,7 @@
 #include "opgen.h"
 #include <math.h>
 #include <string.h>
-#if defined(__AVX512BF16__) || defined(__AVX2__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
@@ -350,8 +350,10 @@ static inline uint16_t opgen_f32_to_bf16(float f) {
  * rounded away, and its result 0x80 taken off again: the bits of the scalar rounding, without
  * a branch (a branch in this loop cost more than the conversion saves: GELU backward bf16).
  * With AVX2 a contiguous strip takes the scalar rounding's integer steps 8 lanes at a time and
- * one pack per 16 (GCC's vectorisation of the scalar loop blends after packing, twice the work). */
-static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float *src, int n) {
+ * one pack per 16 (GCC's vectorisation of the scalar loop blends after packing, twice the work).
+ * nt (map-cpu's `nontemporal` stores, opgen_nt): a contiguous strip of one whole aligned 64-byte
+ * line goes around the caches (opgen_f32_store_strip). */
+static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
 #if defined(__AVX512BF16__)
     if (st == 1 && n == 32) {
         const __m512i one = _mm512_set1_epi32(0x00800000);
@@ -362,11 +364,15 @@ static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float
         hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
         __m512i r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
         r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
-        _mm512_storeu_si512((void *)dst, r);
+        if (nt && !((uintptr_t)dst & 63))
+            _mm512_stream_si512((void *)dst, r);
+        else
+            _mm512_storeu_si512((void *)dst, r);
         return;
     }
 #elif defined(__AVX2__)
     if (st == 1 && n % 16 == 0) {
+        const int stream = nt && n == 32 && !((uintptr_t)dst & 63);
         for (int h = 0; h < n; h += 16) {
             __m256i r[2];
             for (int q = 0; q < 2; q++) {
@@ -377,12 +383,58 @@ static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float
                 const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* quieted */
                 r[q] = _mm256_srli_epi32(_mm256_blendv_epi8(v, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
             }
-            _mm256_storeu_si256((__m256i *)(void *)(dst + h), _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8));
+            const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+            if (stream)
+                _mm256_stream_si256((__m256i *)(void *)(dst + h), w);
+            else
+                _mm256_storeu_si256((__m256i *)(void *)(dst + h), w);
         }
         return;
     }
 #endif
+    (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_bf16(src[l]);
+}
+/* n f32 values (src, 64-byte aligned) to dst, element stride st: map-cpu's `nontemporal` stores
+ * of an f32 buffer. With nt (opgen_nt) a contiguous strip of 16 on one aligned 64-byte line goes
+ * around the caches (a streaming store): a line written whole is not read first, so an output
+ * larger than the caches costs its bytes once, not twice (embedding backward's rows, a norm's
+ * grad_x: docs/backend_cpu.md). Other strips are stored as they are; the values are the same. */
+static inline void opgen_f32_store_strip(float *dst, int64_t st, const float *src, int n, int nt) {
+#if defined(__AVX512F__)
+    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
+        _mm512_stream_ps(dst, _mm512_load_ps(src));
+        return;
+    }
+#elif defined(__AVX__)
+    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
+        _mm256_stream_ps(dst, _mm256_load_ps(src));
+        _mm256_stream_ps(dst + 8, _mm256_load_ps(src + 8));
+        return;
+    }
+#endif
+    (void)nt;
+    if (st == 1) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    for (int l = 0; l < n; l++) dst[l * st] = src[l];
+}
+/* Whether a kernel's `nontemporal` stores into the output at p of `bytes` stream around the
+ * caches: from opgen_nt_bytes() on (an output that large would leave the last-level cache before
+ * anyone read it back), and only into memory already resident (its first, middle and last pages:
+ * mincore on Linux). A freshly allocated output — what numpy and PyTorch's CPU allocator hand out
+ * for large tensors — is zeroed by the OS through the cache page by page as the kernel first
+ * touches it, and streaming past those lines then costs more than it saves (embedding backward
+ * f32: 7.8 -> 9.2 ms into fresh pages, 5.3 -> 3.6 ms into resident ones). */
+size_t opgen_nt_bytes(void);
+int opgen_nt(const void *p, size_t bytes);
+/* After a thread's streaming stores, before another thread may read what they wrote: they are
+ * weakly ordered (the end of each parallel loop that has them, inside its region). */
+static inline void opgen_stream_fence(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_sfence();
+#endif
 }
 static inline float opgen_f16_to_f32(uint16_t h) {
     _Float16 x;
@@ -394,6 +446,26 @@ static inline uint16_t opgen_f32_to_f16(float f) {
     uint16_t h;
     memcpy(&h, &x, 2);
     return h;
+}
+/* n f32 values (src, 64-byte aligned) rounded to f16 at dst, element stride st, each as
+ * opgen_f32_to_f16: map-cpu's `nontemporal` stores of an f16 buffer (nt: as
+ * opgen_f32_store_strip, a strip of 32 on one aligned line). */
+static inline void opgen_f16_store_strip(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
+#if defined(__AVX512F__) || defined(__AVX__)
+    if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
+        _Alignas(64) uint16_t h[32];
+        for (int l = 0; l < 32; l++) h[l] = opgen_f32_to_f16(src[l]);
+#if defined(__AVX512F__)
+        _mm512_stream_si512((void *)dst, _mm512_load_si512((const void *)h));
+#else
+        _mm256_stream_si256((__m256i *)(void *)dst, _mm256_load_si256((const __m256i *)(const void *)h));
+        _mm256_stream_si256((__m256i *)(void *)(dst + 16), _mm256_load_si256((const __m256i *)(const void *)(h + 16)));
+#endif
+        return;
+    }
+#endif
+    (void)nt;
+    for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_f16(src[l]);
 }
 /* float -> integer: truncation toward zero; NaN or out of range gives the type's minimum
  * (for signed types, so it fails any index range check) or maximum (unsigned). */

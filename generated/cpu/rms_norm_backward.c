@@ -65,6 +65,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -72,7 +73,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -142,69 +145,73 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    _Alignas(64) float stg45[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l;
-                        const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v47 = v45 * v46;
-                        const float v48 = l15;
-                        const float v49 = v48 / v7;
-                        const float v50 = v49 + v8;
-                        const float v51 = 1.0f / sqrtf(v50);
-                        const float v52 = v47 * v51;
-                        l10[i43] += v52;
-                        const float v53 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                        const float v54 = v45 * v53;
-                        const float v55 = v54 * v51;
-                        const float v56 = l17;
-                        const float v57 = v56 / v7;
-                        const float v58 = v57 * v51;
-                        const float v59 = v58 * v51;
-                        const float v60 = v59 * v51;
-                        const float v61 = v46 * v60;
-                        const float v62 = v55 - v61;
-                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v48 = v46 * v47;
+                        const float v49 = l15;
+                        const float v50 = v49 / v7;
+                        const float v51 = v50 + v8;
+                        const float v52 = 1.0f / sqrtf(v51);
+                        const float v53 = v48 * v52;
+                        l10[i43] += v53;
+                        const float v54 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                        const float v55 = v46 * v54;
+                        const float v56 = v55 * v52;
+                        const float v57 = l17;
+                        const float v58 = v57 / v7;
+                        const float v59 = v58 * v52;
+                        const float v60 = v59 * v52;
+                        const float v61 = v60 * v52;
+                        const float v62 = v47 * v61;
+                        const float v63 = v56 - v62;
+                        stg45[l] = v63;
                     }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v64 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v65 = v63 * v64;
-                    const float v66 = l15;
-                    const float v67 = v66 / v7;
-                    const float v68 = v67 + v8;
-                    const float v69 = 1.0f / sqrtf(v68);
-                    const float v70 = v65 * v69;
-                    l10[i43] += v70;
-                    const float v71 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                    const float v72 = v63 * v71;
-                    const float v73 = v72 * v69;
-                    const float v74 = l17;
-                    const float v75 = v74 / v7;
-                    const float v76 = v75 * v69;
-                    const float v77 = v76 * v69;
-                    const float v78 = v77 * v69;
-                    const float v79 = v64 * v78;
-                    const float v80 = v73 - v79;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v80);
+                    const float v64 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v65 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v66 = v64 * v65;
+                    const float v67 = l15;
+                    const float v68 = v67 / v7;
+                    const float v69 = v68 + v8;
+                    const float v70 = 1.0f / sqrtf(v69);
+                    const float v71 = v66 * v70;
+                    l10[i43] += v71;
+                    const float v72 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                    const float v73 = v64 * v72;
+                    const float v74 = v73 * v70;
+                    const float v75 = l17;
+                    const float v76 = v75 / v7;
+                    const float v77 = v76 * v70;
+                    const float v78 = v77 * v70;
+                    const float v79 = v78 * v70;
+                    const float v80 = v65 * v79;
+                    const float v81 = v74 - v80;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v81);
                 }
             }
         }
-        for (int64_t i81 = v1; i81 < d_D; i81++) {
-            const float v82 = l10[i81];
-            t5[i9 * d_D + i81] = v82;
+        for (int64_t i82 = v1; i82 < d_D; i82++) {
+            const float v83 = l10[i82];
+            t5[i9 * d_D + i82] = v83;
         }
     }
+    opgen_stream_fence();
+    }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i83 = v1; i83 < d_D; i83++) {
-        float l84 = 0;
-        for (int64_t i85 = v1; i85 < v4; i85++) {
-            const float v86 = t5[i85 * d_D + i83];
-            l84 += v86;
+    for (int64_t i84 = v1; i84 < d_D; i84++) {
+        float l85 = 0;
+        for (int64_t i86 = v1; i86 < v4; i86++) {
+            const float v87 = t5[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v87 = l84;
-        p_grad_w[i83 * st_grad_w_0] = opgen_f32_to_f16(v87);
+        const float v88 = l85;
+        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_f16(v88);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -234,6 +241,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -241,7 +249,9 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -311,72 +321,76 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    _Alignas(64) float stg45[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l;
-                        const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v47 = v45 * v46;
-                        const float v48 = l15;
-                        const float v49 = v48 / v7;
-                        const float v50 = v49 + v8;
-                        const float v51 = 1.0f / sqrtf(v50);
-                        const float v52 = v47 * v51;
-                        l10[i43] += v52;
-                        const float v53 = opgen_f16_to_f32(p_w[i43]);
-                        const float v54 = v45 * v53;
-                        const float v55 = v54 * v51;
-                        const float v56 = l17;
-                        const float v57 = v56 / v7;
-                        const float v58 = v57 * v51;
-                        const float v59 = v58 * v51;
-                        const float v60 = v59 * v51;
-                        const float v61 = v46 * v60;
-                        const float v62 = v55 - v61;
-                        p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v48 = v46 * v47;
+                        const float v49 = l15;
+                        const float v50 = v49 / v7;
+                        const float v51 = v50 + v8;
+                        const float v52 = 1.0f / sqrtf(v51);
+                        const float v53 = v48 * v52;
+                        l10[i43] += v53;
+                        const float v54 = opgen_f16_to_f32(p_w[i43]);
+                        const float v55 = v46 * v54;
+                        const float v56 = v55 * v52;
+                        const float v57 = l17;
+                        const float v58 = v57 / v7;
+                        const float v59 = v58 * v52;
+                        const float v60 = v59 * v52;
+                        const float v61 = v60 * v52;
+                        const float v62 = v47 * v61;
+                        const float v63 = v56 - v62;
+                        stg45[l] = v63;
                     }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v63 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v64 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v65 = v63 * v64;
-                    const float v66 = l15;
-                    const float v67 = v66 / v7;
-                    const float v68 = v67 + v8;
-                    const float v69 = 1.0f / sqrtf(v68);
-                    const float v70 = v65 * v69;
-                    l10[i43] += v70;
-                    const float v71 = opgen_f16_to_f32(p_w[i43]);
-                    const float v72 = v63 * v71;
-                    const float v73 = v72 * v69;
-                    const float v74 = l17;
-                    const float v75 = v74 / v7;
-                    const float v76 = v75 * v69;
-                    const float v77 = v76 * v69;
-                    const float v78 = v77 * v69;
-                    const float v79 = v64 * v78;
-                    const float v80 = v73 - v79;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v80);
+                    const float v64 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v65 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v66 = v64 * v65;
+                    const float v67 = l15;
+                    const float v68 = v67 / v7;
+                    const float v69 = v68 + v8;
+                    const float v70 = 1.0f / sqrtf(v69);
+                    const float v71 = v66 * v70;
+                    l10[i43] += v71;
+                    const float v72 = opgen_f16_to_f32(p_w[i43]);
+                    const float v73 = v64 * v72;
+                    const float v74 = v73 * v70;
+                    const float v75 = l17;
+                    const float v76 = v75 / v7;
+                    const float v77 = v76 * v70;
+                    const float v78 = v77 * v70;
+                    const float v79 = v78 * v70;
+                    const float v80 = v65 * v79;
+                    const float v81 = v74 - v80;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v81);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i81 = v1; i81 < d_D; i81++) {
-            const float v82 = l10[i81];
-            t5[i9 * d_D + i81] = v82;
+        for (int64_t i82 = v1; i82 < d_D; i82++) {
+            const float v83 = l10[i82];
+            t5[i9 * d_D + i82] = v83;
         }
     }
+    opgen_stream_fence();
+    }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i83 = v1; i83 < d_D; i83++) {
-        float l84 = 0;
-        for (int64_t i85 = v1; i85 < v4; i85++) {
-            const float v86 = t5[i85 * d_D + i83];
-            l84 += v86;
+    for (int64_t i84 = v1; i84 < d_D; i84++) {
+        float l85 = 0;
+        for (int64_t i86 = v1; i86 < v4; i86++) {
+            const float v87 = t5[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v87 = l84;
-        p_grad_w[i83] = opgen_f32_to_f16(v87);
+        const float v88 = l85;
+        p_grad_w[i84] = opgen_f32_to_f16(v88);
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -447,6 +461,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -454,7 +469,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -522,71 +539,75 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             {
                 int64_t r44 = v1;
                 for (; r44 + 16 <= d_D; r44 += 16) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
+                    _Alignas(64) float stg45[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i43 = r44 + l;
-                        const float v45 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v46 = p_x[ro_x[i14] + i43];
-                        const float v47 = v45 * v46;
-                        const float v48 = l15;
-                        const float v49 = v48 / v7;
-                        const float v50 = v49 + v8;
-                        const float v51 = 1.0f / sqrtf(v50);
-                        const float v52 = v47 * v51;
-                        l10[i43] += v52;
-                        const float v53 = p_w[i43 * st_w_0];
-                        const float v54 = v45 * v53;
-                        const float v55 = v54 * v51;
-                        const float v56 = l17;
-                        const float v57 = v56 / v7;
-                        const float v58 = v57 * v51;
-                        const float v59 = v58 * v51;
-                        const float v60 = v59 * v51;
-                        const float v61 = v46 * v60;
-                        const float v62 = v55 - v61;
-                        p_grad_x[ro_grad_x[i14] + i43] = v62;
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v47 = p_x[ro_x[i14] + i43];
+                        const float v48 = v46 * v47;
+                        const float v49 = l15;
+                        const float v50 = v49 / v7;
+                        const float v51 = v50 + v8;
+                        const float v52 = 1.0f / sqrtf(v51);
+                        const float v53 = v48 * v52;
+                        l10[i43] += v53;
+                        const float v54 = p_w[i43 * st_w_0];
+                        const float v55 = v46 * v54;
+                        const float v56 = v55 * v52;
+                        const float v57 = l17;
+                        const float v58 = v57 / v7;
+                        const float v59 = v58 * v52;
+                        const float v60 = v59 * v52;
+                        const float v61 = v60 * v52;
+                        const float v62 = v47 * v61;
+                        const float v63 = v56 - v62;
+                        stg45[l] = v63;
                     }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 16, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v63 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v64 = p_x[ro_x[i14] + i43];
-                    const float v65 = v63 * v64;
-                    const float v66 = l15;
-                    const float v67 = v66 / v7;
-                    const float v68 = v67 + v8;
-                    const float v69 = 1.0f / sqrtf(v68);
-                    const float v70 = v65 * v69;
-                    l10[i43] += v70;
-                    const float v71 = p_w[i43 * st_w_0];
-                    const float v72 = v63 * v71;
-                    const float v73 = v72 * v69;
-                    const float v74 = l17;
-                    const float v75 = v74 / v7;
-                    const float v76 = v75 * v69;
-                    const float v77 = v76 * v69;
-                    const float v78 = v77 * v69;
-                    const float v79 = v64 * v78;
-                    const float v80 = v73 - v79;
-                    p_grad_x[ro_grad_x[i14] + i43] = v80;
+                    const float v64 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v65 = p_x[ro_x[i14] + i43];
+                    const float v66 = v64 * v65;
+                    const float v67 = l15;
+                    const float v68 = v67 / v7;
+                    const float v69 = v68 + v8;
+                    const float v70 = 1.0f / sqrtf(v69);
+                    const float v71 = v66 * v70;
+                    l10[i43] += v71;
+                    const float v72 = p_w[i43 * st_w_0];
+                    const float v73 = v64 * v72;
+                    const float v74 = v73 * v70;
+                    const float v75 = l17;
+                    const float v76 = v75 / v7;
+                    const float v77 = v76 * v70;
+                    const float v78 = v77 * v70;
+                    const float v79 = v78 * v70;
+                    const float v80 = v65 * v79;
+                    const float v81 = v74 - v80;
+                    p_grad_x[ro_grad_x[i14] + i43] = v81;
                 }
             }
         }
-        for (int64_t i81 = v1; i81 < d_D; i81++) {
-            const float v82 = l10[i81];
-            t5[i9 * d_D + i81] = v82;
+        for (int64_t i82 = v1; i82 < d_D; i82++) {
+            const float v83 = l10[i82];
+            t5[i9 * d_D + i82] = v83;
         }
     }
+    opgen_stream_fence();
+    }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i83 = v1; i83 < d_D; i83++) {
-        float l84 = 0;
-        for (int64_t i85 = v1; i85 < v4; i85++) {
-            const float v86 = t5[i85 * d_D + i83];
-            l84 += v86;
+    for (int64_t i84 = v1; i84 < d_D; i84++) {
+        float l85 = 0;
+        for (int64_t i86 = v1; i86 < v4; i86++) {
+            const float v87 = t5[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v87 = l84;
-        p_grad_w[i83 * st_grad_w_0] = v87;
+        const float v88 = l85;
+        p_grad_w[i84 * st_grad_w_0] = v88;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -616,6 +637,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -623,7 +645,9 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -691,74 +715,78 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             {
                 int64_t r44 = v1;
                 for (; r44 + 16 <= d_D; r44 += 16) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
+                    _Alignas(64) float stg45[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i43 = r44 + l;
-                        const float v45 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v46 = p_x[ro_x[i14] + i43];
-                        const float v47 = v45 * v46;
-                        const float v48 = l15;
-                        const float v49 = v48 / v7;
-                        const float v50 = v49 + v8;
-                        const float v51 = 1.0f / sqrtf(v50);
-                        const float v52 = v47 * v51;
-                        l10[i43] += v52;
-                        const float v53 = p_w[i43];
-                        const float v54 = v45 * v53;
-                        const float v55 = v54 * v51;
-                        const float v56 = l17;
-                        const float v57 = v56 / v7;
-                        const float v58 = v57 * v51;
-                        const float v59 = v58 * v51;
-                        const float v60 = v59 * v51;
-                        const float v61 = v46 * v60;
-                        const float v62 = v55 - v61;
-                        p_grad_x[ro_grad_x[i14] + i43] = v62;
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v47 = p_x[ro_x[i14] + i43];
+                        const float v48 = v46 * v47;
+                        const float v49 = l15;
+                        const float v50 = v49 / v7;
+                        const float v51 = v50 + v8;
+                        const float v52 = 1.0f / sqrtf(v51);
+                        const float v53 = v48 * v52;
+                        l10[i43] += v53;
+                        const float v54 = p_w[i43];
+                        const float v55 = v46 * v54;
+                        const float v56 = v55 * v52;
+                        const float v57 = l17;
+                        const float v58 = v57 / v7;
+                        const float v59 = v58 * v52;
+                        const float v60 = v59 * v52;
+                        const float v61 = v60 * v52;
+                        const float v62 = v47 * v61;
+                        const float v63 = v56 - v62;
+                        stg45[l] = v63;
                     }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v63 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v64 = p_x[ro_x[i14] + i43];
-                    const float v65 = v63 * v64;
-                    const float v66 = l15;
-                    const float v67 = v66 / v7;
-                    const float v68 = v67 + v8;
-                    const float v69 = 1.0f / sqrtf(v68);
-                    const float v70 = v65 * v69;
-                    l10[i43] += v70;
-                    const float v71 = p_w[i43];
-                    const float v72 = v63 * v71;
-                    const float v73 = v72 * v69;
-                    const float v74 = l17;
-                    const float v75 = v74 / v7;
-                    const float v76 = v75 * v69;
-                    const float v77 = v76 * v69;
-                    const float v78 = v77 * v69;
-                    const float v79 = v64 * v78;
-                    const float v80 = v73 - v79;
-                    p_grad_x[ro_grad_x[i14] + i43] = v80;
+                    const float v64 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v65 = p_x[ro_x[i14] + i43];
+                    const float v66 = v64 * v65;
+                    const float v67 = l15;
+                    const float v68 = v67 / v7;
+                    const float v69 = v68 + v8;
+                    const float v70 = 1.0f / sqrtf(v69);
+                    const float v71 = v66 * v70;
+                    l10[i43] += v71;
+                    const float v72 = p_w[i43];
+                    const float v73 = v64 * v72;
+                    const float v74 = v73 * v70;
+                    const float v75 = l17;
+                    const float v76 = v75 / v7;
+                    const float v77 = v76 * v70;
+                    const float v78 = v77 * v70;
+                    const float v79 = v78 * v70;
+                    const float v80 = v65 * v79;
+                    const float v81 = v74 - v80;
+                    p_grad_x[ro_grad_x[i14] + i43] = v81;
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i81 = v1; i81 < d_D; i81++) {
-            const float v82 = l10[i81];
-            t5[i9 * d_D + i81] = v82;
+        for (int64_t i82 = v1; i82 < d_D; i82++) {
+            const float v83 = l10[i82];
+            t5[i9 * d_D + i82] = v83;
         }
     }
+    opgen_stream_fence();
+    }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i83 = v1; i83 < d_D; i83++) {
-        float l84 = 0;
-        for (int64_t i85 = v1; i85 < v4; i85++) {
-            const float v86 = t5[i85 * d_D + i83];
-            l84 += v86;
+    for (int64_t i84 = v1; i84 < d_D; i84++) {
+        float l85 = 0;
+        for (int64_t i86 = v1; i86 < v4; i86++) {
+            const float v87 = t5[i86 * d_D + i84];
+            l85 += v87;
         }
-        const float v87 = l84;
-        p_grad_w[i83] = v87;
+        const float v88 = l85;
+        p_grad_w[i84] = v88;
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -829,6 +857,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -836,7 +865,9 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -906,10 +937,10 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     _Alignas(64) float stg45[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l;
+                        const int64_t i43 = r44 + l; (void)i43;
                         const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
                         const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
                         const float v48 = v46 * v47;
@@ -931,7 +962,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
                         const float v63 = v56 - v62;
                         stg45[l] = v63;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
                     const float v64 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
@@ -961,6 +992,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             const float v83 = l10[i82];
             t5[i9 * d_D + i82] = v83;
         }
+    }
+    opgen_stream_fence();
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i84 = v1; i84 < d_D; i84++) {
@@ -1000,6 +1033,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
     const int64_t v3 = 32ll;
@@ -1007,7 +1041,9 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     const int64_t v6 = v2 ? v1 : v4;
     const float v7 = (float)(d_D);
     const float v8 = p_eps;
-    #pragma omp parallel for schedule(static) num_threads(opgen_team())
+    #pragma omp parallel num_threads(opgen_team())
+    {
+    #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
         memset(l10, 0, sizeof(float) * (size_t)d_D);
@@ -1077,11 +1113,11 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             {
                 int64_t r44 = v1;
                 for (; r44 + 32 <= d_D; r44 += 32) {
-                    OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     _Alignas(64) float stg45[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l;
+                        const int64_t i43 = r44 + l; (void)i43;
                         const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
                         const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
                         const float v48 = v46 * v47;
@@ -1103,7 +1139,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                         const float v63 = v56 - v62;
                         stg45[l] = v63;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg45, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
@@ -1135,6 +1171,8 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             const float v83 = l10[i82];
             t5[i9 * d_D + i82] = v83;
         }
+    }
+    opgen_stream_fence();
     }
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
     for (int64_t i84 = v1; i84 < d_D; i84++) {

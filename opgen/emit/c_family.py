@@ -116,8 +116,10 @@ class CPrinter:
     PACK: ClassVar[dict[str, tuple[str, str, str]]] = {"bf16": ("opgen_bpack", "opgen_bgemm_pb", "(uint16_t *)"),
                                                          "f32": ("opgen_spack", "opgen_sgemm_pb", ""),
                                                          "f16": ("opgen_spack", "opgen_sgemm_pb", "")}
-    #: a ``staged`` store's block conversion by the buffer's dtype (others store value by value)
-    STRIP_STORE: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip"}
+    #: a staged store's strip store by the buffer's dtype: ``staged`` stores of a narrow dtype (a
+    #: block conversion; f32 ones store value by value) and ``nontemporal`` ones (which may stream)
+    STRIP_STORE: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip", "f32": "opgen_f32_store_strip",
+                                             "f16": "opgen_f16_store_strip"}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -140,6 +142,8 @@ class CPrinter:
         self.counter = 0
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
         self.staged: dict[Operation, str] = {}  # staged stores of the strip being printed, by staging array
+        #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
+        self.nt: dict[SSAValue, str] = {}
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
         self.scratch: list[tuple[str, str, str, str]] = []
         self.temps: list[tuple[str, str, str, str]] = []
@@ -425,7 +429,8 @@ class CPrinter:
             narrow = self.dtype(s.buf_type(op.buf).dtype).itemsize < 4
             if op.element is None or op.element.data == ("narrow" if narrow else "wide"):
                 macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
-                self.line(f"{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+                guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
+                self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
             self.names[op.result] = self.dim(op.dim.data)
         elif op.results:
@@ -479,6 +484,7 @@ class CPrinter:
         self.walk(iter(body))
         self.depth -= 1
         self.line("}")
+        self.loop_footer_hook(op)
 
     def simd_hook(self) -> None:
         """Emitted before a loop whose iterations vector lanes may run side by side (map-cpu's
@@ -487,6 +493,18 @@ class CPrinter:
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         self.line(f"for (int64_t {iv} = {lo}; {iv} < {hi}; {iv}++) {{")
 
+    def staged_store(self, op: s.StoreOp) -> bool:
+        """Whether a store of a stream loop is printed through a staging strip: map-cpu's
+        ``staged`` stores of a narrow dtype and its ``nontemporal`` ones, where the runtime has a
+        strip store for the buffer's dtype."""
+        name = self.dtype(s.buf_type(op.buf).dtype).name
+        if name not in self.STRIP_STORE:
+            return False
+        return cpu_mapping(op) == CpuMapping.NONTEMPORAL or (cpu_mapping(op) == CpuMapping.STAGED and name == "bf16")
+
+    def loop_footer_hook(self, op: s.ForOp) -> None:
+        """Emitted after a loop's closing brace."""
+
     def stream_loop(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         """map-cpu's ``stream`` loop: strips of one line (:func:`~opgen.lower.cpu_map.strip`),
         each after its prefetches (the loop's ``sched.prefetch`` ops, at the strip's first
@@ -494,9 +512,9 @@ class CPrinter:
         body = list(op.body.block.ops)
         hints = [o for o in body if isinstance(o, s.PrefetchOp)]
         rest = [o for o in body if not isinstance(o, s.PrefetchOp)]
-        n = strip([self.dtype(s.buf_type(h.buf).dtype).itemsize for h in hints])
-        staged = [o for o in rest if isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.STAGED
-                  and self.dtype(s.buf_type(o.buf).dtype).name in self.STRIP_STORE]
+        staged = [o for o in rest if isinstance(o, s.StoreOp) and self.staged_store(o)]
+        lines = hints or [o for o in rest if isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.NONTEMPORAL]
+        n = strip([self.dtype(s.buf_type(b.buf).dtype).itemsize for b in lines])
         base = self.fresh("r")
         self.line("{")
         self.depth += 1
@@ -510,7 +528,7 @@ class CPrinter:
         self.simd_hook()
         self.line(f"for (int l = 0; l < {n}; l++) {{")
         self.depth += 1
-        self.line(f"const int64_t {iv} = {base} + l;")
+        self.line(f"const int64_t {iv} = {base} + l; (void){iv};")
         self.walk(iter(rest))
         self.depth -= 1
         self.line("}")
@@ -520,7 +538,8 @@ class CPrinter:
             step = "1" if self.unit_axis(self.arg_of[st.buf], b.rank - 1, b.rank) else \
                 self.mention(self.stride_name(self.arg_of[st.buf], b.rank - 1))
             fn = self.STRIP_STORE[self.dtype(b.dtype).name]
-            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {self.staged.pop(st)}, {n});")
+            nt = self.mention(self.nt[st.buf]) if st.buf in self.nt else "0"
+            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {self.staged.pop(st)}, {n}, {nt});")
         self.names[op.iv] = iv
         self.depth -= 1
         self.line("}")
@@ -697,6 +716,23 @@ class CPrinter:
         """Emitted before a matmul's loop over rows (OpenMP on the CPU, where map-cpu says)."""
 
     # ------------------------------------------------------------------ function
+    def stream_flags(self) -> None:
+        """For each output with ``nontemporal`` stores, whether they stream in this call
+        (``opgen_nt`` of its data and bytes, a saturating count)."""
+        names = {a: n.data for n, a in zip(self.k.arg_names.data, self.k.body.block.args, strict=True)}
+        for op in self.k.walk():
+            if not (isinstance(op, s.StoreOp) and cpu_mapping(op) == CpuMapping.NONTEMPORAL
+                    and self.staged_store(op)) or op.buf in self.nt:
+                continue
+            t = s.buf_type(op.buf)
+            count = "(size_t)1"
+            for d in t.shape:
+                count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
+            flag = f"nt_{cnames.local(names[op.buf])}"
+            self.nt[op.buf] = flag
+            self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, opgen_sz_mul({count}, "
+                      f"sizeof({self.storage_ctype(t)}))); (void){flag};")
+
     def unit_last_check(self) -> str:
         """C condition under which the ``unit_last`` flavour is valid."""
         conds = []
@@ -762,6 +798,7 @@ class CPrinter:
             self.walk(op for op in lead if op in needed)
             pre = self.lines
             self.lines = []
+        self.stream_flags()
         self.walk(iter(self.k.body.block.ops))
         body = self.lines
 

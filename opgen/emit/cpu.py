@@ -24,6 +24,9 @@ class CpuPrinter(CPrinter):
     """OpenMP where map-cpu put it (opgen/lower/cpu_map.py); everything else is plain C."""
 
     OMP_FOR = "#pragma omp parallel for schedule(static) num_threads(opgen_team())"
+    #: an omp_for loop with streaming stores: a region, the loop without its barrier, a fence
+    OMP_REGION = "#pragma omp parallel num_threads(opgen_team())"
+    OMP_FOR_NOWAIT = "#pragma omp for schedule(static) nowait"
     SIMD = "#pragma omp simd"
     #: print map-cpu's vector loops' pragma (off in the O1 general-stride flavour, which is not
     #: vectorised: the pragma would force it)
@@ -33,9 +36,24 @@ class CpuPrinter(CPrinter):
                                           "logf": "opgen_logf"}
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
-        if cpu_mapping(op) == CpuMapping.OMP_FOR:
+        if cpu_mapping(op) == CpuMapping.OMP_FOR and self.streams(op):  # (a region that fences its streams)
+            self.line(self.OMP_REGION)
+            self.line("{")
+            self.line(self.OMP_FOR_NOWAIT)
+        elif cpu_mapping(op) == CpuMapping.OMP_FOR:
             self.line(self.OMP_FOR)
         super().loop_header_hook(op, iv, lo, hi)
+
+    def streams(self, op: s.ForOp) -> bool:
+        """Whether ``op`` holds ``nontemporal`` stores this instance prints as strips that may
+        stream (its region then fences them)."""
+        return any(isinstance(o, s.StoreOp) and cpu_mapping(o) == CpuMapping.NONTEMPORAL and self.staged_store(o)
+                   for o in op.walk())
+
+    def loop_footer_hook(self, op: s.ForOp) -> None:
+        if cpu_mapping(op) == CpuMapping.OMP_FOR and self.streams(op):
+            self.line("opgen_stream_fence();")
+            self.line("}")
 
     def simd_hook(self) -> None:
         if self.simd:

@@ -103,6 +103,9 @@ class CpuMapping(StrEnum):
     #: (a ``sched.store`` in a ``stream`` loop) kept in f32 for the strip, then rounded to the
     #: buffer's narrow dtype a strip at a time by the runtime's block conversion
     STAGED = "staged"
+    #: a staged store (any dtype with a strip store) whose strips of whole lines go around the
+    #: caches when the output is large: every store into an output the kernel never reads
+    NONTEMPORAL = "nontemporal"
 
 
 @irdl_attr_definition

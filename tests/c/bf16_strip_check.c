@@ -1,8 +1,11 @@
-/* The runtime's strip rounding to bf16 (opgen_bf16_store_strip, map-cpu's staged stores) against
- * the scalar rounding (opgen_f32_to_bf16: round to nearest even, NaN quieted, denormals kept):
- * every STRIDE-th f32 bit pattern, and every pattern with the low 16 bits of EDGES (all exponents,
- * signs, NaN payloads and the rounding ties), 32 to a strip; then strips of 16 and a strided
- * strip, which take the scalar path. Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
+/* The runtime's strip stores (map-cpu's staged and nontemporal stores) against the scalar
+ * conversions: opgen_bf16_store_strip against opgen_f32_to_bf16 (round to nearest even, NaN
+ * quieted, denormals kept), opgen_f16_store_strip against opgen_f32_to_f16 and
+ * opgen_f32_store_strip against the f32 bits themselves, each with nt 0 and 1 (1: the strip of a
+ * whole aligned line streams around the caches where the machine can): every STRIDE-th f32 bit
+ * pattern, and every pattern with the low 16 bits of EDGES (all exponents, signs, NaN payloads
+ * and the rounding ties), 32 to a strip; then strips of 16 and a strided strip, which take the
+ * scalar path. Usage: bf16_strip_check STRIDE (1: all 2^32 patterns).
  * Prints: checked mismatches first_mismatch_bits vector_path (1: vcvtne2ps2bf16 compiled in, 2: the
  * AVX2 integer steps, 0: the scalar loop only). */
 #include "opgen_rt.h"
@@ -20,15 +23,33 @@ static _Alignas(64) float src[32];
 static uint32_t bits[32];
 static int fill;
 
+static void mismatch(int mine, int l, int64_t st) {
+    if (!bad++) first_bad = mine ? bits[l / st] : 0xFFFFFFFFu;
+}
+
 static void check(int n, int64_t st) {
-    uint16_t dst[64], want[32];
-    for (int l = 0; l < n; l++) want[l] = opgen_f32_to_bf16(src[l]);
-    memset(dst, 0xA5, sizeof dst);
-    opgen_bf16_store_strip(dst, st, src, n);
-    for (int l = 0; l < 64; l++) {
-        const int mine = l % st == 0 && l / st < n;
-        if (mine ? dst[l] != want[l / st] : dst[l] != 0xA5A5) { /* (and nothing written between) */
-            if (!bad++) first_bad = mine ? bits[l / st] : 0xFFFFFFFFu;
+    _Alignas(64) uint16_t dst[64], dh[64];
+    _Alignas(64) float df[64];
+    uint16_t want[32], wanth[32];
+    for (int l = 0; l < n; l++) {
+        want[l] = opgen_f32_to_bf16(src[l]);
+        wanth[l] = opgen_f32_to_f16(src[l]);
+    }
+    for (int nt = 0; nt < 2; nt++) {
+        memset(dst, 0xA5, sizeof dst);
+        memset(dh, 0xA5, sizeof dh);
+        memset(df, 0xA5, sizeof df);
+        opgen_bf16_store_strip(dst, st, src, n, nt);
+        opgen_f16_store_strip(dh, st, src, n, nt);
+        opgen_f32_store_strip(df, st, src, n, nt);
+        opgen_stream_fence();
+        for (int l = 0; l < 64; l++) {
+            const int mine = l % st == 0 && l / st < n;
+            uint32_t f;
+            memcpy(&f, &df[l], 4);
+            if (mine ? dst[l] != want[l / st] : dst[l] != 0xA5A5) mismatch(mine, l, st); /* (and nothing between) */
+            if (mine ? dh[l] != wanth[l / st] : dh[l] != 0xA5A5) mismatch(mine, l, st);
+            if (mine ? f != bits[l / st] : f != 0xA5A5A5A5u) mismatch(mine, l, st);
         }
     }
     checked += (uint64_t)n;
