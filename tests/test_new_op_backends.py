@@ -644,6 +644,49 @@ def test_streaming_stores_give_the_same_bits(built, rng, tmp_path, T):
                                                                                             args else "grad_y"].shape)
 
 
+@pytest.mark.parametrize("T", ["f32", "bf16"])
+def test_column_sums_run_in_strips_of_columns(built, rng, T):
+    """column-strips: LayerNorm backward's grad_w and grad_b (sums of the 32-row partials down
+    each column) run over strips of 64 columns, each column's rows summed in a lane of a local
+    row (a ``simd`` loop) instead of one column at a time down a strided serial loop; the old
+    shape is gone. Against the oracle for widths around the strip (1, 63, 64, 65, 130) and row
+    counts across several partials, and the same bits on 1 and 2 threads."""
+    from opgen.lower import column_strips, cpu_map
+    from opgen.passes import pipeline
+
+    m = built["ops"]["ln_cast_backward"].module()
+    pipeline.run(m, "cpu")
+    (k,) = m.body.block.ops
+    sums = [o for o in k.body.block.ops if isinstance(o, s.ForOp) and cpu_map.cpu_mapping(o) == s.CpuMapping.OMP_FOR
+            and any(isinstance(x, s.AllocOp) and tuple(s.buf_type(x.result).shape) == (str(column_strips.WIDTH),)
+                    for x in x_ops(o))]
+    assert sums, "no column sum in strips"
+    for o in sums:
+        rows = [x for x in o.body.block.ops if isinstance(x, s.ForOp) and x.kind.data == "serial"]
+        assert rows and all(cpu_map.cpu_mapping(y) == s.CpuMapping.SIMD for r in rows for y in r.body.block.ops
+                            if isinstance(y, s.ForOp))
+    assert not any(column_strips._shape(o) for o in m.walk() if isinstance(o, s.ForOp))
+    lib = built["lib"]
+    gomp = ctypes.CDLL("libgomp.so.1")
+    for n, d in ((70, 1), (33, 63), (64, 64), (100, 65), (5, 130)):
+        a = ln_cast_args(rng, T, (n, d))
+        got, ref = run_both(built, "ln_cast_backward", **a)
+        for k_ in ("grad_x", "grad_w", "grad_b"):
+            assert np.allclose(f64(got[k_]), f64(ref[k_]), rtol=1e-5 if T == "f32" else 2e-2, atol=1e-4), (k_, n, d)
+        gomp.omp_set_num_threads(1)
+        try:
+            one = runtime.call("ln_cast_backward", lib=lib, **a)
+        finally:
+            gomp.omp_set_num_threads(2)
+        for k_ in ("grad_w", "grad_b"):
+            assert np.array_equal(f64(one[k_]), f64(got[k_])), (k_, n, d)
+
+
+def x_ops(o: s.ForOp) -> list[object]:
+    """The ops directly in ``o``'s body."""
+    return list(o.body.block.ops)
+
+
 def test_second_pass_over_a_row_prefetches_the_next_row(built):
     """LayerNorm backward: the row sums (a lanes loop) read grad_y and x first; the sibling loop
     computing grad_x re-reads them from cache, so instead of its own row it prefetches the same

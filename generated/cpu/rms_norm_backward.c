@@ -37,6 +37,7 @@ static size_t k_rms_norm_backward_f16_ws(const int64_t *dims) {
     size_t off = 0;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(64ll)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -65,6 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -203,15 +205,28 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_f16(v88);
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97 * st_grad_w_0] = opgen_f32_to_f16(v98);
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -241,6 +256,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -382,15 +398,29 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            #pragma omp simd
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84] = opgen_f32_to_f16(v88);
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97] = opgen_f32_to_f16(v98);
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -433,6 +463,7 @@ static size_t k_rms_norm_backward_f32_ws(const int64_t *dims) {
     size_t off = 0;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(64ll)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -461,6 +492,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -599,15 +631,28 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = v88;
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97 * st_grad_w_0] = v98;
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -637,6 +682,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -778,15 +824,29 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            #pragma omp simd
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84] = v88;
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97] = v98;
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -829,6 +889,7 @@ static size_t k_rms_norm_backward_bf16_ws(const int64_t *dims) {
     size_t off = 0;
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(sizeof(float), opgen_sz_mul(opgen_sz_dim((d_N / 32 + (d_N % 32 != 0))), opgen_sz_dim(d_D)))));
     off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(d_D)), (size_t)opgen_threads())));
+    off = opgen_sz_add(off, opgen_align(opgen_sz_mul(opgen_sz_mul(sizeof(float), opgen_sz_dim(64ll)), (size_t)opgen_threads())));
     return off;
 }
 __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g(const opgen_buf_t *bufs, const int64_t *dims, const opgen_scalar_t *sc, char *ws) {
@@ -857,6 +918,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -995,15 +1057,28 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84 * st_grad_w_0] = opgen_f32_to_bf16(v88);
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97 * st_grad_w_0] = opgen_f32_to_bf16(v98);
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;
@@ -1033,6 +1108,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l91_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1174,15 +1250,29 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     }
     opgen_stream_fence();
     }
+    const int64_t v84 = 64ll;
+    const int64_t v85 = 0ll;
+    const int64_t v86 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i84 = v1; i84 < d_D; i84++) {
-        float l85 = 0;
-        for (int64_t i86 = v1; i86 < v4; i86++) {
-            const float v87 = t5[i86 * d_D + i84];
-            l85 += v87;
+    for (int64_t i87 = v85; i87 < v86; i87++) {
+        const int64_t v88 = i87 * v84;
+        const int64_t v89 = d_D - v88;
+        const int64_t v90 = ((v84 < v89 || v84 != v84) ? v84 : v89);
+        float *restrict l91 = l91_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l91, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i92 = v1; i92 < v4; i92++) {
+            #pragma omp simd
+            for (int64_t i93 = v85; i93 < v90; i93++) {
+                const int64_t v94 = v88 + i93;
+                const float v95 = t5[i92 * d_D + v94];
+                l91[i93] += v95;
+            }
         }
-        const float v88 = l85;
-        p_grad_w[i84] = opgen_f32_to_bf16(v88);
+        for (int64_t i96 = v85; i96 < v90; i96++) {
+            const int64_t v97 = v88 + i96;
+            const float v98 = l91[i96];
+            p_grad_w[v97] = opgen_f32_to_bf16(v98);
+        }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
     return OPGEN_SUCCESS;

@@ -26,6 +26,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from opgen.ir.dialect import Opgen
 from opgen.lower.boundary import ConvertAtBoundary
+from opgen.lower.column_strips import ColumnStrips
 from opgen.lower.cpu_map import MapCpu
 from opgen.lower.empty_ranges import SpecialiseEmptyRanges
 from opgen.lower.expand_math import ExpandMath
@@ -69,12 +70,13 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # over column groups: opgen/lower/matmul_chain.py); map-cpu
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
-    # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py).
+    # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
+    # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py).
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), HoistPacking(),
-            MapCpu(), SpecialiseEmptyRanges()],
+            ColumnStrips(), MapCpu(), SpecialiseEmptyRanges()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
