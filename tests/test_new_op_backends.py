@@ -599,7 +599,8 @@ with open(dst, "wb") as f:
 def test_streaming_stores_give_the_same_bits(built, rng, tmp_path, T):
     """With every output streaming (OPGEN_NT_BYTES=0, in a fresh process: the threshold is read
     once) the results are bitwise those of the cached stores (small outputs: never streaming), on
-    2 threads, for outputs 64-byte aligned and not (whose strips fall back to plain stores), rows
+    2 threads, for outputs 64-byte aligned and not (whose rows run one element at a time up to a
+    line, and whose strips that are no whole line fall back to plain stores), rows
     around the strip of 16 and 32: GELU backward, LayerNorm backward, and the seeds embedding and
     RMSNorm backward."""
     import pickle

@@ -170,6 +170,10 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             const float v18 = 0.0f;
             {
                 int64_t r20 = v2;
+                for (; nt_p_out && r20 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63); r20++) {
+                    const int64_t i19 = r20;
+                    p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
+                }
                 for (; r20 + 32 <= d_D; r20 += 32) {
                     _Alignas(64) float stg21[32];
                     #pragma omp simd
@@ -197,20 +201,25 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             }
             {
                 int64_t r28 = v2;
+                for (; nt_p_out && r28 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63); r28++) {
+                    const int64_t i27 = r28;
+                    const float v29 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v29);
+                }
                 for (; r28 + 32 <= d_D; r28 += 32) {
-                    _Alignas(64) float stg29[32];
+                    _Alignas(64) float stg30[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i27 = r28 + l; (void)i27;
-                        const float v30 = l22[i27];
-                        stg29[l] = v30;
+                        const float v31 = l22[i27];
+                        stg30[l] = v31;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg29, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg30, 32, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v31 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v31);
+                    const float v32 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v32);
                 }
             }
         }
@@ -391,6 +400,10 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             const float v18 = 0.0f;
             {
                 int64_t r20 = v2;
+                for (; nt_p_out && r20 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63); r20++) {
+                    const int64_t i19 = r20;
+                    p_out[i13 * st_out_0 + i19] = v18;
+                }
                 for (; r20 + 16 <= d_D; r20 += 16) {
                     _Alignas(64) float stg21[16];
                     #pragma omp simd
@@ -418,20 +431,25 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             }
             {
                 int64_t r28 = v2;
+                for (; nt_p_out && r28 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63); r28++) {
+                    const int64_t i27 = r28;
+                    const float v29 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = v29;
+                }
                 for (; r28 + 16 <= d_D; r28 += 16) {
-                    _Alignas(64) float stg29[16];
+                    _Alignas(64) float stg30[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i27 = r28 + l; (void)i27;
-                        const float v30 = l22[i27];
-                        stg29[l] = v30;
+                        const float v31 = l22[i27];
+                        stg30[l] = v31;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg29, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg30, 16, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v31 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = v31;
+                    const float v32 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = v32;
                 }
             }
         }

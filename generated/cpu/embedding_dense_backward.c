@@ -175,7 +175,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -204,65 +204,76 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
             const float v20 = 0.0f;
             {
                 int64_t r22 = v2;
+                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
+                    const int64_t i21 = r22;
+                    const float v23 = v20;
+                    p_out[i15 * st_out_0 + i21] = v23;
+                }
                 for (; r22 + 16 <= d_D; r22 += 16) {
-                    _Alignas(64) float stg23[16];
+                    _Alignas(64) float stg24[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const float v25 = v20;
+                        stg24[l] = v25;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 16, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21] = v25;
+                    const float v26 = v20;
+                    p_out[i15 * st_out_0 + i21] = v26;
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l27, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i28 = v16; i28 < v18; i28++) {
+                const int64_t v29 = t11[i28];
+                const int64_t v30 = p_indices[ro_indices[v29]];
+                const bool v31 = v30 != p_padding_idx;
+                const int64_t v32 = t1[v29];
+                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
+                const int64_t v34 = v32 + v12;
+                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
+                const int64_t v36 = v35 - v33;
+                const int32_t v37 = (int32_t)(v36);
+                const float v38 = (float)(v37);
+                const float v39 = v13 / v38;
+                const float v40 = p_scale_grad_by_freq ? v39 : v13;
                 #pragma omp simd
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = p_grad[ro_grad[v28] + i40];
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                for (int64_t i41 = v2; i41 < d_D; i41++) {
+                    const float v42 = p_grad[ro_grad[v29] + i41];
+                    const float v43 = v42;
+                    const float v44 = v43 * v40;
+                    const float v45 = v31 ? v44 : v14;
+                    l27[i41] += v45;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 16 <= d_D; r46 += 16) {
-                    _Alignas(64) float stg47[16];
+                int64_t r47 = v2;
+                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
+                    const int64_t i46 = r47;
+                    const float v48 = l27[i46];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i46] = v49;
+                }
+                for (; r47 + 16 <= d_D; r47 += 16) {
+                    _Alignas(64) float stg50[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const float v51 = l27[i46];
+                        const float v52 = v51;
+                        stg50[l] = v52;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 16, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45] = v51;
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const float v53 = l27[i46];
+                    const float v54 = v53;
+                    p_out[i15 * st_out_0 + i46] = v54;
                 }
             }
         }
@@ -448,7 +459,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -477,65 +488,76 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
             const float v20 = 0.0f;
             {
                 int64_t r22 = v2;
+                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
+                    const int64_t i21 = r22;
+                    const float v23 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v23);
+                }
                 for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg23[32];
+                    _Alignas(64) float stg24[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const float v25 = v20;
+                        stg24[l] = v25;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 32, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v25);
+                    const float v26 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v26);
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l27, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i28 = v16; i28 < v18; i28++) {
+                const int64_t v29 = t11[i28];
+                const int64_t v30 = p_indices[ro_indices[v29]];
+                const bool v31 = v30 != p_padding_idx;
+                const int64_t v32 = t1[v29];
+                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
+                const int64_t v34 = v32 + v12;
+                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
+                const int64_t v36 = v35 - v33;
+                const int32_t v37 = (int32_t)(v36);
+                const float v38 = (float)(v37);
+                const float v39 = v13 / v38;
+                const float v40 = p_scale_grad_by_freq ? v39 : v13;
                 #pragma omp simd
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i40]);
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                for (int64_t i41 = v2; i41 < d_D; i41++) {
+                    const float v42 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i41]);
+                    const float v43 = v42;
+                    const float v44 = v43 * v40;
+                    const float v45 = v31 ? v44 : v14;
+                    l27[i41] += v45;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 32 <= d_D; r46 += 32) {
-                    _Alignas(64) float stg47[32];
+                int64_t r47 = v2;
+                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
+                    const int64_t i46 = r47;
+                    const float v48 = l27[i46];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_f16(v49);
+                }
+                for (; r47 + 32 <= d_D; r47 += 32) {
+                    _Alignas(64) float stg50[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const float v51 = l27[i46];
+                        const float v52 = v51;
+                        stg50[l] = v52;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45] = opgen_f32_to_f16(v51);
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const float v53 = l27[i46];
+                    const float v54 = v53;
+                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_f16(v54);
                 }
             }
         }
@@ -721,7 +743,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -750,65 +772,76 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
             const float v20 = 0.0f;
             {
                 int64_t r22 = v2;
+                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
+                    const int64_t i21 = r22;
+                    const float v23 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v23);
+                }
                 for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg23[32];
+                    _Alignas(64) float stg24[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const float v25 = v20;
+                        stg24[l] = v25;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg23, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 32, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v25);
+                    const float v26 = v20;
+                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v26);
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
+            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l27, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i28 = v16; i28 < v18; i28++) {
+                const int64_t v29 = t11[i28];
+                const int64_t v30 = p_indices[ro_indices[v29]];
+                const bool v31 = v30 != p_padding_idx;
+                const int64_t v32 = t1[v29];
+                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
+                const int64_t v34 = v32 + v12;
+                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
+                const int64_t v36 = v35 - v33;
+                const int32_t v37 = (int32_t)(v36);
+                const float v38 = (float)(v37);
+                const float v39 = v13 / v38;
+                const float v40 = p_scale_grad_by_freq ? v39 : v13;
                 #pragma omp simd
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i40]);
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                for (int64_t i41 = v2; i41 < d_D; i41++) {
+                    const float v42 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i41]);
+                    const float v43 = v42;
+                    const float v44 = v43 * v40;
+                    const float v45 = v31 ? v44 : v14;
+                    l27[i41] += v45;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 32 <= d_D; r46 += 32) {
-                    _Alignas(64) float stg47[32];
+                int64_t r47 = v2;
+                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
+                    const int64_t i46 = r47;
+                    const float v48 = l27[i46];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_bf16(v49);
+                }
+                for (; r47 + 32 <= d_D; r47 += 32) {
+                    _Alignas(64) float stg50[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const float v51 = l27[i46];
+                        const float v52 = v51;
+                        stg50[l] = v52;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r46], 1, stg47, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45] = opgen_f32_to_bf16(v51);
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const float v53 = l27[i46];
+                    const float v54 = v53;
+                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_bf16(v54);
                 }
             }
         }

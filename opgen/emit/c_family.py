@@ -519,6 +519,7 @@ class CPrinter:
         self.line("{")
         self.depth += 1
         self.line(f"int64_t {base} = {lo};")
+        self.peel_to_line(op, iv, base, hi, [st for st in staged if st.buf in self.nt], rest)
         self.line(f"for (; {base} + {n} <= {hi}; {base} += {n}) {{")
         self.depth += 1
         self.strip_hints(op, hints, base, iv)
@@ -549,6 +550,26 @@ class CPrinter:
         self.walk(iter(rest))
         self.depth -= 2
         self.line("    }")
+        self.line("}")
+
+    def peel_to_line(self, op: s.ForOp, iv: str, base: str, hi: str, streamed: list[s.StoreOp],
+                     rest: list[Operation]) -> None:
+        """When the first of a stream loop's streaming stores (``streamed``) streams in this call
+        and walks a unit-stride row, the iterations before its row reaches a 64-byte line, one at
+        a time (the strips after them then store whole aligned lines: a numpy array's data is
+        16-byte aligned). Each element is computed as in a strip, so the values are the same."""
+        st = next((x for x in streamed if self.unit_axis(self.arg_of[x.buf], s.buf_type(x.buf).rank - 1,
+                                                              s.buf_type(x.buf).rank)), None)
+        if st is None:
+            return
+        self.names[op.iv] = base
+        at = f"(uintptr_t)&{self.elem_ref(st.buf, list(st.idx))}"
+        self.names[op.iv] = iv
+        self.line(f"for (; {self.mention(self.nt[st.buf])} && {base} < {hi} && ({at} & 63); {base}++) {{")
+        self.depth += 1
+        self.line(f"const int64_t {iv} = {base};")
+        self.walk(iter(rest))
+        self.depth -= 1
         self.line("}")
 
     def strip_hints(self, op: s.ForOp, hints: list[s.PrefetchOp], base: str, iv: str) -> None:
