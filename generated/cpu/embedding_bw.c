@@ -53,7 +53,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l21_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -81,41 +81,39 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
             {
                 int64_t r20 = v2;
                 for (; r20 + 32 <= d_D; r20 += 32) {
-                    _Alignas(64) float stg21[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i19 = r20 + l; (void)i19;
-                        stg21[l] = v18;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, stg21, 32, nt_p_out);
+                    opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 32, nt_p_out);
                 }
                 for (int64_t i19 = r20; i19 < d_D; i19++) {
                     p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
                 }
             }
         } else {
-            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l22, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = t11[i23];
-                for (int64_t i25 = v2; i25 < d_D; i25++) {
-                    const float v26 = opgen_bf16_to_f32(p_grad[v24 * st_grad_0 + i25 * st_grad_1]);
-                    l22[i25] += v26;
+            float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l21, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i22 = v14; i22 < v16; i22++) {
+                const int64_t v23 = t11[i22];
+                for (int64_t i24 = v2; i24 < d_D; i24++) {
+                    const float v25 = opgen_bf16_to_f32(p_grad[v23 * st_grad_0 + i24 * st_grad_1]);
+                    l21[i24] += v25;
                 }
             }
             {
-                int64_t r28 = v2;
-                for (; r28 + 32 <= d_D; r28 += 32) {
-                    _Alignas(64) float stg29[32];
+                int64_t r27 = v2;
+                for (; r27 + 32 <= d_D; r27 += 32) {
+                    _Alignas(64) float stg28[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i27 = r28 + l; (void)i27;
-                        const float v30 = l22[i27];
-                        stg29[l] = v30;
+                        const int64_t i26 = r27 + l; (void)i26;
+                        const float v29 = l21[i26];
+                        stg28[l] = v29;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28 * st_out_1], st_out_1, stg29, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r27 * st_out_1], st_out_1, stg28, 32, nt_p_out);
                 }
-                for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v31 = l22[i27];
-                    p_out[i13 * st_out_0 + i27 * st_out_1] = opgen_f32_to_bf16(v31);
+                for (int64_t i26 = r27; i26 < d_D; i26++) {
+                    const float v30 = l21[i26];
+                    p_out[i13 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v30);
                 }
             }
         }
@@ -170,18 +168,19 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             const float v18 = 0.0f;
             {
                 int64_t r20 = v2;
-                for (; nt_p_out && r20 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63); r20++) {
-                    const int64_t i19 = r20;
+                int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
+                #pragma omp simd
+                for (int64_t i19 = r20; i19 < e21; i19++) {
                     p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
                 }
+                r20 = e21;
                 for (; r20 + 32 <= d_D; r20 += 32) {
-                    _Alignas(64) float stg21[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i19 = r20 + l; (void)i19;
-                        stg21[l] = v18;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r20], 1, stg21, 32, nt_p_out);
+                    opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 32, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i19 = r20; i19 < d_D; i19++) {
@@ -201,25 +200,28 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             }
             {
                 int64_t r28 = v2;
-                for (; nt_p_out && r28 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63); r28++) {
-                    const int64_t i27 = r28;
-                    const float v29 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v29);
+                int64_t e29 = r28 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e29 > d_D) e29 = d_D > r28 ? d_D : r28;
+                #pragma omp simd
+                for (int64_t i27 = r28; i27 < e29; i27++) {
+                    const float v30 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v30);
                 }
+                r28 = e29;
                 for (; r28 + 32 <= d_D; r28 += 32) {
-                    _Alignas(64) float stg30[32];
+                    _Alignas(64) float stg31[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i27 = r28 + l; (void)i27;
-                        const float v31 = l22[i27];
-                        stg30[l] = v31;
+                        const float v32 = l22[i27];
+                        stg31[l] = v32;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg30, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg31, 32, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v32 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v32);
+                    const float v33 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v33);
                 }
             }
         }
@@ -283,7 +285,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l21_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -311,41 +313,39 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
             {
                 int64_t r20 = v2;
                 for (; r20 + 16 <= d_D; r20 += 16) {
-                    _Alignas(64) float stg21[16];
                     for (int l = 0; l < 16; l++) {
                         const int64_t i19 = r20 + l; (void)i19;
-                        stg21[l] = v18;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, stg21, 16, nt_p_out);
+                    opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 16, nt_p_out);
                 }
                 for (int64_t i19 = r20; i19 < d_D; i19++) {
                     p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
                 }
             }
         } else {
-            float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l22, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = t11[i23];
-                for (int64_t i25 = v2; i25 < d_D; i25++) {
-                    const float v26 = p_grad[v24 * st_grad_0 + i25 * st_grad_1];
-                    l22[i25] += v26;
+            float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l21, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i22 = v14; i22 < v16; i22++) {
+                const int64_t v23 = t11[i22];
+                for (int64_t i24 = v2; i24 < d_D; i24++) {
+                    const float v25 = p_grad[v23 * st_grad_0 + i24 * st_grad_1];
+                    l21[i24] += v25;
                 }
             }
             {
-                int64_t r28 = v2;
-                for (; r28 + 16 <= d_D; r28 += 16) {
-                    _Alignas(64) float stg29[16];
+                int64_t r27 = v2;
+                for (; r27 + 16 <= d_D; r27 += 16) {
+                    _Alignas(64) float stg28[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r28 + l; (void)i27;
-                        const float v30 = l22[i27];
-                        stg29[l] = v30;
+                        const int64_t i26 = r27 + l; (void)i26;
+                        const float v29 = l21[i26];
+                        stg28[l] = v29;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28 * st_out_1], st_out_1, stg29, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r27 * st_out_1], st_out_1, stg28, 16, nt_p_out);
                 }
-                for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v31 = l22[i27];
-                    p_out[i13 * st_out_0 + i27 * st_out_1] = v31;
+                for (int64_t i26 = r27; i26 < d_D; i26++) {
+                    const float v30 = l21[i26];
+                    p_out[i13 * st_out_0 + i26 * st_out_1] = v30;
                 }
             }
         }
@@ -400,18 +400,19 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             const float v18 = 0.0f;
             {
                 int64_t r20 = v2;
-                for (; nt_p_out && r20 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63); r20++) {
-                    const int64_t i19 = r20;
+                int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(float)) : 0);
+                if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
+                #pragma omp simd
+                for (int64_t i19 = r20; i19 < e21; i19++) {
                     p_out[i13 * st_out_0 + i19] = v18;
                 }
+                r20 = e21;
                 for (; r20 + 16 <= d_D; r20 += 16) {
-                    _Alignas(64) float stg21[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i19 = r20 + l; (void)i19;
-                        stg21[l] = v18;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r20], 1, stg21, 16, nt_p_out);
+                    opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 16, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i19 = r20; i19 < d_D; i19++) {
@@ -431,25 +432,28 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             }
             {
                 int64_t r28 = v2;
-                for (; nt_p_out && r28 < d_D && ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63); r28++) {
-                    const int64_t i27 = r28;
-                    const float v29 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = v29;
+                int64_t e29 = r28 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63)) & 63) / sizeof(float)) : 0);
+                if (e29 > d_D) e29 = d_D > r28 ? d_D : r28;
+                #pragma omp simd
+                for (int64_t i27 = r28; i27 < e29; i27++) {
+                    const float v30 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = v30;
                 }
+                r28 = e29;
                 for (; r28 + 16 <= d_D; r28 += 16) {
-                    _Alignas(64) float stg30[16];
+                    _Alignas(64) float stg31[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i27 = r28 + l; (void)i27;
-                        const float v31 = l22[i27];
-                        stg30[l] = v31;
+                        const float v32 = l22[i27];
+                        stg31[l] = v32;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg30, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg31, 16, nt_p_out);
                 }
                 #pragma omp simd
                 for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v32 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = v32;
+                    const float v33 = l22[i27];
+                    p_out[i13 * st_out_0 + i27] = v33;
                 }
             }
         }

@@ -61,7 +61,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -88,62 +88,59 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; r22 + 16 <= d_D; r22 += 16) {
-                    _Alignas(64) float stg23[16];
+                int64_t r23 = v2;
+                for (; r23 + 16 <= d_D; r23 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 16, nt_p_out);
+                    opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 16, nt_p_out);
                 }
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21 * st_out_1] = v25;
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22 * st_out_1] = v21;
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
+            float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i25 = v16; i25 < v18; i25++) {
+                const int64_t v26 = t11[i25];
+                const int64_t v27 = p_indices[ro_indices[v26]];
+                const bool v28 = v27 != p_padding_idx;
+                const int64_t v29 = t1[v26];
+                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
+                const int64_t v31 = v29 + v12;
                 const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = p_grad[ro_grad[v28] + i40 * st_grad_1];
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                const int64_t v33 = v32 - v30;
+                const int32_t v34 = (int32_t)(v33);
+                const float v35 = (float)(v34);
+                const float v36 = v13 / v35;
+                const float v37 = p_scale_grad_by_freq ? v36 : v13;
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const float v39 = p_grad[ro_grad[v26] + i38 * st_grad_1];
+                    const float v40 = v39;
+                    const float v41 = v40 * v37;
+                    const float v42 = v28 ? v41 : v14;
+                    l24[i38] += v42;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 16 <= d_D; r46 += 16) {
-                    _Alignas(64) float stg47[16];
+                int64_t r44 = v2;
+                for (; r44 + 16 <= d_D; r44 += 16) {
+                    _Alignas(64) float stg45[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = l24[i43];
+                        const float v47 = v46;
+                        stg45[l] = v47;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 16, nt_p_out);
                 }
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45 * st_out_1] = v51;
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v48 = l24[i43];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i43 * st_out_1] = v49;
                 }
             }
         }
@@ -175,7 +172,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -202,78 +199,80 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
-                    const int64_t i21 = r22;
-                    const float v23 = v20;
-                    p_out[i15 * st_out_0 + i21] = v23;
+                int64_t r23 = v2;
+                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(float)) : 0);
+                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
+                #pragma omp simd
+                for (int64_t i22 = r23; i22 < e24; i22++) {
+                    p_out[i15 * st_out_0 + i22] = v21;
                 }
-                for (; r22 + 16 <= d_D; r22 += 16) {
-                    _Alignas(64) float stg24[16];
+                r23 = e24;
+                for (; r23 + 16 <= d_D; r23 += 16) {
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v25 = v20;
-                        stg24[l] = v25;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 16, nt_p_out);
+                    opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 16, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v26 = v20;
-                    p_out[i15 * st_out_0 + i21] = v26;
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22] = v21;
                 }
             }
         } else {
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l27, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i28 = v16; i28 < v18; i28++) {
-                const int64_t v29 = t11[i28];
-                const int64_t v30 = p_indices[ro_indices[v29]];
-                const bool v31 = v30 != p_padding_idx;
-                const int64_t v32 = t1[v29];
+            float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i26 = v16; i26 < v18; i26++) {
+                const int64_t v27 = t11[i26];
+                const int64_t v28 = p_indices[ro_indices[v27]];
+                const bool v29 = v28 != p_padding_idx;
+                const int64_t v30 = t1[v27];
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v30 + v12;
                 const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v32 + v12;
-                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
-                const int64_t v36 = v35 - v33;
-                const int32_t v37 = (int32_t)(v36);
-                const float v38 = (float)(v37);
-                const float v39 = v13 / v38;
-                const float v40 = p_scale_grad_by_freq ? v39 : v13;
+                const int64_t v34 = v33 - v31;
+                const int32_t v35 = (int32_t)(v34);
+                const float v36 = (float)(v35);
+                const float v37 = v13 / v36;
+                const float v38 = p_scale_grad_by_freq ? v37 : v13;
                 #pragma omp simd
-                for (int64_t i41 = v2; i41 < d_D; i41++) {
-                    const float v42 = p_grad[ro_grad[v29] + i41];
-                    const float v43 = v42;
-                    const float v44 = v43 * v40;
-                    const float v45 = v31 ? v44 : v14;
-                    l27[i41] += v45;
+                for (int64_t i39 = v2; i39 < d_D; i39++) {
+                    const float v40 = p_grad[ro_grad[v27] + i39];
+                    const float v41 = v40;
+                    const float v42 = v41 * v38;
+                    const float v43 = v29 ? v42 : v14;
+                    l25[i39] += v43;
                 }
             }
             {
-                int64_t r47 = v2;
-                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
-                    const int64_t i46 = r47;
-                    const float v48 = l27[i46];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i46] = v49;
+                int64_t r45 = v2;
+                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(float)) : 0);
+                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                #pragma omp simd
+                for (int64_t i44 = r45; i44 < e46; i44++) {
+                    const float v47 = l25[i44];
+                    const float v48 = v47;
+                    p_out[i15 * st_out_0 + i44] = v48;
                 }
-                for (; r47 + 16 <= d_D; r47 += 16) {
-                    _Alignas(64) float stg50[16];
+                r45 = e46;
+                for (; r45 + 16 <= d_D; r45 += 16) {
+                    _Alignas(64) float stg49[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i46 = r47 + l; (void)i46;
-                        const float v51 = l27[i46];
-                        const float v52 = v51;
-                        stg50[l] = v52;
+                        const int64_t i44 = r45 + l; (void)i44;
+                        const float v50 = l25[i44];
+                        const float v51 = v50;
+                        stg49[l] = v51;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 16, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i46 = r47; i46 < d_D; i46++) {
-                    const float v53 = l27[i46];
-                    const float v54 = v53;
-                    p_out[i15 * st_out_0 + i46] = v54;
+                for (int64_t i44 = r45; i44 < d_D; i44++) {
+                    const float v52 = l25[i44];
+                    const float v53 = v52;
+                    p_out[i15 * st_out_0 + i44] = v53;
                 }
             }
         }
@@ -345,7 +344,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -372,62 +371,59 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg23[32];
+                int64_t r23 = v2;
+                for (; r23 + 32 <= d_D; r23 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 32, nt_p_out);
+                    opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
                 }
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_f16(v25);
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_f16(v21);
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
+            float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i25 = v16; i25 < v18; i25++) {
+                const int64_t v26 = t11[i25];
+                const int64_t v27 = p_indices[ro_indices[v26]];
+                const bool v28 = v27 != p_padding_idx;
+                const int64_t v29 = t1[v26];
+                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
+                const int64_t v31 = v29 + v12;
                 const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = opgen_f16_to_f32(p_grad[ro_grad[v28] + i40 * st_grad_1]);
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                const int64_t v33 = v32 - v30;
+                const int32_t v34 = (int32_t)(v33);
+                const float v35 = (float)(v34);
+                const float v36 = v13 / v35;
+                const float v37 = p_scale_grad_by_freq ? v36 : v13;
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const float v39 = opgen_f16_to_f32(p_grad[ro_grad[v26] + i38 * st_grad_1]);
+                    const float v40 = v39;
+                    const float v41 = v40 * v37;
+                    const float v42 = v28 ? v41 : v14;
+                    l24[i38] += v42;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 32 <= d_D; r46 += 32) {
-                    _Alignas(64) float stg47[32];
+                int64_t r44 = v2;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    _Alignas(64) float stg45[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = l24[i43];
+                        const float v47 = v46;
+                        stg45[l] = v47;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 32, nt_p_out);
                 }
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45 * st_out_1] = opgen_f32_to_f16(v51);
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v48 = l24[i43];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i43 * st_out_1] = opgen_f32_to_f16(v49);
                 }
             }
         }
@@ -459,7 +455,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -486,78 +482,80 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
-                    const int64_t i21 = r22;
-                    const float v23 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v23);
+                int64_t r23 = v2;
+                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
+                #pragma omp simd
+                for (int64_t i22 = r23; i22 < e24; i22++) {
+                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
                 }
-                for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg24[32];
+                r23 = e24;
+                for (; r23 + 32 <= d_D; r23 += 32) {
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v25 = v20;
-                        stg24[l] = v25;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 32, nt_p_out);
+                    opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v26 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_f16(v26);
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
                 }
             }
         } else {
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l27, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i28 = v16; i28 < v18; i28++) {
-                const int64_t v29 = t11[i28];
-                const int64_t v30 = p_indices[ro_indices[v29]];
-                const bool v31 = v30 != p_padding_idx;
-                const int64_t v32 = t1[v29];
+            float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i26 = v16; i26 < v18; i26++) {
+                const int64_t v27 = t11[i26];
+                const int64_t v28 = p_indices[ro_indices[v27]];
+                const bool v29 = v28 != p_padding_idx;
+                const int64_t v30 = t1[v27];
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v30 + v12;
                 const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v32 + v12;
-                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
-                const int64_t v36 = v35 - v33;
-                const int32_t v37 = (int32_t)(v36);
-                const float v38 = (float)(v37);
-                const float v39 = v13 / v38;
-                const float v40 = p_scale_grad_by_freq ? v39 : v13;
+                const int64_t v34 = v33 - v31;
+                const int32_t v35 = (int32_t)(v34);
+                const float v36 = (float)(v35);
+                const float v37 = v13 / v36;
+                const float v38 = p_scale_grad_by_freq ? v37 : v13;
                 #pragma omp simd
-                for (int64_t i41 = v2; i41 < d_D; i41++) {
-                    const float v42 = opgen_f16_to_f32(p_grad[ro_grad[v29] + i41]);
-                    const float v43 = v42;
-                    const float v44 = v43 * v40;
-                    const float v45 = v31 ? v44 : v14;
-                    l27[i41] += v45;
+                for (int64_t i39 = v2; i39 < d_D; i39++) {
+                    const float v40 = opgen_f16_to_f32(p_grad[ro_grad[v27] + i39]);
+                    const float v41 = v40;
+                    const float v42 = v41 * v38;
+                    const float v43 = v29 ? v42 : v14;
+                    l25[i39] += v43;
                 }
             }
             {
-                int64_t r47 = v2;
-                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
-                    const int64_t i46 = r47;
-                    const float v48 = l27[i46];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_f16(v49);
+                int64_t r45 = v2;
+                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                #pragma omp simd
+                for (int64_t i44 = r45; i44 < e46; i44++) {
+                    const float v47 = l25[i44];
+                    const float v48 = v47;
+                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_f16(v48);
                 }
-                for (; r47 + 32 <= d_D; r47 += 32) {
-                    _Alignas(64) float stg50[32];
+                r45 = e46;
+                for (; r45 + 32 <= d_D; r45 += 32) {
+                    _Alignas(64) float stg49[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i46 = r47 + l; (void)i46;
-                        const float v51 = l27[i46];
-                        const float v52 = v51;
-                        stg50[l] = v52;
+                        const int64_t i44 = r45 + l; (void)i44;
+                        const float v50 = l25[i44];
+                        const float v51 = v50;
+                        stg49[l] = v51;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i46 = r47; i46 < d_D; i46++) {
-                    const float v53 = l27[i46];
-                    const float v54 = v53;
-                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_f16(v54);
+                for (int64_t i44 = r45; i44 < d_D; i44++) {
+                    const float v52 = l25[i44];
+                    const float v53 = v52;
+                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_f16(v53);
                 }
             }
         }
@@ -629,7 +627,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l26_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -656,62 +654,59 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg23[32];
+                int64_t r23 = v2;
+                for (; r23 + 32 <= d_D; r23 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v24 = v20;
-                        stg23[l] = v24;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22 * st_out_1], st_out_1, stg23, 32, nt_p_out);
+                    opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
                 }
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v25 = v20;
-                    p_out[i15 * st_out_0 + i21 * st_out_1] = opgen_f32_to_bf16(v25);
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_bf16(v21);
                 }
             }
         } else {
-            float *restrict l26 = l26_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l26, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i27 = v16; i27 < v18; i27++) {
-                const int64_t v28 = t11[i27];
-                const int64_t v29 = p_indices[ro_indices[v28]];
-                const bool v30 = v29 != p_padding_idx;
-                const int64_t v31 = t1[v28];
+            float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i25 = v16; i25 < v18; i25++) {
+                const int64_t v26 = t11[i25];
+                const int64_t v27 = p_indices[ro_indices[v26]];
+                const bool v28 = v27 != p_padding_idx;
+                const int64_t v29 = t1[v26];
+                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
+                const int64_t v31 = v29 + v12;
                 const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v31 + v12;
-                const int64_t v34 = opgen_seg_start(t10, v33, d_V, d_N);
-                const int64_t v35 = v34 - v32;
-                const int32_t v36 = (int32_t)(v35);
-                const float v37 = (float)(v36);
-                const float v38 = v13 / v37;
-                const float v39 = p_scale_grad_by_freq ? v38 : v13;
-                for (int64_t i40 = v2; i40 < d_D; i40++) {
-                    const float v41 = opgen_bf16_to_f32(p_grad[ro_grad[v28] + i40 * st_grad_1]);
-                    const float v42 = v41;
-                    const float v43 = v42 * v39;
-                    const float v44 = v30 ? v43 : v14;
-                    l26[i40] += v44;
+                const int64_t v33 = v32 - v30;
+                const int32_t v34 = (int32_t)(v33);
+                const float v35 = (float)(v34);
+                const float v36 = v13 / v35;
+                const float v37 = p_scale_grad_by_freq ? v36 : v13;
+                for (int64_t i38 = v2; i38 < d_D; i38++) {
+                    const float v39 = opgen_bf16_to_f32(p_grad[ro_grad[v26] + i38 * st_grad_1]);
+                    const float v40 = v39;
+                    const float v41 = v40 * v37;
+                    const float v42 = v28 ? v41 : v14;
+                    l24[i38] += v42;
                 }
             }
             {
-                int64_t r46 = v2;
-                for (; r46 + 32 <= d_D; r46 += 32) {
-                    _Alignas(64) float stg47[32];
+                int64_t r44 = v2;
+                for (; r44 + 32 <= d_D; r44 += 32) {
+                    _Alignas(64) float stg45[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i45 = r46 + l; (void)i45;
-                        const float v48 = l26[i45];
-                        const float v49 = v48;
-                        stg47[l] = v49;
+                        const int64_t i43 = r44 + l; (void)i43;
+                        const float v46 = l24[i43];
+                        const float v47 = v46;
+                        stg45[l] = v47;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r46 * st_out_1], st_out_1, stg47, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 32, nt_p_out);
                 }
-                for (int64_t i45 = r46; i45 < d_D; i45++) {
-                    const float v50 = l26[i45];
-                    const float v51 = v50;
-                    p_out[i15 * st_out_0 + i45 * st_out_1] = opgen_f32_to_bf16(v51);
+                for (int64_t i43 = r44; i43 < d_D; i43++) {
+                    const float v48 = l24[i43];
+                    const float v49 = v48;
+                    p_out[i15 * st_out_0 + i43 * st_out_1] = opgen_f32_to_bf16(v49);
                 }
             }
         }
@@ -743,7 +738,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     int64_t *restrict t1 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t10 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_V, d_N));
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    float *l27_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
@@ -770,78 +765,80 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
         const bool v19 = v18 <= v16;
         if (v19) {
             const float v20 = 0.0f;
+            const float v21 = v20;
             {
-                int64_t r22 = v2;
-                for (; nt_p_out && r22 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r22] & 63); r22++) {
-                    const int64_t i21 = r22;
-                    const float v23 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v23);
+                int64_t r23 = v2;
+                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
+                #pragma omp simd
+                for (int64_t i22 = r23; i22 < e24; i22++) {
+                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
                 }
-                for (; r22 + 32 <= d_D; r22 += 32) {
-                    _Alignas(64) float stg24[32];
+                r23 = e24;
+                for (; r23 + 32 <= d_D; r23 += 32) {
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i21 = r22 + l; (void)i21;
-                        const float v25 = v20;
-                        stg24[l] = v25;
+                        const int64_t i22 = r23 + l; (void)i22;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r22], 1, stg24, 32, nt_p_out);
+                    opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i21 = r22; i21 < d_D; i21++) {
-                    const float v26 = v20;
-                    p_out[i15 * st_out_0 + i21] = opgen_f32_to_bf16(v26);
+                for (int64_t i22 = r23; i22 < d_D; i22++) {
+                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
                 }
             }
         } else {
-            float *restrict l27 = l27_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l27, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i28 = v16; i28 < v18; i28++) {
-                const int64_t v29 = t11[i28];
-                const int64_t v30 = p_indices[ro_indices[v29]];
-                const bool v31 = v30 != p_padding_idx;
-                const int64_t v32 = t1[v29];
+            float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i26 = v16; i26 < v18; i26++) {
+                const int64_t v27 = t11[i26];
+                const int64_t v28 = p_indices[ro_indices[v27]];
+                const bool v29 = v28 != p_padding_idx;
+                const int64_t v30 = t1[v27];
+                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
+                const int64_t v32 = v30 + v12;
                 const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v32 + v12;
-                const int64_t v35 = opgen_seg_start(t10, v34, d_V, d_N);
-                const int64_t v36 = v35 - v33;
-                const int32_t v37 = (int32_t)(v36);
-                const float v38 = (float)(v37);
-                const float v39 = v13 / v38;
-                const float v40 = p_scale_grad_by_freq ? v39 : v13;
+                const int64_t v34 = v33 - v31;
+                const int32_t v35 = (int32_t)(v34);
+                const float v36 = (float)(v35);
+                const float v37 = v13 / v36;
+                const float v38 = p_scale_grad_by_freq ? v37 : v13;
                 #pragma omp simd
-                for (int64_t i41 = v2; i41 < d_D; i41++) {
-                    const float v42 = opgen_bf16_to_f32(p_grad[ro_grad[v29] + i41]);
-                    const float v43 = v42;
-                    const float v44 = v43 * v40;
-                    const float v45 = v31 ? v44 : v14;
-                    l27[i41] += v45;
+                for (int64_t i39 = v2; i39 < d_D; i39++) {
+                    const float v40 = opgen_bf16_to_f32(p_grad[ro_grad[v27] + i39]);
+                    const float v41 = v40;
+                    const float v42 = v41 * v38;
+                    const float v43 = v29 ? v42 : v14;
+                    l25[i39] += v43;
                 }
             }
             {
-                int64_t r47 = v2;
-                for (; nt_p_out && r47 < d_D && ((uintptr_t)&p_out[i15 * st_out_0 + r47] & 63); r47++) {
-                    const int64_t i46 = r47;
-                    const float v48 = l27[i46];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_bf16(v49);
+                int64_t r45 = v2;
+                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                #pragma omp simd
+                for (int64_t i44 = r45; i44 < e46; i44++) {
+                    const float v47 = l25[i44];
+                    const float v48 = v47;
+                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_bf16(v48);
                 }
-                for (; r47 + 32 <= d_D; r47 += 32) {
-                    _Alignas(64) float stg50[32];
+                r45 = e46;
+                for (; r45 + 32 <= d_D; r45 += 32) {
+                    _Alignas(64) float stg49[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i46 = r47 + l; (void)i46;
-                        const float v51 = l27[i46];
-                        const float v52 = v51;
-                        stg50[l] = v52;
+                        const int64_t i44 = r45 + l; (void)i44;
+                        const float v50 = l25[i44];
+                        const float v51 = v50;
+                        stg49[l] = v51;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r47], 1, stg50, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i46 = r47; i46 < d_D; i46++) {
-                    const float v53 = l27[i46];
-                    const float v54 = v53;
-                    p_out[i15 * st_out_0 + i46] = opgen_f32_to_bf16(v54);
+                for (int64_t i44 = r45; i44 < d_D; i44++) {
+                    const float v52 = l25[i44];
+                    const float v53 = v52;
+                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_bf16(v53);
                 }
             }
         }

@@ -467,6 +467,47 @@ static inline void opgen_f16_store_strip(uint16_t *dst, int64_t st, const float 
     (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_f16(src[l]);
 }
+/* A strip of n copies of v at dst (element stride st), rounded once (bf16, f16): a staged store
+ * whose value is the same all along its loop (an embedding gradient's rows of zeros); nt as in
+ * opgen_f32_store_strip. */
+static inline void opgen_f32_fill_strip(float *dst, int64_t st, float v, int n, int nt) {
+#if defined(__AVX512F__)
+    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
+        _mm512_stream_ps(dst, _mm512_set1_ps(v));
+        return;
+    }
+#elif defined(__AVX__)
+    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
+        _mm256_stream_ps(dst, _mm256_set1_ps(v));
+        _mm256_stream_ps(dst + 8, _mm256_set1_ps(v));
+        return;
+    }
+#endif
+    (void)nt;
+    for (int l = 0; l < n; l++) dst[l * st] = v;
+}
+static inline void opgen_bits16_fill_strip(uint16_t *dst, int64_t st, uint16_t b, int n, int nt) {
+#if defined(__AVX512F__)
+    if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
+        _mm512_stream_si512((void *)dst, _mm512_set1_epi16((short)b));
+        return;
+    }
+#elif defined(__AVX__)
+    if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
+        _mm256_stream_si256((__m256i *)(void *)dst, _mm256_set1_epi16((short)b));
+        _mm256_stream_si256((__m256i *)(void *)(dst + 16), _mm256_set1_epi16((short)b));
+        return;
+    }
+#endif
+    (void)nt;
+    for (int l = 0; l < n; l++) dst[l * st] = b;
+}
+static inline void opgen_bf16_fill_strip(uint16_t *dst, int64_t st, float v, int n, int nt) {
+    opgen_bits16_fill_strip(dst, st, opgen_f32_to_bf16(v), n, nt);
+}
+static inline void opgen_f16_fill_strip(uint16_t *dst, int64_t st, float v, int n, int nt) {
+    opgen_bits16_fill_strip(dst, st, opgen_f32_to_f16(v), n, nt);
+}
 /* float -> integer: truncation toward zero; NaN or out of range gives the type's minimum
  * (for signed types, so it fails any index range check) or maximum (unsigned). */
 #define OPGEN_F2I(T, x, lo, hi, bad) \

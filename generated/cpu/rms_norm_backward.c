@@ -66,7 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -146,109 +146,111 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v63);
                 }
+                r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    _Alignas(64) float stg63[32];
+                    _Alignas(64) float stg64[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v65 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v66 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v83 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v99);
+                    const float v83 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v84 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v100);
                 }
             }
         }
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115 * st_grad_w_0] = opgen_f32_to_f16(v116);
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116 * st_grad_w_0] = opgen_f32_to_f16(v117);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -279,7 +281,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -359,113 +361,116 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v46 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = opgen_f16_to_f32(p_w[i43]);
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v62);
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = opgen_f16_to_f32(p_w[i43]);
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v63);
                 }
+                r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    _Alignas(64) float stg63[32];
+                    _Alignas(64) float stg64[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v65 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = opgen_f16_to_f32(p_w[i43]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v66 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = opgen_f16_to_f32(p_w[i43]);
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v83 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = opgen_f16_to_f32(p_w[i43]);
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v99);
+                    const float v83 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v84 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = opgen_f16_to_f32(p_w[i43]);
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v100);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
             #pragma omp simd
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115] = opgen_f32_to_f16(v116);
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116] = opgen_f32_to_f16(v117);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -538,7 +543,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -616,111 +621,113 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v46 = p_x[ro_x[i14] + i43];
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = p_w[i43 * st_w_0];
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = v62;
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v47 = p_x[ro_x[i14] + i43];
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = p_w[i43 * st_w_0];
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = v63;
                 }
+                r44 = e45;
                 for (; r44 + 16 <= d_D; r44 += 16) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
-                    _Alignas(64) float stg63[16];
+                    _Alignas(64) float stg64[16];
                     for (int l = 0; l < 16; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v65 = p_x[ro_x[i14] + i43];
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = p_w[i43 * st_w_0];
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v66 = p_x[ro_x[i14] + i43];
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = p_w[i43 * st_w_0];
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 16, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v83 = p_x[ro_x[i14] + i43];
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = p_w[i43 * st_w_0];
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = v99;
+                    const float v83 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v84 = p_x[ro_x[i14] + i43];
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = p_w[i43 * st_w_0];
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = v100;
                 }
             }
         }
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115 * st_grad_w_0] = v116;
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116 * st_grad_w_0] = v117;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -751,7 +758,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -829,115 +836,118 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v46 = p_x[ro_x[i14] + i43];
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = p_w[i43];
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = v62;
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v47 = p_x[ro_x[i14] + i43];
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = p_w[i43];
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = v63;
                 }
+                r44 = e45;
                 for (; r44 + 16 <= d_D; r44 += 16) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
-                    _Alignas(64) float stg63[16];
+                    _Alignas(64) float stg64[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v65 = p_x[ro_x[i14] + i43];
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = p_w[i43];
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = p_grad_y[ro_grad_y[i14] + i43];
+                        const float v66 = p_x[ro_x[i14] + i43];
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = p_w[i43];
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v83 = p_x[ro_x[i14] + i43];
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = p_w[i43];
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = v99;
+                    const float v83 = p_grad_y[ro_grad_y[i14] + i43];
+                    const float v84 = p_x[ro_x[i14] + i43];
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = p_w[i43];
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = v100;
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
             #pragma omp simd
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115] = v116;
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116] = v117;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1010,7 +1020,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1090,109 +1100,111 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v46 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v62);
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v63);
                 }
+                r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    _Alignas(64) float stg63[32];
+                    _Alignas(64) float stg64[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v83 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v99);
+                    const float v83 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v84 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v100);
                 }
             }
         }
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115 * st_grad_w_0] = opgen_f32_to_bf16(v116);
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116 * st_grad_w_0] = opgen_f32_to_bf16(v117);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1223,7 +1235,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l109_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1303,113 +1315,116 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             l17 = v42;
             {
                 int64_t r44 = v1;
-                for (; nt_p_grad_x && r44 < d_D && ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63); r44++) {
-                    const int64_t i43 = r44;
-                    const float v45 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v46 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v47 = v45 * v46;
-                    const float v48 = l15;
-                    const float v49 = v48 / v7;
-                    const float v50 = v49 + v8;
-                    const float v51 = 1.0f / sqrtf(v50);
-                    const float v52 = v47 * v51;
-                    l10[i43] += v52;
-                    const float v53 = opgen_bf16_to_f32(p_w[i43]);
-                    const float v54 = v45 * v53;
-                    const float v55 = v54 * v51;
-                    const float v56 = l17;
-                    const float v57 = v56 / v7;
-                    const float v58 = v57 * v51;
-                    const float v59 = v58 * v51;
-                    const float v60 = v59 * v51;
-                    const float v61 = v46 * v60;
-                    const float v62 = v55 - v61;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v62);
+                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
+                #pragma omp simd
+                for (int64_t i43 = r44; i43 < e45; i43++) {
+                    const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v48 = v46 * v47;
+                    const float v49 = l15;
+                    const float v50 = v49 / v7;
+                    const float v51 = v50 + v8;
+                    const float v52 = 1.0f / sqrtf(v51);
+                    const float v53 = v48 * v52;
+                    l10[i43] += v53;
+                    const float v54 = opgen_bf16_to_f32(p_w[i43]);
+                    const float v55 = v46 * v54;
+                    const float v56 = v55 * v52;
+                    const float v57 = l17;
+                    const float v58 = v57 / v7;
+                    const float v59 = v58 * v52;
+                    const float v60 = v59 * v52;
+                    const float v61 = v60 * v52;
+                    const float v62 = v47 * v61;
+                    const float v63 = v56 - v62;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v63);
                 }
+                r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    _Alignas(64) float stg63[32];
+                    _Alignas(64) float stg64[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
-                        const float v64 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v66 = v64 * v65;
-                        const float v67 = l15;
-                        const float v68 = v67 / v7;
-                        const float v69 = v68 + v8;
-                        const float v70 = 1.0f / sqrtf(v69);
-                        const float v71 = v66 * v70;
-                        l10[i43] += v71;
-                        const float v72 = opgen_bf16_to_f32(p_w[i43]);
-                        const float v73 = v64 * v72;
-                        const float v74 = v73 * v70;
-                        const float v75 = l17;
-                        const float v76 = v75 / v7;
-                        const float v77 = v76 * v70;
-                        const float v78 = v77 * v70;
-                        const float v79 = v78 * v70;
-                        const float v80 = v65 * v79;
-                        const float v81 = v74 - v80;
-                        stg63[l] = v81;
+                        const float v65 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                        const float v67 = v65 * v66;
+                        const float v68 = l15;
+                        const float v69 = v68 / v7;
+                        const float v70 = v69 + v8;
+                        const float v71 = 1.0f / sqrtf(v70);
+                        const float v72 = v67 * v71;
+                        l10[i43] += v72;
+                        const float v73 = opgen_bf16_to_f32(p_w[i43]);
+                        const float v74 = v65 * v73;
+                        const float v75 = v74 * v71;
+                        const float v76 = l17;
+                        const float v77 = v76 / v7;
+                        const float v78 = v77 * v71;
+                        const float v79 = v78 * v71;
+                        const float v80 = v79 * v71;
+                        const float v81 = v66 * v80;
+                        const float v82 = v75 - v81;
+                        stg64[l] = v82;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg63, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
                 for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v82 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v83 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v84 = v82 * v83;
-                    const float v85 = l15;
-                    const float v86 = v85 / v7;
-                    const float v87 = v86 + v8;
-                    const float v88 = 1.0f / sqrtf(v87);
-                    const float v89 = v84 * v88;
-                    l10[i43] += v89;
-                    const float v90 = opgen_bf16_to_f32(p_w[i43]);
-                    const float v91 = v82 * v90;
-                    const float v92 = v91 * v88;
-                    const float v93 = l17;
-                    const float v94 = v93 / v7;
-                    const float v95 = v94 * v88;
-                    const float v96 = v95 * v88;
-                    const float v97 = v96 * v88;
-                    const float v98 = v83 * v97;
-                    const float v99 = v92 - v98;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v99);
+                    const float v83 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
+                    const float v84 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
+                    const float v85 = v83 * v84;
+                    const float v86 = l15;
+                    const float v87 = v86 / v7;
+                    const float v88 = v87 + v8;
+                    const float v89 = 1.0f / sqrtf(v88);
+                    const float v90 = v85 * v89;
+                    l10[i43] += v90;
+                    const float v91 = opgen_bf16_to_f32(p_w[i43]);
+                    const float v92 = v83 * v91;
+                    const float v93 = v92 * v89;
+                    const float v94 = l17;
+                    const float v95 = v94 / v7;
+                    const float v96 = v95 * v89;
+                    const float v97 = v96 * v89;
+                    const float v98 = v97 * v89;
+                    const float v99 = v84 * v98;
+                    const float v100 = v93 - v99;
+                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v100);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i100 = v1; i100 < d_D; i100++) {
-            const float v101 = l10[i100];
-            t5[i9 * d_D + i100] = v101;
+        for (int64_t i101 = v1; i101 < d_D; i101++) {
+            const float v102 = l10[i101];
+            t5[i9 * d_D + i101] = v102;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v102 = 64ll;
-    const int64_t v103 = 0ll;
-    const int64_t v104 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v103 = 64ll;
+    const int64_t v104 = 0ll;
+    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i105 = v103; i105 < v104; i105++) {
-        const int64_t v106 = i105 * v102;
-        const int64_t v107 = d_D - v106;
-        const int64_t v108 = ((v102 < v107 || v102 != v102) ? v102 : v107);
-        float *restrict l109 = l109_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l109, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i110 = v1; i110 < v4; i110++) {
+    for (int64_t i106 = v104; i106 < v105; i106++) {
+        const int64_t v107 = i106 * v103;
+        const int64_t v108 = d_D - v107;
+        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
+        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l110, 0, sizeof(float) * (size_t)64ll);
+        for (int64_t i111 = v1; i111 < v4; i111++) {
             #pragma omp simd
-            for (int64_t i111 = v103; i111 < v108; i111++) {
-                const int64_t v112 = v106 + i111;
-                const float v113 = t5[i110 * d_D + v112];
-                l109[i111] += v113;
+            for (int64_t i112 = v104; i112 < v109; i112++) {
+                const int64_t v113 = v107 + i112;
+                const float v114 = t5[i111 * d_D + v113];
+                l110[i112] += v114;
             }
         }
-        for (int64_t i114 = v103; i114 < v108; i114++) {
-            const int64_t v115 = v106 + i114;
-            const float v116 = l109[i114];
-            p_grad_w[v115] = opgen_f32_to_bf16(v116);
+        for (int64_t i115 = v104; i115 < v109; i115++) {
+            const int64_t v116 = v107 + i115;
+            const float v117 = l110[i115];
+            p_grad_w[v116] = opgen_f32_to_bf16(v117);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

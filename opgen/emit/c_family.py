@@ -120,6 +120,9 @@ class CPrinter:
     #: block conversion; f32 ones store value by value) and ``nontemporal`` ones (which may stream)
     STRIP_STORE: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_store_strip", "f32": "opgen_f32_store_strip",
                                              "f16": "opgen_f16_store_strip"}
+    #: ... and of one whose value is the same all along the loop (a row of zeros): a fill
+    FILL_STRIP: ClassVar[dict[str, str]] = {"bf16": "opgen_bf16_fill_strip", "f32": "opgen_f32_fill_strip",
+                                            "f16": "opgen_f16_fill_strip"}
 
     def __init__(self, kernel: s.KernelOp, binding: dict[str, DType], fn_name: str,
                  buf_info: dict[str, BufInfo], dim_ids: dict[str, int], param_index: dict[str, int]):
@@ -141,7 +144,8 @@ class CPrinter:
         self.depth = 1
         self.counter = 0
         self.lanes: dict[SSAValue, str] = {}  # local accumulators currently split into lanes
-        self.staged: dict[Operation, str] = {}  # staged stores of the strip being printed, by staging array
+        #: staged stores of the strip being printed, by staging array (None: a fill, nothing staged)
+        self.staged: dict[Operation, str | None] = {}
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
@@ -399,7 +403,8 @@ class CPrinter:
         elif isinstance(op, s.IfOp):
             self.branch(op)
         elif isinstance(op, s.StoreOp) and op in self.staged:  # (inside its stream loop's strip)
-            self.line(f"{self.staged[op]}[l] = {self.name(op.value)};")
+            if self.staged[op] is not None:
+                self.line(f"{self.staged[op]}[l] = {self.name(op.value)};")
         elif isinstance(op, s.StoreOp):
             b = s.buf_type(op.buf)
             val = self.store_value(b, self.name(op.value), ir.tensor_type(op.value).dtype)
@@ -524,6 +529,9 @@ class CPrinter:
         self.depth += 1
         self.strip_hints(op, hints, base, iv)
         for st in staged:
+            if self.invariant(op, st.value):  # (a fill: the value converted once)
+                self.staged[st] = None
+                continue
             self.staged[st] = self.fresh("stg")
             self.line(f"_Alignas(64) {self.ctype(ir.tensor_type(st.value).dtype)} {self.staged[st]}[{n}];")
         self.simd_hook()
@@ -538,9 +546,10 @@ class CPrinter:
             b = s.buf_type(st.buf)
             step = "1" if self.unit_axis(self.arg_of[st.buf], b.rank - 1, b.rank) else \
                 self.mention(self.stride_name(self.arg_of[st.buf], b.rank - 1))
-            fn = self.STRIP_STORE[self.dtype(b.dtype).name]
             nt = self.mention(self.nt[st.buf]) if st.buf in self.nt else "0"
-            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {self.staged.pop(st)}, {n}, {nt});")
+            stg = self.staged.pop(st)
+            fn = (self.STRIP_STORE if stg else self.FILL_STRIP)[self.dtype(b.dtype).name]
+            self.line(f"{fn}(&{self.elem_ref(st.buf, list(st.idx))}, {step}, {stg or self.name(st.value)}, {n}, {nt});")
         self.names[op.iv] = iv
         self.depth -= 1
         self.line("}")
@@ -552,12 +561,22 @@ class CPrinter:
         self.line("    }")
         self.line("}")
 
+    @staticmethod
+    def invariant(op: s.ForOp, v: SSAValue) -> bool:
+        """``v`` is defined outside loop ``op`` (map-cpu hoists a streaming store's loop-invariant
+        value there: the same value in every iteration)."""
+        owner = v.owner
+        if not isinstance(owner, Operation):  # a block argument: a loop counter
+            return owner.parent_op() is None or not op.is_ancestor(owner.parent_op())
+        return not op.is_ancestor(owner)
+
     def peel_to_line(self, op: s.ForOp, iv: str, base: str, hi: str, streamed: list[s.StoreOp],
                      rest: list[Operation]) -> None:
         """When the first of a stream loop's streaming stores (``streamed``) streams in this call
-        and walks a unit-stride row, the iterations before its row reaches a 64-byte line, one at
-        a time (the strips after them then store whole aligned lines: a numpy array's data is
-        16-byte aligned). Each element is computed as in a strip, so the values are the same."""
+        and walks a unit-stride row, the iterations before its row reaches a 64-byte line (their
+        count computed once), as a loop of their own (the strips after them then store whole
+        aligned lines: a numpy array's data is 16-byte aligned). Each element is computed as in a
+        strip, so the values are the same."""
         st = next((x for x in streamed if self.unit_axis(self.arg_of[x.buf], s.buf_type(x.buf).rank - 1,
                                                               s.buf_type(x.buf).rank)), None)
         if st is None:
@@ -565,12 +584,17 @@ class CPrinter:
         self.names[op.iv] = base
         at = f"(uintptr_t)&{self.elem_ref(st.buf, list(st.idx))}"
         self.names[op.iv] = iv
-        self.line(f"for (; {self.mention(self.nt[st.buf])} && {base} < {hi} && ({at} & 63); {base}++) {{")
+        end, ct = self.fresh("e"), self.storage_ctype(s.buf_type(st.buf))
+        self.line(f"int64_t {end} = {base} + ({self.mention(self.nt[st.buf])} ? "
+                  f"(int64_t)(((64 - ({at} & 63)) & 63) / sizeof({ct})) : 0);")
+        self.line(f"if ({end} > {hi}) {end} = {hi} > {base} ? {hi} : {base};")
+        self.simd_hook()
+        self.line(f"for (int64_t {iv} = {base}; {iv} < {end}; {iv}++) {{")
         self.depth += 1
-        self.line(f"const int64_t {iv} = {base};")
         self.walk(iter(rest))
         self.depth -= 1
         self.line("}")
+        self.line(f"{base} = {end};")
 
     def strip_hints(self, op: s.ForOp, hints: list[s.PrefetchOp], base: str, iv: str) -> None:
         """A strip's prefetches (``op``'s ``sched.prefetch`` ops), at its first iteration ``base``;

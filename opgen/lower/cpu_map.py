@@ -271,8 +271,32 @@ def nontemporal_outputs(k: s.KernelOp) -> dict[SSAValue, list[s.StoreOp]]:
     return out
 
 
+def hoist_invariant(loop: s.ForOp, v: SSAValue) -> None:
+    """Move the scalar ops computing ``v`` inside ``loop`` before it when they use nothing the
+    loop defines or loads (a row of zeros: the value is converted once for the whole strip)."""
+    chain: list[Operation] = []
+    todo = [v]
+    while todo:
+        x = todo.pop()
+        op = x.owner
+        if not isinstance(op, Operation):
+            if op.parent_op() is not None and loop.is_ancestor(op.parent_op()):
+                return  # (a counter of the loop or of a loop in it)
+            continue
+        if not loop.is_ancestor(op):
+            continue
+        if op.dialect_name() != "opgen" or op.regions or op.parent_op() is not loop:
+            return
+        chain.append(op)
+        todo.extend(op.operands)
+    for op in sorted(set(chain), key=list(loop.body.block.ops).index):
+        op.detach()
+        loop.parent_block().insert_op_before(op, loop)
+
+
 def _nontemporal(k: s.KernelOp) -> None:
-    """Mark the stores of :func:`nontemporal_outputs` (their ``simd`` loops become streams)."""
+    """Mark the stores of :func:`nontemporal_outputs` (their ``simd`` loops become streams; a
+    value the same in every iteration is computed before the loop)."""
     for stores in nontemporal_outputs(k).values():
         for st in stores:
             loop = st.parent_op()
@@ -280,6 +304,7 @@ def _nontemporal(k: s.KernelOp) -> None:
             if cpu_mapping(loop) == CpuMapping.SIMD:
                 loop.attributes[MAPPING] = CpuMappingAttr(CpuMapping.STREAM)
             st.attributes[MAPPING] = CpuMappingAttr(CpuMapping.NONTEMPORAL)
+            hoist_invariant(loop, st.value)
 
 
 class MapCpu(ModulePass):

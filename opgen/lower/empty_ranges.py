@@ -21,7 +21,8 @@ which is exact: when the range is empty ``L`` runs no iteration and ``A`` still 
 ``post`` reads it. ``post`` may be several ops (another scratch, another range: cloned together,
 each clone using the clones of the results before it); a register scratch (rank 0) is the same.
 The C compiler then sees ``post``'s stores of a constant (the epilogue of 0: a store loop, a
-``memset`` where its bits are zero) with no scratch to clear.
+``memset`` where its bits are zero) with no scratch to clear; a streaming store's constant is
+computed before its loop (cpu_map.hoist_invariant), so its strips are fills.
 
 Only loops whose bounds are read at run time (``sched.segment_start``, ``sched.load``) are
 specialised: a loop over a dim or a constant range is empty only for empty tensors, where the
@@ -40,6 +41,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
+from opgen.lower.cpu_map import cpu_mapping, hoist_invariant
+from opgen.lower.sched import CpuMapping
 
 #: ops whose result, as a loop bound, is read at run time
 RUNTIME_BOUNDS = (s.SegmentStartOp, s.LoadOp)
@@ -104,6 +107,9 @@ def _specialise(loop: s.ForOp) -> bool:
         op.detach()
     branch = s.IfOp(empty.result, then, otherwise)
     block.add_op(branch)
+    for st in [o for o in branch.then.walk() if isinstance(o, s.StoreOp)]:  # (a streaming row of zeros:
+        if cpu_mapping(st) == CpuMapping.NONTEMPORAL and isinstance(st.parent_op(), s.ForOp):  # one value)
+            hoist_invariant(st.parent_op(), st.value)
     return True
 
 

@@ -1,7 +1,8 @@
 /* The runtime's strip stores (map-cpu's staged and nontemporal stores) against the scalar
  * conversions: opgen_bf16_store_strip against opgen_f32_to_bf16 (round to nearest even, NaN
  * quieted, denormals kept), opgen_f16_store_strip against opgen_f32_to_f16 and
- * opgen_f32_store_strip against the f32 bits themselves, each with nt 0 and 1 (1: the strip of a
+ * opgen_f32_store_strip against the f32 bits themselves (and the fills opgen_*_fill_strip of the
+ * strip's first value), each with nt 0 and 1 (1: the strip of a
  * whole aligned line streams around the caches where the machine can): every STRIDE-th f32 bit
  * pattern, and every pattern with the low 16 bits of EDGES (all exponents, signs, NaN payloads
  * and the rounding ties), 32 to a strip; then strips of 16 and a strided strip, which take the
@@ -50,6 +51,22 @@ static void check(int n, int64_t st) {
             if (mine ? dst[l] != want[l / st] : dst[l] != 0xA5A5) mismatch(mine, l, st); /* (and nothing between) */
             if (mine ? dh[l] != wanth[l / st] : dh[l] != 0xA5A5) mismatch(mine, l, st);
             if (mine ? f != bits[l / st] : f != 0xA5A5A5A5u) mismatch(mine, l, st);
+        }
+        /* the fills: n copies of src[0], each rounded as one */
+        memset(dst, 0xA5, sizeof dst);
+        memset(dh, 0xA5, sizeof dh);
+        memset(df, 0xA5, sizeof df);
+        opgen_bf16_fill_strip(dst, st, src[0], n, nt);
+        opgen_f16_fill_strip(dh, st, src[0], n, nt);
+        opgen_f32_fill_strip(df, st, src[0], n, nt);
+        opgen_stream_fence();
+        for (int l = 0; l < 64; l++) {
+            const int mine = l % st == 0 && l / st < n;
+            uint32_t f;
+            memcpy(&f, &df[l], 4);
+            if (mine ? dst[l] != want[0] : dst[l] != 0xA5A5) mismatch(mine, 0, st);
+            if (mine ? dh[l] != wanth[0] : dh[l] != 0xA5A5) mismatch(mine, 0, st);
+            if (mine ? f != bits[0] : f != 0xA5A5A5A5u) mismatch(mine, 0, st);
         }
     }
     checked += (uint64_t)n;
