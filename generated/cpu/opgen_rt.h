@@ -342,6 +342,25 @@ static inline uint16_t opgen_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+/* With nt (opgen_nt), the 64-byte line at src (64-byte aligned) to dst around the caches (a
+ * streaming store), when dst is a whole aligned line and the machine has the instruction; 1 when
+ * it did, 0 (nothing written) otherwise. The strip stores below call it. */
+static inline int opgen_stream_line(void *dst, const void *src, int nt) {
+#if defined(__AVX512F__)
+    if (nt && !((uintptr_t)dst & 63)) {
+        _mm512_stream_si512(dst, _mm512_load_si512(src));
+        return 1;
+    }
+#elif defined(__AVX__)
+    if (nt && !((uintptr_t)dst & 63)) {
+        _mm256_stream_si256((__m256i *)dst, _mm256_load_si256((const __m256i *)src));
+        _mm256_stream_si256((__m256i *)dst + 1, _mm256_load_si256((const __m256i *)src + 1));
+        return 1;
+    }
+#endif
+    (void)dst, (void)src, (void)nt;
+    return 0;
+}
 /* n f32 values (src, 64-byte aligned) to bf16 at dst, element stride st, each rounded as
  * opgen_f32_to_bf16: map-cpu's staged stores, a stream loop's strip at a time. With AVX512-BF16
  * a contiguous strip of 32 takes one vcvtne2ps2bf16 (round to nearest even, a NaN quieted as
@@ -401,19 +420,7 @@ static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float
  * larger than the caches costs its bytes once, not twice (embedding backward's rows, a norm's
  * grad_x: docs/backend_cpu.md). Other strips are stored as they are; the values are the same. */
 static inline void opgen_f32_store_strip(float *dst, int64_t st, const float *src, int n, int nt) {
-#if defined(__AVX512F__)
-    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
-        _mm512_stream_ps(dst, _mm512_load_ps(src));
-        return;
-    }
-#elif defined(__AVX__)
-    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
-        _mm256_stream_ps(dst, _mm256_load_ps(src));
-        _mm256_stream_ps(dst + 8, _mm256_load_ps(src + 8));
-        return;
-    }
-#endif
-    (void)nt;
+    if (st == 1 && n == 16 && opgen_stream_line(dst, src, nt)) return;
     if (st == 1) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
         return;
@@ -451,55 +458,30 @@ static inline uint16_t opgen_f32_to_f16(float f) {
  * opgen_f32_to_f16: map-cpu's `nontemporal` stores of an f16 buffer (nt: as
  * opgen_f32_store_strip, a strip of 32 on one aligned line). */
 static inline void opgen_f16_store_strip(uint16_t *dst, int64_t st, const float *src, int n, int nt) {
-#if defined(__AVX512F__) || defined(__AVX__)
     if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
         _Alignas(64) uint16_t h[32];
         for (int l = 0; l < 32; l++) h[l] = opgen_f32_to_f16(src[l]);
-#if defined(__AVX512F__)
-        _mm512_stream_si512((void *)dst, _mm512_load_si512((const void *)h));
-#else
-        _mm256_stream_si256((__m256i *)(void *)dst, _mm256_load_si256((const __m256i *)(const void *)h));
-        _mm256_stream_si256((__m256i *)(void *)(dst + 16), _mm256_load_si256((const __m256i *)(const void *)(h + 16)));
-#endif
-        return;
+        if (opgen_stream_line(dst, h, nt)) return;
     }
-#endif
-    (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = opgen_f32_to_f16(src[l]);
 }
 /* A strip of n copies of v at dst (element stride st), rounded once (bf16, f16): a staged store
  * whose value is the same all along its loop (an embedding gradient's rows of zeros); nt as in
  * opgen_f32_store_strip. */
 static inline void opgen_f32_fill_strip(float *dst, int64_t st, float v, int n, int nt) {
-#if defined(__AVX512F__)
-    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
-        _mm512_stream_ps(dst, _mm512_set1_ps(v));
-        return;
+    if (nt && st == 1 && n == 16) {
+        _Alignas(64) float line[16];
+        for (int l = 0; l < 16; l++) line[l] = v;
+        if (opgen_stream_line(dst, line, nt)) return;
     }
-#elif defined(__AVX__)
-    if (nt && st == 1 && n == 16 && !((uintptr_t)dst & 63)) {
-        _mm256_stream_ps(dst, _mm256_set1_ps(v));
-        _mm256_stream_ps(dst + 8, _mm256_set1_ps(v));
-        return;
-    }
-#endif
-    (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = v;
 }
 static inline void opgen_bits16_fill_strip(uint16_t *dst, int64_t st, uint16_t b, int n, int nt) {
-#if defined(__AVX512F__)
-    if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
-        _mm512_stream_si512((void *)dst, _mm512_set1_epi16((short)b));
-        return;
+    if (nt && st == 1 && n == 32) {
+        _Alignas(64) uint16_t line[32];
+        for (int l = 0; l < 32; l++) line[l] = b;
+        if (opgen_stream_line(dst, line, nt)) return;
     }
-#elif defined(__AVX__)
-    if (nt && st == 1 && n == 32 && !((uintptr_t)dst & 63)) {
-        _mm256_stream_si256((__m256i *)(void *)dst, _mm256_set1_epi16((short)b));
-        _mm256_stream_si256((__m256i *)(void *)(dst + 16), _mm256_set1_epi16((short)b));
-        return;
-    }
-#endif
-    (void)nt;
     for (int l = 0; l < n; l++) dst[l * st] = b;
 }
 static inline void opgen_bf16_fill_strip(uint16_t *dst, int64_t st, float v, int n, int nt) {
