@@ -737,6 +737,39 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
         assert body.count("OPGEN_PREFETCH(p_grad_y, ") == body.count("OPGEN_PREFETCH(p_x, ") == 1
 
 
+def test_lane_reductions_run_in_full_width_vectors(built, tmp_path):
+    """A row sum split into lanes (map-cpu's ``lanes``) has 16 lanes in f32 and 32 where it reads
+    bf16, and the C compiler runs each such loop in 64-byte vectors: with 16 lanes of bf16 it
+    chose 32-byte vectors for the f32 arithmetic too (half the width). LayerNorm backward, the
+    kernels that run vectorised (not the O1 fallbacks for any strides)."""
+    import re
+
+    from opgen.compile import CFLAGS
+    from opgen.emit import cpu
+
+    text = cpu.op_source(built["ops"]["ln_cast_backward"])
+    src = tmp_path / "ln.c"
+    src.write_text(text)
+    lines = text.splitlines()
+    loops: dict[int, tuple[str, int]] = {}  # line -> (instance, lanes)
+    inst, o1 = "", False
+    for n, line in enumerate(lines, 1):
+        if m := re.match(r'(__attribute__\(\(optimize\("O1"\)\)\) )?static opgen_status_t k_ln_cast_backward_(\w+?)_',
+                         line):
+            o1, inst = bool(m.group(1)), m.group(2)
+        m = re.fullmatch(r"\s*for \(int l = 0; l < (\d+); l\+\+\) \{", line)
+        if m and not o1 and re.fullmatch(r"\s*const int64_t i\d+ = r\d+ \+ l;", lines[n]):  # (a lanes loop)
+            loops[n] = (inst, int(m.group(1)))
+    assert sorted(set(loops.values())) == [("bf16", 32), ("f32", 16)]
+    inc = [f"-I{built['out'] / 'include'}", f"-I{built['out'] / 'cpu'}"]
+    r = subprocess.run([cc.compiler(), *[f for f in CFLAGS if f != "-fPIC"], *inc, "-c", str(src), "-o", os.devnull,
+                        "-fopt-info-vec-optimized"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n, (inst, lanes) in loops.items():
+        assert any(f"ln.c:{n}:" in x and "loop vectorized using 64 byte vectors" in x for x in r.stderr.splitlines()), \
+            f"{inst} lanes loop at line {n} ({lanes} lanes) is not in 64-byte vectors:\n{r.stderr[-3000:]}"
+
+
 @pytest.mark.parametrize("T", ["f32", "bf16"])
 @pytest.mark.parametrize("n", [1, 2, 31, 33, 64])
 def test_next_row_prefetch_at_the_last_row(built, rng, T, n):

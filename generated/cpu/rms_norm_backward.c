@@ -94,15 +94,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             const int64_t v21 = v13 - v19;
             const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
+                float lane24[32];
+                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
+                float lane25[32];
+                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
                 int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
-                    for (int l = 0; l < 16; l++) {
+                    for (int l = 0; l < 32; l++) {
                         const int64_t i23 = r26 + l;
                         const float v27 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
                         const float v28 = v27 * v27;
@@ -129,11 +129,13 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
                         lane25[l] += v40;
                     }
                 }
+                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
                 for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
                 for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
                 for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
                 for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
                 l16 = lane24[0];
+                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
                 for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
                 for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
                 for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
@@ -309,15 +311,15 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             const int64_t v21 = v13 - v19;
             const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
+                float lane24[32];
+                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
+                float lane25[32];
+                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
                 int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
-                    for (int l = 0; l < 16; l++) {
+                    for (int l = 0; l < 32; l++) {
                         const int64_t i23 = r26 + l;
                         const float v27 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
                         const float v28 = v27 * v27;
@@ -344,11 +346,13 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                         lane25[l] += v40;
                     }
                 }
+                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
                 for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
                 for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
                 for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
                 for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
                 l16 = lane24[0];
+                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
                 for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
                 for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
                 for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
@@ -1048,15 +1052,15 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             const int64_t v21 = v13 - v19;
             const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
+                float lane24[32];
+                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
+                float lane25[32];
+                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
                 int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
-                    for (int l = 0; l < 16; l++) {
+                    for (int l = 0; l < 32; l++) {
                         const int64_t i23 = r26 + l;
                         const float v27 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
                         const float v28 = v27 * v27;
@@ -1083,11 +1087,13 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
                         lane25[l] += v40;
                     }
                 }
+                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
                 for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
                 for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
                 for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
                 for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
                 l16 = lane24[0];
+                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
                 for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
                 for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
                 for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
@@ -1263,15 +1269,15 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             const int64_t v21 = v13 - v19;
             const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
+                float lane24[32];
+                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
+                float lane25[32];
+                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
                 int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                for (; r26 + 32 <= d_D; r26 += 32) {
                     OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
                     OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
-                    for (int l = 0; l < 16; l++) {
+                    for (int l = 0; l < 32; l++) {
                         const int64_t i23 = r26 + l;
                         const float v27 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
                         const float v28 = v27 * v27;
@@ -1298,11 +1304,13 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                         lane25[l] += v40;
                     }
                 }
+                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
                 for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
                 for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
                 for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
                 for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
                 l16 = lane24[0];
+                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
                 for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
                 for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
                 for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];

@@ -87,286 +87,461 @@ builtin.module {
               %71 = arith.addi %66, %65 : i64
               %72 = arith.subi %64, %65 : i64
               %73 = arith.cmpi slt, %71, %72 : i64
-              %74 = memref.alloca() : memref<16xf32>
+              %74 = memref.alloca() : memref<32xf32>
               %75 = memref.load %68[] : memref<f32>
-              memref.store %75, %74[%3] : memref<16xf32>
-              memref.store %59, %74[%6] : memref<16xf32>
+              memref.store %75, %74[%3] : memref<32xf32>
+              memref.store %59, %74[%6] : memref<32xf32>
               %76 = arith.constant 2 : index
-              memref.store %59, %74[%76] : memref<16xf32>
+              memref.store %59, %74[%76] : memref<32xf32>
               %77 = arith.constant 3 : index
-              memref.store %59, %74[%77] : memref<16xf32>
+              memref.store %59, %74[%77] : memref<32xf32>
               %78 = arith.constant 4 : index
-              memref.store %59, %74[%78] : memref<16xf32>
+              memref.store %59, %74[%78] : memref<32xf32>
               %79 = arith.constant 5 : index
-              memref.store %59, %74[%79] : memref<16xf32>
+              memref.store %59, %74[%79] : memref<32xf32>
               %80 = arith.constant 6 : index
-              memref.store %59, %74[%80] : memref<16xf32>
+              memref.store %59, %74[%80] : memref<32xf32>
               %81 = arith.constant 7 : index
-              memref.store %59, %74[%81] : memref<16xf32>
+              memref.store %59, %74[%81] : memref<32xf32>
               %82 = arith.constant 8 : index
-              memref.store %59, %74[%82] : memref<16xf32>
+              memref.store %59, %74[%82] : memref<32xf32>
               %83 = arith.constant 9 : index
-              memref.store %59, %74[%83] : memref<16xf32>
+              memref.store %59, %74[%83] : memref<32xf32>
               %84 = arith.constant 10 : index
-              memref.store %59, %74[%84] : memref<16xf32>
+              memref.store %59, %74[%84] : memref<32xf32>
               %85 = arith.constant 11 : index
-              memref.store %59, %74[%85] : memref<16xf32>
+              memref.store %59, %74[%85] : memref<32xf32>
               %86 = arith.constant 12 : index
-              memref.store %59, %74[%86] : memref<16xf32>
+              memref.store %59, %74[%86] : memref<32xf32>
               %87 = arith.constant 13 : index
-              memref.store %59, %74[%87] : memref<16xf32>
+              memref.store %59, %74[%87] : memref<32xf32>
               %88 = arith.constant 14 : index
-              memref.store %59, %74[%88] : memref<16xf32>
+              memref.store %59, %74[%88] : memref<32xf32>
               %89 = arith.constant 15 : index
-              memref.store %59, %74[%89] : memref<16xf32>
-              %90 = memref.alloca() : memref<16xf32>
-              %91 = memref.load %70[] : memref<f32>
-              memref.store %91, %90[%3] : memref<16xf32>
-              memref.store %59, %90[%6] : memref<16xf32>
-              memref.store %59, %90[%76] : memref<16xf32>
-              memref.store %59, %90[%77] : memref<16xf32>
-              memref.store %59, %90[%78] : memref<16xf32>
-              memref.store %59, %90[%79] : memref<16xf32>
-              memref.store %59, %90[%80] : memref<16xf32>
-              memref.store %59, %90[%81] : memref<16xf32>
-              memref.store %59, %90[%82] : memref<16xf32>
-              memref.store %59, %90[%83] : memref<16xf32>
-              memref.store %59, %90[%84] : memref<16xf32>
-              memref.store %59, %90[%85] : memref<16xf32>
-              memref.store %59, %90[%86] : memref<16xf32>
-              memref.store %59, %90[%87] : memref<16xf32>
-              memref.store %59, %90[%88] : memref<16xf32>
-              memref.store %59, %90[%89] : memref<16xf32>
-              %92 = arith.subi %8, %41 : i64
-              %93 = arith.maxsi %92, %41 : i64
-              %94 = arith.constant 16 : i64
-              %95 = arith.divsi %93, %94 : i64
-              %96 = arith.muli %95, %94 : i64
-              %97 = arith.addi %41, %96 : i64
-              scf.for %98 = %41 to %97 step %94 : i64 {
-                %99 = arith.constant 16 : index
-                scf.for %100 = %3 to %99 step %6 {
-                  %101 = arith.index_cast %100 : index to i64
-                  %102 = arith.addi %98, %101 : i64
-                  %103 = arith.index_cast %66 : i64 to index
-                  %104 = arith.index_cast %102 : i64 to index
-                  %105 = memref.load %x[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %106 = arith.extf %105 : f16 to f32
-                  %107 = arith.mulf %106, %106 : f32
-                  %108 = memref.load %74[%100] : memref<16xf32>
-                  %109 = arith.addf %108, %107 : f32
-                  memref.store %109, %74[%100] : memref<16xf32>
-                  %110 = memref.load %grad_y[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %111 = arith.extf %110 : f16 to f32
-                  %112 = memref.load %w[%104] : memref<?xf16, strided<[?], offset: ?>>
-                  %113 = arith.extf %112 : f16 to f32
-                  %114 = arith.mulf %111, %113 : f32
-                  %115 = memref.load %x[%103, %104] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %116 = arith.extf %115 : f16 to f32
-                  %117 = arith.mulf %114, %116 : f32
-                  %118 = memref.load %90[%100] : memref<16xf32>
-                  %119 = arith.addf %118, %117 : f32
-                  memref.store %119, %90[%100] : memref<16xf32>
+              memref.store %59, %74[%89] : memref<32xf32>
+              %90 = arith.constant 16 : index
+              memref.store %59, %74[%90] : memref<32xf32>
+              %91 = arith.constant 17 : index
+              memref.store %59, %74[%91] : memref<32xf32>
+              %92 = arith.constant 18 : index
+              memref.store %59, %74[%92] : memref<32xf32>
+              %93 = arith.constant 19 : index
+              memref.store %59, %74[%93] : memref<32xf32>
+              %94 = arith.constant 20 : index
+              memref.store %59, %74[%94] : memref<32xf32>
+              %95 = arith.constant 21 : index
+              memref.store %59, %74[%95] : memref<32xf32>
+              %96 = arith.constant 22 : index
+              memref.store %59, %74[%96] : memref<32xf32>
+              %97 = arith.constant 23 : index
+              memref.store %59, %74[%97] : memref<32xf32>
+              %98 = arith.constant 24 : index
+              memref.store %59, %74[%98] : memref<32xf32>
+              %99 = arith.constant 25 : index
+              memref.store %59, %74[%99] : memref<32xf32>
+              %100 = arith.constant 26 : index
+              memref.store %59, %74[%100] : memref<32xf32>
+              %101 = arith.constant 27 : index
+              memref.store %59, %74[%101] : memref<32xf32>
+              %102 = arith.constant 28 : index
+              memref.store %59, %74[%102] : memref<32xf32>
+              %103 = arith.constant 29 : index
+              memref.store %59, %74[%103] : memref<32xf32>
+              %104 = arith.constant 30 : index
+              memref.store %59, %74[%104] : memref<32xf32>
+              %105 = arith.constant 31 : index
+              memref.store %59, %74[%105] : memref<32xf32>
+              %106 = memref.alloca() : memref<32xf32>
+              %107 = memref.load %70[] : memref<f32>
+              memref.store %107, %106[%3] : memref<32xf32>
+              memref.store %59, %106[%6] : memref<32xf32>
+              memref.store %59, %106[%76] : memref<32xf32>
+              memref.store %59, %106[%77] : memref<32xf32>
+              memref.store %59, %106[%78] : memref<32xf32>
+              memref.store %59, %106[%79] : memref<32xf32>
+              memref.store %59, %106[%80] : memref<32xf32>
+              memref.store %59, %106[%81] : memref<32xf32>
+              memref.store %59, %106[%82] : memref<32xf32>
+              memref.store %59, %106[%83] : memref<32xf32>
+              memref.store %59, %106[%84] : memref<32xf32>
+              memref.store %59, %106[%85] : memref<32xf32>
+              memref.store %59, %106[%86] : memref<32xf32>
+              memref.store %59, %106[%87] : memref<32xf32>
+              memref.store %59, %106[%88] : memref<32xf32>
+              memref.store %59, %106[%89] : memref<32xf32>
+              memref.store %59, %106[%90] : memref<32xf32>
+              memref.store %59, %106[%91] : memref<32xf32>
+              memref.store %59, %106[%92] : memref<32xf32>
+              memref.store %59, %106[%93] : memref<32xf32>
+              memref.store %59, %106[%94] : memref<32xf32>
+              memref.store %59, %106[%95] : memref<32xf32>
+              memref.store %59, %106[%96] : memref<32xf32>
+              memref.store %59, %106[%97] : memref<32xf32>
+              memref.store %59, %106[%98] : memref<32xf32>
+              memref.store %59, %106[%99] : memref<32xf32>
+              memref.store %59, %106[%100] : memref<32xf32>
+              memref.store %59, %106[%101] : memref<32xf32>
+              memref.store %59, %106[%102] : memref<32xf32>
+              memref.store %59, %106[%103] : memref<32xf32>
+              memref.store %59, %106[%104] : memref<32xf32>
+              memref.store %59, %106[%105] : memref<32xf32>
+              %108 = arith.subi %8, %41 : i64
+              %109 = arith.maxsi %108, %41 : i64
+              %110 = arith.divsi %109, %43 : i64
+              %111 = arith.muli %110, %43 : i64
+              %112 = arith.addi %41, %111 : i64
+              scf.for %113 = %41 to %112 step %43 : i64 {
+                %114 = arith.constant 32 : index
+                scf.for %115 = %3 to %114 step %6 {
+                  %116 = arith.index_cast %115 : index to i64
+                  %117 = arith.addi %113, %116 : i64
+                  %118 = arith.index_cast %66 : i64 to index
+                  %119 = arith.index_cast %117 : i64 to index
+                  %120 = memref.load %x[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %121 = arith.extf %120 : f16 to f32
+                  %122 = arith.mulf %121, %121 : f32
+                  %123 = memref.load %74[%115] : memref<32xf32>
+                  %124 = arith.addf %123, %122 : f32
+                  memref.store %124, %74[%115] : memref<32xf32>
+                  %125 = memref.load %grad_y[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %126 = arith.extf %125 : f16 to f32
+                  %127 = memref.load %w[%119] : memref<?xf16, strided<[?], offset: ?>>
+                  %128 = arith.extf %127 : f16 to f32
+                  %129 = arith.mulf %126, %128 : f32
+                  %130 = memref.load %x[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %131 = arith.extf %130 : f16 to f32
+                  %132 = arith.mulf %129, %131 : f32
+                  %133 = memref.load %106[%115] : memref<32xf32>
+                  %134 = arith.addf %133, %132 : f32
+                  memref.store %134, %106[%115] : memref<32xf32>
                 }
               }
-              %120 = arith.subi %8, %97 : i64
-              %121 = arith.index_cast %120 : i64 to index
-              scf.for %122 = %3 to %121 step %6 {
-                %123 = arith.index_cast %122 : index to i64
-                %124 = arith.addi %97, %123 : i64
-                %125 = arith.index_cast %66 : i64 to index
-                %126 = arith.index_cast %124 : i64 to index
-                %127 = memref.load %x[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %128 = arith.extf %127 : f16 to f32
-                %129 = arith.mulf %128, %128 : f32
-                %130 = memref.load %74[%122] : memref<16xf32>
-                %131 = arith.addf %130, %129 : f32
-                memref.store %131, %74[%122] : memref<16xf32>
-                %132 = memref.load %grad_y[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %133 = arith.extf %132 : f16 to f32
-                %134 = memref.load %w[%126] : memref<?xf16, strided<[?], offset: ?>>
-                %135 = arith.extf %134 : f16 to f32
-                %136 = arith.mulf %133, %135 : f32
-                %137 = memref.load %x[%125, %126] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %138 = arith.extf %137 : f16 to f32
-                %139 = arith.mulf %136, %138 : f32
-                %140 = memref.load %90[%122] : memref<16xf32>
-                %141 = arith.addf %140, %139 : f32
-                memref.store %141, %90[%122] : memref<16xf32>
+              %135 = arith.subi %8, %112 : i64
+              %136 = arith.index_cast %135 : i64 to index
+              scf.for %137 = %3 to %136 step %6 {
+                %138 = arith.index_cast %137 : index to i64
+                %139 = arith.addi %112, %138 : i64
+                %140 = arith.index_cast %66 : i64 to index
+                %141 = arith.index_cast %139 : i64 to index
+                %142 = memref.load %x[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %143 = arith.extf %142 : f16 to f32
+                %144 = arith.mulf %143, %143 : f32
+                %145 = memref.load %74[%137] : memref<32xf32>
+                %146 = arith.addf %145, %144 : f32
+                memref.store %146, %74[%137] : memref<32xf32>
+                %147 = memref.load %grad_y[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %148 = arith.extf %147 : f16 to f32
+                %149 = memref.load %w[%141] : memref<?xf16, strided<[?], offset: ?>>
+                %150 = arith.extf %149 : f16 to f32
+                %151 = arith.mulf %148, %150 : f32
+                %152 = memref.load %x[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %153 = arith.extf %152 : f16 to f32
+                %154 = arith.mulf %151, %153 : f32
+                %155 = memref.load %106[%137] : memref<32xf32>
+                %156 = arith.addf %155, %154 : f32
+                memref.store %156, %106[%137] : memref<32xf32>
               }
-              %142 = memref.load %74[%3] : memref<16xf32>
-              %143 = memref.load %74[%82] : memref<16xf32>
-              %144 = arith.addf %142, %143 : f32
-              memref.store %144, %74[%3] : memref<16xf32>
-              %145 = memref.load %74[%6] : memref<16xf32>
-              %146 = memref.load %74[%83] : memref<16xf32>
-              %147 = arith.addf %145, %146 : f32
-              memref.store %147, %74[%6] : memref<16xf32>
-              %148 = memref.load %74[%76] : memref<16xf32>
-              %149 = memref.load %74[%84] : memref<16xf32>
-              %150 = arith.addf %148, %149 : f32
-              memref.store %150, %74[%76] : memref<16xf32>
-              %151 = memref.load %74[%77] : memref<16xf32>
-              %152 = memref.load %74[%85] : memref<16xf32>
-              %153 = arith.addf %151, %152 : f32
-              memref.store %153, %74[%77] : memref<16xf32>
-              %154 = memref.load %74[%78] : memref<16xf32>
-              %155 = memref.load %74[%86] : memref<16xf32>
-              %156 = arith.addf %154, %155 : f32
-              memref.store %156, %74[%78] : memref<16xf32>
-              %157 = memref.load %74[%79] : memref<16xf32>
-              %158 = memref.load %74[%87] : memref<16xf32>
+              %157 = memref.load %74[%3] : memref<32xf32>
+              %158 = memref.load %74[%90] : memref<32xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %74[%79] : memref<16xf32>
-              %160 = memref.load %74[%80] : memref<16xf32>
-              %161 = memref.load %74[%88] : memref<16xf32>
+              memref.store %159, %74[%3] : memref<32xf32>
+              %160 = memref.load %74[%6] : memref<32xf32>
+              %161 = memref.load %74[%91] : memref<32xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %74[%80] : memref<16xf32>
-              %163 = memref.load %74[%81] : memref<16xf32>
-              %164 = memref.load %74[%89] : memref<16xf32>
+              memref.store %162, %74[%6] : memref<32xf32>
+              %163 = memref.load %74[%76] : memref<32xf32>
+              %164 = memref.load %74[%92] : memref<32xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %74[%81] : memref<16xf32>
-              %166 = memref.load %74[%3] : memref<16xf32>
-              %167 = memref.load %74[%78] : memref<16xf32>
+              memref.store %165, %74[%76] : memref<32xf32>
+              %166 = memref.load %74[%77] : memref<32xf32>
+              %167 = memref.load %74[%93] : memref<32xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %74[%3] : memref<16xf32>
-              %169 = memref.load %74[%6] : memref<16xf32>
-              %170 = memref.load %74[%79] : memref<16xf32>
+              memref.store %168, %74[%77] : memref<32xf32>
+              %169 = memref.load %74[%78] : memref<32xf32>
+              %170 = memref.load %74[%94] : memref<32xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %74[%6] : memref<16xf32>
-              %172 = memref.load %74[%76] : memref<16xf32>
-              %173 = memref.load %74[%80] : memref<16xf32>
+              memref.store %171, %74[%78] : memref<32xf32>
+              %172 = memref.load %74[%79] : memref<32xf32>
+              %173 = memref.load %74[%95] : memref<32xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %74[%76] : memref<16xf32>
-              %175 = memref.load %74[%77] : memref<16xf32>
-              %176 = memref.load %74[%81] : memref<16xf32>
+              memref.store %174, %74[%79] : memref<32xf32>
+              %175 = memref.load %74[%80] : memref<32xf32>
+              %176 = memref.load %74[%96] : memref<32xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %74[%77] : memref<16xf32>
-              %178 = memref.load %74[%3] : memref<16xf32>
-              %179 = memref.load %74[%76] : memref<16xf32>
+              memref.store %177, %74[%80] : memref<32xf32>
+              %178 = memref.load %74[%81] : memref<32xf32>
+              %179 = memref.load %74[%97] : memref<32xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %74[%3] : memref<16xf32>
-              %181 = memref.load %74[%6] : memref<16xf32>
-              %182 = memref.load %74[%77] : memref<16xf32>
+              memref.store %180, %74[%81] : memref<32xf32>
+              %181 = memref.load %74[%82] : memref<32xf32>
+              %182 = memref.load %74[%98] : memref<32xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %74[%6] : memref<16xf32>
-              %184 = memref.load %74[%3] : memref<16xf32>
-              %185 = memref.load %74[%6] : memref<16xf32>
+              memref.store %183, %74[%82] : memref<32xf32>
+              %184 = memref.load %74[%83] : memref<32xf32>
+              %185 = memref.load %74[%99] : memref<32xf32>
               %186 = arith.addf %184, %185 : f32
-              memref.store %186, %74[%3] : memref<16xf32>
-              %187 = memref.load %74[%3] : memref<16xf32>
-              memref.store %187, %68[] : memref<f32>
-              %188 = memref.load %90[%3] : memref<16xf32>
-              %189 = memref.load %90[%82] : memref<16xf32>
-              %190 = arith.addf %188, %189 : f32
-              memref.store %190, %90[%3] : memref<16xf32>
-              %191 = memref.load %90[%6] : memref<16xf32>
-              %192 = memref.load %90[%83] : memref<16xf32>
-              %193 = arith.addf %191, %192 : f32
-              memref.store %193, %90[%6] : memref<16xf32>
-              %194 = memref.load %90[%76] : memref<16xf32>
-              %195 = memref.load %90[%84] : memref<16xf32>
-              %196 = arith.addf %194, %195 : f32
-              memref.store %196, %90[%76] : memref<16xf32>
-              %197 = memref.load %90[%77] : memref<16xf32>
-              %198 = memref.load %90[%85] : memref<16xf32>
-              %199 = arith.addf %197, %198 : f32
-              memref.store %199, %90[%77] : memref<16xf32>
-              %200 = memref.load %90[%78] : memref<16xf32>
-              %201 = memref.load %90[%86] : memref<16xf32>
-              %202 = arith.addf %200, %201 : f32
-              memref.store %202, %90[%78] : memref<16xf32>
-              %203 = memref.load %90[%79] : memref<16xf32>
-              %204 = memref.load %90[%87] : memref<16xf32>
-              %205 = arith.addf %203, %204 : f32
-              memref.store %205, %90[%79] : memref<16xf32>
-              %206 = memref.load %90[%80] : memref<16xf32>
-              %207 = memref.load %90[%88] : memref<16xf32>
-              %208 = arith.addf %206, %207 : f32
-              memref.store %208, %90[%80] : memref<16xf32>
-              %209 = memref.load %90[%81] : memref<16xf32>
-              %210 = memref.load %90[%89] : memref<16xf32>
-              %211 = arith.addf %209, %210 : f32
-              memref.store %211, %90[%81] : memref<16xf32>
-              %212 = memref.load %90[%3] : memref<16xf32>
-              %213 = memref.load %90[%78] : memref<16xf32>
-              %214 = arith.addf %212, %213 : f32
-              memref.store %214, %90[%3] : memref<16xf32>
-              %215 = memref.load %90[%6] : memref<16xf32>
-              %216 = memref.load %90[%79] : memref<16xf32>
-              %217 = arith.addf %215, %216 : f32
-              memref.store %217, %90[%6] : memref<16xf32>
-              %218 = memref.load %90[%76] : memref<16xf32>
-              %219 = memref.load %90[%80] : memref<16xf32>
-              %220 = arith.addf %218, %219 : f32
-              memref.store %220, %90[%76] : memref<16xf32>
-              %221 = memref.load %90[%77] : memref<16xf32>
-              %222 = memref.load %90[%81] : memref<16xf32>
-              %223 = arith.addf %221, %222 : f32
-              memref.store %223, %90[%77] : memref<16xf32>
-              %224 = memref.load %90[%3] : memref<16xf32>
-              %225 = memref.load %90[%76] : memref<16xf32>
-              %226 = arith.addf %224, %225 : f32
-              memref.store %226, %90[%3] : memref<16xf32>
-              %227 = memref.load %90[%6] : memref<16xf32>
-              %228 = memref.load %90[%77] : memref<16xf32>
-              %229 = arith.addf %227, %228 : f32
-              memref.store %229, %90[%6] : memref<16xf32>
-              %230 = memref.load %90[%3] : memref<16xf32>
-              %231 = memref.load %90[%6] : memref<16xf32>
-              %232 = arith.addf %230, %231 : f32
-              memref.store %232, %90[%3] : memref<16xf32>
-              %233 = memref.load %90[%3] : memref<16xf32>
-              memref.store %233, %70[] : memref<f32>
-              %234 = memref.load %68[] : memref<f32>
-              memref.store %234, %67[] : memref<f32>
-              %235 = memref.load %70[] : memref<f32>
-              memref.store %235, %69[] : memref<f32>
+              memref.store %186, %74[%83] : memref<32xf32>
+              %187 = memref.load %74[%84] : memref<32xf32>
+              %188 = memref.load %74[%100] : memref<32xf32>
+              %189 = arith.addf %187, %188 : f32
+              memref.store %189, %74[%84] : memref<32xf32>
+              %190 = memref.load %74[%85] : memref<32xf32>
+              %191 = memref.load %74[%101] : memref<32xf32>
+              %192 = arith.addf %190, %191 : f32
+              memref.store %192, %74[%85] : memref<32xf32>
+              %193 = memref.load %74[%86] : memref<32xf32>
+              %194 = memref.load %74[%102] : memref<32xf32>
+              %195 = arith.addf %193, %194 : f32
+              memref.store %195, %74[%86] : memref<32xf32>
+              %196 = memref.load %74[%87] : memref<32xf32>
+              %197 = memref.load %74[%103] : memref<32xf32>
+              %198 = arith.addf %196, %197 : f32
+              memref.store %198, %74[%87] : memref<32xf32>
+              %199 = memref.load %74[%88] : memref<32xf32>
+              %200 = memref.load %74[%104] : memref<32xf32>
+              %201 = arith.addf %199, %200 : f32
+              memref.store %201, %74[%88] : memref<32xf32>
+              %202 = memref.load %74[%89] : memref<32xf32>
+              %203 = memref.load %74[%105] : memref<32xf32>
+              %204 = arith.addf %202, %203 : f32
+              memref.store %204, %74[%89] : memref<32xf32>
+              %205 = memref.load %74[%3] : memref<32xf32>
+              %206 = memref.load %74[%82] : memref<32xf32>
+              %207 = arith.addf %205, %206 : f32
+              memref.store %207, %74[%3] : memref<32xf32>
+              %208 = memref.load %74[%6] : memref<32xf32>
+              %209 = memref.load %74[%83] : memref<32xf32>
+              %210 = arith.addf %208, %209 : f32
+              memref.store %210, %74[%6] : memref<32xf32>
+              %211 = memref.load %74[%76] : memref<32xf32>
+              %212 = memref.load %74[%84] : memref<32xf32>
+              %213 = arith.addf %211, %212 : f32
+              memref.store %213, %74[%76] : memref<32xf32>
+              %214 = memref.load %74[%77] : memref<32xf32>
+              %215 = memref.load %74[%85] : memref<32xf32>
+              %216 = arith.addf %214, %215 : f32
+              memref.store %216, %74[%77] : memref<32xf32>
+              %217 = memref.load %74[%78] : memref<32xf32>
+              %218 = memref.load %74[%86] : memref<32xf32>
+              %219 = arith.addf %217, %218 : f32
+              memref.store %219, %74[%78] : memref<32xf32>
+              %220 = memref.load %74[%79] : memref<32xf32>
+              %221 = memref.load %74[%87] : memref<32xf32>
+              %222 = arith.addf %220, %221 : f32
+              memref.store %222, %74[%79] : memref<32xf32>
+              %223 = memref.load %74[%80] : memref<32xf32>
+              %224 = memref.load %74[%88] : memref<32xf32>
+              %225 = arith.addf %223, %224 : f32
+              memref.store %225, %74[%80] : memref<32xf32>
+              %226 = memref.load %74[%81] : memref<32xf32>
+              %227 = memref.load %74[%89] : memref<32xf32>
+              %228 = arith.addf %226, %227 : f32
+              memref.store %228, %74[%81] : memref<32xf32>
+              %229 = memref.load %74[%3] : memref<32xf32>
+              %230 = memref.load %74[%78] : memref<32xf32>
+              %231 = arith.addf %229, %230 : f32
+              memref.store %231, %74[%3] : memref<32xf32>
+              %232 = memref.load %74[%6] : memref<32xf32>
+              %233 = memref.load %74[%79] : memref<32xf32>
+              %234 = arith.addf %232, %233 : f32
+              memref.store %234, %74[%6] : memref<32xf32>
+              %235 = memref.load %74[%76] : memref<32xf32>
+              %236 = memref.load %74[%80] : memref<32xf32>
+              %237 = arith.addf %235, %236 : f32
+              memref.store %237, %74[%76] : memref<32xf32>
+              %238 = memref.load %74[%77] : memref<32xf32>
+              %239 = memref.load %74[%81] : memref<32xf32>
+              %240 = arith.addf %238, %239 : f32
+              memref.store %240, %74[%77] : memref<32xf32>
+              %241 = memref.load %74[%3] : memref<32xf32>
+              %242 = memref.load %74[%76] : memref<32xf32>
+              %243 = arith.addf %241, %242 : f32
+              memref.store %243, %74[%3] : memref<32xf32>
+              %244 = memref.load %74[%6] : memref<32xf32>
+              %245 = memref.load %74[%77] : memref<32xf32>
+              %246 = arith.addf %244, %245 : f32
+              memref.store %246, %74[%6] : memref<32xf32>
+              %247 = memref.load %74[%3] : memref<32xf32>
+              %248 = memref.load %74[%6] : memref<32xf32>
+              %249 = arith.addf %247, %248 : f32
+              memref.store %249, %74[%3] : memref<32xf32>
+              %250 = memref.load %74[%3] : memref<32xf32>
+              memref.store %250, %68[] : memref<f32>
+              %251 = memref.load %106[%3] : memref<32xf32>
+              %252 = memref.load %106[%90] : memref<32xf32>
+              %253 = arith.addf %251, %252 : f32
+              memref.store %253, %106[%3] : memref<32xf32>
+              %254 = memref.load %106[%6] : memref<32xf32>
+              %255 = memref.load %106[%91] : memref<32xf32>
+              %256 = arith.addf %254, %255 : f32
+              memref.store %256, %106[%6] : memref<32xf32>
+              %257 = memref.load %106[%76] : memref<32xf32>
+              %258 = memref.load %106[%92] : memref<32xf32>
+              %259 = arith.addf %257, %258 : f32
+              memref.store %259, %106[%76] : memref<32xf32>
+              %260 = memref.load %106[%77] : memref<32xf32>
+              %261 = memref.load %106[%93] : memref<32xf32>
+              %262 = arith.addf %260, %261 : f32
+              memref.store %262, %106[%77] : memref<32xf32>
+              %263 = memref.load %106[%78] : memref<32xf32>
+              %264 = memref.load %106[%94] : memref<32xf32>
+              %265 = arith.addf %263, %264 : f32
+              memref.store %265, %106[%78] : memref<32xf32>
+              %266 = memref.load %106[%79] : memref<32xf32>
+              %267 = memref.load %106[%95] : memref<32xf32>
+              %268 = arith.addf %266, %267 : f32
+              memref.store %268, %106[%79] : memref<32xf32>
+              %269 = memref.load %106[%80] : memref<32xf32>
+              %270 = memref.load %106[%96] : memref<32xf32>
+              %271 = arith.addf %269, %270 : f32
+              memref.store %271, %106[%80] : memref<32xf32>
+              %272 = memref.load %106[%81] : memref<32xf32>
+              %273 = memref.load %106[%97] : memref<32xf32>
+              %274 = arith.addf %272, %273 : f32
+              memref.store %274, %106[%81] : memref<32xf32>
+              %275 = memref.load %106[%82] : memref<32xf32>
+              %276 = memref.load %106[%98] : memref<32xf32>
+              %277 = arith.addf %275, %276 : f32
+              memref.store %277, %106[%82] : memref<32xf32>
+              %278 = memref.load %106[%83] : memref<32xf32>
+              %279 = memref.load %106[%99] : memref<32xf32>
+              %280 = arith.addf %278, %279 : f32
+              memref.store %280, %106[%83] : memref<32xf32>
+              %281 = memref.load %106[%84] : memref<32xf32>
+              %282 = memref.load %106[%100] : memref<32xf32>
+              %283 = arith.addf %281, %282 : f32
+              memref.store %283, %106[%84] : memref<32xf32>
+              %284 = memref.load %106[%85] : memref<32xf32>
+              %285 = memref.load %106[%101] : memref<32xf32>
+              %286 = arith.addf %284, %285 : f32
+              memref.store %286, %106[%85] : memref<32xf32>
+              %287 = memref.load %106[%86] : memref<32xf32>
+              %288 = memref.load %106[%102] : memref<32xf32>
+              %289 = arith.addf %287, %288 : f32
+              memref.store %289, %106[%86] : memref<32xf32>
+              %290 = memref.load %106[%87] : memref<32xf32>
+              %291 = memref.load %106[%103] : memref<32xf32>
+              %292 = arith.addf %290, %291 : f32
+              memref.store %292, %106[%87] : memref<32xf32>
+              %293 = memref.load %106[%88] : memref<32xf32>
+              %294 = memref.load %106[%104] : memref<32xf32>
+              %295 = arith.addf %293, %294 : f32
+              memref.store %295, %106[%88] : memref<32xf32>
+              %296 = memref.load %106[%89] : memref<32xf32>
+              %297 = memref.load %106[%105] : memref<32xf32>
+              %298 = arith.addf %296, %297 : f32
+              memref.store %298, %106[%89] : memref<32xf32>
+              %299 = memref.load %106[%3] : memref<32xf32>
+              %300 = memref.load %106[%82] : memref<32xf32>
+              %301 = arith.addf %299, %300 : f32
+              memref.store %301, %106[%3] : memref<32xf32>
+              %302 = memref.load %106[%6] : memref<32xf32>
+              %303 = memref.load %106[%83] : memref<32xf32>
+              %304 = arith.addf %302, %303 : f32
+              memref.store %304, %106[%6] : memref<32xf32>
+              %305 = memref.load %106[%76] : memref<32xf32>
+              %306 = memref.load %106[%84] : memref<32xf32>
+              %307 = arith.addf %305, %306 : f32
+              memref.store %307, %106[%76] : memref<32xf32>
+              %308 = memref.load %106[%77] : memref<32xf32>
+              %309 = memref.load %106[%85] : memref<32xf32>
+              %310 = arith.addf %308, %309 : f32
+              memref.store %310, %106[%77] : memref<32xf32>
+              %311 = memref.load %106[%78] : memref<32xf32>
+              %312 = memref.load %106[%86] : memref<32xf32>
+              %313 = arith.addf %311, %312 : f32
+              memref.store %313, %106[%78] : memref<32xf32>
+              %314 = memref.load %106[%79] : memref<32xf32>
+              %315 = memref.load %106[%87] : memref<32xf32>
+              %316 = arith.addf %314, %315 : f32
+              memref.store %316, %106[%79] : memref<32xf32>
+              %317 = memref.load %106[%80] : memref<32xf32>
+              %318 = memref.load %106[%88] : memref<32xf32>
+              %319 = arith.addf %317, %318 : f32
+              memref.store %319, %106[%80] : memref<32xf32>
+              %320 = memref.load %106[%81] : memref<32xf32>
+              %321 = memref.load %106[%89] : memref<32xf32>
+              %322 = arith.addf %320, %321 : f32
+              memref.store %322, %106[%81] : memref<32xf32>
+              %323 = memref.load %106[%3] : memref<32xf32>
+              %324 = memref.load %106[%78] : memref<32xf32>
+              %325 = arith.addf %323, %324 : f32
+              memref.store %325, %106[%3] : memref<32xf32>
+              %326 = memref.load %106[%6] : memref<32xf32>
+              %327 = memref.load %106[%79] : memref<32xf32>
+              %328 = arith.addf %326, %327 : f32
+              memref.store %328, %106[%6] : memref<32xf32>
+              %329 = memref.load %106[%76] : memref<32xf32>
+              %330 = memref.load %106[%80] : memref<32xf32>
+              %331 = arith.addf %329, %330 : f32
+              memref.store %331, %106[%76] : memref<32xf32>
+              %332 = memref.load %106[%77] : memref<32xf32>
+              %333 = memref.load %106[%81] : memref<32xf32>
+              %334 = arith.addf %332, %333 : f32
+              memref.store %334, %106[%77] : memref<32xf32>
+              %335 = memref.load %106[%3] : memref<32xf32>
+              %336 = memref.load %106[%76] : memref<32xf32>
+              %337 = arith.addf %335, %336 : f32
+              memref.store %337, %106[%3] : memref<32xf32>
+              %338 = memref.load %106[%6] : memref<32xf32>
+              %339 = memref.load %106[%77] : memref<32xf32>
+              %340 = arith.addf %338, %339 : f32
+              memref.store %340, %106[%6] : memref<32xf32>
+              %341 = memref.load %106[%3] : memref<32xf32>
+              %342 = memref.load %106[%6] : memref<32xf32>
+              %343 = arith.addf %341, %342 : f32
+              memref.store %343, %106[%3] : memref<32xf32>
+              %344 = memref.load %106[%3] : memref<32xf32>
+              memref.store %344, %70[] : memref<f32>
+              %345 = memref.load %68[] : memref<f32>
+              memref.store %345, %67[] : memref<f32>
+              %346 = memref.load %70[] : memref<f32>
+              memref.store %346, %69[] : memref<f32>
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%236: index):
-                %237 = arith.index_cast %236 : index to i64
-                %238 = arith.index_cast %66 : i64 to index
-                %239 = arith.index_cast %237 : i64 to index
-                %240 = memref.load %grad_y[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %241 = arith.extf %240 : f16 to f32
-                %242 = memref.load %x[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %243 = arith.extf %242 : f16 to f32
-                %244 = arith.mulf %241, %243 : f32
-                %245 = memref.load %67[] : memref<f32>
-                %246 = arith.divf %245, %53 : f32
-                %247 = arith.addf %246, %eps : f32
-                %248 = arith.constant 1.000000e+00 : f32
-                %249 = math.sqrt %247 : f32
-                %250 = arith.divf %248, %249 : f32
-                %251 = arith.mulf %244, %250 : f32
-                %252 = memref.load %58[%239] : memref<?xf32>
-                %253 = arith.addf %252, %251 : f32
-                memref.store %253, %58[%239] : memref<?xf32>
-                %254 = memref.load %w[%239] : memref<?xf16, strided<[?], offset: ?>>
-                %255 = arith.extf %254 : f16 to f32
-                %256 = arith.mulf %241, %255 : f32
-                %257 = arith.mulf %256, %250 : f32
-                %258 = memref.load %69[] : memref<f32>
-                %259 = arith.divf %258, %53 : f32
-                %260 = arith.mulf %259, %250 : f32
-                %261 = arith.mulf %260, %250 : f32
-                %262 = arith.mulf %261, %250 : f32
-                %263 = arith.mulf %243, %262 : f32
-                %264 = arith.subf %257, %263 : f32
-                %265 = arith.truncf %264 : f32 to f16
-                memref.store %265, %grad_x[%238, %239] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+              ^bb0(%347: index):
+                %348 = arith.index_cast %347 : index to i64
+                %349 = arith.index_cast %66 : i64 to index
+                %350 = arith.index_cast %348 : i64 to index
+                %351 = memref.load %grad_y[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %352 = arith.extf %351 : f16 to f32
+                %353 = memref.load %x[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %354 = arith.extf %353 : f16 to f32
+                %355 = arith.mulf %352, %354 : f32
+                %356 = memref.load %67[] : memref<f32>
+                %357 = arith.divf %356, %53 : f32
+                %358 = arith.addf %357, %eps : f32
+                %359 = arith.constant 1.000000e+00 : f32
+                %360 = math.sqrt %358 : f32
+                %361 = arith.divf %359, %360 : f32
+                %362 = arith.mulf %355, %361 : f32
+                %363 = memref.load %58[%350] : memref<?xf32>
+                %364 = arith.addf %363, %362 : f32
+                memref.store %364, %58[%350] : memref<?xf32>
+                %365 = memref.load %w[%350] : memref<?xf16, strided<[?], offset: ?>>
+                %366 = arith.extf %365 : f16 to f32
+                %367 = arith.mulf %352, %366 : f32
+                %368 = arith.mulf %367, %361 : f32
+                %369 = memref.load %69[] : memref<f32>
+                %370 = arith.divf %369, %53 : f32
+                %371 = arith.mulf %370, %361 : f32
+                %372 = arith.mulf %371, %361 : f32
+                %373 = arith.mulf %372, %361 : f32
+                %374 = arith.mulf %354, %373 : f32
+                %375 = arith.subf %368, %374 : f32
+                %376 = arith.truncf %375 : f32 to f16
+                memref.store %376, %grad_x[%349, %350] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%266: index):
-            %267 = arith.index_cast %266 : index to i64
-            %268 = arith.index_cast %267 : i64 to index
-            %269 = memref.load %58[%268] : memref<?xf32>
-            %270 = arith.index_cast %57 : i64 to index
-            memref.store %269, %51[%270, %268] : memref<?x?xf32>
+          ^bb0(%377: index):
+            %378 = arith.index_cast %377 : index to i64
+            %379 = arith.index_cast %378 : i64 to index
+            %380 = memref.load %58[%379] : memref<?xf32>
+            %381 = arith.index_cast %57 : i64 to index
+            memref.store %380, %51[%381, %379] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -374,33 +549,33 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%271: index):
-        %272 = arith.index_cast %271 : index to i64
+      ^bb0(%382: index):
+        %383 = arith.index_cast %382 : index to i64
         "memref.alloca_scope"() ({
-          %273 = memref.alloca() : memref<f32>
-          %274 = arith.constant 0.000000e+00 : f32
-          memref.store %274, %273[] : memref<f32>
-          %275 = arith.constant 1 : i64
-          scf.for %276 = %41 to %48 step %275 : i64 {
-            %277 = arith.index_cast %276 : i64 to index
-            %278 = arith.index_cast %272 : i64 to index
-            %279 = memref.load %51[%277, %278] : memref<?x?xf32>
-            %280 = memref.load %273[] : memref<f32>
-            %281 = arith.addf %280, %279 : f32
-            memref.store %281, %273[] : memref<f32>
+          %384 = memref.alloca() : memref<f32>
+          %385 = arith.constant 0.000000e+00 : f32
+          memref.store %385, %384[] : memref<f32>
+          %386 = arith.constant 1 : i64
+          scf.for %387 = %41 to %48 step %386 : i64 {
+            %388 = arith.index_cast %387 : i64 to index
+            %389 = arith.index_cast %383 : i64 to index
+            %390 = memref.load %51[%388, %389] : memref<?x?xf32>
+            %391 = memref.load %384[] : memref<f32>
+            %392 = arith.addf %391, %390 : f32
+            memref.store %392, %384[] : memref<f32>
           }
-          %282 = memref.load %273[] : memref<f32>
-          %283 = arith.index_cast %272 : i64 to index
-          %284 = arith.truncf %282 : f32 to f16
-          memref.store %284, %grad_w[%283] : memref<?xf16, strided<[?], offset: ?>>
+          %393 = memref.load %384[] : memref<f32>
+          %394 = arith.index_cast %383 : i64 to index
+          %395 = arith.truncf %393 : f32 to f16
+          memref.store %395, %grad_w[%394] : memref<?xf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %285 = memref.load %0[] : memref<i32>
-    func.return %285 : i32
+    %396 = memref.load %0[] : memref<i32>
+    func.return %396 : i32
   }
   func.func @rms_norm_backward_f32(%grad_y: memref<?x?xf32, strided<[?, ?], offset: ?>>, %x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %w: memref<?xf32, strided<[?], offset: ?>>, %eps: f32, %grad_x: memref<?x?xf32, strided<[?, ?], offset: ?>>, %grad_w: memref<?xf32, strided<[?], offset: ?>>) -> i32 attributes {llvm.emit_c_interface, opgen.params = ["grad_y", "x", "w", "eps", "grad_x", "grad_w"], opgen.variant = "rms_norm_backward", opgen.dtypes = {T = "f32"}} {
     %0 = memref.alloca() : memref<i32>
@@ -878,286 +1053,461 @@ builtin.module {
               %71 = arith.addi %66, %65 : i64
               %72 = arith.subi %64, %65 : i64
               %73 = arith.cmpi slt, %71, %72 : i64
-              %74 = memref.alloca() : memref<16xf32>
+              %74 = memref.alloca() : memref<32xf32>
               %75 = memref.load %68[] : memref<f32>
-              memref.store %75, %74[%3] : memref<16xf32>
-              memref.store %59, %74[%6] : memref<16xf32>
+              memref.store %75, %74[%3] : memref<32xf32>
+              memref.store %59, %74[%6] : memref<32xf32>
               %76 = arith.constant 2 : index
-              memref.store %59, %74[%76] : memref<16xf32>
+              memref.store %59, %74[%76] : memref<32xf32>
               %77 = arith.constant 3 : index
-              memref.store %59, %74[%77] : memref<16xf32>
+              memref.store %59, %74[%77] : memref<32xf32>
               %78 = arith.constant 4 : index
-              memref.store %59, %74[%78] : memref<16xf32>
+              memref.store %59, %74[%78] : memref<32xf32>
               %79 = arith.constant 5 : index
-              memref.store %59, %74[%79] : memref<16xf32>
+              memref.store %59, %74[%79] : memref<32xf32>
               %80 = arith.constant 6 : index
-              memref.store %59, %74[%80] : memref<16xf32>
+              memref.store %59, %74[%80] : memref<32xf32>
               %81 = arith.constant 7 : index
-              memref.store %59, %74[%81] : memref<16xf32>
+              memref.store %59, %74[%81] : memref<32xf32>
               %82 = arith.constant 8 : index
-              memref.store %59, %74[%82] : memref<16xf32>
+              memref.store %59, %74[%82] : memref<32xf32>
               %83 = arith.constant 9 : index
-              memref.store %59, %74[%83] : memref<16xf32>
+              memref.store %59, %74[%83] : memref<32xf32>
               %84 = arith.constant 10 : index
-              memref.store %59, %74[%84] : memref<16xf32>
+              memref.store %59, %74[%84] : memref<32xf32>
               %85 = arith.constant 11 : index
-              memref.store %59, %74[%85] : memref<16xf32>
+              memref.store %59, %74[%85] : memref<32xf32>
               %86 = arith.constant 12 : index
-              memref.store %59, %74[%86] : memref<16xf32>
+              memref.store %59, %74[%86] : memref<32xf32>
               %87 = arith.constant 13 : index
-              memref.store %59, %74[%87] : memref<16xf32>
+              memref.store %59, %74[%87] : memref<32xf32>
               %88 = arith.constant 14 : index
-              memref.store %59, %74[%88] : memref<16xf32>
+              memref.store %59, %74[%88] : memref<32xf32>
               %89 = arith.constant 15 : index
-              memref.store %59, %74[%89] : memref<16xf32>
-              %90 = memref.alloca() : memref<16xf32>
-              %91 = memref.load %70[] : memref<f32>
-              memref.store %91, %90[%3] : memref<16xf32>
-              memref.store %59, %90[%6] : memref<16xf32>
-              memref.store %59, %90[%76] : memref<16xf32>
-              memref.store %59, %90[%77] : memref<16xf32>
-              memref.store %59, %90[%78] : memref<16xf32>
-              memref.store %59, %90[%79] : memref<16xf32>
-              memref.store %59, %90[%80] : memref<16xf32>
-              memref.store %59, %90[%81] : memref<16xf32>
-              memref.store %59, %90[%82] : memref<16xf32>
-              memref.store %59, %90[%83] : memref<16xf32>
-              memref.store %59, %90[%84] : memref<16xf32>
-              memref.store %59, %90[%85] : memref<16xf32>
-              memref.store %59, %90[%86] : memref<16xf32>
-              memref.store %59, %90[%87] : memref<16xf32>
-              memref.store %59, %90[%88] : memref<16xf32>
-              memref.store %59, %90[%89] : memref<16xf32>
-              %92 = arith.subi %8, %41 : i64
-              %93 = arith.maxsi %92, %41 : i64
-              %94 = arith.constant 16 : i64
-              %95 = arith.divsi %93, %94 : i64
-              %96 = arith.muli %95, %94 : i64
-              %97 = arith.addi %41, %96 : i64
-              scf.for %98 = %41 to %97 step %94 : i64 {
-                %99 = arith.constant 16 : index
-                scf.for %100 = %3 to %99 step %6 {
-                  %101 = arith.index_cast %100 : index to i64
-                  %102 = arith.addi %98, %101 : i64
-                  %103 = arith.index_cast %66 : i64 to index
-                  %104 = arith.index_cast %102 : i64 to index
-                  %105 = memref.load %x[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %106 = arith.extf %105 : bf16 to f32
-                  %107 = arith.mulf %106, %106 : f32
-                  %108 = memref.load %74[%100] : memref<16xf32>
-                  %109 = arith.addf %108, %107 : f32
-                  memref.store %109, %74[%100] : memref<16xf32>
-                  %110 = memref.load %grad_y[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %111 = arith.extf %110 : bf16 to f32
-                  %112 = memref.load %w[%104] : memref<?xbf16, strided<[?], offset: ?>>
-                  %113 = arith.extf %112 : bf16 to f32
-                  %114 = arith.mulf %111, %113 : f32
-                  %115 = memref.load %x[%103, %104] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %116 = arith.extf %115 : bf16 to f32
-                  %117 = arith.mulf %114, %116 : f32
-                  %118 = memref.load %90[%100] : memref<16xf32>
-                  %119 = arith.addf %118, %117 : f32
-                  memref.store %119, %90[%100] : memref<16xf32>
+              memref.store %59, %74[%89] : memref<32xf32>
+              %90 = arith.constant 16 : index
+              memref.store %59, %74[%90] : memref<32xf32>
+              %91 = arith.constant 17 : index
+              memref.store %59, %74[%91] : memref<32xf32>
+              %92 = arith.constant 18 : index
+              memref.store %59, %74[%92] : memref<32xf32>
+              %93 = arith.constant 19 : index
+              memref.store %59, %74[%93] : memref<32xf32>
+              %94 = arith.constant 20 : index
+              memref.store %59, %74[%94] : memref<32xf32>
+              %95 = arith.constant 21 : index
+              memref.store %59, %74[%95] : memref<32xf32>
+              %96 = arith.constant 22 : index
+              memref.store %59, %74[%96] : memref<32xf32>
+              %97 = arith.constant 23 : index
+              memref.store %59, %74[%97] : memref<32xf32>
+              %98 = arith.constant 24 : index
+              memref.store %59, %74[%98] : memref<32xf32>
+              %99 = arith.constant 25 : index
+              memref.store %59, %74[%99] : memref<32xf32>
+              %100 = arith.constant 26 : index
+              memref.store %59, %74[%100] : memref<32xf32>
+              %101 = arith.constant 27 : index
+              memref.store %59, %74[%101] : memref<32xf32>
+              %102 = arith.constant 28 : index
+              memref.store %59, %74[%102] : memref<32xf32>
+              %103 = arith.constant 29 : index
+              memref.store %59, %74[%103] : memref<32xf32>
+              %104 = arith.constant 30 : index
+              memref.store %59, %74[%104] : memref<32xf32>
+              %105 = arith.constant 31 : index
+              memref.store %59, %74[%105] : memref<32xf32>
+              %106 = memref.alloca() : memref<32xf32>
+              %107 = memref.load %70[] : memref<f32>
+              memref.store %107, %106[%3] : memref<32xf32>
+              memref.store %59, %106[%6] : memref<32xf32>
+              memref.store %59, %106[%76] : memref<32xf32>
+              memref.store %59, %106[%77] : memref<32xf32>
+              memref.store %59, %106[%78] : memref<32xf32>
+              memref.store %59, %106[%79] : memref<32xf32>
+              memref.store %59, %106[%80] : memref<32xf32>
+              memref.store %59, %106[%81] : memref<32xf32>
+              memref.store %59, %106[%82] : memref<32xf32>
+              memref.store %59, %106[%83] : memref<32xf32>
+              memref.store %59, %106[%84] : memref<32xf32>
+              memref.store %59, %106[%85] : memref<32xf32>
+              memref.store %59, %106[%86] : memref<32xf32>
+              memref.store %59, %106[%87] : memref<32xf32>
+              memref.store %59, %106[%88] : memref<32xf32>
+              memref.store %59, %106[%89] : memref<32xf32>
+              memref.store %59, %106[%90] : memref<32xf32>
+              memref.store %59, %106[%91] : memref<32xf32>
+              memref.store %59, %106[%92] : memref<32xf32>
+              memref.store %59, %106[%93] : memref<32xf32>
+              memref.store %59, %106[%94] : memref<32xf32>
+              memref.store %59, %106[%95] : memref<32xf32>
+              memref.store %59, %106[%96] : memref<32xf32>
+              memref.store %59, %106[%97] : memref<32xf32>
+              memref.store %59, %106[%98] : memref<32xf32>
+              memref.store %59, %106[%99] : memref<32xf32>
+              memref.store %59, %106[%100] : memref<32xf32>
+              memref.store %59, %106[%101] : memref<32xf32>
+              memref.store %59, %106[%102] : memref<32xf32>
+              memref.store %59, %106[%103] : memref<32xf32>
+              memref.store %59, %106[%104] : memref<32xf32>
+              memref.store %59, %106[%105] : memref<32xf32>
+              %108 = arith.subi %8, %41 : i64
+              %109 = arith.maxsi %108, %41 : i64
+              %110 = arith.divsi %109, %43 : i64
+              %111 = arith.muli %110, %43 : i64
+              %112 = arith.addi %41, %111 : i64
+              scf.for %113 = %41 to %112 step %43 : i64 {
+                %114 = arith.constant 32 : index
+                scf.for %115 = %3 to %114 step %6 {
+                  %116 = arith.index_cast %115 : index to i64
+                  %117 = arith.addi %113, %116 : i64
+                  %118 = arith.index_cast %66 : i64 to index
+                  %119 = arith.index_cast %117 : i64 to index
+                  %120 = memref.load %x[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %121 = arith.extf %120 : bf16 to f32
+                  %122 = arith.mulf %121, %121 : f32
+                  %123 = memref.load %74[%115] : memref<32xf32>
+                  %124 = arith.addf %123, %122 : f32
+                  memref.store %124, %74[%115] : memref<32xf32>
+                  %125 = memref.load %grad_y[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %126 = arith.extf %125 : bf16 to f32
+                  %127 = memref.load %w[%119] : memref<?xbf16, strided<[?], offset: ?>>
+                  %128 = arith.extf %127 : bf16 to f32
+                  %129 = arith.mulf %126, %128 : f32
+                  %130 = memref.load %x[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %131 = arith.extf %130 : bf16 to f32
+                  %132 = arith.mulf %129, %131 : f32
+                  %133 = memref.load %106[%115] : memref<32xf32>
+                  %134 = arith.addf %133, %132 : f32
+                  memref.store %134, %106[%115] : memref<32xf32>
                 }
               }
-              %120 = arith.subi %8, %97 : i64
-              %121 = arith.index_cast %120 : i64 to index
-              scf.for %122 = %3 to %121 step %6 {
-                %123 = arith.index_cast %122 : index to i64
-                %124 = arith.addi %97, %123 : i64
-                %125 = arith.index_cast %66 : i64 to index
-                %126 = arith.index_cast %124 : i64 to index
-                %127 = memref.load %x[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %128 = arith.extf %127 : bf16 to f32
-                %129 = arith.mulf %128, %128 : f32
-                %130 = memref.load %74[%122] : memref<16xf32>
-                %131 = arith.addf %130, %129 : f32
-                memref.store %131, %74[%122] : memref<16xf32>
-                %132 = memref.load %grad_y[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %133 = arith.extf %132 : bf16 to f32
-                %134 = memref.load %w[%126] : memref<?xbf16, strided<[?], offset: ?>>
-                %135 = arith.extf %134 : bf16 to f32
-                %136 = arith.mulf %133, %135 : f32
-                %137 = memref.load %x[%125, %126] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %138 = arith.extf %137 : bf16 to f32
-                %139 = arith.mulf %136, %138 : f32
-                %140 = memref.load %90[%122] : memref<16xf32>
-                %141 = arith.addf %140, %139 : f32
-                memref.store %141, %90[%122] : memref<16xf32>
+              %135 = arith.subi %8, %112 : i64
+              %136 = arith.index_cast %135 : i64 to index
+              scf.for %137 = %3 to %136 step %6 {
+                %138 = arith.index_cast %137 : index to i64
+                %139 = arith.addi %112, %138 : i64
+                %140 = arith.index_cast %66 : i64 to index
+                %141 = arith.index_cast %139 : i64 to index
+                %142 = memref.load %x[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %143 = arith.extf %142 : bf16 to f32
+                %144 = arith.mulf %143, %143 : f32
+                %145 = memref.load %74[%137] : memref<32xf32>
+                %146 = arith.addf %145, %144 : f32
+                memref.store %146, %74[%137] : memref<32xf32>
+                %147 = memref.load %grad_y[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %148 = arith.extf %147 : bf16 to f32
+                %149 = memref.load %w[%141] : memref<?xbf16, strided<[?], offset: ?>>
+                %150 = arith.extf %149 : bf16 to f32
+                %151 = arith.mulf %148, %150 : f32
+                %152 = memref.load %x[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %153 = arith.extf %152 : bf16 to f32
+                %154 = arith.mulf %151, %153 : f32
+                %155 = memref.load %106[%137] : memref<32xf32>
+                %156 = arith.addf %155, %154 : f32
+                memref.store %156, %106[%137] : memref<32xf32>
               }
-              %142 = memref.load %74[%3] : memref<16xf32>
-              %143 = memref.load %74[%82] : memref<16xf32>
-              %144 = arith.addf %142, %143 : f32
-              memref.store %144, %74[%3] : memref<16xf32>
-              %145 = memref.load %74[%6] : memref<16xf32>
-              %146 = memref.load %74[%83] : memref<16xf32>
-              %147 = arith.addf %145, %146 : f32
-              memref.store %147, %74[%6] : memref<16xf32>
-              %148 = memref.load %74[%76] : memref<16xf32>
-              %149 = memref.load %74[%84] : memref<16xf32>
-              %150 = arith.addf %148, %149 : f32
-              memref.store %150, %74[%76] : memref<16xf32>
-              %151 = memref.load %74[%77] : memref<16xf32>
-              %152 = memref.load %74[%85] : memref<16xf32>
-              %153 = arith.addf %151, %152 : f32
-              memref.store %153, %74[%77] : memref<16xf32>
-              %154 = memref.load %74[%78] : memref<16xf32>
-              %155 = memref.load %74[%86] : memref<16xf32>
-              %156 = arith.addf %154, %155 : f32
-              memref.store %156, %74[%78] : memref<16xf32>
-              %157 = memref.load %74[%79] : memref<16xf32>
-              %158 = memref.load %74[%87] : memref<16xf32>
+              %157 = memref.load %74[%3] : memref<32xf32>
+              %158 = memref.load %74[%90] : memref<32xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %74[%79] : memref<16xf32>
-              %160 = memref.load %74[%80] : memref<16xf32>
-              %161 = memref.load %74[%88] : memref<16xf32>
+              memref.store %159, %74[%3] : memref<32xf32>
+              %160 = memref.load %74[%6] : memref<32xf32>
+              %161 = memref.load %74[%91] : memref<32xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %74[%80] : memref<16xf32>
-              %163 = memref.load %74[%81] : memref<16xf32>
-              %164 = memref.load %74[%89] : memref<16xf32>
+              memref.store %162, %74[%6] : memref<32xf32>
+              %163 = memref.load %74[%76] : memref<32xf32>
+              %164 = memref.load %74[%92] : memref<32xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %74[%81] : memref<16xf32>
-              %166 = memref.load %74[%3] : memref<16xf32>
-              %167 = memref.load %74[%78] : memref<16xf32>
+              memref.store %165, %74[%76] : memref<32xf32>
+              %166 = memref.load %74[%77] : memref<32xf32>
+              %167 = memref.load %74[%93] : memref<32xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %74[%3] : memref<16xf32>
-              %169 = memref.load %74[%6] : memref<16xf32>
-              %170 = memref.load %74[%79] : memref<16xf32>
+              memref.store %168, %74[%77] : memref<32xf32>
+              %169 = memref.load %74[%78] : memref<32xf32>
+              %170 = memref.load %74[%94] : memref<32xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %74[%6] : memref<16xf32>
-              %172 = memref.load %74[%76] : memref<16xf32>
-              %173 = memref.load %74[%80] : memref<16xf32>
+              memref.store %171, %74[%78] : memref<32xf32>
+              %172 = memref.load %74[%79] : memref<32xf32>
+              %173 = memref.load %74[%95] : memref<32xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %74[%76] : memref<16xf32>
-              %175 = memref.load %74[%77] : memref<16xf32>
-              %176 = memref.load %74[%81] : memref<16xf32>
+              memref.store %174, %74[%79] : memref<32xf32>
+              %175 = memref.load %74[%80] : memref<32xf32>
+              %176 = memref.load %74[%96] : memref<32xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %74[%77] : memref<16xf32>
-              %178 = memref.load %74[%3] : memref<16xf32>
-              %179 = memref.load %74[%76] : memref<16xf32>
+              memref.store %177, %74[%80] : memref<32xf32>
+              %178 = memref.load %74[%81] : memref<32xf32>
+              %179 = memref.load %74[%97] : memref<32xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %74[%3] : memref<16xf32>
-              %181 = memref.load %74[%6] : memref<16xf32>
-              %182 = memref.load %74[%77] : memref<16xf32>
+              memref.store %180, %74[%81] : memref<32xf32>
+              %181 = memref.load %74[%82] : memref<32xf32>
+              %182 = memref.load %74[%98] : memref<32xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %74[%6] : memref<16xf32>
-              %184 = memref.load %74[%3] : memref<16xf32>
-              %185 = memref.load %74[%6] : memref<16xf32>
+              memref.store %183, %74[%82] : memref<32xf32>
+              %184 = memref.load %74[%83] : memref<32xf32>
+              %185 = memref.load %74[%99] : memref<32xf32>
               %186 = arith.addf %184, %185 : f32
-              memref.store %186, %74[%3] : memref<16xf32>
-              %187 = memref.load %74[%3] : memref<16xf32>
-              memref.store %187, %68[] : memref<f32>
-              %188 = memref.load %90[%3] : memref<16xf32>
-              %189 = memref.load %90[%82] : memref<16xf32>
-              %190 = arith.addf %188, %189 : f32
-              memref.store %190, %90[%3] : memref<16xf32>
-              %191 = memref.load %90[%6] : memref<16xf32>
-              %192 = memref.load %90[%83] : memref<16xf32>
-              %193 = arith.addf %191, %192 : f32
-              memref.store %193, %90[%6] : memref<16xf32>
-              %194 = memref.load %90[%76] : memref<16xf32>
-              %195 = memref.load %90[%84] : memref<16xf32>
-              %196 = arith.addf %194, %195 : f32
-              memref.store %196, %90[%76] : memref<16xf32>
-              %197 = memref.load %90[%77] : memref<16xf32>
-              %198 = memref.load %90[%85] : memref<16xf32>
-              %199 = arith.addf %197, %198 : f32
-              memref.store %199, %90[%77] : memref<16xf32>
-              %200 = memref.load %90[%78] : memref<16xf32>
-              %201 = memref.load %90[%86] : memref<16xf32>
-              %202 = arith.addf %200, %201 : f32
-              memref.store %202, %90[%78] : memref<16xf32>
-              %203 = memref.load %90[%79] : memref<16xf32>
-              %204 = memref.load %90[%87] : memref<16xf32>
-              %205 = arith.addf %203, %204 : f32
-              memref.store %205, %90[%79] : memref<16xf32>
-              %206 = memref.load %90[%80] : memref<16xf32>
-              %207 = memref.load %90[%88] : memref<16xf32>
-              %208 = arith.addf %206, %207 : f32
-              memref.store %208, %90[%80] : memref<16xf32>
-              %209 = memref.load %90[%81] : memref<16xf32>
-              %210 = memref.load %90[%89] : memref<16xf32>
-              %211 = arith.addf %209, %210 : f32
-              memref.store %211, %90[%81] : memref<16xf32>
-              %212 = memref.load %90[%3] : memref<16xf32>
-              %213 = memref.load %90[%78] : memref<16xf32>
-              %214 = arith.addf %212, %213 : f32
-              memref.store %214, %90[%3] : memref<16xf32>
-              %215 = memref.load %90[%6] : memref<16xf32>
-              %216 = memref.load %90[%79] : memref<16xf32>
-              %217 = arith.addf %215, %216 : f32
-              memref.store %217, %90[%6] : memref<16xf32>
-              %218 = memref.load %90[%76] : memref<16xf32>
-              %219 = memref.load %90[%80] : memref<16xf32>
-              %220 = arith.addf %218, %219 : f32
-              memref.store %220, %90[%76] : memref<16xf32>
-              %221 = memref.load %90[%77] : memref<16xf32>
-              %222 = memref.load %90[%81] : memref<16xf32>
-              %223 = arith.addf %221, %222 : f32
-              memref.store %223, %90[%77] : memref<16xf32>
-              %224 = memref.load %90[%3] : memref<16xf32>
-              %225 = memref.load %90[%76] : memref<16xf32>
-              %226 = arith.addf %224, %225 : f32
-              memref.store %226, %90[%3] : memref<16xf32>
-              %227 = memref.load %90[%6] : memref<16xf32>
-              %228 = memref.load %90[%77] : memref<16xf32>
-              %229 = arith.addf %227, %228 : f32
-              memref.store %229, %90[%6] : memref<16xf32>
-              %230 = memref.load %90[%3] : memref<16xf32>
-              %231 = memref.load %90[%6] : memref<16xf32>
-              %232 = arith.addf %230, %231 : f32
-              memref.store %232, %90[%3] : memref<16xf32>
-              %233 = memref.load %90[%3] : memref<16xf32>
-              memref.store %233, %70[] : memref<f32>
-              %234 = memref.load %68[] : memref<f32>
-              memref.store %234, %67[] : memref<f32>
-              %235 = memref.load %70[] : memref<f32>
-              memref.store %235, %69[] : memref<f32>
+              memref.store %186, %74[%83] : memref<32xf32>
+              %187 = memref.load %74[%84] : memref<32xf32>
+              %188 = memref.load %74[%100] : memref<32xf32>
+              %189 = arith.addf %187, %188 : f32
+              memref.store %189, %74[%84] : memref<32xf32>
+              %190 = memref.load %74[%85] : memref<32xf32>
+              %191 = memref.load %74[%101] : memref<32xf32>
+              %192 = arith.addf %190, %191 : f32
+              memref.store %192, %74[%85] : memref<32xf32>
+              %193 = memref.load %74[%86] : memref<32xf32>
+              %194 = memref.load %74[%102] : memref<32xf32>
+              %195 = arith.addf %193, %194 : f32
+              memref.store %195, %74[%86] : memref<32xf32>
+              %196 = memref.load %74[%87] : memref<32xf32>
+              %197 = memref.load %74[%103] : memref<32xf32>
+              %198 = arith.addf %196, %197 : f32
+              memref.store %198, %74[%87] : memref<32xf32>
+              %199 = memref.load %74[%88] : memref<32xf32>
+              %200 = memref.load %74[%104] : memref<32xf32>
+              %201 = arith.addf %199, %200 : f32
+              memref.store %201, %74[%88] : memref<32xf32>
+              %202 = memref.load %74[%89] : memref<32xf32>
+              %203 = memref.load %74[%105] : memref<32xf32>
+              %204 = arith.addf %202, %203 : f32
+              memref.store %204, %74[%89] : memref<32xf32>
+              %205 = memref.load %74[%3] : memref<32xf32>
+              %206 = memref.load %74[%82] : memref<32xf32>
+              %207 = arith.addf %205, %206 : f32
+              memref.store %207, %74[%3] : memref<32xf32>
+              %208 = memref.load %74[%6] : memref<32xf32>
+              %209 = memref.load %74[%83] : memref<32xf32>
+              %210 = arith.addf %208, %209 : f32
+              memref.store %210, %74[%6] : memref<32xf32>
+              %211 = memref.load %74[%76] : memref<32xf32>
+              %212 = memref.load %74[%84] : memref<32xf32>
+              %213 = arith.addf %211, %212 : f32
+              memref.store %213, %74[%76] : memref<32xf32>
+              %214 = memref.load %74[%77] : memref<32xf32>
+              %215 = memref.load %74[%85] : memref<32xf32>
+              %216 = arith.addf %214, %215 : f32
+              memref.store %216, %74[%77] : memref<32xf32>
+              %217 = memref.load %74[%78] : memref<32xf32>
+              %218 = memref.load %74[%86] : memref<32xf32>
+              %219 = arith.addf %217, %218 : f32
+              memref.store %219, %74[%78] : memref<32xf32>
+              %220 = memref.load %74[%79] : memref<32xf32>
+              %221 = memref.load %74[%87] : memref<32xf32>
+              %222 = arith.addf %220, %221 : f32
+              memref.store %222, %74[%79] : memref<32xf32>
+              %223 = memref.load %74[%80] : memref<32xf32>
+              %224 = memref.load %74[%88] : memref<32xf32>
+              %225 = arith.addf %223, %224 : f32
+              memref.store %225, %74[%80] : memref<32xf32>
+              %226 = memref.load %74[%81] : memref<32xf32>
+              %227 = memref.load %74[%89] : memref<32xf32>
+              %228 = arith.addf %226, %227 : f32
+              memref.store %228, %74[%81] : memref<32xf32>
+              %229 = memref.load %74[%3] : memref<32xf32>
+              %230 = memref.load %74[%78] : memref<32xf32>
+              %231 = arith.addf %229, %230 : f32
+              memref.store %231, %74[%3] : memref<32xf32>
+              %232 = memref.load %74[%6] : memref<32xf32>
+              %233 = memref.load %74[%79] : memref<32xf32>
+              %234 = arith.addf %232, %233 : f32
+              memref.store %234, %74[%6] : memref<32xf32>
+              %235 = memref.load %74[%76] : memref<32xf32>
+              %236 = memref.load %74[%80] : memref<32xf32>
+              %237 = arith.addf %235, %236 : f32
+              memref.store %237, %74[%76] : memref<32xf32>
+              %238 = memref.load %74[%77] : memref<32xf32>
+              %239 = memref.load %74[%81] : memref<32xf32>
+              %240 = arith.addf %238, %239 : f32
+              memref.store %240, %74[%77] : memref<32xf32>
+              %241 = memref.load %74[%3] : memref<32xf32>
+              %242 = memref.load %74[%76] : memref<32xf32>
+              %243 = arith.addf %241, %242 : f32
+              memref.store %243, %74[%3] : memref<32xf32>
+              %244 = memref.load %74[%6] : memref<32xf32>
+              %245 = memref.load %74[%77] : memref<32xf32>
+              %246 = arith.addf %244, %245 : f32
+              memref.store %246, %74[%6] : memref<32xf32>
+              %247 = memref.load %74[%3] : memref<32xf32>
+              %248 = memref.load %74[%6] : memref<32xf32>
+              %249 = arith.addf %247, %248 : f32
+              memref.store %249, %74[%3] : memref<32xf32>
+              %250 = memref.load %74[%3] : memref<32xf32>
+              memref.store %250, %68[] : memref<f32>
+              %251 = memref.load %106[%3] : memref<32xf32>
+              %252 = memref.load %106[%90] : memref<32xf32>
+              %253 = arith.addf %251, %252 : f32
+              memref.store %253, %106[%3] : memref<32xf32>
+              %254 = memref.load %106[%6] : memref<32xf32>
+              %255 = memref.load %106[%91] : memref<32xf32>
+              %256 = arith.addf %254, %255 : f32
+              memref.store %256, %106[%6] : memref<32xf32>
+              %257 = memref.load %106[%76] : memref<32xf32>
+              %258 = memref.load %106[%92] : memref<32xf32>
+              %259 = arith.addf %257, %258 : f32
+              memref.store %259, %106[%76] : memref<32xf32>
+              %260 = memref.load %106[%77] : memref<32xf32>
+              %261 = memref.load %106[%93] : memref<32xf32>
+              %262 = arith.addf %260, %261 : f32
+              memref.store %262, %106[%77] : memref<32xf32>
+              %263 = memref.load %106[%78] : memref<32xf32>
+              %264 = memref.load %106[%94] : memref<32xf32>
+              %265 = arith.addf %263, %264 : f32
+              memref.store %265, %106[%78] : memref<32xf32>
+              %266 = memref.load %106[%79] : memref<32xf32>
+              %267 = memref.load %106[%95] : memref<32xf32>
+              %268 = arith.addf %266, %267 : f32
+              memref.store %268, %106[%79] : memref<32xf32>
+              %269 = memref.load %106[%80] : memref<32xf32>
+              %270 = memref.load %106[%96] : memref<32xf32>
+              %271 = arith.addf %269, %270 : f32
+              memref.store %271, %106[%80] : memref<32xf32>
+              %272 = memref.load %106[%81] : memref<32xf32>
+              %273 = memref.load %106[%97] : memref<32xf32>
+              %274 = arith.addf %272, %273 : f32
+              memref.store %274, %106[%81] : memref<32xf32>
+              %275 = memref.load %106[%82] : memref<32xf32>
+              %276 = memref.load %106[%98] : memref<32xf32>
+              %277 = arith.addf %275, %276 : f32
+              memref.store %277, %106[%82] : memref<32xf32>
+              %278 = memref.load %106[%83] : memref<32xf32>
+              %279 = memref.load %106[%99] : memref<32xf32>
+              %280 = arith.addf %278, %279 : f32
+              memref.store %280, %106[%83] : memref<32xf32>
+              %281 = memref.load %106[%84] : memref<32xf32>
+              %282 = memref.load %106[%100] : memref<32xf32>
+              %283 = arith.addf %281, %282 : f32
+              memref.store %283, %106[%84] : memref<32xf32>
+              %284 = memref.load %106[%85] : memref<32xf32>
+              %285 = memref.load %106[%101] : memref<32xf32>
+              %286 = arith.addf %284, %285 : f32
+              memref.store %286, %106[%85] : memref<32xf32>
+              %287 = memref.load %106[%86] : memref<32xf32>
+              %288 = memref.load %106[%102] : memref<32xf32>
+              %289 = arith.addf %287, %288 : f32
+              memref.store %289, %106[%86] : memref<32xf32>
+              %290 = memref.load %106[%87] : memref<32xf32>
+              %291 = memref.load %106[%103] : memref<32xf32>
+              %292 = arith.addf %290, %291 : f32
+              memref.store %292, %106[%87] : memref<32xf32>
+              %293 = memref.load %106[%88] : memref<32xf32>
+              %294 = memref.load %106[%104] : memref<32xf32>
+              %295 = arith.addf %293, %294 : f32
+              memref.store %295, %106[%88] : memref<32xf32>
+              %296 = memref.load %106[%89] : memref<32xf32>
+              %297 = memref.load %106[%105] : memref<32xf32>
+              %298 = arith.addf %296, %297 : f32
+              memref.store %298, %106[%89] : memref<32xf32>
+              %299 = memref.load %106[%3] : memref<32xf32>
+              %300 = memref.load %106[%82] : memref<32xf32>
+              %301 = arith.addf %299, %300 : f32
+              memref.store %301, %106[%3] : memref<32xf32>
+              %302 = memref.load %106[%6] : memref<32xf32>
+              %303 = memref.load %106[%83] : memref<32xf32>
+              %304 = arith.addf %302, %303 : f32
+              memref.store %304, %106[%6] : memref<32xf32>
+              %305 = memref.load %106[%76] : memref<32xf32>
+              %306 = memref.load %106[%84] : memref<32xf32>
+              %307 = arith.addf %305, %306 : f32
+              memref.store %307, %106[%76] : memref<32xf32>
+              %308 = memref.load %106[%77] : memref<32xf32>
+              %309 = memref.load %106[%85] : memref<32xf32>
+              %310 = arith.addf %308, %309 : f32
+              memref.store %310, %106[%77] : memref<32xf32>
+              %311 = memref.load %106[%78] : memref<32xf32>
+              %312 = memref.load %106[%86] : memref<32xf32>
+              %313 = arith.addf %311, %312 : f32
+              memref.store %313, %106[%78] : memref<32xf32>
+              %314 = memref.load %106[%79] : memref<32xf32>
+              %315 = memref.load %106[%87] : memref<32xf32>
+              %316 = arith.addf %314, %315 : f32
+              memref.store %316, %106[%79] : memref<32xf32>
+              %317 = memref.load %106[%80] : memref<32xf32>
+              %318 = memref.load %106[%88] : memref<32xf32>
+              %319 = arith.addf %317, %318 : f32
+              memref.store %319, %106[%80] : memref<32xf32>
+              %320 = memref.load %106[%81] : memref<32xf32>
+              %321 = memref.load %106[%89] : memref<32xf32>
+              %322 = arith.addf %320, %321 : f32
+              memref.store %322, %106[%81] : memref<32xf32>
+              %323 = memref.load %106[%3] : memref<32xf32>
+              %324 = memref.load %106[%78] : memref<32xf32>
+              %325 = arith.addf %323, %324 : f32
+              memref.store %325, %106[%3] : memref<32xf32>
+              %326 = memref.load %106[%6] : memref<32xf32>
+              %327 = memref.load %106[%79] : memref<32xf32>
+              %328 = arith.addf %326, %327 : f32
+              memref.store %328, %106[%6] : memref<32xf32>
+              %329 = memref.load %106[%76] : memref<32xf32>
+              %330 = memref.load %106[%80] : memref<32xf32>
+              %331 = arith.addf %329, %330 : f32
+              memref.store %331, %106[%76] : memref<32xf32>
+              %332 = memref.load %106[%77] : memref<32xf32>
+              %333 = memref.load %106[%81] : memref<32xf32>
+              %334 = arith.addf %332, %333 : f32
+              memref.store %334, %106[%77] : memref<32xf32>
+              %335 = memref.load %106[%3] : memref<32xf32>
+              %336 = memref.load %106[%76] : memref<32xf32>
+              %337 = arith.addf %335, %336 : f32
+              memref.store %337, %106[%3] : memref<32xf32>
+              %338 = memref.load %106[%6] : memref<32xf32>
+              %339 = memref.load %106[%77] : memref<32xf32>
+              %340 = arith.addf %338, %339 : f32
+              memref.store %340, %106[%6] : memref<32xf32>
+              %341 = memref.load %106[%3] : memref<32xf32>
+              %342 = memref.load %106[%6] : memref<32xf32>
+              %343 = arith.addf %341, %342 : f32
+              memref.store %343, %106[%3] : memref<32xf32>
+              %344 = memref.load %106[%3] : memref<32xf32>
+              memref.store %344, %70[] : memref<f32>
+              %345 = memref.load %68[] : memref<f32>
+              memref.store %345, %67[] : memref<f32>
+              %346 = memref.load %70[] : memref<f32>
+              memref.store %346, %69[] : memref<f32>
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-              ^bb0(%236: index):
-                %237 = arith.index_cast %236 : index to i64
-                %238 = arith.index_cast %66 : i64 to index
-                %239 = arith.index_cast %237 : i64 to index
-                %240 = memref.load %grad_y[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %241 = arith.extf %240 : bf16 to f32
-                %242 = memref.load %x[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %243 = arith.extf %242 : bf16 to f32
-                %244 = arith.mulf %241, %243 : f32
-                %245 = memref.load %67[] : memref<f32>
-                %246 = arith.divf %245, %53 : f32
-                %247 = arith.addf %246, %eps : f32
-                %248 = arith.constant 1.000000e+00 : f32
-                %249 = math.sqrt %247 : f32
-                %250 = arith.divf %248, %249 : f32
-                %251 = arith.mulf %244, %250 : f32
-                %252 = memref.load %58[%239] : memref<?xf32>
-                %253 = arith.addf %252, %251 : f32
-                memref.store %253, %58[%239] : memref<?xf32>
-                %254 = memref.load %w[%239] : memref<?xbf16, strided<[?], offset: ?>>
-                %255 = arith.extf %254 : bf16 to f32
-                %256 = arith.mulf %241, %255 : f32
-                %257 = arith.mulf %256, %250 : f32
-                %258 = memref.load %69[] : memref<f32>
-                %259 = arith.divf %258, %53 : f32
-                %260 = arith.mulf %259, %250 : f32
-                %261 = arith.mulf %260, %250 : f32
-                %262 = arith.mulf %261, %250 : f32
-                %263 = arith.mulf %243, %262 : f32
-                %264 = arith.subf %257, %263 : f32
-                %265 = arith.truncf %264 : f32 to bf16
-                memref.store %265, %grad_x[%238, %239] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+              ^bb0(%347: index):
+                %348 = arith.index_cast %347 : index to i64
+                %349 = arith.index_cast %66 : i64 to index
+                %350 = arith.index_cast %348 : i64 to index
+                %351 = memref.load %grad_y[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %352 = arith.extf %351 : bf16 to f32
+                %353 = memref.load %x[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %354 = arith.extf %353 : bf16 to f32
+                %355 = arith.mulf %352, %354 : f32
+                %356 = memref.load %67[] : memref<f32>
+                %357 = arith.divf %356, %53 : f32
+                %358 = arith.addf %357, %eps : f32
+                %359 = arith.constant 1.000000e+00 : f32
+                %360 = math.sqrt %358 : f32
+                %361 = arith.divf %359, %360 : f32
+                %362 = arith.mulf %355, %361 : f32
+                %363 = memref.load %58[%350] : memref<?xf32>
+                %364 = arith.addf %363, %362 : f32
+                memref.store %364, %58[%350] : memref<?xf32>
+                %365 = memref.load %w[%350] : memref<?xbf16, strided<[?], offset: ?>>
+                %366 = arith.extf %365 : bf16 to f32
+                %367 = arith.mulf %352, %366 : f32
+                %368 = arith.mulf %367, %361 : f32
+                %369 = memref.load %69[] : memref<f32>
+                %370 = arith.divf %369, %53 : f32
+                %371 = arith.mulf %370, %361 : f32
+                %372 = arith.mulf %371, %361 : f32
+                %373 = arith.mulf %372, %361 : f32
+                %374 = arith.mulf %354, %373 : f32
+                %375 = arith.subf %368, %374 : f32
+                %376 = arith.truncf %375 : f32 to bf16
+                memref.store %376, %grad_x[%349, %350] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 scf.reduce
               }) : (index, index, index) -> ()
               "memref.alloca_scope.return"() : () -> ()
             }) : () -> ()
           }
           "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-          ^bb0(%266: index):
-            %267 = arith.index_cast %266 : index to i64
-            %268 = arith.index_cast %267 : i64 to index
-            %269 = memref.load %58[%268] : memref<?xf32>
-            %270 = arith.index_cast %57 : i64 to index
-            memref.store %269, %51[%270, %268] : memref<?x?xf32>
+          ^bb0(%377: index):
+            %378 = arith.index_cast %377 : index to i64
+            %379 = arith.index_cast %378 : i64 to index
+            %380 = memref.load %58[%379] : memref<?xf32>
+            %381 = arith.index_cast %57 : i64 to index
+            memref.store %380, %51[%381, %379] : memref<?x?xf32>
             scf.reduce
           }) : (index, index, index) -> ()
           "memref.alloca_scope.return"() : () -> ()
@@ -1165,32 +1515,32 @@ builtin.module {
         scf.reduce
       }) : (index, index, index) -> ()
       "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
-      ^bb0(%271: index):
-        %272 = arith.index_cast %271 : index to i64
+      ^bb0(%382: index):
+        %383 = arith.index_cast %382 : index to i64
         "memref.alloca_scope"() ({
-          %273 = memref.alloca() : memref<f32>
-          %274 = arith.constant 0.000000e+00 : f32
-          memref.store %274, %273[] : memref<f32>
-          %275 = arith.constant 1 : i64
-          scf.for %276 = %41 to %48 step %275 : i64 {
-            %277 = arith.index_cast %276 : i64 to index
-            %278 = arith.index_cast %272 : i64 to index
-            %279 = memref.load %51[%277, %278] : memref<?x?xf32>
-            %280 = memref.load %273[] : memref<f32>
-            %281 = arith.addf %280, %279 : f32
-            memref.store %281, %273[] : memref<f32>
+          %384 = memref.alloca() : memref<f32>
+          %385 = arith.constant 0.000000e+00 : f32
+          memref.store %385, %384[] : memref<f32>
+          %386 = arith.constant 1 : i64
+          scf.for %387 = %41 to %48 step %386 : i64 {
+            %388 = arith.index_cast %387 : i64 to index
+            %389 = arith.index_cast %383 : i64 to index
+            %390 = memref.load %51[%388, %389] : memref<?x?xf32>
+            %391 = memref.load %384[] : memref<f32>
+            %392 = arith.addf %391, %390 : f32
+            memref.store %392, %384[] : memref<f32>
           }
-          %282 = memref.load %273[] : memref<f32>
-          %283 = arith.index_cast %272 : i64 to index
-          %284 = arith.truncf %282 : f32 to bf16
-          memref.store %284, %grad_w[%283] : memref<?xbf16, strided<[?], offset: ?>>
+          %393 = memref.load %384[] : memref<f32>
+          %394 = arith.index_cast %383 : i64 to index
+          %395 = arith.truncf %393 : f32 to bf16
+          memref.store %395, %grad_w[%394] : memref<?xbf16, strided<[?], offset: ?>>
           "memref.alloca_scope.return"() : () -> ()
         }) : () -> ()
         scf.reduce
       }) : (index, index, index) -> ()
       memref.dealloc %51 : memref<?x?xf32>
     }
-    %285 = memref.load %0[] : memref<i32>
-    func.return %285 : i32
+    %396 = memref.load %0[] : memref<i32>
+    func.return %396 : i32
   }
 }

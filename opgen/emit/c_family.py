@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import LANES, cpu_mapping, strip
+from opgen.lower.cpu_map import cpu_mapping, lanes, loaded_bytes, strip
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -604,7 +604,9 @@ class CPrinter:
         self.names[op.iv] = iv
 
     def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
-        """A reduction split into LANES fixed lanes, combined pairwise in a fixed order."""
+        """A reduction split into fixed lanes (:func:`~opgen.lower.cpu_map.lanes` of the
+        elements it reads), combined pairwise in a fixed order."""
+        n_lanes = lanes(loaded_bytes(op, self.dtype))
         self.line("{")
         self.depth += 1
         lane_names = {}
@@ -612,20 +614,20 @@ class CPrinter:
             ln = self.fresh("lane")
             lane_names[a.buf] = ln
             ct = self.storage_ctype(s.buf_type(a.buf))
-            self.line(f"{ct} {ln}[{LANES}];")
+            self.line(f"{ct} {ln}[{n_lanes}];")
             init = f"l ? 0 : {self.name(a.buf)}" if a.kind.data == "sum" else self.name(a.buf)
-            self.line(f"for (int l = 0; l < {LANES}; l++) {ln}[l] = {init};")
+            self.line(f"for (int l = 0; l < {n_lanes}; l++) {ln}[l] = {init};")
         base = self.fresh("r")
         self.line(f"int64_t {base} = {lo};")
         hints = [o for o in op.body.block.ops if isinstance(o, s.PrefetchOp)]  # (once a strip, at its start)
         rest = [o for o in op.body.block.ops if not isinstance(o, s.PrefetchOp)]
         for main in (True, False):
             if main:
-                self.line(f"for (; {base} + {LANES} <= {hi}; {base} += {LANES}) {{")
+                self.line(f"for (; {base} + {n_lanes} <= {hi}; {base} += {n_lanes}) {{")
                 self.depth += 1
                 self.strip_hints(op, hints, base, iv)
                 self.depth -= 1
-                self.line(f"    for (int l = 0; l < {LANES}; l++) {{")
+                self.line(f"    for (int l = 0; l < {n_lanes}; l++) {{")
             else:
                 self.line(f"for (int l = 0; {base} + l < {hi}; l++) {{")
                 self.line("    {")
@@ -642,7 +644,7 @@ class CPrinter:
         for a in accs:
             ln = lane_names[a.buf]
             kind = a.kind.data
-            width = LANES // 2
+            width = n_lanes // 2
             while width >= 1:
                 self.line(f"for (int l = 0; l < {width}; l++) "
                           + (f"{ln}[l] += {ln}[l + {width}];" if kind == "sum" else

@@ -6,8 +6,8 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
 * ``omp_for``: the outermost ``parallel`` loop of each loop nest (and a ``sched.matmul`` outside
   any parallel loop: its rows) is an ``omp parallel for`` with a static schedule over the team;
 * ``lanes``: a ``reduce`` loop whose body accumulates into scalars and holds no loop is split
-  into ``LANES`` fixed lanes combined pairwise in a fixed order (opgen/emit/c_family.py), so the
-  result never depends on the thread count;
+  into fixed lanes (:func:`lanes`: 16, or 32 where it reads 2-byte elements) combined pairwise
+  in a fixed order (opgen/emit/c_family.py), so the result never depends on the thread count;
 * ``simd``: an innermost ``parallel`` loop inside a parallel loop whose iterations each touch
   their own elements (:func:`independent`) runs under ``#pragma omp simd``. The C compiler
   cannot see that itself inside an OpenMP region (the outlined body loses ``restrict``), and
@@ -58,18 +58,22 @@ decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 
+from opgen.dtypes import DType
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.sched import CpuMapping, CpuMappingAttr
 
 MAPPING = "cpu_mapping"
-#: the fixed lanes of a ``lanes`` reduction (lane l takes iterations l, l + LANES, ...; combined
-#: pairwise 8-4-2-1): the C printer and lower-to-std print the same split
+#: the fixed lanes of a ``lanes`` reduction that reads no 2-byte element (:func:`lanes`; lane l
+#: takes iterations l, l + LANES, ...; combined pairwise 8-4-2-1): the C printer and
+#: lower-to-std print the same split
 LANES = 16
 #: bytes per strip of a ``stream`` loop: one cache line
 LINE = 64
@@ -90,6 +94,23 @@ def lane_split(op: s.ForOp) -> list[s.AccumOp]:
     if op.kind.data == "reduce" and accs and not any(isinstance(o, s.ForOp) for o in op.body.block.ops):
         return accs
     return []
+
+
+def lanes(elem_bytes: list[int]) -> int:
+    """Lanes of a ``lanes`` reduction whose loads read elements of these sizes (in bytes):
+    ``LANES``, one 64-byte vector of f32, or twice that where an element of 2 bytes (bf16,
+    f16) is read. GCC sizes a loop's vectors by its narrowest element: 16 lanes of bf16 fill
+    32 bytes, so the f32 arithmetic ran in 32-byte vectors too, half the width (LayerNorm
+    backward's row sums in bf16). Lane ``l`` takes iterations ``l``, ``l + lanes``, ...; the
+    lanes combine pairwise (``lanes / 2``, ..., 1): a fixed order per kernel instance."""
+    return 2 * LANES if elem_bytes and min(elem_bytes) <= 2 else LANES
+
+
+def loaded_bytes(op: s.ForOp, dtype: Callable[[str], DType]) -> list[int]:
+    """The element sizes, in bytes, that the loads in ``op``'s body read: a caller's tensor its
+    dtype's, scratch its compute dtype's (``dtype`` resolves a kernel instance's dtype names)."""
+    return [dtype(b.dtype).itemsize if b.role.data in ("in", "out") else dtype(b.dtype).compute.itemsize
+            for b in (s.buf_type(o.buf) for o in op.body.block.ops if isinstance(o, s.LoadOp))]
 
 
 def strip(elem_bytes: list[int]) -> int:

@@ -51,7 +51,7 @@ from opgen import dtypes
 from opgen.dtypes import DType
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import LANES, cpu_mapping
+from opgen.lower.cpu_map import cpu_mapping, lanes, loaded_bytes
 from opgen.lower.mlir_scalars import INDEX, Scalars, scalar_type, storage_type
 from opgen.lower.sched import GEMM_KC, CpuMapping, bindings
 
@@ -311,23 +311,25 @@ class _Kernel(Scalars):
             inner.close(memref.AllocaScopeReturnOp(operands=[[]]))
 
     def lane_loop(self, op: s.ForOp, lo: SSAValue, hi: SSAValue) -> None:
-        """map-cpu's reduction: LANES lanes per accumulator (lane 0 starts from it, the others
-        from 0 for a sum), iterations ``base + l`` in steps of LANES, then the tail; the lanes
-        combined pairwise (``l += l + width`` for width 8, 4, 2, 1)."""
+        """map-cpu's reduction: the C printer's lanes per accumulator
+        (:func:`~opgen.lower.cpu_map.lanes`; lane 0 starts from it, the others from 0 for a sum),
+        iterations ``base + l`` in steps of the lane count, then the tail; the lanes combined
+        pairwise (``l += l + width`` for width lanes / 2, ..., 2, 1)."""
         accs = s.scalar_accums(op)
-        lanes: dict[SSAValue, SSAValue] = {}
+        n_lanes = lanes(loaded_bytes(op, self.dtype))
+        lane_bufs: dict[SSAValue, SSAValue] = {}
         for a in accs:
             b = s.buf_type(a.buf)
             et = storage_type(self.dtype(b.dtype), False)
-            ln = self.add(memref.AllocaOp.get(et, shape=[LANES]))
-            lanes[a.buf] = ln
+            ln = self.add(memref.AllocaOp.get(et, shape=[n_lanes]))
+            lane_bufs[a.buf] = ln
             acc = self.add(memref.LoadOp.get(self.bufs[a.buf], []))
             zero = self.const(0, et)
-            for lane in range(LANES):
+            for lane in range(n_lanes):
                 init = zero if a.kind.data == "sum" and lane else acc
                 self.add(memref.StoreOp.get(init, ln, [self.const(lane, INDEX)]))
         n = self.add(arith.MaxSIOp(self.add(arith.SubiOp(hi, lo)), self.const(0, i64)))
-        width = self.const(LANES, i64)
+        width = self.const(n_lanes, i64)
         main_end = self.add(arith.AddiOp(lo, self.add(arith.MuliOp(self.add(arith.DivSIOp(n, width)), width))))
 
         def body(base: SSAValue, count: SSAValue) -> None:
@@ -337,7 +339,7 @@ class _Kernel(Scalars):
                 lane = inner_blk.args[0]
                 self.values[op.iv] = self.add(arith.AddiOp(base, self.add(arith.IndexCastOp(lane, i64))))
                 saved = dict(self.lanes)
-                self.lanes.update({b: (ln, [lane]) for b, ln in lanes.items()})
+                self.lanes.update({b: (ln, [lane]) for b, ln in lane_bufs.items()})
                 self.scoped(list(op.body.block.ops))
                 self.lanes = saved
                 inner.close(scf.YieldOp())
@@ -345,13 +347,13 @@ class _Kernel(Scalars):
         main = Block(arg_types=[i64])
         self.add(scf.ForOp(lo, main_end, width, [], main))
         with self.nested(main) as inner:
-            body(main.args[0], self.const(LANES, INDEX))
+            body(main.args[0], self.const(n_lanes, INDEX))
             inner.close(scf.YieldOp())
         body(main_end, self.index(self.add(arith.SubiOp(hi, main_end))))
         for a in accs:
-            ln = lanes[a.buf]
+            ln = lane_bufs[a.buf]
             d = self.dtype(s.buf_type(a.buf).dtype)
-            w = LANES // 2
+            w = n_lanes // 2
             while w >= 1:
                 for lane in range(w):
                     i0, i1_ = self.const(lane, INDEX), self.const(lane + w, INDEX)
