@@ -82,11 +82,28 @@ __attribute__((constructor)) static void opgen_rt_init(void) {
     pthread_atfork(NULL, NULL, opgen_atfork_child);
 }
 
+/* ---- cache sizes, as the C library reports them (sysconf) ----
+ * The last-level cache up to 32 MiB, else 32 MiB: a VM reports its host's whole L3 (384 MiB on
+ * the Zen 5 machine, whose cores share 32 MiB), and a core's share of a big L3 is smaller
+ * still. A core's L2, else 1 MiB. */
+static size_t opgen_llc_bytes(void) {
+    long llc = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return llc > 0 && llc < (32l << 20) ? (size_t)llc : (size_t)32 << 20;
+}
+static size_t opgen_l2_bytes(void) {
+    long l2 = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return l2 > 0 ? (size_t)l2 : (size_t)1 << 20;
+}
+
 /* ---- streaming stores: from which output size (opgen_nt) ----
- * OPGEN_NT_BYTES (bytes; 0: always), else the last-level cache as the C library reports it
- * (sysconf) up to 32 MiB, else 32 MiB: a VM reports its host's whole L3 (384 MiB on the Zen 5
- * machine, whose cores share 32 MiB), and a core's share of a big L3 is smaller still. Decided
- * once per process. */
+ * OPGEN_NT_BYTES (bytes; 0: always), else the last-level cache (opgen_llc_bytes). Decided once
+ * per process. */
 static atomic_size_t opgen_nt_from; /* 0 until decided (a decided 0 is kept as 1) */
 
 size_t opgen_nt_bytes(void) {
@@ -98,11 +115,7 @@ size_t opgen_nt_bytes(void) {
     if (env && *env && end && !*end) {
         b = v > SIZE_MAX ? SIZE_MAX : (size_t)v;
     } else {
-        long llc = -1;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-        llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
-        b = llc > 0 && llc < (32l << 20) ? (size_t)llc : (size_t)32 << 20;
+        b = opgen_llc_bytes();
     }
     if (!b) b = 1; /* (every output of at least one byte) */
     atomic_store_explicit(&opgen_nt_from, b, memory_order_relaxed);
@@ -722,20 +735,34 @@ static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc
     units_end();
 }
 
-/* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
- * once. B is packed whole (every k block); each thread takes blocks of OUT_RB rows, packs their
- * A for every k block (kept in L2), then for each 32 columns (B's panel, kept in L2 across the
- * row block) sums each 32 x 32 block of C over all of k in the tiles and rounds it into C: B is
- * read from memory once per OUT_RB rows. The same instructions per element as opgen_bgemm (k
- * blocks in order), so its f32 sums. 0 when its buffers cannot be had. */
+/* Rows per block of bgemm_out, for B packed in b_bytes and nkb k blocks: where packed B fits in
+ * half the last-level cache, blocks whose packed A (every k block) takes an eighth of a core's
+ * L2, at least 32 rows and at most OUT_RB: that A stays in L2 while B's 32-column panels stream
+ * past it from the last-level cache (the kernel's broadcasts of A's pairs, eight rows apart,
+ * keep fewer misses in flight than its sequential reads of B). Otherwise OUT_RB rows: B then
+ * comes from memory once per block. (bf16 linear 4096 x 2048 x 2048, Zen 5, 2 threads: 256 rows
+ * 850-903 GFLOP/s, 64 rows 906-930, 32 rows 935-941; docs/backend_cpu.md.) */
 #define OUT_RB 256
+static int64_t out_rows(size_t b_bytes, int64_t nkb) {
+    if (b_bytes > opgen_llc_bytes() / 2) return OUT_RB;
+    const int64_t rows = (int64_t)(opgen_l2_bytes() / 8 / (sizeof(uint16_t) * BKC * (size_t)nkb)) / 32 * 32;
+    return rows < 32 ? 32 : rows > OUT_RB ? OUT_RB : rows;
+}
+
+/* C (bf16, leading dimension ldc) = (or +=) op(A) op(B) of bf16 operands, each element rounded
+ * once. B is packed whole (every k block); each thread takes blocks of out_rows() rows, packs
+ * their A for every k block (kept in L2), then for each 32 columns (B's panel) sums each 32 x 32
+ * block of C over all of k in the tiles and rounds it into C. The same instructions per element
+ * as opgen_bgemm (k blocks in order), so its f32 sums, whatever the block. 0 when its buffers
+ * cannot be had. */
 static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t ars, int64_t acs, const uint16_t *B,
                      int64_t brs, int64_t bcs, uint16_t *C, int64_t ldc, int accumulate, int threads) {
     const int64_t npad = (n + 31) & ~(int64_t)31, groups = npad / 16, nkb = (k + BKC - 1) / BKC;
-    const int64_t blocks = (m + OUT_RB - 1) / OUT_RB;
+    const size_t sb = opgen_sz_mul((size_t)npad, BKC); /* elements per k block of B */
+    const int64_t rb_rows = out_rows(opgen_sz_mul(opgen_sz_mul(sb, (size_t)nkb), sizeof(uint16_t)), nkb);
+    const int64_t blocks = (m + rb_rows - 1) / rb_rows;
     if (threads > blocks) threads = (int)blocks;
-    const size_t sb = opgen_sz_mul((size_t)npad, BKC); /* elements per k block of B, and of A */
-    const size_t sa = (size_t)OUT_RB * BKC;
+    const size_t sa = (size_t)rb_rows * BKC; /* elements per k block of a row block's A */
     const size_t nb = opgen_sz_mul(opgen_sz_mul(sb, (size_t)nkb), sizeof(uint16_t));
     const size_t nt = opgen_sz_mul(opgen_sz_mul(sa, (size_t)nkb), sizeof(uint16_t)); /* a thread's A */
     const size_t nt_all = opgen_sz_mul(nt, (size_t)threads);
@@ -751,7 +778,7 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
     _Alignas(64) float tmp[32 * 32]; \
     const bkernel_t kernel = units_begin(); \
     for (int64_t rb = blocks * (t) / (T); rb < blocks * ((t) + 1) / (T); rb++) { \
-        const int64_t i0 = rb * OUT_RB, rows = m - i0 < OUT_RB ? m - i0 : OUT_RB; \
+        const int64_t i0 = rb * rb_rows, rows = m - i0 < rb_rows ? m - i0 : rb_rows; \
         for (int64_t kb = 0; kb < nkb; kb++) { \
             const int64_t k0 = kb * BKC, kc = k - k0 < BKC ? k - k0 : BKC; \
             bpack_a(rows, kc, (kc + 31) & ~(int64_t)31, at(A, i0 * ars + k0 * acs, 1), ars, acs, 1, pa + (size_t)kb * sa); \
