@@ -279,7 +279,7 @@ def bind(op: OpDef, args: dict[str, Any], allocate: bool = True) -> Binding:
         b.output_meta[p.name] = (tuple(shape), dt)
         if not allocate:
             continue
-        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt)
+        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt, reads_prior_contents(op, p.name))
         b.outputs[p.name] = arr
         b.arrays[p.name] = _bind_tensor(b, p.name, spec, arr)
     used = {ir_t.dtype for ir_t in (a.type for a in variant.body.block.args)}  # type: ignore[attr-defined]
@@ -302,28 +302,43 @@ HUGE_MIN = 4 << 20
 HUGE_ALIGN = 2 << 20
 
 
-def aligned_zeros(shape: Sequence[int], dtype: np.dtype | type, align: int = ALIGN) -> np.ndarray:
-    """A zero-filled C-contiguous array of ``shape`` whose data starts at a multiple of
-    ``align`` bytes, of HUGE_ALIGN bytes when it is HUGE_MIN bytes or more (a view into a
-    slightly larger zeroed buffer: large ones are fresh pages, zero without being written, as
-    ``np.zeros``'s; the unused head is never touched)."""
+def aligned_zeros(shape: Sequence[int], dtype: np.dtype | type, align: int = ALIGN, zero: bool = True) -> np.ndarray:
+    """A zero-filled (``zero``; else uninitialised) C-contiguous array of ``shape`` whose data
+    starts at a multiple of ``align`` bytes, of HUGE_ALIGN bytes when it is HUGE_MIN bytes or
+    more (a view into a slightly larger buffer: large zeroed ones are fresh pages, zero without
+    being written, as ``np.zeros``'s; the unused head is never touched)."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes >= HUGE_MIN:
         align = max(align, HUGE_ALIGN)
-    raw = np.zeros(nbytes + align, np.uint8)
+    raw = (np.zeros if zero else np.empty)(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start:start + nbytes].view(dt).reshape(shape)
 
 
-def _allocate(what: str, shape: list[int], dt: dtypes.DType) -> np.ndarray:
-    """A zero-filled output; too large to address is ``shape``, no memory for it ``alloc``."""
+def reads_prior_contents(o: OpDef, name: str) -> bool:
+    """Whether some variant of ``o`` reads output ``name`` before writing it (it then starts
+    from zeros; otherwise the call allocates it uninitialised: every element is written)."""
+    for f in o.variants.values():
+        names = [a.data for a in f.arg_names.data]
+        if name in names and f.body.block.args[names.index(name)].uses:
+            return True
+    return False
+
+
+def _allocate(what: str, shape: list[int], dt: dtypes.DType, zero: bool) -> np.ndarray:
+    """An output, zero-filled where ``zero`` (the op reads it before writing it), else
+    uninitialised: every element is written (a kernel writes the whole of each output it does
+    not read, as the C ABI's callers rely on; tests/test_outputs_written.py checks every op).
+    Uninitialised memory is what PyTorch allocates too: a block freed by an earlier call comes
+    back without calloc's single-threaded memset (a bf16 linear's 16 MiB output: 1.4 ms of a
+    37 ms call on a Zen 5). Too large to address is ``shape``, no memory for it ``alloc``."""
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes >= 2**63:
         raise OpError("shape", f"{what}: shape {tuple(shape)} {dt} is too large to allocate "
                                f"({nbytes} bytes, more than 2**63 - 1)")
     try:
-        return aligned_zeros(shape, dt.np_dtype)
+        return aligned_zeros(shape, dt.np_dtype, zero=zero)
     except (MemoryError, ValueError) as e:
         raise OpError("alloc", f"{what}: cannot allocate shape {tuple(shape)} {dt} "
                                f"({nbytes} bytes): {e}") from None

@@ -158,11 +158,15 @@ def bump_versions(objs: Any) -> None:
             torch.autograd.graph.increment_version(t)
 
 
-def call(op_name: str, lib: ctypes.CDLL | None = None, workspace: bool = True, **args: Any) -> dict[str, np.ndarray]:
+def call(op_name: str, /, lib: ctypes.CDLL | None = None, **args: Any) -> dict[str, np.ndarray]:
     """Run ``op_name`` through its plain C entry point; returns the outputs by name (numpy views of
     the outputs passed, or new arrays). Raises :class:`OpError` (see the module docstring) before
-    anything runs for an argument the library must not get, else with the library's status."""
+    anything runs for an argument the library must not get, else with the library's status.
+    Every other keyword is the op's (even one named ``op_name`` or ``workspace``; an op parameter
+    named ``lib`` is taken as such when the value is not a loaded library)."""
     o = registry.get(op_name)
+    if lib is not None and not isinstance(lib, ctypes.CDLL) and any(p.name == "lib" for p in o.signature.params):
+        args["lib"], lib = lib, None
     lib = lib or load()
     sig = o.signature
     args = {k: v for k, v in args.items() if v is not None}

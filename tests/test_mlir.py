@@ -343,3 +343,20 @@ def test_dsl_ops_parse_and_lower(dsl_ops: Any) -> None:
         om.lower(om.parse(om.module_text(o)))
         om.lower(om.lower(om.parse(om.module_text(o, "linalg")), om.BUFFERIZE))
 
+
+
+def test_dsl_ops_write_every_output_element(dsl_ops: Any) -> None:
+    """The DSL ops of these tests (NEW_OPS, GELU, linear, LayerNorm, RoPE, the shape ops) write
+    every element of every output they do not read: the Python API allocates those uninitialised
+    (tests/outputs_written.py). heads_sum needs HD = H * D; merge_heads, trim and window their
+    outputs given (the inputs do not bind their shapes)."""
+    from tests.outputs_written import assert_every_output_written
+
+    rng = np.random.default_rng(0)
+    f = np.float32
+    calls = {"heads_sum": [{"x": rng.standard_normal((5, 3 * 37)).astype(f),
+                            "w": rng.standard_normal((3, 37)).astype(f)}],
+             "merge_heads": [{"x": rng.standard_normal((5, 3, 37)).astype(f), "y": np.zeros((5, 3 * 37), f)}],
+             "trim": [{"x": rng.standard_normal((5, 37)).astype(f), "y": np.zeros((5, 35), f)}],
+             "window": [{"x": rng.standard_normal((5, 37)).astype(f), "start": 3, "y": np.zeros((5, 30), f)}]}
+    assert_every_output_written(dsl_ops["ops"], dsl_ops["lib"], calls)

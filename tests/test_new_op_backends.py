@@ -737,6 +737,18 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
         assert body.count("OPGEN_PREFETCH(p_grad_y, ") == body.count("OPGEN_PREFETCH(p_x, ") == 1
 
 
+def test_every_output_element_is_written(built):
+    """The ops of this file (odd names, checks, rank 0, boundary conversions, GELU, linear,
+    LayerNorm, two matmuls, narrow) write every element of every output they do not read: the
+    Python API allocates those uninitialised (tests/outputs_written.py). ``new`` has an output
+    named ``workspace``: runtime.call once took that keyword for itself and left the given
+    buffer unwritten. normalize_positive needs a positive sum."""
+    from tests.outputs_written import assert_every_output_written
+
+    x = np.abs(np.random.default_rng(0).standard_normal(37)).astype(np.float32) + 0.1
+    assert_every_output_written(built["ops"], built["lib"], {"normalize_positive": [{"x": x}]})
+
+
 def test_lane_reductions_run_in_full_width_vectors(built, tmp_path):
     """A row sum split into lanes (map-cpu's ``lanes``) has 16 lanes in f32 and 32 where it reads
     bf16, and the C compiler runs each such loop in 64-byte vectors: with 16 lanes of bf16 it

@@ -144,3 +144,11 @@ def test_empty_segments_take_the_epilogue_of_zero(scatter_exp, rng, T, V):
     out = filled((V, 6), T)
     runtime.call("scatter_exp", lib=scatter_exp["lib"], **args, out=out, total=filled(V, "f32"))
     assert np.allclose(out.astype(np.float64), ref.astype(np.float64), rtol=1e-6, atol=1e-7)
+
+
+def test_scatter_exp_writes_every_output_element(scatter_exp):
+    """Rows no index hits are written too (the epilogue of the empty sum): the Python API
+    allocates the outputs uninitialised (tests/outputs_written.py)."""
+    from tests.outputs_written import assert_every_output_written
+
+    assert_every_output_written(scatter_exp["ops"], scatter_exp["lib"])

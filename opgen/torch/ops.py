@@ -69,16 +69,6 @@ def _inputs(o: OpDef) -> list[str]:
     return [p.name for p in o.signature.params if not p.is_output]
 
 
-def reads_prior_contents(o: OpDef, name: str) -> bool:
-    """Whether some variant of ``o`` reads output ``name`` before writing it (it then starts
-    from zeros; otherwise the call allocates it uninitialised: every element is written)."""
-    for f in o.variants.values():
-        names = [a.data for a in f.arg_names.data]
-        if name in names and f.body.block.args[names.index(name)].uses:
-            return True
-    return False
-
-
 def _standin(t: torch.Tensor) -> np.ndarray:
     """A numpy array with ``t``'s shape and dtype and no memory of its size (for binding shapes):
     strides 0 except the last axis'."""
@@ -101,7 +91,7 @@ def _outputs(o: OpDef, b: binding.Binding, device: torch.device, fake: bool) -> 
     out = {}
     for name in returned(o):
         shape, dt = b.output_meta[name]
-        make = torch.zeros if not fake and reads_prior_contents(o, name) else torch.empty
+        make = torch.zeros if not fake and binding.reads_prior_contents(o, name) else torch.empty
         out[name] = make(shape, dtype=TORCH_DTYPES[dt.name], device=device)
     return out
 
