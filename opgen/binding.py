@@ -158,6 +158,9 @@ class Binding:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)  # caller's arrays (full shape)
     #: shape and dtype of each output the call would allocate (bind(..., allocate=False))
     output_meta: dict[str, tuple[tuple[int, ...], dtypes.DType]] = field(default_factory=dict)
+    #: the allocated outputs the op does not read that are fresh zero pages (ZERO_FREE_MIN bytes
+    #: or more): the runtime tells the library (opgen_zero_hint)
+    fresh_zero: list[str] = field(default_factory=list)
 
     def resolve(self, name: str) -> dtypes.DType:
         return dtypes.BY_NAME[name] if name in dtypes.BY_NAME else self.dtypes[name]
@@ -279,7 +282,11 @@ def bind(op: OpDef, args: dict[str, Any], allocate: bool = True) -> Binding:
         b.output_meta[p.name] = (tuple(shape), dt)
         if not allocate:
             continue
-        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt, reads_prior_contents(op, p.name))
+        reads = reads_prior_contents(op, p.name)
+        fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
+        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt, reads or fresh)
+        if fresh:
+            b.fresh_zero.append(p.name)
         b.outputs[p.name] = arr
         b.arrays[p.name] = _bind_tensor(b, p.name, spec, arr)
     used = {ir_t.dtype for ir_t in (a.type for a in variant.body.block.args)}  # type: ignore[attr-defined]
@@ -314,6 +321,13 @@ def aligned_zeros(shape: Sequence[int], dtype: np.dtype | type, align: int = ALI
     raw = (np.zeros if zero else np.empty)(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start:start + nbytes].view(dt).reshape(shape)
+
+
+#: from this size on (bytes) an output is allocated zeroed even when the op does not read it: the
+#: C library's calloc then maps fresh pages from the OS (glibc maps every block of 32 MiB or more:
+#: its largest mmap threshold), zero without a memset, and a kernel told so skips its stores of
+#: zeros (runtime.call: opgen_zero_hint) — the pages only those would touch are never faulted in
+ZERO_FREE_MIN = 32 << 20
 
 
 def reads_prior_contents(o: OpDef, name: str) -> bool:

@@ -172,10 +172,12 @@ def call(op_name: str, /, lib: ctypes.CDLL | None = None, **args: Any) -> dict[s
     args = {k: v for k, v in args.items() if v is not None}
     check_args(o, args)
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
+    zero: list[np.ndarray] = []
     if missing:  # allocate outputs the way the oracle does (validating the call in Python)
         b = bind(o, args)
         for name in missing:
             args[name] = b.outputs[name]
+        zero = [b.outputs[name] for name in b.fresh_zero]
 
     def numpy_arg(p: Any, v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
         what = f"{o.name}: '{p.name}'"
@@ -184,7 +186,15 @@ def call(op_name: str, /, lib: ctypes.CDLL | None = None, **args: Any) -> dict[s
 
     cargs, outs, _keep = marshal(sig, args, numpy_arg, o.name)
     fn = getattr(lib, f"opgen_{o.name}")
-    st = fn(*cargs, None, ctypes.c_size_t(0))
+    if zero:  # (fresh zero pages: the kernel may skip its stores of zeros there; see opgen_rt.h)
+        ptrs = (ctypes.c_void_p * len(zero))(*(a.ctypes.data for a in zero))
+        sizes = (ctypes.c_size_t * len(zero))(*(a.nbytes for a in zero))
+        lib.opgen_zero_hint(ptrs, sizes, len(zero))
+    try:
+        st = fn(*cargs, None, ctypes.c_size_t(0))
+    finally:
+        if zero:
+            lib.opgen_zero_hint(None, None, 0)
     if st != 0:
         msg = lib.opgen_last_error().decode()
         raise OpError(STATUS.get(st, "internal"), f"status {st}: {msg}")

@@ -55,6 +55,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l21_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[3].st[1] == 1 && bufs[3].st[0] == bufs[3].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -78,16 +79,18 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            {
-                int64_t r20 = v2;
-                for (; r20 + 32 <= d_D; r20 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r20 + l; (void)i19;
+            if (!kz_p_out) {
+                {
+                    int64_t r20 = v2;
+                    for (; r20 + 32 <= d_D; r20 += 32) {
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i19 = r20 + l; (void)i19;
+                        }
+                        opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 32, nt_p_out);
                     }
-                    opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 32, nt_p_out);
-                }
-                for (int64_t i19 = r20; i19 < d_D; i19++) {
-                    p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
+                    for (int64_t i19 = r20; i19 < d_D; i19++) {
+                        p_out[i13 * st_out_0 + i19 * st_out_1] = opgen_f32_to_bf16(v18);
+                    }
                 }
             }
         } else {
@@ -143,6 +146,7 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[3].st[1] == 1 && bufs[3].st[0] == bufs[3].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -166,25 +170,27 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            {
-                int64_t r20 = v2;
-                int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
-                #pragma omp simd
-                for (int64_t i19 = r20; i19 < e21; i19++) {
-                    p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
-                }
-                r20 = e21;
-                for (; r20 + 32 <= d_D; r20 += 32) {
+            if (!kz_p_out) {
+                {
+                    int64_t r20 = v2;
+                    int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                    if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
                     #pragma omp simd
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r20 + l; (void)i19;
+                    for (int64_t i19 = r20; i19 < e21; i19++) {
+                        p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
                     }
-                    opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 32, nt_p_out);
-                }
-                #pragma omp simd
-                for (int64_t i19 = r20; i19 < d_D; i19++) {
-                    p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
+                    r20 = e21;
+                    for (; r20 + 32 <= d_D; r20 += 32) {
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i19 = r20 + l; (void)i19;
+                        }
+                        opgen_bf16_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 32, nt_p_out);
+                    }
+                    #pragma omp simd
+                    for (int64_t i19 = r20; i19 < d_D; i19++) {
+                        p_out[i13 * st_out_0 + i19] = opgen_f32_to_bf16(v18);
+                    }
                 }
             }
         } else {
@@ -287,6 +293,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l21_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
+    const int kz_p_out = bufs[3].st[1] == 1 && bufs[3].st[0] == bufs[3].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -310,16 +317,18 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            {
-                int64_t r20 = v2;
-                for (; r20 + 16 <= d_D; r20 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i19 = r20 + l; (void)i19;
+            if (!kz_p_out) {
+                {
+                    int64_t r20 = v2;
+                    for (; r20 + 16 <= d_D; r20 += 16) {
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i19 = r20 + l; (void)i19;
+                        }
+                        opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 16, nt_p_out);
                     }
-                    opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20 * st_out_1], st_out_1, v18, 16, nt_p_out);
-                }
-                for (int64_t i19 = r20; i19 < d_D; i19++) {
-                    p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
+                    for (int64_t i19 = r20; i19 < d_D; i19++) {
+                        p_out[i13 * st_out_0 + i19 * st_out_1] = v18;
+                    }
                 }
             }
         } else {
@@ -375,6 +384,7 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l22_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
+    const int kz_p_out = bufs[3].st[1] == 1 && bufs[3].st[0] == bufs[3].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[i3];
@@ -398,25 +408,27 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
         const bool v17 = v16 <= v14;
         if (v17) {
             const float v18 = 0.0f;
-            {
-                int64_t r20 = v2;
-                int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(float)) : 0);
-                if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
-                #pragma omp simd
-                for (int64_t i19 = r20; i19 < e21; i19++) {
-                    p_out[i13 * st_out_0 + i19] = v18;
-                }
-                r20 = e21;
-                for (; r20 + 16 <= d_D; r20 += 16) {
+            if (!kz_p_out) {
+                {
+                    int64_t r20 = v2;
+                    int64_t e21 = r20 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r20] & 63)) & 63) / sizeof(float)) : 0);
+                    if (e21 > d_D) e21 = d_D > r20 ? d_D : r20;
                     #pragma omp simd
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i19 = r20 + l; (void)i19;
+                    for (int64_t i19 = r20; i19 < e21; i19++) {
+                        p_out[i13 * st_out_0 + i19] = v18;
                     }
-                    opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 16, nt_p_out);
-                }
-                #pragma omp simd
-                for (int64_t i19 = r20; i19 < d_D; i19++) {
-                    p_out[i13 * st_out_0 + i19] = v18;
+                    r20 = e21;
+                    for (; r20 + 16 <= d_D; r20 += 16) {
+                        #pragma omp simd
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i19 = r20 + l; (void)i19;
+                        }
+                        opgen_f32_fill_strip(&p_out[i13 * st_out_0 + r20], 1, v18, 16, nt_p_out);
+                    }
+                    #pragma omp simd
+                    for (int64_t i19 = r20; i19 < d_D; i19++) {
+                        p_out[i13 * st_out_0 + i19] = v18;
+                    }
                 }
             }
         } else {

@@ -63,6 +63,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -89,16 +90,18 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                for (; r23 + 16 <= d_D; r23 += 16) {
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    for (; r23 + 16 <= d_D; r23 += 16) {
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 16, nt_p_out);
                     }
-                    opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 16, nt_p_out);
-                }
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22 * st_out_1] = v21;
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22 * st_out_1] = v21;
+                    }
                 }
             }
         } else {
@@ -174,6 +177,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(float))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -200,25 +204,27 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(float)) : 0);
-                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < e24; i22++) {
-                    p_out[i15 * st_out_0 + i22] = v21;
-                }
-                r23 = e24;
-                for (; r23 + 16 <= d_D; r23 += 16) {
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(float)) : 0);
+                    if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
                     #pragma omp simd
-                    for (int l = 0; l < 16; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+                    for (int64_t i22 = r23; i22 < e24; i22++) {
+                        p_out[i15 * st_out_0 + i22] = v21;
                     }
-                    opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 16, nt_p_out);
-                }
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22] = v21;
+                    r23 = e24;
+                    for (; r23 + 16 <= d_D; r23 += 16) {
+                        #pragma omp simd
+                        for (int l = 0; l < 16; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_f32_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 16, nt_p_out);
+                    }
+                    #pragma omp simd
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22] = v21;
+                    }
                 }
             }
         } else {
@@ -346,6 +352,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -372,16 +379,18 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                for (; r23 + 32 <= d_D; r23 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    for (; r23 + 32 <= d_D; r23 += 32) {
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
                     }
-                    opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
-                }
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_f16(v21);
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_f16(v21);
+                    }
                 }
             }
         } else {
@@ -457,6 +466,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -483,25 +493,27 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < e24; i22++) {
-                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
-                }
-                r23 = e24;
-                for (; r23 + 32 <= d_D; r23 += 32) {
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                    if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
                     #pragma omp simd
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+                    for (int64_t i22 = r23; i22 < e24; i22++) {
+                        p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
                     }
-                    opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
-                }
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
+                    r23 = e24;
+                    for (; r23 + 32 <= d_D; r23 += 32) {
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_f16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
+                    }
+                    #pragma omp simd
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22] = opgen_f32_to_f16(v21);
+                    }
                 }
             }
         } else {
@@ -629,6 +641,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l24_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -655,16 +668,18 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                for (; r23 + 32 <= d_D; r23 += 32) {
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    for (; r23 + 32 <= d_D; r23 += 32) {
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
                     }
-                    opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23 * st_out_1], st_out_1, v21, 32, nt_p_out);
-                }
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_bf16(v21);
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22 * st_out_1] = opgen_f32_to_bf16(v21);
+                    }
                 }
             }
         } else {
@@ -740,6 +755,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
     int64_t *restrict t11 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l25_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int nt_p_out = opgen_nt(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_out;
+    const int kz_p_out = bufs[5].st[1] == 1 && bufs[5].st[0] == bufs[5].st[1] * d_D && opgen_known_zero(p_out, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_V)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)kz_p_out;
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_indices[ro_indices[i3]];
@@ -766,25 +782,27 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
         if (v19) {
             const float v20 = 0.0f;
             const float v21 = v20;
-            {
-                int64_t r23 = v2;
-                int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < e24; i22++) {
-                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
-                }
-                r23 = e24;
-                for (; r23 + 32 <= d_D; r23 += 32) {
+            if (!kz_p_out) {
+                {
+                    int64_t r23 = v2;
+                    int64_t e24 = r23 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r23] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                    if (e24 > d_D) e24 = d_D > r23 ? d_D : r23;
                     #pragma omp simd
-                    for (int l = 0; l < 32; l++) {
-                        const int64_t i22 = r23 + l; (void)i22;
+                    for (int64_t i22 = r23; i22 < e24; i22++) {
+                        p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
                     }
-                    opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
-                }
-                #pragma omp simd
-                for (int64_t i22 = r23; i22 < d_D; i22++) {
-                    p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
+                    r23 = e24;
+                    for (; r23 + 32 <= d_D; r23 += 32) {
+                        #pragma omp simd
+                        for (int l = 0; l < 32; l++) {
+                            const int64_t i22 = r23 + l; (void)i22;
+                        }
+                        opgen_bf16_fill_strip(&p_out[i15 * st_out_0 + r23], 1, v21, 32, nt_p_out);
+                    }
+                    #pragma omp simd
+                    for (int64_t i22 = r23; i22 < d_D; i22++) {
+                        p_out[i15 * st_out_0 + i22] = opgen_f32_to_bf16(v21);
+                    }
                 }
             }
         } else {

@@ -136,6 +136,30 @@ int opgen_nt(const void *p, size_t bytes) {
     return 1;
 }
 
+/* ---- zero hints (opgen_zero_hint) ----
+ * Up to OPGEN_ZERO_HINTS ranges per thread, replaced by each opgen_zero_hint call on it. */
+#define OPGEN_ZERO_HINTS 8
+static _Thread_local struct { const char *p; size_t n; } opgen_zero_ranges[OPGEN_ZERO_HINTS];
+static _Thread_local int opgen_zero_count;
+
+void opgen_zero_hint(const void *const *p, const size_t *bytes, int n) {
+    opgen_zero_count = 0;
+    for (int i = 0; i < n && p && bytes && opgen_zero_count < OPGEN_ZERO_HINTS; i++)
+        if (p[i] && bytes[i]) {
+            opgen_zero_ranges[opgen_zero_count].p = (const char *)p[i];
+            opgen_zero_ranges[opgen_zero_count++].n = bytes[i];
+        }
+}
+
+int opgen_known_zero(const void *p, size_t bytes) {
+    const char *q = (const char *)p;
+    for (int i = 0; p && i < opgen_zero_count; i++)
+        if (q >= opgen_zero_ranges[i].p && bytes <= opgen_zero_ranges[i].n &&
+            (size_t)(q - opgen_zero_ranges[i].p) <= opgen_zero_ranges[i].n - bytes)
+            return 1;
+    return 0;
+}
+
 /* ---- f32 GEMM: packed panels and an MR x NR register tile ----
  * Loops: k blocks of OPGEN_KC; B's block packed in NR-column panels; row blocks of OPGEN_MC
  * packed in MR-row panels; then (sgemm_block) column blocks of OPGEN_NC, each A panel, each B

@@ -436,6 +436,17 @@ static inline void opgen_f32_store_strip(float *dst, int64_t st, const float *sr
  * f32: 7.8 -> 9.2 ms into fresh pages, 5.3 -> 3.6 ms into resident ones). */
 size_t opgen_nt_bytes(void);
 int opgen_nt(const void *p, size_t bytes);
+
+/* Zero hints: the caller promises that each of the n ranges [p[i], p[i] + bytes[i]) holds only
+ * zero bytes until its next opgen_zero_hint call on this thread (n = 0 withdraws every promise:
+ * call it after the op). A kernel then skips the stores of +0 map-cpu marked `zero_fill` into an
+ * output inside such a range — the rows of an embedding gradient no index hits — so the pages
+ * only they would touch are never faulted in. The Python API makes the promise for the large
+ * outputs it allocates zeroed (fresh pages from the OS); nothing else does. opgen_known_zero:
+ * whether [p, p + bytes) lies inside one of this thread's ranges (read before a kernel's parallel
+ * region, on the calling thread). */
+void opgen_zero_hint(const void *const *p, const size_t *bytes, int n);
+int opgen_known_zero(const void *p, size_t bytes);
 /* After a thread's streaming stores, before another thread may read what they wrote: they are
  * weakly ordered (the end of each parallel loop that has them, inside its region). */
 static inline void opgen_stream_fence(void) {

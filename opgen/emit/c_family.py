@@ -21,7 +21,7 @@ from opgen.emit import cnames, render
 from opgen.emit.render import STATUS_C
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping, lanes, loaded_bytes, strip
+from opgen.lower.cpu_map import ZERO_FILL, cpu_mapping, lanes, loaded_bytes, strip, zero_fill_loop
 from opgen.lower.sched import CpuMapping
 
 #: the opgen_scalar_t member holding a by-value parameter of each dtype
@@ -148,6 +148,7 @@ class CPrinter:
         self.staged: dict[Operation, str | None] = {}
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
+        self.kz: dict[SSAValue, str] = {}  # outputs with zero_fill stores -> their known-zero flag
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
         self.scratch: list[tuple[str, str, str, str]] = []
         self.temps: list[tuple[str, str, str, str]] = []
@@ -480,7 +481,14 @@ class CPrinter:
             self.lane_loop(op, iv, lo, hi, s.scalar_accums(op))
             return
         if cpu_mapping(op) == CpuMapping.STREAM:
+            zero = zero_fill_loop(op)
+            if zero is not None and zero in self.kz:  # (its stores: zeros the output holds already)
+                self.line(f"if (!{self.mention(self.kz[zero])}) {{")
+                self.depth += 1
             self.stream_loop(op, iv, lo, hi)
+            if zero is not None and zero in self.kz:
+                self.depth -= 1
+                self.line("}")
             return
         if cpu_mapping(op) == CpuMapping.SIMD:
             self.simd_hook()
@@ -765,7 +773,8 @@ class CPrinter:
     # ------------------------------------------------------------------ function
     def stream_flags(self) -> None:
         """For each output with ``nontemporal`` stores, whether they stream in this call
-        (``opgen_nt`` of its data and bytes, a saturating count)."""
+        (``opgen_nt`` of its data and bytes, a saturating count), and, where some of them are
+        ``zero_fill``, whether the caller has said the output holds zeros (``opgen_known_zero``)."""
         names = {a: n.data for n, a in zip(self.k.arg_names.data, self.k.body.block.args, strict=True)}
         for op in self.k.walk():
             if not (isinstance(op, s.StoreOp) and cpu_mapping(op) == CpuMapping.NONTEMPORAL
@@ -777,8 +786,19 @@ class CPrinter:
                 count = f"opgen_sz_mul({count}, opgen_sz_dim({self.dim(d)}))"
             flag = f"nt_{cnames.local(names[op.buf])}"
             self.nt[op.buf] = flag
-            self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, opgen_sz_mul({count}, "
-                      f"sizeof({self.storage_ctype(t)}))); (void){flag};")
+            size = f"opgen_sz_mul({count}, sizeof({self.storage_ctype(t)}))"
+            self.line(f"const int {flag} = opgen_nt({self.name(op.buf)}, {size}); (void){flag};")
+            info = self.buf_info[self.arg_of[op.buf]]
+            if not info.batch and any(ZERO_FILL in o.attributes for o in self.k.walk()
+                                      if isinstance(o, s.StoreOp) and o.buf is op.buf):
+                # (only a contiguous output: then its elements are exactly those bytes)
+                st = [f"bufs[{info.param_index}].st[{i}]" for i in range(t.rank)]
+                dense = [f"{st[-1]} == 1"] + [f"{st[i]} == {st[i + 1]} * {self.dim(t.shape[i + 1])}"
+                                             for i in range(t.rank - 1)]
+                kz = f"kz_{cnames.local(names[op.buf])}"
+                self.kz[op.buf] = kz
+                self.line(f"const int {kz} = {' && '.join(dense)} && opgen_known_zero({self.name(op.buf)}, {size}); "
+                          f"(void){kz};")
 
     def unit_last_check(self) -> str:
         """C condition under which the ``unit_last`` flavour is valid."""

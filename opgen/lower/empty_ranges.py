@@ -41,7 +41,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
-from opgen.lower.cpu_map import cpu_mapping, hoist_invariant
+from opgen.lower.cpu_map import cpu_mapping, hoist_invariant, mark_zero_fill
 from opgen.lower.sched import CpuMapping
 
 #: ops whose result, as a loop bound, is read at run time
@@ -110,6 +110,7 @@ def _specialise(loop: s.ForOp) -> bool:
     for st in [o for o in branch.then.walk() if isinstance(o, s.StoreOp)]:  # (a streaming row of zeros:
         if cpu_mapping(st) == CpuMapping.NONTEMPORAL and isinstance(st.parent_op(), s.ForOp):  # one value)
             hoist_invariant(st.parent_op(), st.value)
+            mark_zero_fill(st)
     return True
 
 
