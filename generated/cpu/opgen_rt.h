@@ -159,8 +159,11 @@ int opgen_bf16_units(void);
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(off) * sizeof *(p) + (uintptr_t)(ahead)), 1)
 
 /* exp(x) in f32, branch-free so that loops calling it vectorise (libm's expf does not: a call).
- * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r by its degree-7
- * Taylor polynomial, 2^n built in two halves (results down to the subnormals); overflow gives
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, fused multiply-adds), e^r as
+ * 1 + r + r^2 Q(r), Q of degree 4 (a minimax fit of the relative error made for opgen: 3.6e-9 with
+ * its f32 coefficients, where the degree-7 Taylor polynomial before it had 5.2e-9 and one more
+ * multiply-add: exp 5% and GELU backward's loop 2-3% less time in cache on a Zen 5; 0.89 ulp at
+ * most over every input, was 0.94), 2^n built in two halves (results down to the subnormals); overflow gives
  * +inf, underflow 0, NaN NaN. Each step is a vector instruction on the float's bits where a float
  * select would be a compare, a mask and a blend on the ports the fused multiply-adds need (GCC
  * does not turn `x < lo ? lo : x` into min/max while signed zeros and NaNs count):
@@ -191,12 +194,11 @@ static inline float opgen_expf(float x) {
     const float n = t - 12583166.0f;
     float r = fmaf(n, -0.693145751953125f, xc);
     r = fmaf(n, -1.428606765330187045e-06f, r);
-    float p = 1.98412698412698413e-04f;
-    p = fmaf(p, r, 1.38888888888888889e-03f);
-    p = fmaf(p, r, 8.33333333333333333e-03f);
-    p = fmaf(p, r, 4.16666666666666667e-02f);
-    p = fmaf(p, r, 1.66666666666666667e-01f);
-    p = fmaf(p, r, 0.5f);
+    float p = 0.0013814539879282838f;
+    p = fmaf(p, r, 0.00836874512710635f);
+    p = fmaf(p, r, 0.04166839078966848f);
+    p = fmaf(p, r, 0.1666652039884673f);
+    p = fmaf(p, r, 0.4999999343209917f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
     int32_t tb;
