@@ -305,7 +305,8 @@ def run_bound(b: Binding, precision: str = "native") -> dict[str, Array]:
 def run(op: OpDef, precision: str = "native", **args: Any) -> dict[str, Array]:
     """Bind ``args`` to ``op`` (validating them like the C ABI) and execute with the oracle.
 
-    Outputs not passed are allocated (zero-filled) when their shape follows from the inputs.
+    Outputs not passed are allocated when their shape follows from the inputs (zero-filled where
+    the op reads them before writing; the values returned are new arrays either way).
     Raises :class:`opgen.binding.OpError` with the ABI-independent status on bad input.
     """
     return run_bound(bind(op, args), precision)
