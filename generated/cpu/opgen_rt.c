@@ -776,10 +776,11 @@ static void bgemm_rows(int64_t r0, int64_t r1, int64_t n, int64_t k0, int64_t kc
  * past it from the last-level cache (the kernel's broadcasts of A's pairs, eight rows apart,
  * keep fewer misses in flight than its sequential reads of B). Otherwise OUT_RB rows: B then
  * comes from memory once per block. (bf16 linear 4096 x 2048 x 2048, Zen 5, 2 threads: 256 rows
- * 850-903 GFLOP/s, 64 rows 906-930, 32 rows 935-941; docs/backend_cpu.md.) */
+ * 850-903 GFLOP/s, 64 rows 906-930, 32 rows 935-941; docs/backend_cpu.md.) The dot-product kernel
+ * only: the AMX kernel's tile loads were measured at 256 rows and keep them. */
 #define OUT_RB 256
 static int64_t out_rows(size_t b_bytes, int64_t nkb) {
-    if (b_bytes > opgen_llc_bytes() / 2) return OUT_RB;
+    if (opgen_bf16_units() != 1 || b_bytes > opgen_llc_bytes() / 2) return OUT_RB; /* (AMX: measured at 256) */
     const int64_t rows = (int64_t)(opgen_l2_bytes() / 8 / (sizeof(uint16_t) * BKC * (size_t)nkb)) / 32 * 32;
     return rows < 32 ? 32 : rows > OUT_RB ? OUT_RB : rows;
 }
