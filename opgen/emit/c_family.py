@@ -614,7 +614,7 @@ class CPrinter:
     def lane_loop(self, op: s.ForOp, iv: str, lo: str, hi: str, accs: list[s.AccumOp]) -> None:
         """A reduction split into fixed lanes (:func:`~opgen.lower.cpu_map.lanes` of the
         elements it reads), combined pairwise in a fixed order."""
-        n_lanes = lanes(loaded_bytes(op, self.dtype))
+        n_lanes = lanes(loaded_bytes(op, self.binding))
         self.line("{")
         self.depth += 1
         lane_names = {}

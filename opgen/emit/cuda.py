@@ -75,7 +75,7 @@ from opgen.lower.gpu_map import (
     thread_chain,
 )
 from opgen.lower.gpu_map import scalar_value as _scalar_value
-from opgen.lower.gpu_sync import binding_bytes, chunk_width, owned
+from opgen.lower.gpu_sync import chunk_width, owned
 from opgen.lower.sched import GpuMapping
 
 THREADS = 256  # must equal OPGEN_CUDA_THREADS in templates/cuda/opgen_cuda_rt.cuh.j2
@@ -197,7 +197,7 @@ class CudaPrinter(CPrinter):
 
     # ------------------------------------------------------------------ vectorisation
     def elem_bytes(self, b: s.BufType) -> int:
-        return binding_bytes(self.binding)(b)
+        return s.binding_bytes(self.binding)(b)
 
     def vec_width(self, lp: s.ForOp) -> int:
         """Iterations per thread chunk of ``lp`` under this binding (chunk-gpu-loops' ``gpu_chunk``)."""

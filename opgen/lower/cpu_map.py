@@ -59,7 +59,6 @@ decisions; the printer (opgen/emit/cpu.py, opgen/emit/c_family.py) follows them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, UnitAttr
@@ -107,11 +106,11 @@ def lanes(elem_bytes: list[int]) -> int:
     return 2 * LANES if elem_bytes and min(elem_bytes) <= 2 else LANES
 
 
-def loaded_bytes(op: s.ForOp, dtype: Callable[[str], DType]) -> list[int]:
-    """The element sizes, in bytes, that the loads in ``op``'s body read: a caller's tensor its
-    dtype's, scratch its compute dtype's (``dtype`` resolves a kernel instance's dtype names)."""
-    return [dtype(b.dtype).itemsize if b.role.data in ("in", "out") else dtype(b.dtype).compute.itemsize
-            for b in (s.buf_type(o.buf) for o in op.body.block.ops if isinstance(o, s.LoadOp))]
+def loaded_bytes(op: s.ForOp, binding: dict[str, DType]) -> list[int]:
+    """The element sizes, in bytes, that the loads in ``op``'s body read under a kernel instance's
+    ``binding`` (:func:`~opgen.lower.sched.binding_bytes`)."""
+    size = s.binding_bytes(binding)
+    return [size(s.buf_type(o.buf)) for o in op.body.block.ops if isinstance(o, s.LoadOp)]
 
 
 def strip(elem_bytes: list[int]) -> int:

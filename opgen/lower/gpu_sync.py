@@ -34,7 +34,6 @@ from xdsl.dialects.builtin import IntAttr, ModuleOp, UnitAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.gpu_map import (
@@ -125,15 +124,6 @@ def chunkable(k: s.KernelOp, lp: s.ForOp) -> bool:
     return any_moving
 
 
-def binding_bytes(binding: dict[str, dtypes.DType]) -> Callable[[s.BufType], int]:
-    """Element size of a buffer under ``binding`` (the caller's dtype for ``in``/``out``, its
-    compute type otherwise)."""
-    def size(b: s.BufType) -> int:
-        d = binding.get(b.dtype) or dtypes.by_name(b.dtype)
-        return (d if b.role.data in ("in", "out") else d.compute).bits // 8
-    return size
-
-
 def _zero(v: SSAValue) -> bool:
     return isinstance(v.owner, ir.ConstantOp) and v.owner.value.value.data == 0  # type: ignore[union-attr]
 
@@ -153,7 +143,7 @@ def _strided(lp: s.ForOp, block_loop: s.ForOp) -> bool:
 
 def thread_owned(k: s.KernelOp, block_loop: s.ForOp) -> list[s.AllocOp]:
     """Scratch vectors of a block kernel whose element ``e`` only thread ``e % T`` touches."""
-    sizes = [binding_bytes(b) for b in s.bindings(k)]
+    sizes = [s.binding_bytes(b) for b in s.bindings(k)]
     out = []
     for a in nested(block_loop):
         if not isinstance(a, s.AllocOp) or register(a.result) or s.buf_type(a.result).rank != 1:

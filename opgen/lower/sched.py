@@ -12,7 +12,7 @@ split into fixed lanes — never into a thread-count-dependent order).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr, UnitAttr
 from xdsl.dialects.utils import EnumAttribute
@@ -309,6 +309,15 @@ def bindings(k: KernelOp | FuncOp) -> Iterator[dict[str, dtypes.DType]]:
     dvars = k.dtype_var_map()
     for combo in itertools.product(*dvars.values()):
         yield dict(zip(dvars, combo, strict=True))
+
+
+def binding_bytes(binding: dict[str, dtypes.DType]) -> Callable[[BufType], int]:
+    """Element size of a buffer under ``binding`` (the caller's dtype for ``in``/``out``, its
+    compute type otherwise)."""
+    def size(b: BufType) -> int:
+        d = binding.get(b.dtype) or dtypes.by_name(b.dtype)
+        return (d if b.role.data in ("in", "out") else d.compute).bits // 8
+    return size
 
 
 def sizes_of(buf: SSAValue) -> list[SSAValue]:

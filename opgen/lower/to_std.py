@@ -316,7 +316,7 @@ class _Kernel(Scalars):
         iterations ``base + l`` in steps of the lane count, then the tail; the lanes combined
         pairwise (``l += l + width`` for width lanes / 2, ..., 2, 1)."""
         accs = s.scalar_accums(op)
-        n_lanes = lanes(loaded_bytes(op, self.dtype))
+        n_lanes = lanes(loaded_bytes(op, self.binding))
         lane_bufs: dict[SSAValue, SSAValue] = {}
         for a in accs:
             b = s.buf_type(a.buf)
