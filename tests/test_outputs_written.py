@@ -89,7 +89,7 @@ def test_zero_hint_needs_the_whole_contiguous_output() -> None:
     lib.opgen_zero_hint.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
     V, D = 64, 40
     args = _embedding_call(V, D, 20, np.float32)
-    for out, promised in (("strided", None), ("partial", None)):
+    for out in ("strided", "partial"):
         base = np.full((2 * V, D), np.nan, np.float32)
         given = base[::2] if out == "strided" else base[:V]
         nbytes = base.nbytes if out == "strided" else given.nbytes - 4

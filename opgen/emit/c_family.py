@@ -481,12 +481,12 @@ class CPrinter:
             self.lane_loop(op, iv, lo, hi, s.scalar_accums(op))
             return
         if cpu_mapping(op) == CpuMapping.STREAM:
-            zero = zero_fill_loop(op)
-            if zero is not None and zero in self.kz:  # (its stores: zeros the output holds already)
-                self.line(f"if (!{self.mention(self.kz[zero])}) {{")
+            known_zero = self.kz.get(zero_fill_loop(op))  # (its stores: zeros the output may hold already)
+            if known_zero:
+                self.line(f"if (!{self.mention(known_zero)}) {{")
                 self.depth += 1
             self.stream_loop(op, iv, lo, hi)
-            if zero is not None and zero in self.kz:
+            if known_zero:
                 self.depth -= 1
                 self.line("}")
             return
