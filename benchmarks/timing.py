@@ -15,8 +15,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: int) -> tuple[float, float]:
-    """Median seconds of ``ours`` and ``theirs``, called alternately ``reps`` times after a warm-up."""
-    ours(), theirs()  # warm-up
+    """Median seconds of ``ours`` and ``theirs``, called alternately ``reps`` times after a warm-up
+    of three calls each (a process's first large allocations fault in pages the VM host has not
+    backed yet: ten times slower for the first few calls of the first row, whichever side)."""
+    for _ in range(3):
+        ours(), theirs()
     a, b = [], []
     for _ in range(reps):
         a.append(timed(ours))

@@ -149,6 +149,7 @@ class CPrinter:
         #: the flags (opgen_nt) of the outputs whose ``nontemporal`` stores may stream, by buffer
         self.nt: dict[SSAValue, str] = {}
         self.kz: dict[SSAValue, str] = {}  # outputs with zero_fill stores -> their known-zero flag
+        self.first: list[str] = []  # statements the function body starts with (a target's one-time set-up)
         # workspace temps and per-thread scratch: (name, ctype, count, saturating count)
         self.scratch: list[tuple[str, str, str, str]] = []
         self.temps: list[tuple[str, str, str, str]] = []
@@ -314,6 +315,10 @@ class CPrinter:
     BINARY: ClassVar[dict[type, str]] = {ir.AddOp: "+", ir.SubOp: "-", ir.MulOp: "*", ir.AndOp: "&&", ir.OrOp: "||"}
     CMP: ClassVar[dict[str, str]] = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
+    #: element dtypes whose ``sched.load_fn`` is looked up in a table (:meth:`table`); the others
+    #: run its region in place
+    TABULATED: ClassVar[frozenset[str]] = frozenset()
+
     #: the target's own f32 versions of math functions (by libm name)
     MATH_F32: ClassVar[dict[str, str]] = {}
 
@@ -437,12 +442,29 @@ class CPrinter:
                 macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
                 guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
                 self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+        elif isinstance(op, s.LoadFnOp):
+            self.load_fn(op)
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
             self.names[op.result] = self.dim(op.dim.data)
         elif op.results:
             self.define(op.results[0], self.scalar_expr(op))
         else:
             raise NotImplementedError(f"C printer: no statement rule for {op.name}")
+
+    def load_fn(self, op: s.LoadFnOp) -> None:
+        """``sched.load_fn``: a lookup (:meth:`table`) where the element's dtype is one of
+        ``TABULATED``, else its region in place on the element as ``sched.load`` reads it."""
+        if self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
+            self.define(op.result, f"{self.table(op)}[{self.elem_ref(op.buf, list(op.idx))}]")
+            return
+        self.define(op.arg, self.load_expr(op.buf, list(op.idx)))
+        self.walk(o for o in op.body.block.ops if not isinstance(o, s.YieldOp))
+        self.names[op.result] = self.names[op.value]
+
+    def table(self, op: s.LoadFnOp) -> str:
+        """The C array holding ``op``'s function of every value of its element (a target with
+        ``TABULATED`` dtypes prints it)."""
+        raise NotImplementedError(f"C printer: no tables ({self.TABULATED})")
 
     def alloc(self, op: s.AllocOp) -> None:
         b = s.buf_type(op.result)
@@ -860,14 +882,14 @@ class CPrinter:
                     if op not in deps:
                         deps.add(op)
                         todo.extend(o.owner for o in op.operands if isinstance(o.owner, Operation))
-                if not any(isinstance(op, s.LoadOp | s.LoadBitOp) for op in deps):
+                if not any(isinstance(op, s.LoadOp | s.LoadBitOp | s.LoadFnOp) for op in deps):
                     needed |= deps  # no tensor data is read: the sizing call may run it
             self.walk(op for op in lead if op in needed)
             pre = self.lines
             self.lines = []
         self.stream_flags()
         self.walk(iter(self.k.body.block.ops))
-        body = self.lines
+        body = ["    " + x for x in self.first] + self.lines
 
         def region(n: str, ct: str, count: str, sat: str) -> dict[str, str]:
             return {"name": n, "ctype": ct, "count": count, "sat": sat}

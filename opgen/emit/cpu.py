@@ -11,8 +11,9 @@ from opgen import dtypes
 from opgen.dsl.opdef import OpDef
 from opgen.dsl.spec import AttrSpec, Batch, DTypeVar, SizeSpec, TensorSpec
 from opgen.emit import cnames, render
-from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter
+from opgen.emit.c_family import SCALAR_FIELD, BufInfo, CPrinter, c_widen
 from opgen.emit.render import STATUS_C
+from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.cpu_map import MapCpu, cpu_mapping
 from opgen.lower.sched import CpuMapping, bindings
@@ -34,6 +35,34 @@ class CpuPrinter(CPrinter):
     #: the runtime's vectorisable exp, erf and tanh (opgen_rt.h: branch-free; 0.94, 1.61 and 1.59 ulp at most)
     MATH_F32: ClassVar[dict[str, str]] = {"expf": "opgen_expf", "erff": "opgen_erff", "tanhf": "opgen_tanhf",
                                           "logf": "opgen_logf"}
+    #: a ``sched.load_fn`` of these is a lookup in a table of 65536 values (opgen/lower/tabulate.py)
+    TABULATED = frozenset({"bf16", "f16"})
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        #: the C name shared by the instance's stride flavours (its tables are named after it)
+        self.instance = self.fn_name
+        #: the definitions of the tables this function reads, by name (printed before it, once a file)
+        self.tables: dict[str, str] = {}
+
+    def table(self, op: s.LoadFnOp) -> str:
+        """``op``'s table (``<instance>_tab<n>``, n its place among the kernel's ``sched.load_fn``
+        ops): its definition, with a builder that evaluates the region for each of the 65536 bit
+        patterns, and a ``pthread_once`` of the builder where the function starts."""
+        n = [o for o in self.k.walk() if isinstance(o, s.LoadFnOp)].index(op)
+        name = f"{self.instance}_tab{n}"
+        if name not in self.tables:
+            d = self.dtype(s.buf_type(op.buf).dtype)
+            saved, depth = self.lines, self.depth
+            self.lines, self.depth = [], 2
+            self.define(op.arg, c_widen(f"({d.c_type})b", d))
+            self.walk(o for o in op.body.block.ops if not isinstance(o, s.YieldOp))
+            body, value = self.lines, self.name(op.value)
+            self.lines, self.depth = saved, depth
+            self.tables[name] = render.render("cpu/table.c.j2", table=name, dtype=d.name, body=body, value=value,
+                                              ctype=self.ctype(ir.tensor_type(op.result).dtype)).rstrip("\n")
+            self.first.append(f"pthread_once(&{name}_once, {name}_build);")
+        return name
 
     def loop_header_hook(self, op: s.ForOp, iv: str, lo: str, hi: str) -> None:
         if cpu_mapping(op) == CpuMapping.OMP_FOR and self.streams(op):  # (a region that fences its streams)
@@ -148,6 +177,7 @@ def op_source(o: OpDef) -> str:
              "static inline int opgen_threads(void) { return opgen_team_cap(); }", ""]
     ks = kernels(o)
     inst: dict[tuple[str, ...], list[Instance]] = {}
+    tables = False  # (whether a kernel reads a table)
     for present, k in ks.items():
         kinfo = kernel_buf_info(k, info)
         for b in bindings(k):
@@ -157,21 +187,27 @@ def op_source(o: OpDef) -> str:
             fast.unit_last = flavours != "general"
             if flavours != "both":
                 fast.pre_name = fn + "_pre"
-                parts.append(fast.print())
+                text = fast.print()
+                tables |= bool(fast.tables)
+                parts += [*fast.tables.values(), text]
                 inst.setdefault(present, []).append(Instance(present, b, fn))
                 continue
             fast.fn_name, fast.with_ws = fn + "_u", False
             generic = CpuPrinter(k, b, fn + "_g", kinfo, dim_ids, pidx)
+            generic.instance = fn
             generic.ws_name = fn + "_ws"
             generic.fn_attr = '__attribute__((optimize("O1"))) '
             generic.simd = False
             generic.pre_name = fn + "_pre"
-            parts.append(generic.print())
-            parts.append(fast.print())
+            texts = [generic.print(), fast.print()]
+            tables |= bool(fast.tables)
+            parts += [*{**generic.tables, **fast.tables}.values(), *texts]
             parts.append(render.render("cpu/flavour_dispatch.c.j2", fn=fn, check=fast.unit_last_check(),
                                        why="every caller buffer's last dim contiguous: the vectorisable flavour",
                                        extra_params="", extra_args=""))
             inst.setdefault(present, []).append(Instance(present, b, fn))
+    if tables:  # (their pthread_once: cpu/table.c.j2)
+        parts.insert(3, "#include <pthread.h>")
     parts += op_tables(o, inst, {p: k.converted for p, k in ks.items()})
     parts += entry_points(o)
     return "\n".join(parts) + "\n"

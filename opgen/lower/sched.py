@@ -48,6 +48,7 @@ from xdsl.printer import Printer
 from xdsl.traits import (
     HasCanonicalizationPatternsTrait,
     IsolatedFromAbove,
+    IsTerminator,
     MemoryAllocEffect,
     MemoryReadEffect,
     MemoryWriteEffect,
@@ -420,6 +421,64 @@ class LoadOp(IRDLOperation):
 
 
 @irdl_op_definition
+class LoadFnOp(IRDLOperation):
+    """``f(buf[idx...])``: a function of one element, applied to the element read as
+    ``sched.load`` reads it. ``f`` is the region: one block whose argument is the widened element,
+    ending in ``sched.yield`` of the result; it is isolated (only its argument and its own
+    constants), so it is the same function wherever it is evaluated. A target may evaluate it
+    once for every value an element of 16 bits can hold and index that table with the element's
+    bits (the CPU target, in its bf16 and f16 instances: opgen/lower/tabulate.py); otherwise
+    the region runs in place."""
+
+    name = "sched.load_fn"
+    buf = operand_def(BufType)
+    idx = var_operand_def(EqAttrConstraint(INDEX))
+    result = result_def(TensorType)
+    body = region_def("single_block")
+    traits = traits_def(MemoryReadEffect(), IsolatedFromAbove())
+    assembly_format = "$buf `[` $idx `]` attr-dict `:` type($buf) `->` type($result) $body"
+
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], body: Region, result: Attribute):
+        super().__init__(operands=[buf, idx], result_types=[result], regions=[body])
+
+    @property
+    def arg(self) -> SSAValue:
+        """The element, widened (the region's block argument)."""
+        return self.body.block.args[0]
+
+    @property
+    def value(self) -> SSAValue:
+        """What the region yields for ``arg``."""
+        last = self.body.block.last_op
+        assert isinstance(last, YieldOp)
+        return last.value
+
+    def verify_(self) -> None:
+        _check_indices(self, self.buf, self.idx)
+        args = self.body.block.args
+        if len(args) != 1 or args[0].type != TensorType.make([], buf_type(self.buf).dtype):
+            raise VerifyException("sched.load_fn: the region takes one argument, a scalar of the buffer's dtype")
+        last = self.body.block.last_op
+        if not isinstance(last, YieldOp):
+            raise VerifyException("sched.load_fn: the region must end in sched.yield")
+        if last.value.type != self.result.type:
+            raise VerifyException(f"sched.load_fn: yields {last.value.type}, the result is {self.result.type}")
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """The value of the enclosing ``sched.load_fn``'s function."""
+
+    name = "sched.yield"
+    value = operand_def(TensorType)
+    traits = traits_def(IsTerminator())
+    assembly_format = "$value attr-dict `:` type($value)"
+
+    def __init__(self, value: SSAValue):
+        super().__init__(operands=[value])
+
+
+@irdl_op_definition
 class PrefetchOp(IRDLOperation):
     """A hint that the bytes ``ahead`` (0 or more) past element ``buf[idx...]`` will be read
     soon (a target's software prefetch; it reads nothing, never faults, and may be dropped).
@@ -744,7 +803,7 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     reads: set[SSAValue] = set()
     writes: set[SSAValue] = set()
     for o in op.walk():
-        if isinstance(o, LoadOp | LoadBitOp):
+        if isinstance(o, LoadOp | LoadBitOp | LoadFnOp):
             reads.add(o.buf)
         elif isinstance(o, SegmentStartOp):
             reads.add(o.seg)
@@ -762,7 +821,7 @@ def effects(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
     return reads, writes
 
 
-Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, PrefetchOp, LoadBitOp, FlagsPerElemOp, StoreOp,
-                          AccumOp, SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp, PackOp, BarrierOp,
-                          SegWordsOp],
+Sched = Dialect("sched", [KernelOp, AllocOp, ForOp, IfOp, LoadOp, LoadFnOp, YieldOp, PrefetchOp, LoadBitOp,
+                          FlagsPerElemOp, StoreOp, AccumOp, SegmentsOp, SegmentStartOp, RequireOp, BufferMatmulOp,
+                          PackOp, BarrierOp, SegWordsOp],
                 [BufType, LoopKindAttr, CpuMappingAttr, GpuMappingAttr])

@@ -38,6 +38,7 @@ from opgen.lower.matmul_chain import CHAIN_GROUPS
 from opgen.lower.matmul_output import MatmulIntoOutput
 from opgen.lower.narrow_products import ExactOperands, NarrowProducts
 from opgen.lower.sched import Sched
+from opgen.lower.tabulate import Tabulate
 from opgen.lower.to_linalg import LowerToLinalg
 from opgen.lower.to_loops import LowerToLoops
 from opgen.lower.to_std import LowerToStd
@@ -71,12 +72,14 @@ PIPELINES: dict[str, list[ModulePass]] = {
     # marks the outermost parallel loop of each nest for OpenMP and the reductions split into
     # fixed lanes (opgen/lower/cpu_map.py; printed by opgen/emit/cpu.py); a loop over a run-time
     # range (a scatter-add's segment) gets a branch for the empty range (opgen/lower/empty_ranges.py);
-    # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py).
+    # column sums down serial loops run strips of 64 columns side by side (opgen/lower/column_strips.py);
+    # an expensive function of one bf16/f16 element is looked up in a table of its 65536 values
+    # (opgen/lower/tabulate.py).
     # Index and mask parameters are read in one dtype (i64/bool), converted by the binder: kernels per
     # compute type only.
     "cpu": [*L0, ConvertAtBoundary(), LowerToLoops(chain_groups=CHAIN_GROUPS), FuseReductions(),
             CommonSubexpressionElimination(), CanonicalizePass(), MatmulIntoOutput(), NarrowProducts(), HoistPacking(),
-            ColumnStrips(), MapCpu(), SpecialiseEmptyRanges()],
+            ColumnStrips(), MapCpu(), SpecialiseEmptyRanges(), Tabulate()],
     # CUDA: the same loops; map-gpu outlines the device kernels, maps them onto the grid and
     # their loops onto threads and fixed-tree block reductions, plan-gpu-workspace numbers the
     # workspace regions (opgen/lower/gpu_map.py); chunk-gpu-loops gives thread loops vector
