@@ -5,8 +5,10 @@
 Runs alternate (ours, torch, ours, torch, ...) and report medians; both sides allocate their
 outputs, as a caller of either would. Memory-bound rows also show opgen's time with its outputs
 given (the kernel alone, without the zeroing of fresh pages) and that time as a fraction of this
-machine's copy bandwidth (measured in the same run: bytes read + written by the faster of a large
-numpy copy and PyTorch's ``copy_`` on the same threads); the new ops' rows add their time with the
+machine's copy bandwidth (bytes read + written by the faster of a numpy copy and PyTorch's
+``copy_`` on the same threads, of as many bytes as the row moves, timed alternately with the row's
+calls: a VM's memory bandwidth drifts; the bandwidth of a 256 MiB copy at the start is printed
+too); the new ops' rows add their time with the
 data in cache, which shows the rows that are compute-bound here. Products in f32 show the fraction
 of the f32 FMA peak (benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is
 measured in a fresh subprocess per contender (resident-set growth over the call, sampled every
@@ -95,7 +97,7 @@ def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
     nbytes = grad.numel() * grad.element_size() + idx.numel() * 8 + V * D * grad.element_size()
     return {"row": f"embedding_dense_backward V={V} N={N} D={D} {str(dtype)[6:]} scale={scale}",
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes,
-            "given_ms": given_ms(lambda: runtime.call("embedding_dense_backward", **args))}
+            **given_ms(lambda: runtime.call("embedding_dense_backward", **args), nbytes)}
 
 
 def rms_inputs(dtype: torch.dtype, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,7 +123,7 @@ def row_rms(dtype: torch.dtype, quick: bool) -> dict:
     nbytes = 3 * N * D * x.element_size() + 2 * D * x.element_size()
     return {"row": f"rms_norm_backward {N}x{D} {str(dtype)[6:]}", "ours_ms": t_ours * 1e3,
             "torch_ms": t_torch * 1e3, "bytes": nbytes,
-            "given_ms": given_ms(lambda: runtime.call("rms_norm_backward", **args))}
+            **given_ms(lambda: runtime.call("rms_norm_backward", **args), nbytes)}
 
 
 def flce_inputs(quick: bool) -> dict:
@@ -242,10 +244,11 @@ def table(rows: list[dict], bw: float, peak: float | None) -> str:
     for r in rows:
         sp = r["torch_ms"] / r["ours_ms"]
         t = r.get("given_ms", r["ours_ms"])
-        bwp = f"{100 * r['bytes'] / (t / 1e3) / 1e9 / bw:.0f}%" if "bytes" in r else "-"
+        row_bw = r.get("copy_gbs", bw)  # (timed beside the row: timing.given_ms)
+        bwp = f"{100 * r['bytes'] / (t / 1e3) / 1e9 / row_bw:.0f}%" if "bytes" in r else "-"
         notes = []
         if "cache_ms" in r:
-            copy_ms = r["bytes"] / bw / 1e6
+            copy_ms = r["bytes"] / row_bw / 1e6
             bound = " (compute-bound here)" if r["cache_ms"] > 0.8 * copy_ms else ""
             notes.append(f"in cache {r['cache_ms']:.1f} ms{bound}")
         if "flops" in r:

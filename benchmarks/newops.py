@@ -107,7 +107,7 @@ def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: 
     inputs = {k: v for k, v in kw.items() if k not in outs}
     t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 5)
     return {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
-            "given_ms": given_ms(lambda: runtime.call(op, lib=lib, **kw)),
+            **given_ms(lambda: runtime.call(op, lib=lib, **kw), nbytes),
             "cache_ms": _in_cache_ms(lib, op, make, full_rows)}
 
 

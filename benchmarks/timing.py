@@ -27,8 +27,28 @@ def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: in
     return statistics.median(a), statistics.median(b)
 
 
-def given_ms(call: Callable[[], object], reps: int = 5) -> float:
-    """Median ms of ``call`` with its outputs passed in and already written once (the kernel
-    without the operating system's zeroing of fresh output pages)."""
-    call()
-    return statistics.median(timed(call) for _ in range(reps)) * 1e3
+def given_ms(call: Callable[[], object], nbytes: int, reps: int = 9) -> dict[str, float]:
+    """``given_ms``: the median ms of ``call`` with its outputs passed in and already written once
+    (the kernel without the operating system's zeroing of fresh output pages); ``copy_gbs``: the
+    copy bandwidth (bytes read + written per second, GB/s) of a copy of 256 MiB (or of
+    ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster of numpy's (one
+    thread) and PyTorch's ``copy_`` (its threads), timed alternately with ``call`` (the median,
+    as the call's): this VM's host lends it 41-78 GB/s from one minute to the next, so a copy
+    timed once at the start of a run did not describe its later rows."""
+    import numpy as np
+    import torch
+
+    half = max(256 << 20, nbytes // 8 * 4)
+    src = np.ones(half // 4, np.float32)
+    dst = np.empty_like(src)
+    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+
+    def copy() -> float:
+        return min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts)))
+
+    call(), copy()
+    mine, copies = [], []
+    for _ in range(reps):
+        mine.append(timed(call))
+        copies.append(copy())
+    return {"given_ms": statistics.median(mine) * 1e3, "copy_gbs": 2 * half / statistics.median(copies) / 1e9}
