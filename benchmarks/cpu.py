@@ -10,7 +10,8 @@ machine's copy bandwidth (bytes read + written by the faster of a numpy copy and
 calls: a VM's memory bandwidth drifts; the bandwidth of a 256 MiB copy at the start is printed
 too); the new ops' rows add their time with the
 data in cache, which shows the rows that are compute-bound here. Products in f32 show the fraction
-of the f32 FMA peak (benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is
+of the f32 FMA peak, products in bf16 that of the bf16 dot-product peak (AVX512-BF16), both sides
+(benchmarks/fma_peak.c, measured in the same run). FLCE peak memory is
 measured in a fresh subprocess per contender (resident-set growth over the call, sampled every
 millisecond).
 """
@@ -59,9 +60,10 @@ def copy_bandwidth() -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def fma_peak() -> float | None:
-    """GFLOP/s of f32 multiply-adds on THREADS threads (benchmarks/fma_peak.c, compiled here),
-    or None without a C compiler."""
+def fma_peak() -> tuple[float | None, float | None]:
+    """GFLOP/s on THREADS threads of f32 multiply-adds and of bf16 dot products (VDPBF16PS; None
+    without AVX512-BF16) (benchmarks/fma_peak.c, compiled here); None, None without a C compiler."""
+    import math
     import tempfile
 
     from opgen import compile as cc
@@ -71,8 +73,10 @@ def fma_peak() -> float | None:
     r = subprocess.run([cc.compiler(), "-O2", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=fast",
                         "-fopenmp", src, "-o", exe], capture_output=True, text=True)
     if r.returncode != 0:
-        return None
-    return float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
+        return None, None
+    f32 = float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
+    bf16 = float(subprocess.run([exe, "bf16"], capture_output=True, text=True, check=True).stdout)
+    return f32, None if math.isnan(bf16) else bf16
 
 
 def embedding_inputs(dtype: torch.dtype, scale: bool, quick: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -234,11 +238,12 @@ def peak_main(who: str, quick: bool) -> None:
     print(max(0.0, max(peak[0], rss_mb()) - before))
 
 
-def table(rows: list[dict], bw: float, peak: float | None) -> str:
+def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | None = None) -> str:
     """The markdown table: speed-up with both sides allocating their outputs; % copy BW from the
     time with the outputs given (the kernel alone: fresh pages cost both sides their zeroing,
     which no kernel avoids), and for a row whose in-cache time alone exceeds 80% of that, a
-    note that it is compute-bound on this machine; % FMA peak for f32 products."""
+    note that it is compute-bound on this machine; % FMA peak for f32 products, % of the bf16
+    dot-product peak for bf16 ones (where the machine has AVX512-BF16)."""
     lines = ["| case | opgen ms | PyTorch ms | speed-up | opgen ms, outputs given | % copy BW | notes |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -256,6 +261,9 @@ def table(rows: list[dict], bw: float, peak: float | None) -> str:
             note = f"{gf:.0f} GFLOP/s (PyTorch {r['flops'] / (r['torch_ms'] / 1e3) / 1e9:.0f})"
             if peak and r.get("f32_products"):
                 note += f", {100 * gf / peak:.0f}% of the f32 FMA peak"
+            if bf16_peak and r.get("bf16_products"):
+                note += f", {100 * gf / bf16_peak:.0f}% of the bf16 dot-product peak (PyTorch " \
+                        f"{100 * r['flops'] / (r['torch_ms'] / 1e3) / 1e9 / bf16_peak:.0f}%)"
             notes.append(note)
         if "torch_path" in r:
             notes.append(f"PyTorch path: {r['torch_path']}")
@@ -279,10 +287,11 @@ def main() -> None:
         peak_main(a.peak, a.quick)
         return
     rows_wanted = a.rows.split(",")
-    bw, peak = copy_bandwidth(), fma_peak()
+    bw, (peak, bf16_peak) = copy_bandwidth(), fma_peak()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"threads={THREADS}, torch {torch.__version__}, copy bandwidth {bw:.1f} GB/s, "
-          f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s", flush=True)
+          f"f32 FMA peak {peak or float('nan'):.0f} GFLOP/s, bf16 dot-product peak "
+          f"{bf16_peak or float('nan'):.0f} GFLOP/s", flush=True)
     rows = []
     if "embedding" in rows_wanted:
         for dt in (torch.float32, torch.bfloat16):
@@ -303,10 +312,11 @@ def main() -> None:
             rows.append(r)
             print(r, flush=True)
     print()
-    print(table(rows, bw, peak))
+    print(table(rows, bw, peak, bf16_peak))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"copy_bw_gbs": bw, "fma_peak_gflops": peak, "threads": THREADS, "rows": rows}, f, indent=1)
+            json.dump({"copy_bw_gbs": bw, "fma_peak_gflops": peak, "bf16_peak_gflops": bf16_peak, "threads": THREADS,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
                        lambda: (xb.float() @ wb.float().T).bfloat16()])
     t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 5)
     out.append({"row": f"new: linear {M}x{K} @ {K}x{F} bf16", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
-                "flops": 2 * M * K * F})
+                "flops": 2 * M * K * F, "bf16_products": True})
     return out
 
 
