@@ -208,11 +208,14 @@ def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k, units):
 
 
 @pytest.mark.parametrize("units", UNITS)
-@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (64, 32, 300)])
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (64, 32, 300),
+                                           (70, 45, 8 * GEMM_KC), (96, 64, 64)])
 def test_bf16_output(drivers, tmp_path, m, n, k, units):
     """opgen_gemm_bf16_out (bf16 A, B and C): each element is opgen_bgemm's f32 sum on the same
     values (C widened when accumulating) rounded once to bf16 (ml_dtypes, round to nearest even),
-    on 1 and 3 threads; the padding columns of C untouched."""
+    on 1 and 3 threads; the padding columns of C untouched. With k a multiple of 32 the
+    dot-product kernel reads a row-major A in place in its full 32-row blocks (8 k blocks: blocks
+    of 32 rows, then 6 rows packed; k = 64: one block of 96 rows), a transposed or strided A packed."""
     import ml_dtypes
 
     exe = drivers["native"]
