@@ -284,7 +284,7 @@ def bind(op: OpDef, args: dict[str, Any], allocate: bool = True) -> Binding:
             continue
         reads = reads_prior_contents(op, p.name)
         fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
-        arr = _allocate(f"{op.name}: output '{p.name}'", shape, dt, reads or fresh)
+        arr = allocate_output(f"{op.name}: output '{p.name}'", shape, dt, reads or fresh)
         if fresh:
             b.fresh_zero.append(p.name)
         b.outputs[p.name] = arr
@@ -340,7 +340,7 @@ def reads_prior_contents(o: OpDef, name: str) -> bool:
     return False
 
 
-def _allocate(what: str, shape: list[int], dt: dtypes.DType, zero: bool) -> np.ndarray:
+def allocate_output(what: str, shape: list[int] | tuple[int, ...], dt: dtypes.DType, zero: bool) -> np.ndarray:
     """An output, zero-filled where ``zero`` (the op reads it before writing it), else
     uninitialised: every element is written (a kernel writes the whole of each output it does
     not read, as the C ABI's callers rely on; tests/test_outputs_written.py checks every op).

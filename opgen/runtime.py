@@ -30,13 +30,16 @@ import numpy as np
 from opgen import dtypes, registry
 from opgen.binding import (
     I64_RANGE,
+    ZERO_FREE_MIN,
     OpError,
     aligned_zeros,
+    allocate_output,
     attr_value,
     bind,
     dtype_of,
     int_value,
     output_array,
+    reads_prior_contents,
     to_numpy,
 )
 from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
@@ -158,6 +161,53 @@ def bump_versions(objs: Any) -> None:
             torch.autograd.graph.increment_version(t)
 
 
+#: the outputs runtime.call allocates, by op and what its arguments look like (:func:`output_plan`)
+_PLANS: dict[tuple[Any, ...], tuple[Any, list[tuple[str, tuple[int, ...], dtypes.DType, bool, bool]]]] = {}
+#: at most this many plans are kept (then they are dropped and found again)
+PLANS_MAX = 1024
+
+
+def _plan_key(o: Any, args: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Everything :func:`opgen.binding.bind` reads of ``args``: each numpy array's dtype, shape
+    and strides, each Python scalar's type and value (None: an argument of another kind, such as
+    a torch tensor, which is bound every time)."""
+    key: list[Any] = [o.name]
+    for k in sorted(args):
+        v = args[k]
+        if type(v) is np.ndarray:
+            key.append((k, v.dtype, v.shape, v.strides))
+        elif type(v) in (int, float, bool):
+            key.append((k, type(v), v))
+        else:
+            return None
+    return tuple(key)
+
+
+def output_plan(o: Any, args: dict[str, Any],
+                missing: list[str]) -> list[tuple[str, tuple[int, ...], dtypes.DType, bool, bool]]:
+    """(name, shape, dtype, zero-filled, fresh zero pages) of each output in ``missing``, as
+    :func:`opgen.binding.bind` finds them (which validates the call first: its errors are
+    raised); remembered for the next call whose arguments look the same (:func:`_plan_key`), so
+    repeated calls of one op on arrays of one layout skip binding in Python (the library checks
+    every call again). Nothing is allocated here."""
+    key = _plan_key(o, args)
+    hit = _PLANS.get(key) if key is not None else None
+    if hit is not None and hit[0] is o:  # (the same op object: a reloaded registry binds again)
+        return hit[1]
+    b = bind(o, args, allocate=False)
+    plan = []
+    for name in missing:
+        shape, dt = b.output_meta[name]
+        reads = reads_prior_contents(o, name)
+        fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
+        plan.append((name, shape, dt, reads or fresh, fresh))
+    if key is not None:
+        if len(_PLANS) >= PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = (o, plan)
+    return plan
+
+
 def call(op_name: str, /, lib: ctypes.CDLL | None = None, **args: Any) -> dict[str, np.ndarray]:
     """Run ``op_name`` through its plain C entry point; returns the outputs by name (numpy views of
     the outputs passed, or new arrays). Raises :class:`OpError` (see the module docstring) before
@@ -174,10 +224,10 @@ def call(op_name: str, /, lib: ctypes.CDLL | None = None, **args: Any) -> dict[s
     missing = [p.name for p in sig.outputs if p.name not in args and not p.optional]
     zero: list[np.ndarray] = []
     if missing:  # allocate outputs the way the oracle does (validating the call in Python)
-        b = bind(o, args)
-        for name in missing:
-            args[name] = b.outputs[name]
-        zero = [b.outputs[name] for name in b.fresh_zero]
+        for name, shape, dt, zeroed, fresh in output_plan(o, args, missing):
+            args[name] = allocate_output(f"{o.name}: output '{name}'", shape, dt, zeroed)
+            if fresh:
+                zero.append(args[name])
 
     def numpy_arg(p: Any, v: Any) -> tuple[np.ndarray, TensorDesc, Any]:
         what = f"{o.name}: '{p.name}'"

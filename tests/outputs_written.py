@@ -1,5 +1,5 @@
 """Every element of every output a kernel does not read is written by the kernel: the Python API
-allocates such outputs uninitialised (opgen/binding.py ``_allocate``), as PyTorch's does
+allocates such outputs uninitialised (opgen/binding.py ``allocate_output``), as PyTorch's does
 (opgen/torch/ops.py) and as a C ABI caller's buffers are. Shared by the tests of each set of ops:
 each call runs three times on outputs given filled with the bytes 0x00, 0xFF (NaN, -1) and 0x7F,
 and the results must be the same bytes."""

@@ -495,3 +495,48 @@ def test_large_outputs_start_on_a_huge_page_boundary():
                        scale_grad_by_freq=False)["out"]  # (8 MB: allocated by the runtime)
     assert out.ctypes.data % HUGE_ALIGN == 0
     assert out[0].sum() == 1024 and out[1500].sum() == 1024 and out.sum() == 2048
+
+
+def test_repeated_calls_reuse_the_output_plan_and_still_refuse_bad_input(rng, monkeypatch):
+    """``runtime.call`` binds a call in Python once per op and argument layout (dtype, shape and
+    strides of each array, type and value of each scalar): the next call that looks the same
+    allocates the outputs it found without binding again, and gives the oracle's result; a call
+    that differs in any of those is bound (and refused) as the first was; torch tensors are bound
+    every time."""
+    import opgen.runtime as rt
+
+    counted = {"n": 0}
+    real = rt.bind
+
+    def bind(*a: Any, **kw: Any) -> Any:
+        counted["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rt, "bind", bind)
+    rt._PLANS.clear()
+    args = {k: v for k, v in rms_args(rng, "f32", (5, 24)).items() if k not in ("grad_x", "grad_w")}
+    want = oracle.run(registry.get(RMS), **args)
+    for i in range(3):
+        got = runtime.call(RMS, **args)
+        assert counted["n"] == 1, f"call {i}: bound {counted['n']} times"
+        for name in ("grad_x", "grad_w"):
+            assert_c_close(got[name], want[name], name)
+    assert not np.shares_memory(runtime.call(RMS, **args)["grad_x"], got["grad_x"])  # (fresh outputs)
+    bad = dict(args, w=args["w"][:-1])  # (D = 23 against 24: a shape the binding refuses)
+    with pytest.raises(OpError) as e:
+        runtime.call(RMS, **bad)
+    assert e.value.status == "shape" and counted["n"] == 2
+    with pytest.raises(OpError) as e:  # (the same shapes in another dtype: refused again)
+        runtime.call(RMS, **dict(args, w=args["w"].astype(np.float64)))
+    assert e.value.status == "dtype"
+    n = counted["n"]
+    runtime.call(RMS, **dict(args, eps=1e-5))  # (another attribute value: bound)
+    wide = np.zeros((5, 48), np.float32)
+    wide[:, :24] = args["x"]
+    runtime.call(RMS, **dict(args, x=wide[:, :24]))  # (other row strides: bound)
+    with pytest.raises(OpError) as e:  # (a strided last dim: refused, as on a first call)
+        runtime.call(RMS, **dict(args, x=np.asfortranarray(args["x"])))
+    assert e.value.status == "strides"
+    runtime.call(RMS, **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
+    runtime.call(RMS, **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
+    assert counted["n"] == n + 5
