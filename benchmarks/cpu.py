@@ -34,7 +34,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
-from timing import alternate, given_ms, timed  # benchmarks/timing.py, beside
+from timing import COPY_BYTES, alternate, copier, given_ms  # benchmarks/timing.py, beside
 
 from opgen import runtime
 
@@ -51,13 +51,9 @@ def np_of(t: torch.Tensor) -> np.ndarray:
 
 
 def copy_bandwidth() -> float:
-    """GB/s of a large copy (bytes read + bytes written), best of 5, the faster of numpy's
-    (one thread) and PyTorch's ``copy_`` on THREADS threads."""
-    src = np.ones(64 * 2**20, np.float32)  # 256 MiB
-    dst = np.empty_like(src)
-    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-    best = min(min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts))) for _ in range(5))
-    return 2 * src.nbytes / best / 1e9
+    """GB/s of a copy of COPY_BYTES (bytes read + bytes written), best of 5 (timing.copier)."""
+    copy = copier(COPY_BYTES)
+    return 2 * COPY_BYTES / min(copy() for _ in range(5)) / 1e9
 
 
 def fma_peak() -> tuple[float | None, float | None]:

@@ -19,70 +19,69 @@
 #endif
 typedef float vf __attribute__((vector_size(4 * LANES)));
 
-static double bf16_peak(void) {
+#define ITERS 20000000L /* steps of 12 chains per thread and repetition */
+
+/* one repetition of one thread: 12 chains of ITERS steps of f32 multiply-adds; their sum */
+static float fma_chains(void) {
+    vf m, a;
+    for (int i = 0; i < LANES; i++) {
+        m[i] = 0.999999f;
+        a[i] = 1e-7f * (float)(i + omp_get_thread_num());
+    }
+    vf c0 = a, c1 = a * 2, c2 = a * 3, c3 = a * 4, c4 = a * 5, c5 = a * 6, c6 = a * 7, c7 = a * 8,
+        c8 = a * 9, c9 = a * 10, c10 = a * 11, c11 = a * 12;
+    for (long it = 0; it < ITERS; it++) { /* (contracted to multiply-adds: -ffp-contract=fast) */
+        c0 = c0 * m + a; c1 = c1 * m + a; c2 = c2 * m + a; c3 = c3 * m + a;
+        c4 = c4 * m + a; c5 = c5 * m + a; c6 = c6 * m + a; c7 = c7 * m + a;
+        c8 = c8 * m + a; c9 = c9 * m + a; c10 = c10 * m + a; c11 = c11 * m + a;
+    }
+    const vf s = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11;
+    float sum = 0;
+    for (int i = 0; i < LANES; i++) sum += s[i];
+    return sum;
+}
+
 #if defined(__AVX512BF16__)
-    const long iters = 20000000;
+/* the same with VDPBF16PS */
+static float dp_chains(void) {
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80 + omp_get_thread_num()); /* (bf16 pairs near 1) */
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6); /* (1e-7) */
+    __m512 c[12];
+    for (int i = 0; i < 12; i++) c[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < ITERS; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b); /* (in registers) */
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, c[i]);
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+/* GFLOP/s over all threads, best of 5, of `chains` run by every thread (flops per chain step) */
+static double best_gflops(float (*chains)(void), double flops) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = omp_get_wtime();
         float sink = 0;
 #pragma omp parallel reduction(+ : sink)
-        {
-            const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80 + omp_get_thread_num()); /* (bf16 pairs near 1) */
-            const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6); /* (1e-7) */
-            __m512 c[12];
-            for (int i = 0; i < 12; i++) c[i] = _mm512_set1_ps((float)i);
-            for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-                for (int i = 0; i < 12; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b); /* (in registers) */
-            }
-            __m512 s = c[0];
-            for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, c[i]);
-            sink += _mm512_reduce_add_ps(s);
-        }
-        double dt = omp_get_wtime() - t0, gf = 64.0 * 12 * iters * omp_get_max_threads() / dt / 1e9;
+        sink += chains();
+        double dt = omp_get_wtime() - t0, gf = flops * 12 * ITERS * omp_get_max_threads() / dt / 1e9;
         if (gf > best) best = gf;
         if (sink == 12345.0f) printf("(unreachable)\n");
     }
     return best;
-#else
-    return -1;
-#endif
 }
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bf16") == 0) {
-        const double gf = bf16_peak();
-        if (gf < 0) printf("nan\n");
-        else printf("%.1f\n", gf);
+#if defined(__AVX512BF16__)
+        printf("%.1f\n", best_gflops(dp_chains, 64.0));
+#else
+        printf("nan\n");
+#endif
         return 0;
     }
-    const long iters = 20000000;
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = omp_get_wtime();
-        float sink = 0;
-#pragma omp parallel reduction(+ : sink)
-        {
-            vf m, a;
-            for (int i = 0; i < LANES; i++) {
-                m[i] = 0.999999f;
-                a[i] = 1e-7f * (float)(i + omp_get_thread_num());
-            }
-            vf c0 = a, c1 = a * 2, c2 = a * 3, c3 = a * 4, c4 = a * 5, c5 = a * 6, c6 = a * 7, c7 = a * 8,
-                c8 = a * 9, c9 = a * 10, c10 = a * 11, c11 = a * 12;
-            for (long it = 0; it < iters; it++) { /* (contracted to multiply-adds: -ffp-contract=fast) */
-                c0 = c0 * m + a; c1 = c1 * m + a; c2 = c2 * m + a; c3 = c3 * m + a;
-                c4 = c4 * m + a; c5 = c5 * m + a; c6 = c6 * m + a; c7 = c7 * m + a;
-                c8 = c8 * m + a; c9 = c9 * m + a; c10 = c10 * m + a; c11 = c11 * m + a;
-            }
-            const vf s = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11;
-            for (int i = 0; i < LANES; i++) sink += s[i];
-        }
-        double dt = omp_get_wtime() - t0, gf = 2.0 * LANES * 12 * iters * omp_get_max_threads() / dt / 1e9;
-        if (gf > best) best = gf;
-        if (sink == 12345.0f) printf("(unreachable)\n");
-    }
-    printf("%.1f\n", best);
+    printf("%.1f\n", best_gflops(fma_chains, 2.0 * LANES));
     return 0;
 }

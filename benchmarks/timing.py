@@ -27,28 +27,35 @@ def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: in
     return statistics.median(a), statistics.median(b)
 
 
+#: bytes copied by the copy-bandwidth reference (each of source and destination)
+COPY_BYTES = 256 << 20
+
+
 def given_ms(call: Callable[[], object], nbytes: int, reps: int = 9) -> dict[str, float]:
     """``given_ms``: the median ms of ``call`` with its outputs passed in and already written once
     (the kernel without the operating system's zeroing of fresh output pages); ``copy_gbs``: the
-    copy bandwidth (bytes read + written per second, GB/s) of a copy of 256 MiB (or of
+    copy bandwidth (bytes read + written per second, GB/s) of a copy of COPY_BYTES (or of
     ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster of numpy's (one
     thread) and PyTorch's ``copy_`` (its threads), timed alternately with ``call`` (the median,
     as the call's): this VM's host lends it 41-78 GB/s from one minute to the next, so a copy
     timed once at the start of a run did not describe its later rows."""
-    import numpy as np
-    import torch
-
-    half = max(256 << 20, nbytes // 8 * 4)
-    src = np.ones(half // 4, np.float32)
-    dst = np.empty_like(src)
-    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-
-    def copy() -> float:
-        return min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts)))
-
+    half = max(COPY_BYTES, nbytes // 8 * 4)
+    copy = copier(half)
     call(), copy()
     mine, copies = [], []
     for _ in range(reps):
         mine.append(timed(call))
         copies.append(copy())
     return {"given_ms": statistics.median(mine) * 1e3, "copy_gbs": 2 * half / statistics.median(copies) / 1e9}
+
+
+def copier(nbytes: int) -> Callable[[], float]:
+    """A copy of ``nbytes`` (a multiple of 4) between two arrays made here: each call returns the
+    seconds of the faster of numpy's copy (one thread) and PyTorch's ``copy_`` (its threads)."""
+    import numpy as np
+    import torch
+
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+    return lambda: min(timed(lambda: np.copyto(dst, src)), timed(lambda: td.copy_(ts)))

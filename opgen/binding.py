@@ -282,9 +282,8 @@ def bind(op: OpDef, args: dict[str, Any], allocate: bool = True) -> Binding:
         b.output_meta[p.name] = (tuple(shape), dt)
         if not allocate:
             continue
-        reads = reads_prior_contents(op, p.name)
-        fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
-        arr = allocate_output(f"{op.name}: output '{p.name}'", shape, dt, reads or fresh)
+        zero, fresh = output_zeroing(op, p.name, shape, dt)
+        arr = allocate_output(f"{op.name}: output '{p.name}'", shape, dt, zero)
         if fresh:
             b.fresh_zero.append(p.name)
         b.outputs[p.name] = arr
@@ -338,6 +337,16 @@ def reads_prior_contents(o: OpDef, name: str) -> bool:
         if name in names and f.body.block.args[names.index(name)].uses:
             return True
     return False
+
+
+def output_zeroing(o: OpDef, name: str, shape: Sequence[int], dt: dtypes.DType) -> tuple[bool, bool]:
+    """How output ``name`` of ``shape`` and ``dt`` is allocated when the caller passes none:
+    (zero-filled, fresh zero pages the library may be told of). Zero-filled where the op reads
+    it before writing it, or where it is ZERO_FREE_MIN bytes or more (then fresh pages, which
+    are zero without a memset); otherwise uninitialised."""
+    reads = reads_prior_contents(o, name)
+    fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
+    return reads or fresh, fresh
 
 
 def allocate_output(what: str, shape: list[int] | tuple[int, ...], dt: dtypes.DType, zero: bool) -> np.ndarray:

@@ -30,7 +30,6 @@ import numpy as np
 from opgen import dtypes, registry
 from opgen.binding import (
     I64_RANGE,
-    ZERO_FREE_MIN,
     OpError,
     aligned_zeros,
     allocate_output,
@@ -39,7 +38,7 @@ from opgen.binding import (
     dtype_of,
     int_value,
     output_array,
-    reads_prior_contents,
+    output_zeroing,
     to_numpy,
 )
 from opgen.dsl.spec import AttrSpec, SizeSpec, TensorSpec
@@ -198,9 +197,7 @@ def output_plan(o: Any, args: dict[str, Any],
     plan = []
     for name in missing:
         shape, dt = b.output_meta[name]
-        reads = reads_prior_contents(o, name)
-        fresh = not reads and math.prod(shape) * dt.itemsize >= ZERO_FREE_MIN
-        plan.append((name, shape, dt, reads or fresh, fresh))
+        plan.append((name, shape, dt, *output_zeroing(o, name, shape, dt)))
     if key is not None:
         if len(_PLANS) >= PLANS_MAX:
             _PLANS.clear()

@@ -73,6 +73,7 @@ def test_fresh_zero_outputs_skip_their_zero_rows_and_match_the_oracle() -> None:
     args = _embedding_call(V, D, 300, np.float32)
     o = registry.get("embedding_dense_backward")
     assert binding.bind(o, dict(args)).fresh_zero == ["out"]
+    assert [fresh for *_, fresh in runtime.output_plan(o, dict(args), ["out"])] == [True]  # (what runtime.call uses)
     got = runtime.call("embedding_dense_backward", lib=lib, **args)["out"]
     ref = oracle.run(o, **args)["out"]
     np.testing.assert_array_equal(got, ref)

@@ -844,15 +844,14 @@ static int bgemm_out(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t
             for (int64_t i = 0; i < rows; i += 32) { \
                 const int64_t r = rows - i < 32 ? rows - i : 32, q = n - j < 32 ? n - j : 32; \
                 uint16_t *c = C + (i0 + i) * ldc + j; \
+                const uint16_t *panel = pb + (size_t)(j / 32) * nkb * 32 * BKC; /* (B's 32 columns, all of k) */ \
                 if (accumulate) \
                     for (int64_t a = 0; a < 32; a++) \
                         for (int64_t b = 0; b < 32; b++) tmp[a * 32 + b] = a < r && b < q ? opgen_bf16_to_f32(c[a * ldc + b]) : 0.0f; \
                 if (direct) \
-                    dp_kernel_rows(k, A + (i0 + i) * ars, ars, pb + (size_t)(j / 32) * nkb * 32 * BKC, 32 * BKC, tmp, \
-                                   32, accumulate); \
+                    dp_kernel_rows(k, A + (i0 + i) * ars, ars, panel, 32 * BKC, tmp, 32, accumulate); \
                 else \
-                    kernel(k, pa + i * BKC, (int64_t)sa, pb + (size_t)(j / 32) * nkb * 32 * BKC, 32 * BKC, 0, tmp, \
-                           32, accumulate); \
+                    kernel(k, pa + i * BKC, (int64_t)sa, panel, 32 * BKC, 0, tmp, 32, accumulate); \
                 for (int64_t a = 0; a < r; a++) /* (rounded a row of 32 at a time: vcvtne2ps2bf16) */ \
                     opgen_bf16_store_strip(c + a * ldc, 1, tmp + a * 32, (int)q, 0); \
             } \

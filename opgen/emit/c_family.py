@@ -457,9 +457,13 @@ class CPrinter:
         if self.dtype(s.buf_type(op.buf).dtype).name in self.TABULATED:
             self.define(op.result, f"{self.table(op)}[{self.elem_ref(op.buf, list(op.idx))}]")
             return
-        self.define(op.arg, self.load_expr(op.buf, list(op.idx)))
+        self.names[op.result] = self.names[self.apply_fn(op, self.load_expr(op.buf, list(op.idx)))]
+
+    def apply_fn(self, op: s.LoadFnOp, element: str) -> SSAValue:
+        """Print ``op``'s region on the widened element ``element`` (C); the value it yields."""
+        self.define(op.arg, element)
         self.walk(o for o in op.body.block.ops if not isinstance(o, s.YieldOp))
-        self.names[op.result] = self.names[op.value]
+        return op.value
 
     def table(self, op: s.LoadFnOp) -> str:
         """The C array holding ``op``'s function of every value of its element (a target with

@@ -55,9 +55,8 @@ class CpuPrinter(CPrinter):
             d = self.dtype(s.buf_type(op.buf).dtype)
             saved, depth = self.lines, self.depth
             self.lines, self.depth = [], 2
-            self.define(op.arg, c_widen(f"({d.c_type})b", d))
-            self.walk(o for o in op.body.block.ops if not isinstance(o, s.YieldOp))
-            body, value = self.lines, self.name(op.value)
+            value = self.name(self.apply_fn(op, c_widen(f"({d.c_type})b", d)))
+            body = self.lines
             self.lines, self.depth = saved, depth
             self.tables[name] = render.render("cpu/table.c.j2", table=name, dtype=d.name, body=body, value=value,
                                               ctype=self.ctype(ir.tensor_type(op.result).dtype)).rstrip("\n")

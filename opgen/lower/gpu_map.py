@@ -186,9 +186,7 @@ class KernelFacts:
     def storage_ctypes(self, b: s.BufType) -> list[str]:
         """The C types buffer ``b`` stores its elements in under every binding of the kernel
         (the caller's dtype for ``in``/``out``, its compute type otherwise)."""
-        members = self.k.dtype_var_map().get(b.dtype)
-        ds = list(members) if members else [ir.dtypes.by_name(b.dtype)]
-        return [(d if b.role.data in ("in", "out") else d.compute).c_type for d in ds]
+        return [(d if b.role.data in ("in", "out") else d.compute).c_type for d in self.k.dtype_options(b.dtype)]
 
     def thread_mappable(self, loop: s.ForOp) -> bool:
         """The loop's iterations can be spread over the block's threads as they are."""

@@ -34,7 +34,6 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.transforms.dead_code_elimination import DeadCodeElimination
 
-from opgen import dtypes
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 
@@ -89,8 +88,7 @@ def target(k: s.KernelOp, alloc: s.AllocOp) -> tuple[SSAValue, s.StoreOp | None]
     assert isinstance(store, s.StoreOp)
     identity = len(loads) == 1 and _through_casts(store.value) is loads[0].result
     b, tb = s.buf_type(y), s.buf_type(t)
-    members = k.dtype_var_map().get(b.dtype) or (dtypes.by_name(b.dtype),)
-    held = all(d.compute == d for d in members) or (
+    held = all(d.compute == d for d in k.dtype_options(b.dtype)) or (
         identity and all(s.buf_type(x).role.data == "in" for x in (mm.a, mm.b)))
     if (b.role.data != "out" or tuple(b.shape) != tuple(tb.shape) or b.dtype != tb.dtype or not held
             or names[y] in k.aliased or any(u.operation not in stores for u in y.uses)):

@@ -255,6 +255,10 @@ class KernelOp(IRDLOperation):
         return {k: tuple(dtypes.by_name(x.data) for x in v.data)  # type: ignore[union-attr]
                 for k, v in self.dtype_vars.data.items()}
 
+    def dtype_options(self, name: str) -> tuple[dtypes.DType, ...]:
+        """The dtypes ``name`` (a dtype variable of this kernel, or a dtype) takes over its instances."""
+        return self.dtype_var_map().get(name) or (dtypes.by_name(name),)
+
     @property
     def converted(self) -> dict[str, str]:
         """``boundary_casts`` as ``{parameter: dtype}``."""

@@ -53,13 +53,12 @@ def sixteen_bit(k: s.KernelOp, buf: SSAValue) -> bool:
     t = s.buf_type(buf)
     if t.role.data != "in":
         return False
-    options = k.dtype_var_map().get(t.dtype) or (dtypes.by_name(t.dtype),)
-    return any(d in SIXTEEN_BIT for d in options)
+    return any(d in SIXTEEN_BIT for d in k.dtype_options(t.dtype))
 
 
 def _floats(k: s.KernelOp, dtype: str) -> bool:
     """Whether values of ``dtype`` (a name or a dtype variable of ``k``) are floats in every instance."""
-    return all(d.is_float for d in k.dtype_var_map().get(dtype) or (dtypes.by_name(dtype),))
+    return all(d.is_float for d in k.dtype_options(dtype))
 
 
 def _in_cone(op: Operation, cone: set[SSAValue]) -> bool:
