@@ -113,35 +113,49 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 32) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const float v37 = opgen_f16_to_f32(p_dy[v35 * st_dy_0 + i36]);
-                    const float v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
+                    const float v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 32 <= d_D; r40 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 32 <= d_D; r51 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
-                        const float v42 = p_dtable1_acc ? v41 : v18;
-                        const float v43 = l33[i39];
-                        const float v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v44);
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const float v52 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
+                        const float v53 = p_dtable1_acc ? v52 : v18;
+                        const float v54 = l33[i50];
+                        const float v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v55);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const float v45 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
-                    const float v46 = p_dtable1_acc ? v45 : v18;
-                    const float v47 = l33[i39];
-                    const float v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v48);
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const float v56 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
+                    const float v57 = p_dtable1_acc ? v56 : v18;
+                    const float v58 = l33[i50];
+                    const float v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v59);
                 }
             }
         }
@@ -259,37 +273,51 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l34, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
-                const int64_t v36 = t15[i35];
+                const int64_t v36 = 4ll;
+                const int64_t v37 = 1ll;
+                const int64_t v38 = 0ll;
+                const int64_t v39 = i35 + v36;
+                const int64_t v40 = d_N - v37;
+                const int64_t v41 = ((v39 < v40 || v39 != v39) ? v39 : v40);
+                const int64_t v42 = t15[v41];
+                const bool v43 = v42 >= v38;
+                const bool v44 = v42 < d_N;
+                const bool v45 = v43 && v44;
+                if (v45) {
+                    for (int64_t q46 = 0; q46 < d_D; q46 += 32) OPGEN_PREFETCH(p_dy, v42 * st_dy_0 + (v38 + q46), 0);
+                } else {
+                }
+                const int64_t v47 = t15[i35];
                 #pragma omp simd
-                for (int64_t i37 = v6; i37 < d_D; i37++) {
-                    const float v38 = opgen_bf16_to_f32(p_dy[v36 * st_dy_0 + i37]);
-                    const float v39 = v38 * v17;
-                    l34[i37] += v39;
+                for (int64_t i48 = v6; i48 < d_D; i48++) {
+                    const float v49 = opgen_bf16_to_f32(p_dy[v47 * st_dy_0 + i48]);
+                    const float v50 = v49 * v17;
+                    l34[i48] += v50;
                 }
             }
             {
-                int64_t r41 = v6;
-                for (; r41 + 32 <= d_D; r41 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r41, 2048);
-                    _Alignas(64) float stg42[32];
+                int64_t r52 = v6;
+                for (; r52 + 32 <= d_D; r52 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r52, 2048);
+                    _Alignas(64) float stg53[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i40 = r41 + l; (void)i40;
-                        const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
-                        const float v44 = p_dtable1_acc ? v43 : v18;
-                        const float v45 = l34[i40];
-                        const float v46 = v44 + v45;
-                        stg42[l] = v46;
+                        const int64_t i51 = r52 + l; (void)i51;
+                        const float v54 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                        const float v55 = p_dtable1_acc ? v54 : v18;
+                        const float v56 = l34[i51];
+                        const float v57 = v55 + v56;
+                        stg53[l] = v57;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r52], 1, stg53, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i40 = r41; i40 < d_D; i40++) {
-                    const float v47 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
-                    const float v48 = p_dtable1_acc ? v47 : v18;
-                    const float v49 = l34[i40];
-                    const float v50 = v48 + v49;
-                    p_dtable1[i19 * st_dtable1_0 + i40] = opgen_f32_to_bf16(v50);
+                for (int64_t i51 = r52; i51 < d_D; i51++) {
+                    const float v58 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                    const float v59 = p_dtable1_acc ? v58 : v18;
+                    const float v60 = l34[i51];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_bf16(v61);
                 }
             }
         }
@@ -405,35 +433,49 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 16) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const float v37 = p_dy[v35 * st_dy_0 + i36];
-                    const float v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const float v48 = p_dy[v46 * st_dy_0 + i47];
+                    const float v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 16 <= d_D; r40 += 16) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 16 <= d_D; r51 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
-                        const float v42 = p_dtable1_acc ? v41 : v18;
-                        const float v43 = l33[i39];
-                        const float v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const float v52 = p_dtable1[i19 * st_dtable1_0 + i50];
+                        const float v53 = p_dtable1_acc ? v52 : v18;
+                        const float v54 = l33[i50];
+                        const float v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = v55;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const float v45 = p_dtable1[i19 * st_dtable1_0 + i39];
-                    const float v46 = p_dtable1_acc ? v45 : v18;
-                    const float v47 = l33[i39];
-                    const float v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const float v56 = p_dtable1[i19 * st_dtable1_0 + i50];
+                    const float v57 = p_dtable1_acc ? v56 : v18;
+                    const float v58 = l33[i50];
+                    const float v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = v59;
                 }
             }
         }
@@ -549,35 +591,49 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 8) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const double v37 = p_dy[v35 * st_dy_0 + i36];
-                    const double v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const double v48 = p_dy[v46 * st_dy_0 + i47];
+                    const double v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 8 <= d_D; r40 += 8) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 8 <= d_D; r51 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
-                        const double v42 = p_dtable1_acc ? v41 : v18;
-                        const double v43 = l33[i39];
-                        const double v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const double v52 = p_dtable1[i19 * st_dtable1_0 + i50];
+                        const double v53 = p_dtable1_acc ? v52 : v18;
+                        const double v54 = l33[i50];
+                        const double v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = v55;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const double v45 = p_dtable1[i19 * st_dtable1_0 + i39];
-                    const double v46 = p_dtable1_acc ? v45 : v18;
-                    const double v47 = l33[i39];
-                    const double v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const double v56 = p_dtable1[i19 * st_dtable1_0 + i50];
+                    const double v57 = p_dtable1_acc ? v56 : v18;
+                    const double v58 = l33[i50];
+                    const double v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = v59;
                 }
             }
         }
@@ -685,35 +741,49 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = t11[i30];
+                const int64_t v31 = 4ll;
+                const int64_t v32 = 1ll;
+                const int64_t v33 = 0ll;
+                const int64_t v34 = i30 + v31;
+                const int64_t v35 = d_N - v32;
+                const int64_t v36 = ((v34 < v35 || v34 != v34) ? v34 : v35);
+                const int64_t v37 = t11[v36];
+                const bool v38 = v37 >= v33;
+                const bool v39 = v37 < d_N;
+                const bool v40 = v38 && v39;
+                if (v40) {
+                    for (int64_t q41 = 0; q41 < d_D; q41 += 32) OPGEN_PREFETCH(p_dy, v37 * st_dy_0 + (v33 + q41), 0);
+                } else {
+                }
+                const int64_t v42 = t11[i30];
                 #pragma omp simd
-                for (int64_t i32 = v2; i32 < d_D; i32++) {
-                    const float v33 = opgen_f16_to_f32(p_dy[v31 * st_dy_0 + i32]);
-                    const float v34 = v33 * v13;
-                    l29[i32] += v34;
+                for (int64_t i43 = v2; i43 < d_D; i43++) {
+                    const float v44 = opgen_f16_to_f32(p_dy[v42 * st_dy_0 + i43]);
+                    const float v45 = v44 * v13;
+                    l29[i43] += v45;
                 }
             }
             {
-                int64_t r36 = v2;
-                for (; r36 + 32 <= d_D; r36 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                int64_t r47 = v2;
+                for (; r47 + 32 <= d_D; r47 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r47, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i35 = r36 + l; (void)i35;
-                        const float v37 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i35]);
-                        const float v38 = p_dtable1_acc ? v37 : v14;
-                        const float v39 = l29[i35];
-                        const float v40 = v38 + v39;
-                        p_dtable1[i15 * st_dtable1_0 + i35] = opgen_f32_to_f16(v40);
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const float v48 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i46]);
+                        const float v49 = p_dtable1_acc ? v48 : v14;
+                        const float v50 = l29[i46];
+                        const float v51 = v49 + v50;
+                        p_dtable1[i15 * st_dtable1_0 + i46] = opgen_f32_to_f16(v51);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i35 = r36; i35 < d_D; i35++) {
-                    const float v41 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i35]);
-                    const float v42 = p_dtable1_acc ? v41 : v14;
-                    const float v43 = l29[i35];
-                    const float v44 = v42 + v43;
-                    p_dtable1[i15 * st_dtable1_0 + i35] = opgen_f32_to_f16(v44);
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const float v52 = opgen_f16_to_f32(p_dtable1[i15 * st_dtable1_0 + i46]);
+                    const float v53 = p_dtable1_acc ? v52 : v14;
+                    const float v54 = l29[i46];
+                    const float v55 = v53 + v54;
+                    p_dtable1[i15 * st_dtable1_0 + i46] = opgen_f32_to_f16(v55);
                 }
             }
         }
@@ -823,37 +893,51 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l30, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i31 = v16; i31 < v18; i31++) {
-                const int64_t v32 = t11[i31];
+                const int64_t v32 = 4ll;
+                const int64_t v33 = 1ll;
+                const int64_t v34 = 0ll;
+                const int64_t v35 = i31 + v32;
+                const int64_t v36 = d_N - v33;
+                const int64_t v37 = ((v35 < v36 || v35 != v35) ? v35 : v36);
+                const int64_t v38 = t11[v37];
+                const bool v39 = v38 >= v34;
+                const bool v40 = v38 < d_N;
+                const bool v41 = v39 && v40;
+                if (v41) {
+                    for (int64_t q42 = 0; q42 < d_D; q42 += 32) OPGEN_PREFETCH(p_dy, v38 * st_dy_0 + (v34 + q42), 0);
+                } else {
+                }
+                const int64_t v43 = t11[i31];
                 #pragma omp simd
-                for (int64_t i33 = v2; i33 < d_D; i33++) {
-                    const float v34 = opgen_bf16_to_f32(p_dy[v32 * st_dy_0 + i33]);
-                    const float v35 = v34 * v13;
-                    l30[i33] += v35;
+                for (int64_t i44 = v2; i44 < d_D; i44++) {
+                    const float v45 = opgen_bf16_to_f32(p_dy[v43 * st_dy_0 + i44]);
+                    const float v46 = v45 * v13;
+                    l30[i44] += v46;
                 }
             }
             {
-                int64_t r37 = v2;
-                for (; r37 + 32 <= d_D; r37 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r37, 2048);
-                    _Alignas(64) float stg38[32];
+                int64_t r48 = v2;
+                for (; r48 + 32 <= d_D; r48 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r48, 2048);
+                    _Alignas(64) float stg49[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i36 = r37 + l; (void)i36;
-                        const float v39 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i36]);
-                        const float v40 = p_dtable1_acc ? v39 : v14;
-                        const float v41 = l30[i36];
-                        const float v42 = v40 + v41;
-                        stg38[l] = v42;
+                        const int64_t i47 = r48 + l; (void)i47;
+                        const float v50 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i47]);
+                        const float v51 = p_dtable1_acc ? v50 : v14;
+                        const float v52 = l30[i47];
+                        const float v53 = v51 + v52;
+                        stg49[l] = v53;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r37], 1, stg38, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable1[i15 * st_dtable1_0 + r48], 1, stg49, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i36 = r37; i36 < d_D; i36++) {
-                    const float v43 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i36]);
-                    const float v44 = p_dtable1_acc ? v43 : v14;
-                    const float v45 = l30[i36];
-                    const float v46 = v44 + v45;
-                    p_dtable1[i15 * st_dtable1_0 + i36] = opgen_f32_to_bf16(v46);
+                for (int64_t i47 = r48; i47 < d_D; i47++) {
+                    const float v54 = opgen_bf16_to_f32(p_dtable1[i15 * st_dtable1_0 + i47]);
+                    const float v55 = p_dtable1_acc ? v54 : v14;
+                    const float v56 = l30[i47];
+                    const float v57 = v55 + v56;
+                    p_dtable1[i15 * st_dtable1_0 + i47] = opgen_f32_to_bf16(v57);
                 }
             }
         }
@@ -961,35 +1045,49 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = t11[i30];
+                const int64_t v31 = 4ll;
+                const int64_t v32 = 1ll;
+                const int64_t v33 = 0ll;
+                const int64_t v34 = i30 + v31;
+                const int64_t v35 = d_N - v32;
+                const int64_t v36 = ((v34 < v35 || v34 != v34) ? v34 : v35);
+                const int64_t v37 = t11[v36];
+                const bool v38 = v37 >= v33;
+                const bool v39 = v37 < d_N;
+                const bool v40 = v38 && v39;
+                if (v40) {
+                    for (int64_t q41 = 0; q41 < d_D; q41 += 16) OPGEN_PREFETCH(p_dy, v37 * st_dy_0 + (v33 + q41), 0);
+                } else {
+                }
+                const int64_t v42 = t11[i30];
                 #pragma omp simd
-                for (int64_t i32 = v2; i32 < d_D; i32++) {
-                    const float v33 = p_dy[v31 * st_dy_0 + i32];
-                    const float v34 = v33 * v13;
-                    l29[i32] += v34;
+                for (int64_t i43 = v2; i43 < d_D; i43++) {
+                    const float v44 = p_dy[v42 * st_dy_0 + i43];
+                    const float v45 = v44 * v13;
+                    l29[i43] += v45;
                 }
             }
             {
-                int64_t r36 = v2;
-                for (; r36 + 16 <= d_D; r36 += 16) {
-                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                int64_t r47 = v2;
+                for (; r47 + 16 <= d_D; r47 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r47, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i35 = r36 + l; (void)i35;
-                        const float v37 = p_dtable1[i15 * st_dtable1_0 + i35];
-                        const float v38 = p_dtable1_acc ? v37 : v14;
-                        const float v39 = l29[i35];
-                        const float v40 = v38 + v39;
-                        p_dtable1[i15 * st_dtable1_0 + i35] = v40;
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const float v48 = p_dtable1[i15 * st_dtable1_0 + i46];
+                        const float v49 = p_dtable1_acc ? v48 : v14;
+                        const float v50 = l29[i46];
+                        const float v51 = v49 + v50;
+                        p_dtable1[i15 * st_dtable1_0 + i46] = v51;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i35 = r36; i35 < d_D; i35++) {
-                    const float v41 = p_dtable1[i15 * st_dtable1_0 + i35];
-                    const float v42 = p_dtable1_acc ? v41 : v14;
-                    const float v43 = l29[i35];
-                    const float v44 = v42 + v43;
-                    p_dtable1[i15 * st_dtable1_0 + i35] = v44;
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const float v52 = p_dtable1[i15 * st_dtable1_0 + i46];
+                    const float v53 = p_dtable1_acc ? v52 : v14;
+                    const float v54 = l29[i46];
+                    const float v55 = v53 + v54;
+                    p_dtable1[i15 * st_dtable1_0 + i46] = v55;
                 }
             }
         }
@@ -1097,35 +1195,49 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
             double *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = t11[i30];
+                const int64_t v31 = 4ll;
+                const int64_t v32 = 1ll;
+                const int64_t v33 = 0ll;
+                const int64_t v34 = i30 + v31;
+                const int64_t v35 = d_N - v32;
+                const int64_t v36 = ((v34 < v35 || v34 != v34) ? v34 : v35);
+                const int64_t v37 = t11[v36];
+                const bool v38 = v37 >= v33;
+                const bool v39 = v37 < d_N;
+                const bool v40 = v38 && v39;
+                if (v40) {
+                    for (int64_t q41 = 0; q41 < d_D; q41 += 8) OPGEN_PREFETCH(p_dy, v37 * st_dy_0 + (v33 + q41), 0);
+                } else {
+                }
+                const int64_t v42 = t11[i30];
                 #pragma omp simd
-                for (int64_t i32 = v2; i32 < d_D; i32++) {
-                    const double v33 = p_dy[v31 * st_dy_0 + i32];
-                    const double v34 = v33 * v13;
-                    l29[i32] += v34;
+                for (int64_t i43 = v2; i43 < d_D; i43++) {
+                    const double v44 = p_dy[v42 * st_dy_0 + i43];
+                    const double v45 = v44 * v13;
+                    l29[i43] += v45;
                 }
             }
             {
-                int64_t r36 = v2;
-                for (; r36 + 8 <= d_D; r36 += 8) {
-                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r36, 2048);
+                int64_t r47 = v2;
+                for (; r47 + 8 <= d_D; r47 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i15 * st_dtable1_0 + r47, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i35 = r36 + l; (void)i35;
-                        const double v37 = p_dtable1[i15 * st_dtable1_0 + i35];
-                        const double v38 = p_dtable1_acc ? v37 : v14;
-                        const double v39 = l29[i35];
-                        const double v40 = v38 + v39;
-                        p_dtable1[i15 * st_dtable1_0 + i35] = v40;
+                        const int64_t i46 = r47 + l; (void)i46;
+                        const double v48 = p_dtable1[i15 * st_dtable1_0 + i46];
+                        const double v49 = p_dtable1_acc ? v48 : v14;
+                        const double v50 = l29[i46];
+                        const double v51 = v49 + v50;
+                        p_dtable1[i15 * st_dtable1_0 + i46] = v51;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i35 = r36; i35 < d_D; i35++) {
-                    const double v41 = p_dtable1[i15 * st_dtable1_0 + i35];
-                    const double v42 = p_dtable1_acc ? v41 : v14;
-                    const double v43 = l29[i35];
-                    const double v44 = v42 + v43;
-                    p_dtable1[i15 * st_dtable1_0 + i35] = v44;
+                for (int64_t i46 = r47; i46 < d_D; i46++) {
+                    const double v52 = p_dtable1[i15 * st_dtable1_0 + i46];
+                    const double v53 = p_dtable1_acc ? v52 : v14;
+                    const double v54 = l29[i46];
+                    const double v55 = v53 + v54;
+                    p_dtable1[i15 * st_dtable1_0 + i46] = v55;
                 }
             }
         }
@@ -1241,35 +1353,49 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 32) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const float v37 = opgen_f16_to_f32(p_dy[v35 * st_dy_0 + i36]);
-                    const float v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const float v48 = opgen_f16_to_f32(p_dy[v46 * st_dy_0 + i47]);
+                    const float v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 32 <= d_D; r40 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 32 <= d_D; r51 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const float v41 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
-                        const float v42 = p_dtable1_acc ? v41 : v18;
-                        const float v43 = l33[i39];
-                        const float v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v44);
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const float v52 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
+                        const float v53 = p_dtable1_acc ? v52 : v18;
+                        const float v54 = l33[i50];
+                        const float v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v55);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const float v45 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i39]);
-                    const float v46 = p_dtable1_acc ? v45 : v18;
-                    const float v47 = l33[i39];
-                    const float v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = opgen_f32_to_f16(v48);
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const float v56 = opgen_f16_to_f32(p_dtable1[i19 * st_dtable1_0 + i50]);
+                    const float v57 = p_dtable1_acc ? v56 : v18;
+                    const float v58 = l33[i50];
+                    const float v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = opgen_f32_to_f16(v59);
                 }
             }
         }
@@ -1387,37 +1513,51 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l34, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
-                const int64_t v36 = t15[i35];
+                const int64_t v36 = 4ll;
+                const int64_t v37 = 1ll;
+                const int64_t v38 = 0ll;
+                const int64_t v39 = i35 + v36;
+                const int64_t v40 = d_N - v37;
+                const int64_t v41 = ((v39 < v40 || v39 != v39) ? v39 : v40);
+                const int64_t v42 = t15[v41];
+                const bool v43 = v42 >= v38;
+                const bool v44 = v42 < d_N;
+                const bool v45 = v43 && v44;
+                if (v45) {
+                    for (int64_t q46 = 0; q46 < d_D; q46 += 32) OPGEN_PREFETCH(p_dy, v42 * st_dy_0 + (v38 + q46), 0);
+                } else {
+                }
+                const int64_t v47 = t15[i35];
                 #pragma omp simd
-                for (int64_t i37 = v6; i37 < d_D; i37++) {
-                    const float v38 = opgen_bf16_to_f32(p_dy[v36 * st_dy_0 + i37]);
-                    const float v39 = v38 * v17;
-                    l34[i37] += v39;
+                for (int64_t i48 = v6; i48 < d_D; i48++) {
+                    const float v49 = opgen_bf16_to_f32(p_dy[v47 * st_dy_0 + i48]);
+                    const float v50 = v49 * v17;
+                    l34[i48] += v50;
                 }
             }
             {
-                int64_t r41 = v6;
-                for (; r41 + 32 <= d_D; r41 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r41, 2048);
-                    _Alignas(64) float stg42[32];
+                int64_t r52 = v6;
+                for (; r52 + 32 <= d_D; r52 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r52, 2048);
+                    _Alignas(64) float stg53[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i40 = r41 + l; (void)i40;
-                        const float v43 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
-                        const float v44 = p_dtable1_acc ? v43 : v18;
-                        const float v45 = l34[i40];
-                        const float v46 = v44 + v45;
-                        stg42[l] = v46;
+                        const int64_t i51 = r52 + l; (void)i51;
+                        const float v54 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                        const float v55 = p_dtable1_acc ? v54 : v18;
+                        const float v56 = l34[i51];
+                        const float v57 = v55 + v56;
+                        stg53[l] = v57;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r41], 1, stg42, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable1[i19 * st_dtable1_0 + r52], 1, stg53, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i40 = r41; i40 < d_D; i40++) {
-                    const float v47 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i40]);
-                    const float v48 = p_dtable1_acc ? v47 : v18;
-                    const float v49 = l34[i40];
-                    const float v50 = v48 + v49;
-                    p_dtable1[i19 * st_dtable1_0 + i40] = opgen_f32_to_bf16(v50);
+                for (int64_t i51 = r52; i51 < d_D; i51++) {
+                    const float v58 = opgen_bf16_to_f32(p_dtable1[i19 * st_dtable1_0 + i51]);
+                    const float v59 = p_dtable1_acc ? v58 : v18;
+                    const float v60 = l34[i51];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i19 * st_dtable1_0 + i51] = opgen_f32_to_bf16(v61);
                 }
             }
         }
@@ -1533,35 +1673,49 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 16) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const float v37 = p_dy[v35 * st_dy_0 + i36];
-                    const float v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const float v48 = p_dy[v46 * st_dy_0 + i47];
+                    const float v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 16 <= d_D; r40 += 16) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 16 <= d_D; r51 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const float v41 = p_dtable1[i19 * st_dtable1_0 + i39];
-                        const float v42 = p_dtable1_acc ? v41 : v18;
-                        const float v43 = l33[i39];
-                        const float v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const float v52 = p_dtable1[i19 * st_dtable1_0 + i50];
+                        const float v53 = p_dtable1_acc ? v52 : v18;
+                        const float v54 = l33[i50];
+                        const float v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = v55;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const float v45 = p_dtable1[i19 * st_dtable1_0 + i39];
-                    const float v46 = p_dtable1_acc ? v45 : v18;
-                    const float v47 = l33[i39];
-                    const float v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const float v56 = p_dtable1[i19 * st_dtable1_0 + i50];
+                    const float v57 = p_dtable1_acc ? v56 : v18;
+                    const float v58 = l33[i50];
+                    const float v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = v59;
                 }
             }
         }
@@ -1677,35 +1831,49 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = t15[i34];
+                const int64_t v35 = 4ll;
+                const int64_t v36 = 1ll;
+                const int64_t v37 = 0ll;
+                const int64_t v38 = i34 + v35;
+                const int64_t v39 = d_N - v36;
+                const int64_t v40 = ((v38 < v39 || v38 != v38) ? v38 : v39);
+                const int64_t v41 = t15[v40];
+                const bool v42 = v41 >= v37;
+                const bool v43 = v41 < d_N;
+                const bool v44 = v42 && v43;
+                if (v44) {
+                    for (int64_t q45 = 0; q45 < d_D; q45 += 8) OPGEN_PREFETCH(p_dy, v41 * st_dy_0 + (v37 + q45), 0);
+                } else {
+                }
+                const int64_t v46 = t15[i34];
                 #pragma omp simd
-                for (int64_t i36 = v6; i36 < d_D; i36++) {
-                    const double v37 = p_dy[v35 * st_dy_0 + i36];
-                    const double v38 = v37 * v17;
-                    l33[i36] += v38;
+                for (int64_t i47 = v6; i47 < d_D; i47++) {
+                    const double v48 = p_dy[v46 * st_dy_0 + i47];
+                    const double v49 = v48 * v17;
+                    l33[i47] += v49;
                 }
             }
             {
-                int64_t r40 = v6;
-                for (; r40 + 8 <= d_D; r40 += 8) {
-                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r40, 2048);
+                int64_t r51 = v6;
+                for (; r51 + 8 <= d_D; r51 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i19 * st_dtable1_0 + r51, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i39 = r40 + l; (void)i39;
-                        const double v41 = p_dtable1[i19 * st_dtable1_0 + i39];
-                        const double v42 = p_dtable1_acc ? v41 : v18;
-                        const double v43 = l33[i39];
-                        const double v44 = v42 + v43;
-                        p_dtable1[i19 * st_dtable1_0 + i39] = v44;
+                        const int64_t i50 = r51 + l; (void)i50;
+                        const double v52 = p_dtable1[i19 * st_dtable1_0 + i50];
+                        const double v53 = p_dtable1_acc ? v52 : v18;
+                        const double v54 = l33[i50];
+                        const double v55 = v53 + v54;
+                        p_dtable1[i19 * st_dtable1_0 + i50] = v55;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i39 = r40; i39 < d_D; i39++) {
-                    const double v45 = p_dtable1[i19 * st_dtable1_0 + i39];
-                    const double v46 = p_dtable1_acc ? v45 : v18;
-                    const double v47 = l33[i39];
-                    const double v48 = v46 + v47;
-                    p_dtable1[i19 * st_dtable1_0 + i39] = v48;
+                for (int64_t i50 = r51; i50 < d_D; i50++) {
+                    const double v56 = p_dtable1[i19 * st_dtable1_0 + i50];
+                    const double v57 = p_dtable1_acc ? v56 : v18;
+                    const double v58 = l33[i50];
+                    const double v59 = v57 + v58;
+                    p_dtable1[i19 * st_dtable1_0 + i50] = v59;
                 }
             }
         }
@@ -1783,10 +1951,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t63 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t64 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -1843,104 +2011,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = t17[i36];
+                const int64_t v37 = 4ll;
+                const int64_t v38 = 1ll;
+                const int64_t v39 = 0ll;
+                const int64_t v40 = i36 + v37;
+                const int64_t v41 = d_N - v38;
+                const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+                const int64_t v43 = t17[v42];
+                const bool v44 = v43 >= v39;
+                const bool v45 = v43 < d_N;
+                const bool v46 = v44 && v45;
+                if (v46) {
+                    for (int64_t q47 = 0; q47 < d_D; q47 += 32) OPGEN_PREFETCH(p_dy, v43 * st_dy_0 + (v39 + q47), 0);
+                } else {
+                }
+                const int64_t v48 = t17[i36];
                 #pragma omp simd
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const float v39 = opgen_f16_to_f32(p_dy[v37 * st_dy_0 + i38]);
-                    const float v40 = v39 * v19;
-                    l35[i38] += v40;
+                for (int64_t i49 = v2; i49 < d_D; i49++) {
+                    const float v50 = opgen_f16_to_f32(p_dy[v48 * st_dy_0 + i49]);
+                    const float v51 = v50 * v19;
+                    l35[i49] += v51;
                 }
             }
             {
-                int64_t r42 = v2;
-                for (; r42 + 32 <= d_D; r42 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                int64_t r53 = v2;
+                for (; r53 + 32 <= d_D; r53 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r53, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i41 = r42 + l; (void)i41;
-                        const float v43 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i41]);
-                        const float v44 = p_dtable1_acc ? v43 : v20;
-                        const float v45 = l35[i41];
-                        const float v46 = v44 + v45;
-                        p_dtable1[i21 * st_dtable1_0 + i41] = opgen_f32_to_f16(v46);
+                        const int64_t i52 = r53 + l; (void)i52;
+                        const float v54 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i52]);
+                        const float v55 = p_dtable1_acc ? v54 : v20;
+                        const float v56 = l35[i52];
+                        const float v57 = v55 + v56;
+                        p_dtable1[i21 * st_dtable1_0 + i52] = opgen_f32_to_f16(v57);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i41 = r42; i41 < d_D; i41++) {
-                    const float v47 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i41]);
-                    const float v48 = p_dtable1_acc ? v47 : v20;
-                    const float v49 = l35[i41];
-                    const float v50 = v48 + v49;
-                    p_dtable1[i21 * st_dtable1_0 + i41] = opgen_f32_to_f16(v50);
+                for (int64_t i52 = r53; i52 < d_D; i52++) {
+                    const float v58 = opgen_f16_to_f32(p_dtable1[i21 * st_dtable1_0 + i52]);
+                    const float v59 = p_dtable1_acc ? v58 : v20;
+                    const float v60 = l35[i52];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i21 * st_dtable1_0 + i52] = opgen_f32_to_f16(v61);
                 }
             }
         }
     }
-    const int64_t v51 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t52, t53);
-    const float v54 = p_alpha2;
+    const int64_t v62 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t63, t64);
+    const float v65 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i55 = v2; i55 < v51; i55++) {
-        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
-        const int64_t v57 = i55 + v18;
-        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
-        const bool v59 = v58 <= v56;
-        if (v59) {
-            const float v60 = 0.0f;
+    for (int64_t i66 = v2; i66 < v62; i66++) {
+        const int64_t v67 = opgen_seg_start(t63, i66, d_N2, d_N);
+        const int64_t v68 = i66 + v18;
+        const int64_t v69 = opgen_seg_start(t63, v68, d_N2, d_N);
+        const bool v70 = v69 <= v67;
+        if (v70) {
+            const float v71 = 0.0f;
             {
-                int64_t r62 = v2;
-                for (; r62 + 32 <= d_D; r62 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                int64_t r73 = v2;
+                for (; r73 + 32 <= d_D; r73 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r73, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v63 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i61]);
-                        const float v64 = p_dtable2_acc ? v63 : v20;
-                        const float v65 = v64 + v60;
-                        p_dtable2[i55 * st_dtable2_0 + i61] = opgen_f32_to_f16(v65);
+                        const int64_t i72 = r73 + l; (void)i72;
+                        const float v74 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i72]);
+                        const float v75 = p_dtable2_acc ? v74 : v20;
+                        const float v76 = v75 + v71;
+                        p_dtable2[i66 * st_dtable2_0 + i72] = opgen_f32_to_f16(v76);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_D; i61++) {
-                    const float v66 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i61]);
-                    const float v67 = p_dtable2_acc ? v66 : v20;
-                    const float v68 = v67 + v60;
-                    p_dtable2[i55 * st_dtable2_0 + i61] = opgen_f32_to_f16(v68);
+                for (int64_t i72 = r73; i72 < d_D; i72++) {
+                    const float v77 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i72]);
+                    const float v78 = p_dtable2_acc ? v77 : v20;
+                    const float v79 = v78 + v71;
+                    p_dtable2[i66 * st_dtable2_0 + i72] = opgen_f32_to_f16(v79);
                 }
             }
         } else {
-            float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l69, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i70 = v56; i70 < v58; i70++) {
-                const int64_t v71 = t53[i70];
+            float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l80, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i81 = v67; i81 < v69; i81++) {
+                const int64_t v82 = 4ll;
+                const int64_t v83 = 1ll;
+                const int64_t v84 = 0ll;
+                const int64_t v85 = i81 + v82;
+                const int64_t v86 = d_N - v83;
+                const int64_t v87 = ((v85 < v86 || v85 != v85) ? v85 : v86);
+                const int64_t v88 = t64[v87];
+                const bool v89 = v88 >= v84;
+                const bool v90 = v88 < d_N;
+                const bool v91 = v89 && v90;
+                if (v91) {
+                    for (int64_t q92 = 0; q92 < d_D; q92 += 32) OPGEN_PREFETCH(p_dy, v88 * st_dy_0 + (v84 + q92), 0);
+                } else {
+                }
+                const int64_t v93 = t64[i81];
                 #pragma omp simd
-                for (int64_t i72 = v2; i72 < d_D; i72++) {
-                    const float v73 = opgen_f16_to_f32(p_dy[v71 * st_dy_0 + i72]);
-                    const float v74 = v73 * v54;
-                    l69[i72] += v74;
+                for (int64_t i94 = v2; i94 < d_D; i94++) {
+                    const float v95 = opgen_f16_to_f32(p_dy[v93 * st_dy_0 + i94]);
+                    const float v96 = v95 * v65;
+                    l80[i94] += v96;
                 }
             }
             {
-                int64_t r76 = v2;
-                for (; r76 + 32 <= d_D; r76 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                int64_t r98 = v2;
+                for (; r98 + 32 <= d_D; r98 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r98, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i75 = r76 + l; (void)i75;
-                        const float v77 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i75]);
-                        const float v78 = p_dtable2_acc ? v77 : v20;
-                        const float v79 = l69[i75];
-                        const float v80 = v78 + v79;
-                        p_dtable2[i55 * st_dtable2_0 + i75] = opgen_f32_to_f16(v80);
+                        const int64_t i97 = r98 + l; (void)i97;
+                        const float v99 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i97]);
+                        const float v100 = p_dtable2_acc ? v99 : v20;
+                        const float v101 = l80[i97];
+                        const float v102 = v100 + v101;
+                        p_dtable2[i66 * st_dtable2_0 + i97] = opgen_f32_to_f16(v102);
                     }
                 }
                 #pragma omp simd
-                for (int64_t i75 = r76; i75 < d_D; i75++) {
-                    const float v81 = opgen_f16_to_f32(p_dtable2[i55 * st_dtable2_0 + i75]);
-                    const float v82 = p_dtable2_acc ? v81 : v20;
-                    const float v83 = l69[i75];
-                    const float v84 = v82 + v83;
-                    p_dtable2[i55 * st_dtable2_0 + i75] = opgen_f32_to_f16(v84);
+                for (int64_t i97 = r98; i97 < d_D; i97++) {
+                    const float v103 = opgen_f16_to_f32(p_dtable2[i66 * st_dtable2_0 + i97]);
+                    const float v104 = p_dtable2_acc ? v103 : v20;
+                    const float v105 = l80[i97];
+                    const float v106 = v104 + v105;
+                    p_dtable2[i66 * st_dtable2_0 + i97] = opgen_f32_to_f16(v106);
                 }
             }
         }
@@ -2018,10 +2214,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t54 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t55 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t65 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t66 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l36_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l72_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l83_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -2080,110 +2276,138 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l36, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i37 = v22; i37 < v24; i37++) {
-                const int64_t v38 = t17[i37];
+                const int64_t v38 = 4ll;
+                const int64_t v39 = 1ll;
+                const int64_t v40 = 0ll;
+                const int64_t v41 = i37 + v38;
+                const int64_t v42 = d_N - v39;
+                const int64_t v43 = ((v41 < v42 || v41 != v41) ? v41 : v42);
+                const int64_t v44 = t17[v43];
+                const bool v45 = v44 >= v40;
+                const bool v46 = v44 < d_N;
+                const bool v47 = v45 && v46;
+                if (v47) {
+                    for (int64_t q48 = 0; q48 < d_D; q48 += 32) OPGEN_PREFETCH(p_dy, v44 * st_dy_0 + (v40 + q48), 0);
+                } else {
+                }
+                const int64_t v49 = t17[i37];
                 #pragma omp simd
-                for (int64_t i39 = v2; i39 < d_D; i39++) {
-                    const float v40 = opgen_bf16_to_f32(p_dy[v38 * st_dy_0 + i39]);
-                    const float v41 = v40 * v19;
-                    l36[i39] += v41;
+                for (int64_t i50 = v2; i50 < d_D; i50++) {
+                    const float v51 = opgen_bf16_to_f32(p_dy[v49 * st_dy_0 + i50]);
+                    const float v52 = v51 * v19;
+                    l36[i50] += v52;
                 }
             }
             {
-                int64_t r43 = v2;
-                for (; r43 + 32 <= d_D; r43 += 32) {
-                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r43, 2048);
-                    _Alignas(64) float stg44[32];
+                int64_t r54 = v2;
+                for (; r54 + 32 <= d_D; r54 += 32) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r54, 2048);
+                    _Alignas(64) float stg55[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i42 = r43 + l; (void)i42;
-                        const float v45 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                        const float v46 = p_dtable1_acc ? v45 : v20;
-                        const float v47 = l36[i42];
-                        const float v48 = v46 + v47;
-                        stg44[l] = v48;
+                        const int64_t i53 = r54 + l; (void)i53;
+                        const float v56 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i53]);
+                        const float v57 = p_dtable1_acc ? v56 : v20;
+                        const float v58 = l36[i53];
+                        const float v59 = v57 + v58;
+                        stg55[l] = v59;
                     }
-                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r43], 1, stg44, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable1[i21 * st_dtable1_0 + r54], 1, stg55, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i42 = r43; i42 < d_D; i42++) {
-                    const float v49 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i42]);
-                    const float v50 = p_dtable1_acc ? v49 : v20;
-                    const float v51 = l36[i42];
-                    const float v52 = v50 + v51;
-                    p_dtable1[i21 * st_dtable1_0 + i42] = opgen_f32_to_bf16(v52);
+                for (int64_t i53 = r54; i53 < d_D; i53++) {
+                    const float v60 = opgen_bf16_to_f32(p_dtable1[i21 * st_dtable1_0 + i53]);
+                    const float v61 = p_dtable1_acc ? v60 : v20;
+                    const float v62 = l36[i53];
+                    const float v63 = v61 + v62;
+                    p_dtable1[i21 * st_dtable1_0 + i53] = opgen_f32_to_bf16(v63);
                 }
             }
         }
     }
-    const int64_t v53 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t54, t55);
-    const float v56 = p_alpha2;
+    const int64_t v64 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t65, t66);
+    const float v67 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i57 = v2; i57 < v53; i57++) {
-        const int64_t v58 = opgen_seg_start(t54, i57, d_N2, d_N);
-        const int64_t v59 = i57 + v18;
-        const int64_t v60 = opgen_seg_start(t54, v59, d_N2, d_N);
-        const bool v61 = v60 <= v58;
-        if (v61) {
-            const float v62 = 0.0f;
+    for (int64_t i68 = v2; i68 < v64; i68++) {
+        const int64_t v69 = opgen_seg_start(t65, i68, d_N2, d_N);
+        const int64_t v70 = i68 + v18;
+        const int64_t v71 = opgen_seg_start(t65, v70, d_N2, d_N);
+        const bool v72 = v71 <= v69;
+        if (v72) {
+            const float v73 = 0.0f;
             {
-                int64_t r64 = v2;
-                for (; r64 + 32 <= d_D; r64 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i57 * st_dtable2_0 + r64, 2048);
-                    _Alignas(64) float stg65[32];
+                int64_t r75 = v2;
+                for (; r75 + 32 <= d_D; r75 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i68 * st_dtable2_0 + r75, 2048);
+                    _Alignas(64) float stg76[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i63 = r64 + l; (void)i63;
-                        const float v66 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i63]);
-                        const float v67 = p_dtable2_acc ? v66 : v20;
-                        const float v68 = v67 + v62;
-                        stg65[l] = v68;
+                        const int64_t i74 = r75 + l; (void)i74;
+                        const float v77 = opgen_bf16_to_f32(p_dtable2[i68 * st_dtable2_0 + i74]);
+                        const float v78 = p_dtable2_acc ? v77 : v20;
+                        const float v79 = v78 + v73;
+                        stg76[l] = v79;
                     }
-                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r64], 1, stg65, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable2[i68 * st_dtable2_0 + r75], 1, stg76, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i63 = r64; i63 < d_D; i63++) {
-                    const float v69 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i63]);
-                    const float v70 = p_dtable2_acc ? v69 : v20;
-                    const float v71 = v70 + v62;
-                    p_dtable2[i57 * st_dtable2_0 + i63] = opgen_f32_to_bf16(v71);
+                for (int64_t i74 = r75; i74 < d_D; i74++) {
+                    const float v80 = opgen_bf16_to_f32(p_dtable2[i68 * st_dtable2_0 + i74]);
+                    const float v81 = p_dtable2_acc ? v80 : v20;
+                    const float v82 = v81 + v73;
+                    p_dtable2[i68 * st_dtable2_0 + i74] = opgen_f32_to_bf16(v82);
                 }
             }
         } else {
-            float *restrict l72 = l72_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l72, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i73 = v58; i73 < v60; i73++) {
-                const int64_t v74 = t55[i73];
+            float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l83, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i84 = v69; i84 < v71; i84++) {
+                const int64_t v85 = 4ll;
+                const int64_t v86 = 1ll;
+                const int64_t v87 = 0ll;
+                const int64_t v88 = i84 + v85;
+                const int64_t v89 = d_N - v86;
+                const int64_t v90 = ((v88 < v89 || v88 != v88) ? v88 : v89);
+                const int64_t v91 = t66[v90];
+                const bool v92 = v91 >= v87;
+                const bool v93 = v91 < d_N;
+                const bool v94 = v92 && v93;
+                if (v94) {
+                    for (int64_t q95 = 0; q95 < d_D; q95 += 32) OPGEN_PREFETCH(p_dy, v91 * st_dy_0 + (v87 + q95), 0);
+                } else {
+                }
+                const int64_t v96 = t66[i84];
                 #pragma omp simd
-                for (int64_t i75 = v2; i75 < d_D; i75++) {
-                    const float v76 = opgen_bf16_to_f32(p_dy[v74 * st_dy_0 + i75]);
-                    const float v77 = v76 * v56;
-                    l72[i75] += v77;
+                for (int64_t i97 = v2; i97 < d_D; i97++) {
+                    const float v98 = opgen_bf16_to_f32(p_dy[v96 * st_dy_0 + i97]);
+                    const float v99 = v98 * v67;
+                    l83[i97] += v99;
                 }
             }
             {
-                int64_t r79 = v2;
-                for (; r79 + 32 <= d_D; r79 += 32) {
-                    OPGEN_PREFETCH(p_dtable2, i57 * st_dtable2_0 + r79, 2048);
-                    _Alignas(64) float stg80[32];
+                int64_t r101 = v2;
+                for (; r101 + 32 <= d_D; r101 += 32) {
+                    OPGEN_PREFETCH(p_dtable2, i68 * st_dtable2_0 + r101, 2048);
+                    _Alignas(64) float stg102[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i78 = r79 + l; (void)i78;
-                        const float v81 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i78]);
-                        const float v82 = p_dtable2_acc ? v81 : v20;
-                        const float v83 = l72[i78];
-                        const float v84 = v82 + v83;
-                        stg80[l] = v84;
+                        const int64_t i100 = r101 + l; (void)i100;
+                        const float v103 = opgen_bf16_to_f32(p_dtable2[i68 * st_dtable2_0 + i100]);
+                        const float v104 = p_dtable2_acc ? v103 : v20;
+                        const float v105 = l83[i100];
+                        const float v106 = v104 + v105;
+                        stg102[l] = v106;
                     }
-                    opgen_bf16_store_strip(&p_dtable2[i57 * st_dtable2_0 + r79], 1, stg80, 32, 0);
+                    opgen_bf16_store_strip(&p_dtable2[i68 * st_dtable2_0 + r101], 1, stg102, 32, 0);
                 }
                 #pragma omp simd
-                for (int64_t i78 = r79; i78 < d_D; i78++) {
-                    const float v85 = opgen_bf16_to_f32(p_dtable2[i57 * st_dtable2_0 + i78]);
-                    const float v86 = p_dtable2_acc ? v85 : v20;
-                    const float v87 = l72[i78];
-                    const float v88 = v86 + v87;
-                    p_dtable2[i57 * st_dtable2_0 + i78] = opgen_f32_to_bf16(v88);
+                for (int64_t i100 = r101; i100 < d_D; i100++) {
+                    const float v107 = opgen_bf16_to_f32(p_dtable2[i68 * st_dtable2_0 + i100]);
+                    const float v108 = p_dtable2_acc ? v107 : v20;
+                    const float v109 = l83[i100];
+                    const float v110 = v108 + v109;
+                    p_dtable2[i68 * st_dtable2_0 + i100] = opgen_f32_to_bf16(v110);
                 }
             }
         }
@@ -2261,10 +2485,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t63 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t64 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     float *l35_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l69_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
+    float *l80_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -2321,104 +2545,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = t17[i36];
+                const int64_t v37 = 4ll;
+                const int64_t v38 = 1ll;
+                const int64_t v39 = 0ll;
+                const int64_t v40 = i36 + v37;
+                const int64_t v41 = d_N - v38;
+                const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+                const int64_t v43 = t17[v42];
+                const bool v44 = v43 >= v39;
+                const bool v45 = v43 < d_N;
+                const bool v46 = v44 && v45;
+                if (v46) {
+                    for (int64_t q47 = 0; q47 < d_D; q47 += 16) OPGEN_PREFETCH(p_dy, v43 * st_dy_0 + (v39 + q47), 0);
+                } else {
+                }
+                const int64_t v48 = t17[i36];
                 #pragma omp simd
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const float v39 = p_dy[v37 * st_dy_0 + i38];
-                    const float v40 = v39 * v19;
-                    l35[i38] += v40;
+                for (int64_t i49 = v2; i49 < d_D; i49++) {
+                    const float v50 = p_dy[v48 * st_dy_0 + i49];
+                    const float v51 = v50 * v19;
+                    l35[i49] += v51;
                 }
             }
             {
-                int64_t r42 = v2;
-                for (; r42 + 16 <= d_D; r42 += 16) {
-                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                int64_t r53 = v2;
+                for (; r53 + 16 <= d_D; r53 += 16) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r53, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i41 = r42 + l; (void)i41;
-                        const float v43 = p_dtable1[i21 * st_dtable1_0 + i41];
-                        const float v44 = p_dtable1_acc ? v43 : v20;
-                        const float v45 = l35[i41];
-                        const float v46 = v44 + v45;
-                        p_dtable1[i21 * st_dtable1_0 + i41] = v46;
+                        const int64_t i52 = r53 + l; (void)i52;
+                        const float v54 = p_dtable1[i21 * st_dtable1_0 + i52];
+                        const float v55 = p_dtable1_acc ? v54 : v20;
+                        const float v56 = l35[i52];
+                        const float v57 = v55 + v56;
+                        p_dtable1[i21 * st_dtable1_0 + i52] = v57;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i41 = r42; i41 < d_D; i41++) {
-                    const float v47 = p_dtable1[i21 * st_dtable1_0 + i41];
-                    const float v48 = p_dtable1_acc ? v47 : v20;
-                    const float v49 = l35[i41];
-                    const float v50 = v48 + v49;
-                    p_dtable1[i21 * st_dtable1_0 + i41] = v50;
+                for (int64_t i52 = r53; i52 < d_D; i52++) {
+                    const float v58 = p_dtable1[i21 * st_dtable1_0 + i52];
+                    const float v59 = p_dtable1_acc ? v58 : v20;
+                    const float v60 = l35[i52];
+                    const float v61 = v59 + v60;
+                    p_dtable1[i21 * st_dtable1_0 + i52] = v61;
                 }
             }
         }
     }
-    const int64_t v51 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t52, t53);
-    const float v54 = p_alpha2;
+    const int64_t v62 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t63, t64);
+    const float v65 = p_alpha2;
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i55 = v2; i55 < v51; i55++) {
-        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
-        const int64_t v57 = i55 + v18;
-        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
-        const bool v59 = v58 <= v56;
-        if (v59) {
-            const float v60 = 0.0f;
+    for (int64_t i66 = v2; i66 < v62; i66++) {
+        const int64_t v67 = opgen_seg_start(t63, i66, d_N2, d_N);
+        const int64_t v68 = i66 + v18;
+        const int64_t v69 = opgen_seg_start(t63, v68, d_N2, d_N);
+        const bool v70 = v69 <= v67;
+        if (v70) {
+            const float v71 = 0.0f;
             {
-                int64_t r62 = v2;
-                for (; r62 + 16 <= d_D; r62 += 16) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                int64_t r73 = v2;
+                for (; r73 + 16 <= d_D; r73 += 16) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r73, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const float v63 = p_dtable2[i55 * st_dtable2_0 + i61];
-                        const float v64 = p_dtable2_acc ? v63 : v20;
-                        const float v65 = v64 + v60;
-                        p_dtable2[i55 * st_dtable2_0 + i61] = v65;
+                        const int64_t i72 = r73 + l; (void)i72;
+                        const float v74 = p_dtable2[i66 * st_dtable2_0 + i72];
+                        const float v75 = p_dtable2_acc ? v74 : v20;
+                        const float v76 = v75 + v71;
+                        p_dtable2[i66 * st_dtable2_0 + i72] = v76;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_D; i61++) {
-                    const float v66 = p_dtable2[i55 * st_dtable2_0 + i61];
-                    const float v67 = p_dtable2_acc ? v66 : v20;
-                    const float v68 = v67 + v60;
-                    p_dtable2[i55 * st_dtable2_0 + i61] = v68;
+                for (int64_t i72 = r73; i72 < d_D; i72++) {
+                    const float v77 = p_dtable2[i66 * st_dtable2_0 + i72];
+                    const float v78 = p_dtable2_acc ? v77 : v20;
+                    const float v79 = v78 + v71;
+                    p_dtable2[i66 * st_dtable2_0 + i72] = v79;
                 }
             }
         } else {
-            float *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l69, 0, sizeof(float) * (size_t)d_D);
-            for (int64_t i70 = v56; i70 < v58; i70++) {
-                const int64_t v71 = t53[i70];
+            float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l80, 0, sizeof(float) * (size_t)d_D);
+            for (int64_t i81 = v67; i81 < v69; i81++) {
+                const int64_t v82 = 4ll;
+                const int64_t v83 = 1ll;
+                const int64_t v84 = 0ll;
+                const int64_t v85 = i81 + v82;
+                const int64_t v86 = d_N - v83;
+                const int64_t v87 = ((v85 < v86 || v85 != v85) ? v85 : v86);
+                const int64_t v88 = t64[v87];
+                const bool v89 = v88 >= v84;
+                const bool v90 = v88 < d_N;
+                const bool v91 = v89 && v90;
+                if (v91) {
+                    for (int64_t q92 = 0; q92 < d_D; q92 += 16) OPGEN_PREFETCH(p_dy, v88 * st_dy_0 + (v84 + q92), 0);
+                } else {
+                }
+                const int64_t v93 = t64[i81];
                 #pragma omp simd
-                for (int64_t i72 = v2; i72 < d_D; i72++) {
-                    const float v73 = p_dy[v71 * st_dy_0 + i72];
-                    const float v74 = v73 * v54;
-                    l69[i72] += v74;
+                for (int64_t i94 = v2; i94 < d_D; i94++) {
+                    const float v95 = p_dy[v93 * st_dy_0 + i94];
+                    const float v96 = v95 * v65;
+                    l80[i94] += v96;
                 }
             }
             {
-                int64_t r76 = v2;
-                for (; r76 + 16 <= d_D; r76 += 16) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                int64_t r98 = v2;
+                for (; r98 + 16 <= d_D; r98 += 16) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r98, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i75 = r76 + l; (void)i75;
-                        const float v77 = p_dtable2[i55 * st_dtable2_0 + i75];
-                        const float v78 = p_dtable2_acc ? v77 : v20;
-                        const float v79 = l69[i75];
-                        const float v80 = v78 + v79;
-                        p_dtable2[i55 * st_dtable2_0 + i75] = v80;
+                        const int64_t i97 = r98 + l; (void)i97;
+                        const float v99 = p_dtable2[i66 * st_dtable2_0 + i97];
+                        const float v100 = p_dtable2_acc ? v99 : v20;
+                        const float v101 = l80[i97];
+                        const float v102 = v100 + v101;
+                        p_dtable2[i66 * st_dtable2_0 + i97] = v102;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i75 = r76; i75 < d_D; i75++) {
-                    const float v81 = p_dtable2[i55 * st_dtable2_0 + i75];
-                    const float v82 = p_dtable2_acc ? v81 : v20;
-                    const float v83 = l69[i75];
-                    const float v84 = v82 + v83;
-                    p_dtable2[i55 * st_dtable2_0 + i75] = v84;
+                for (int64_t i97 = r98; i97 < d_D; i97++) {
+                    const float v103 = p_dtable2[i66 * st_dtable2_0 + i97];
+                    const float v104 = p_dtable2_acc ? v103 : v20;
+                    const float v105 = l80[i97];
+                    const float v106 = v104 + v105;
+                    p_dtable2[i66 * st_dtable2_0 + i97] = v106;
                 }
             }
         }
@@ -2496,10 +2748,10 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
     int64_t *restrict t8 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     int64_t *restrict t16 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N1, d_N));
     int64_t *restrict t17 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
-    int64_t *restrict t52 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
-    int64_t *restrict t53 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
+    int64_t *restrict t63 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)opgen_seg_words(d_N2, d_N));
+    int64_t *restrict t64 = (int64_t *)(wp + off); off += opgen_align(sizeof(int64_t) * (size_t)d_N);
     double *l35_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
-    double *l69_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
+    double *l80_base = (double *)(wp + off); off += opgen_align(sizeof(double) * (size_t)d_D * (size_t)opgen_threads());
     const int64_t v2 = 0ll;
     for (int64_t i3 = v2; i3 < d_N; i3++) {
         const int64_t v4 = p_i1[i3];
@@ -2556,104 +2808,132 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             double *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = t17[i36];
+                const int64_t v37 = 4ll;
+                const int64_t v38 = 1ll;
+                const int64_t v39 = 0ll;
+                const int64_t v40 = i36 + v37;
+                const int64_t v41 = d_N - v38;
+                const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+                const int64_t v43 = t17[v42];
+                const bool v44 = v43 >= v39;
+                const bool v45 = v43 < d_N;
+                const bool v46 = v44 && v45;
+                if (v46) {
+                    for (int64_t q47 = 0; q47 < d_D; q47 += 8) OPGEN_PREFETCH(p_dy, v43 * st_dy_0 + (v39 + q47), 0);
+                } else {
+                }
+                const int64_t v48 = t17[i36];
                 #pragma omp simd
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const double v39 = p_dy[v37 * st_dy_0 + i38];
-                    const double v40 = v39 * v19;
-                    l35[i38] += v40;
+                for (int64_t i49 = v2; i49 < d_D; i49++) {
+                    const double v50 = p_dy[v48 * st_dy_0 + i49];
+                    const double v51 = v50 * v19;
+                    l35[i49] += v51;
                 }
             }
             {
-                int64_t r42 = v2;
-                for (; r42 + 8 <= d_D; r42 += 8) {
-                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r42, 2048);
+                int64_t r53 = v2;
+                for (; r53 + 8 <= d_D; r53 += 8) {
+                    OPGEN_PREFETCH(p_dtable1, i21 * st_dtable1_0 + r53, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i41 = r42 + l; (void)i41;
-                        const double v43 = p_dtable1[i21 * st_dtable1_0 + i41];
-                        const double v44 = p_dtable1_acc ? v43 : v20;
-                        const double v45 = l35[i41];
-                        const double v46 = v44 + v45;
-                        p_dtable1[i21 * st_dtable1_0 + i41] = v46;
+                        const int64_t i52 = r53 + l; (void)i52;
+                        const double v54 = p_dtable1[i21 * st_dtable1_0 + i52];
+                        const double v55 = p_dtable1_acc ? v54 : v20;
+                        const double v56 = l35[i52];
+                        const double v57 = v55 + v56;
+                        p_dtable1[i21 * st_dtable1_0 + i52] = v57;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i41 = r42; i41 < d_D; i41++) {
-                    const double v47 = p_dtable1[i21 * st_dtable1_0 + i41];
-                    const double v48 = p_dtable1_acc ? v47 : v20;
-                    const double v49 = l35[i41];
-                    const double v50 = v48 + v49;
-                    p_dtable1[i21 * st_dtable1_0 + i41] = v50;
+                for (int64_t i52 = r53; i52 < d_D; i52++) {
+                    const double v58 = p_dtable1[i21 * st_dtable1_0 + i52];
+                    const double v59 = p_dtable1_acc ? v58 : v20;
+                    const double v60 = l35[i52];
+                    const double v61 = v59 + v60;
+                    p_dtable1[i21 * st_dtable1_0 + i52] = v61;
                 }
             }
         }
     }
-    const int64_t v51 = v14 ? v2 : d_N2;
-    opgen_seg_build(t8, d_N, d_N2, t52, t53);
-    const double v54 = (double)(p_alpha2);
+    const int64_t v62 = v14 ? v2 : d_N2;
+    opgen_seg_build(t8, d_N, d_N2, t63, t64);
+    const double v65 = (double)(p_alpha2);
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i55 = v2; i55 < v51; i55++) {
-        const int64_t v56 = opgen_seg_start(t52, i55, d_N2, d_N);
-        const int64_t v57 = i55 + v18;
-        const int64_t v58 = opgen_seg_start(t52, v57, d_N2, d_N);
-        const bool v59 = v58 <= v56;
-        if (v59) {
-            const double v60 = 0.0;
+    for (int64_t i66 = v2; i66 < v62; i66++) {
+        const int64_t v67 = opgen_seg_start(t63, i66, d_N2, d_N);
+        const int64_t v68 = i66 + v18;
+        const int64_t v69 = opgen_seg_start(t63, v68, d_N2, d_N);
+        const bool v70 = v69 <= v67;
+        if (v70) {
+            const double v71 = 0.0;
             {
-                int64_t r62 = v2;
-                for (; r62 + 8 <= d_D; r62 += 8) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r62, 2048);
+                int64_t r73 = v2;
+                for (; r73 + 8 <= d_D; r73 += 8) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r73, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i61 = r62 + l; (void)i61;
-                        const double v63 = p_dtable2[i55 * st_dtable2_0 + i61];
-                        const double v64 = p_dtable2_acc ? v63 : v20;
-                        const double v65 = v64 + v60;
-                        p_dtable2[i55 * st_dtable2_0 + i61] = v65;
+                        const int64_t i72 = r73 + l; (void)i72;
+                        const double v74 = p_dtable2[i66 * st_dtable2_0 + i72];
+                        const double v75 = p_dtable2_acc ? v74 : v20;
+                        const double v76 = v75 + v71;
+                        p_dtable2[i66 * st_dtable2_0 + i72] = v76;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i61 = r62; i61 < d_D; i61++) {
-                    const double v66 = p_dtable2[i55 * st_dtable2_0 + i61];
-                    const double v67 = p_dtable2_acc ? v66 : v20;
-                    const double v68 = v67 + v60;
-                    p_dtable2[i55 * st_dtable2_0 + i61] = v68;
+                for (int64_t i72 = r73; i72 < d_D; i72++) {
+                    const double v77 = p_dtable2[i66 * st_dtable2_0 + i72];
+                    const double v78 = p_dtable2_acc ? v77 : v20;
+                    const double v79 = v78 + v71;
+                    p_dtable2[i66 * st_dtable2_0 + i72] = v79;
                 }
             }
         } else {
-            double *restrict l69 = l69_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l69, 0, sizeof(double) * (size_t)d_D);
-            for (int64_t i70 = v56; i70 < v58; i70++) {
-                const int64_t v71 = t53[i70];
+            double *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
+            memset(l80, 0, sizeof(double) * (size_t)d_D);
+            for (int64_t i81 = v67; i81 < v69; i81++) {
+                const int64_t v82 = 4ll;
+                const int64_t v83 = 1ll;
+                const int64_t v84 = 0ll;
+                const int64_t v85 = i81 + v82;
+                const int64_t v86 = d_N - v83;
+                const int64_t v87 = ((v85 < v86 || v85 != v85) ? v85 : v86);
+                const int64_t v88 = t64[v87];
+                const bool v89 = v88 >= v84;
+                const bool v90 = v88 < d_N;
+                const bool v91 = v89 && v90;
+                if (v91) {
+                    for (int64_t q92 = 0; q92 < d_D; q92 += 8) OPGEN_PREFETCH(p_dy, v88 * st_dy_0 + (v84 + q92), 0);
+                } else {
+                }
+                const int64_t v93 = t64[i81];
                 #pragma omp simd
-                for (int64_t i72 = v2; i72 < d_D; i72++) {
-                    const double v73 = p_dy[v71 * st_dy_0 + i72];
-                    const double v74 = v73 * v54;
-                    l69[i72] += v74;
+                for (int64_t i94 = v2; i94 < d_D; i94++) {
+                    const double v95 = p_dy[v93 * st_dy_0 + i94];
+                    const double v96 = v95 * v65;
+                    l80[i94] += v96;
                 }
             }
             {
-                int64_t r76 = v2;
-                for (; r76 + 8 <= d_D; r76 += 8) {
-                    OPGEN_PREFETCH(p_dtable2, i55 * st_dtable2_0 + r76, 2048);
+                int64_t r98 = v2;
+                for (; r98 + 8 <= d_D; r98 += 8) {
+                    OPGEN_PREFETCH(p_dtable2, i66 * st_dtable2_0 + r98, 2048);
                     #pragma omp simd
                     for (int l = 0; l < 8; l++) {
-                        const int64_t i75 = r76 + l; (void)i75;
-                        const double v77 = p_dtable2[i55 * st_dtable2_0 + i75];
-                        const double v78 = p_dtable2_acc ? v77 : v20;
-                        const double v79 = l69[i75];
-                        const double v80 = v78 + v79;
-                        p_dtable2[i55 * st_dtable2_0 + i75] = v80;
+                        const int64_t i97 = r98 + l; (void)i97;
+                        const double v99 = p_dtable2[i66 * st_dtable2_0 + i97];
+                        const double v100 = p_dtable2_acc ? v99 : v20;
+                        const double v101 = l80[i97];
+                        const double v102 = v100 + v101;
+                        p_dtable2[i66 * st_dtable2_0 + i97] = v102;
                     }
                 }
                 #pragma omp simd
-                for (int64_t i75 = r76; i75 < d_D; i75++) {
-                    const double v81 = p_dtable2[i55 * st_dtable2_0 + i75];
-                    const double v82 = p_dtable2_acc ? v81 : v20;
-                    const double v83 = l69[i75];
-                    const double v84 = v82 + v83;
-                    p_dtable2[i55 * st_dtable2_0 + i75] = v84;
+                for (int64_t i97 = r98; i97 < d_D; i97++) {
+                    const double v103 = p_dtable2[i66 * st_dtable2_0 + i97];
+                    const double v104 = p_dtable2_acc ? v103 : v20;
+                    const double v105 = l80[i97];
+                    const double v106 = v104 + v105;
+                    p_dtable2[i66 * st_dtable2_0 + i97] = v106;
                 }
             }
         }

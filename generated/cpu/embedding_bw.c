@@ -97,26 +97,40 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l21, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
-                const int64_t v23 = t11[i22];
-                for (int64_t i24 = v2; i24 < d_D; i24++) {
-                    const float v25 = opgen_bf16_to_f32(p_grad[v23 * st_grad_0 + i24 * st_grad_1]);
-                    l21[i24] += v25;
+                const int64_t v23 = 4ll;
+                const int64_t v24 = 1ll;
+                const int64_t v25 = 0ll;
+                const int64_t v26 = i22 + v23;
+                const int64_t v27 = d_N - v24;
+                const int64_t v28 = ((v26 < v27 || v26 != v26) ? v26 : v27);
+                const int64_t v29 = t11[v28];
+                const bool v30 = v29 >= v25;
+                const bool v31 = v29 < d_N;
+                const bool v32 = v30 && v31;
+                if (v32) {
+                    OPGEN_PREFETCH(p_grad, v29 * st_grad_0 + v25 * st_grad_1, 0);
+                } else {
+                }
+                const int64_t v33 = t11[i22];
+                for (int64_t i34 = v2; i34 < d_D; i34++) {
+                    const float v35 = opgen_bf16_to_f32(p_grad[v33 * st_grad_0 + i34 * st_grad_1]);
+                    l21[i34] += v35;
                 }
             }
             {
-                int64_t r27 = v2;
-                for (; r27 + 32 <= d_D; r27 += 32) {
-                    _Alignas(64) float stg28[32];
+                int64_t r37 = v2;
+                for (; r37 + 32 <= d_D; r37 += 32) {
+                    _Alignas(64) float stg38[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i26 = r27 + l; (void)i26;
-                        const float v29 = l21[i26];
-                        stg28[l] = v29;
+                        const int64_t i36 = r37 + l; (void)i36;
+                        const float v39 = l21[i36];
+                        stg38[l] = v39;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r27 * st_out_1], st_out_1, stg28, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r37 * st_out_1], st_out_1, stg38, 32, nt_p_out);
                 }
-                for (int64_t i26 = r27; i26 < d_D; i26++) {
-                    const float v30 = l21[i26];
-                    p_out[i13 * st_out_0 + i26 * st_out_1] = opgen_f32_to_bf16(v30);
+                for (int64_t i36 = r37; i36 < d_D; i36++) {
+                    const float v40 = l21[i36];
+                    p_out[i13 * st_out_0 + i36 * st_out_1] = opgen_f32_to_bf16(v40);
                 }
             }
         }
@@ -197,37 +211,51 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l22, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = t11[i23];
+                const int64_t v24 = 4ll;
+                const int64_t v25 = 1ll;
+                const int64_t v26 = 0ll;
+                const int64_t v27 = i23 + v24;
+                const int64_t v28 = d_N - v25;
+                const int64_t v29 = ((v27 < v28 || v27 != v27) ? v27 : v28);
+                const int64_t v30 = t11[v29];
+                const bool v31 = v30 >= v26;
+                const bool v32 = v30 < d_N;
+                const bool v33 = v31 && v32;
+                if (v33) {
+                    for (int64_t q34 = 0; q34 < d_D; q34 += 32) OPGEN_PREFETCH(p_grad, v30 * st_grad_0 + (v26 + q34), 0);
+                } else {
+                }
+                const int64_t v35 = t11[i23];
                 #pragma omp simd
-                for (int64_t i25 = v2; i25 < d_D; i25++) {
-                    const float v26 = opgen_bf16_to_f32(p_grad[v24 * st_grad_0 + i25]);
-                    l22[i25] += v26;
+                for (int64_t i36 = v2; i36 < d_D; i36++) {
+                    const float v37 = opgen_bf16_to_f32(p_grad[v35 * st_grad_0 + i36]);
+                    l22[i36] += v37;
                 }
             }
             {
-                int64_t r28 = v2;
-                int64_t e29 = r28 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e29 > d_D) e29 = d_D > r28 ? d_D : r28;
+                int64_t r39 = v2;
+                int64_t e40 = r39 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r39] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e40 > d_D) e40 = d_D > r39 ? d_D : r39;
                 #pragma omp simd
-                for (int64_t i27 = r28; i27 < e29; i27++) {
-                    const float v30 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v30);
+                for (int64_t i38 = r39; i38 < e40; i38++) {
+                    const float v41 = l22[i38];
+                    p_out[i13 * st_out_0 + i38] = opgen_f32_to_bf16(v41);
                 }
-                r28 = e29;
-                for (; r28 + 32 <= d_D; r28 += 32) {
-                    _Alignas(64) float stg31[32];
+                r39 = e40;
+                for (; r39 + 32 <= d_D; r39 += 32) {
+                    _Alignas(64) float stg42[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i27 = r28 + l; (void)i27;
-                        const float v32 = l22[i27];
-                        stg31[l] = v32;
+                        const int64_t i38 = r39 + l; (void)i38;
+                        const float v43 = l22[i38];
+                        stg42[l] = v43;
                     }
-                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg31, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i13 * st_out_0 + r39], 1, stg42, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v33 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = opgen_f32_to_bf16(v33);
+                for (int64_t i38 = r39; i38 < d_D; i38++) {
+                    const float v44 = l22[i38];
+                    p_out[i13 * st_out_0 + i38] = opgen_f32_to_bf16(v44);
                 }
             }
         }
@@ -335,26 +363,40 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l21, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
-                const int64_t v23 = t11[i22];
-                for (int64_t i24 = v2; i24 < d_D; i24++) {
-                    const float v25 = p_grad[v23 * st_grad_0 + i24 * st_grad_1];
-                    l21[i24] += v25;
+                const int64_t v23 = 4ll;
+                const int64_t v24 = 1ll;
+                const int64_t v25 = 0ll;
+                const int64_t v26 = i22 + v23;
+                const int64_t v27 = d_N - v24;
+                const int64_t v28 = ((v26 < v27 || v26 != v26) ? v26 : v27);
+                const int64_t v29 = t11[v28];
+                const bool v30 = v29 >= v25;
+                const bool v31 = v29 < d_N;
+                const bool v32 = v30 && v31;
+                if (v32) {
+                    OPGEN_PREFETCH(p_grad, v29 * st_grad_0 + v25 * st_grad_1, 0);
+                } else {
+                }
+                const int64_t v33 = t11[i22];
+                for (int64_t i34 = v2; i34 < d_D; i34++) {
+                    const float v35 = p_grad[v33 * st_grad_0 + i34 * st_grad_1];
+                    l21[i34] += v35;
                 }
             }
             {
-                int64_t r27 = v2;
-                for (; r27 + 16 <= d_D; r27 += 16) {
-                    _Alignas(64) float stg28[16];
+                int64_t r37 = v2;
+                for (; r37 + 16 <= d_D; r37 += 16) {
+                    _Alignas(64) float stg38[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i26 = r27 + l; (void)i26;
-                        const float v29 = l21[i26];
-                        stg28[l] = v29;
+                        const int64_t i36 = r37 + l; (void)i36;
+                        const float v39 = l21[i36];
+                        stg38[l] = v39;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r27 * st_out_1], st_out_1, stg28, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r37 * st_out_1], st_out_1, stg38, 16, nt_p_out);
                 }
-                for (int64_t i26 = r27; i26 < d_D; i26++) {
-                    const float v30 = l21[i26];
-                    p_out[i13 * st_out_0 + i26 * st_out_1] = v30;
+                for (int64_t i36 = r37; i36 < d_D; i36++) {
+                    const float v40 = l21[i36];
+                    p_out[i13 * st_out_0 + i36 * st_out_1] = v40;
                 }
             }
         }
@@ -435,37 +477,51 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l22, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = t11[i23];
+                const int64_t v24 = 4ll;
+                const int64_t v25 = 1ll;
+                const int64_t v26 = 0ll;
+                const int64_t v27 = i23 + v24;
+                const int64_t v28 = d_N - v25;
+                const int64_t v29 = ((v27 < v28 || v27 != v27) ? v27 : v28);
+                const int64_t v30 = t11[v29];
+                const bool v31 = v30 >= v26;
+                const bool v32 = v30 < d_N;
+                const bool v33 = v31 && v32;
+                if (v33) {
+                    for (int64_t q34 = 0; q34 < d_D; q34 += 16) OPGEN_PREFETCH(p_grad, v30 * st_grad_0 + (v26 + q34), 0);
+                } else {
+                }
+                const int64_t v35 = t11[i23];
                 #pragma omp simd
-                for (int64_t i25 = v2; i25 < d_D; i25++) {
-                    const float v26 = p_grad[v24 * st_grad_0 + i25];
-                    l22[i25] += v26;
+                for (int64_t i36 = v2; i36 < d_D; i36++) {
+                    const float v37 = p_grad[v35 * st_grad_0 + i36];
+                    l22[i36] += v37;
                 }
             }
             {
-                int64_t r28 = v2;
-                int64_t e29 = r28 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r28] & 63)) & 63) / sizeof(float)) : 0);
-                if (e29 > d_D) e29 = d_D > r28 ? d_D : r28;
+                int64_t r39 = v2;
+                int64_t e40 = r39 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i13 * st_out_0 + r39] & 63)) & 63) / sizeof(float)) : 0);
+                if (e40 > d_D) e40 = d_D > r39 ? d_D : r39;
                 #pragma omp simd
-                for (int64_t i27 = r28; i27 < e29; i27++) {
-                    const float v30 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = v30;
+                for (int64_t i38 = r39; i38 < e40; i38++) {
+                    const float v41 = l22[i38];
+                    p_out[i13 * st_out_0 + i38] = v41;
                 }
-                r28 = e29;
-                for (; r28 + 16 <= d_D; r28 += 16) {
-                    _Alignas(64) float stg31[16];
+                r39 = e40;
+                for (; r39 + 16 <= d_D; r39 += 16) {
+                    _Alignas(64) float stg42[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i27 = r28 + l; (void)i27;
-                        const float v32 = l22[i27];
-                        stg31[l] = v32;
+                        const int64_t i38 = r39 + l; (void)i38;
+                        const float v43 = l22[i38];
+                        stg42[l] = v43;
                     }
-                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r28], 1, stg31, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i13 * st_out_0 + r39], 1, stg42, 16, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i27 = r28; i27 < d_D; i27++) {
-                    const float v33 = l22[i27];
-                    p_out[i13 * st_out_0 + i27] = v33;
+                for (int64_t i38 = r39; i38 < d_D; i38++) {
+                    const float v44 = l22[i38];
+                    p_out[i13 * st_out_0 + i38] = v44;
                 }
             }
         }

@@ -108,42 +108,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = t11[i25];
-                const int64_t v27 = p_indices[ro_indices[v26]];
-                const bool v28 = v27 != p_padding_idx;
-                const int64_t v29 = t1[v26];
-                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
-                const int64_t v31 = v29 + v12;
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v32 - v30;
-                const int32_t v34 = (int32_t)(v33);
-                const float v35 = (float)(v34);
-                const float v36 = v13 / v35;
-                const float v37 = p_scale_grad_by_freq ? v36 : v13;
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const float v39 = p_grad[ro_grad[v26] + i38 * st_grad_1];
-                    const float v40 = v39;
-                    const float v41 = v40 * v37;
-                    const float v42 = v28 ? v41 : v14;
-                    l24[i38] += v42;
+                const int64_t v26 = 4ll;
+                const int64_t v27 = 1ll;
+                const int64_t v28 = 0ll;
+                const int64_t v29 = i25 + v26;
+                const int64_t v30 = d_N - v27;
+                const int64_t v31 = ((v29 < v30 || v29 != v29) ? v29 : v30);
+                const int64_t v32 = t11[v31];
+                const bool v33 = v32 >= v28;
+                const bool v34 = v32 < d_N;
+                const bool v35 = v33 && v34;
+                if (v35) {
+                    OPGEN_PREFETCH(p_grad, ro_grad[v32] + v28 * st_grad_1, 0);
+                } else {
+                }
+                const int64_t v36 = t11[i25];
+                const int64_t v37 = p_indices[ro_indices[v36]];
+                const bool v38 = v37 != p_padding_idx;
+                const int64_t v39 = t1[v36];
+                const int64_t v40 = opgen_seg_start(t10, v39, d_V, d_N);
+                const int64_t v41 = v39 + v12;
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v42 - v40;
+                const int32_t v44 = (int32_t)(v43);
+                const float v45 = (float)(v44);
+                const float v46 = v13 / v45;
+                const float v47 = p_scale_grad_by_freq ? v46 : v13;
+                for (int64_t i48 = v2; i48 < d_D; i48++) {
+                    const float v49 = p_grad[ro_grad[v36] + i48 * st_grad_1];
+                    const float v50 = v49;
+                    const float v51 = v50 * v47;
+                    const float v52 = v38 ? v51 : v14;
+                    l24[i48] += v52;
                 }
             }
             {
-                int64_t r44 = v2;
-                for (; r44 + 16 <= d_D; r44 += 16) {
-                    _Alignas(64) float stg45[16];
+                int64_t r54 = v2;
+                for (; r54 + 16 <= d_D; r54 += 16) {
+                    _Alignas(64) float stg55[16];
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v46 = l24[i43];
-                        const float v47 = v46;
-                        stg45[l] = v47;
+                        const int64_t i53 = r54 + l; (void)i53;
+                        const float v56 = l24[i53];
+                        const float v57 = v56;
+                        stg55[l] = v57;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r54 * st_out_1], st_out_1, stg55, 16, nt_p_out);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v48 = l24[i43];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i43 * st_out_1] = v49;
+                for (int64_t i53 = r54; i53 < d_D; i53++) {
+                    const float v58 = l24[i53];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i53 * st_out_1] = v59;
                 }
             }
         }
@@ -231,54 +245,68 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = t11[i26];
-                const int64_t v28 = p_indices[ro_indices[v27]];
-                const bool v29 = v28 != p_padding_idx;
-                const int64_t v30 = t1[v27];
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v30 + v12;
-                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v33 - v31;
-                const int32_t v35 = (int32_t)(v34);
-                const float v36 = (float)(v35);
-                const float v37 = v13 / v36;
-                const float v38 = p_scale_grad_by_freq ? v37 : v13;
+                const int64_t v27 = 4ll;
+                const int64_t v28 = 1ll;
+                const int64_t v29 = 0ll;
+                const int64_t v30 = i26 + v27;
+                const int64_t v31 = d_N - v28;
+                const int64_t v32 = ((v30 < v31 || v30 != v30) ? v30 : v31);
+                const int64_t v33 = t11[v32];
+                const bool v34 = v33 >= v29;
+                const bool v35 = v33 < d_N;
+                const bool v36 = v34 && v35;
+                if (v36) {
+                    for (int64_t q37 = 0; q37 < d_D; q37 += 16) OPGEN_PREFETCH(p_grad, ro_grad[v33] + (v29 + q37), 0);
+                } else {
+                }
+                const int64_t v38 = t11[i26];
+                const int64_t v39 = p_indices[ro_indices[v38]];
+                const bool v40 = v39 != p_padding_idx;
+                const int64_t v41 = t1[v38];
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v41 + v12;
+                const int64_t v44 = opgen_seg_start(t10, v43, d_V, d_N);
+                const int64_t v45 = v44 - v42;
+                const int32_t v46 = (int32_t)(v45);
+                const float v47 = (float)(v46);
+                const float v48 = v13 / v47;
+                const float v49 = p_scale_grad_by_freq ? v48 : v13;
                 #pragma omp simd
-                for (int64_t i39 = v2; i39 < d_D; i39++) {
-                    const float v40 = p_grad[ro_grad[v27] + i39];
-                    const float v41 = v40;
-                    const float v42 = v41 * v38;
-                    const float v43 = v29 ? v42 : v14;
-                    l25[i39] += v43;
+                for (int64_t i50 = v2; i50 < d_D; i50++) {
+                    const float v51 = p_grad[ro_grad[v38] + i50];
+                    const float v52 = v51;
+                    const float v53 = v52 * v49;
+                    const float v54 = v40 ? v53 : v14;
+                    l25[i50] += v54;
                 }
             }
             {
-                int64_t r45 = v2;
-                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(float)) : 0);
-                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                int64_t r56 = v2;
+                int64_t e57 = r56 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r56] & 63)) & 63) / sizeof(float)) : 0);
+                if (e57 > d_D) e57 = d_D > r56 ? d_D : r56;
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < e46; i44++) {
-                    const float v47 = l25[i44];
-                    const float v48 = v47;
-                    p_out[i15 * st_out_0 + i44] = v48;
+                for (int64_t i55 = r56; i55 < e57; i55++) {
+                    const float v58 = l25[i55];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i55] = v59;
                 }
-                r45 = e46;
-                for (; r45 + 16 <= d_D; r45 += 16) {
-                    _Alignas(64) float stg49[16];
+                r56 = e57;
+                for (; r56 + 16 <= d_D; r56 += 16) {
+                    _Alignas(64) float stg60[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i44 = r45 + l; (void)i44;
-                        const float v50 = l25[i44];
-                        const float v51 = v50;
-                        stg49[l] = v51;
+                        const int64_t i55 = r56 + l; (void)i55;
+                        const float v61 = l25[i55];
+                        const float v62 = v61;
+                        stg60[l] = v62;
                     }
-                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 16, nt_p_out);
+                    opgen_f32_store_strip(&p_out[i15 * st_out_0 + r56], 1, stg60, 16, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < d_D; i44++) {
-                    const float v52 = l25[i44];
-                    const float v53 = v52;
-                    p_out[i15 * st_out_0 + i44] = v53;
+                for (int64_t i55 = r56; i55 < d_D; i55++) {
+                    const float v63 = l25[i55];
+                    const float v64 = v63;
+                    p_out[i15 * st_out_0 + i55] = v64;
                 }
             }
         }
@@ -397,42 +425,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = t11[i25];
-                const int64_t v27 = p_indices[ro_indices[v26]];
-                const bool v28 = v27 != p_padding_idx;
-                const int64_t v29 = t1[v26];
-                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
-                const int64_t v31 = v29 + v12;
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v32 - v30;
-                const int32_t v34 = (int32_t)(v33);
-                const float v35 = (float)(v34);
-                const float v36 = v13 / v35;
-                const float v37 = p_scale_grad_by_freq ? v36 : v13;
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const float v39 = opgen_f16_to_f32(p_grad[ro_grad[v26] + i38 * st_grad_1]);
-                    const float v40 = v39;
-                    const float v41 = v40 * v37;
-                    const float v42 = v28 ? v41 : v14;
-                    l24[i38] += v42;
+                const int64_t v26 = 4ll;
+                const int64_t v27 = 1ll;
+                const int64_t v28 = 0ll;
+                const int64_t v29 = i25 + v26;
+                const int64_t v30 = d_N - v27;
+                const int64_t v31 = ((v29 < v30 || v29 != v29) ? v29 : v30);
+                const int64_t v32 = t11[v31];
+                const bool v33 = v32 >= v28;
+                const bool v34 = v32 < d_N;
+                const bool v35 = v33 && v34;
+                if (v35) {
+                    OPGEN_PREFETCH(p_grad, ro_grad[v32] + v28 * st_grad_1, 0);
+                } else {
+                }
+                const int64_t v36 = t11[i25];
+                const int64_t v37 = p_indices[ro_indices[v36]];
+                const bool v38 = v37 != p_padding_idx;
+                const int64_t v39 = t1[v36];
+                const int64_t v40 = opgen_seg_start(t10, v39, d_V, d_N);
+                const int64_t v41 = v39 + v12;
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v42 - v40;
+                const int32_t v44 = (int32_t)(v43);
+                const float v45 = (float)(v44);
+                const float v46 = v13 / v45;
+                const float v47 = p_scale_grad_by_freq ? v46 : v13;
+                for (int64_t i48 = v2; i48 < d_D; i48++) {
+                    const float v49 = opgen_f16_to_f32(p_grad[ro_grad[v36] + i48 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v47;
+                    const float v52 = v38 ? v51 : v14;
+                    l24[i48] += v52;
                 }
             }
             {
-                int64_t r44 = v2;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    _Alignas(64) float stg45[32];
+                int64_t r54 = v2;
+                for (; r54 + 32 <= d_D; r54 += 32) {
+                    _Alignas(64) float stg55[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v46 = l24[i43];
-                        const float v47 = v46;
-                        stg45[l] = v47;
+                        const int64_t i53 = r54 + l; (void)i53;
+                        const float v56 = l24[i53];
+                        const float v57 = v56;
+                        stg55[l] = v57;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r54 * st_out_1], st_out_1, stg55, 32, nt_p_out);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v48 = l24[i43];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i43 * st_out_1] = opgen_f32_to_f16(v49);
+                for (int64_t i53 = r54; i53 < d_D; i53++) {
+                    const float v58 = l24[i53];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i53 * st_out_1] = opgen_f32_to_f16(v59);
                 }
             }
         }
@@ -520,54 +562,68 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = t11[i26];
-                const int64_t v28 = p_indices[ro_indices[v27]];
-                const bool v29 = v28 != p_padding_idx;
-                const int64_t v30 = t1[v27];
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v30 + v12;
-                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v33 - v31;
-                const int32_t v35 = (int32_t)(v34);
-                const float v36 = (float)(v35);
-                const float v37 = v13 / v36;
-                const float v38 = p_scale_grad_by_freq ? v37 : v13;
+                const int64_t v27 = 4ll;
+                const int64_t v28 = 1ll;
+                const int64_t v29 = 0ll;
+                const int64_t v30 = i26 + v27;
+                const int64_t v31 = d_N - v28;
+                const int64_t v32 = ((v30 < v31 || v30 != v30) ? v30 : v31);
+                const int64_t v33 = t11[v32];
+                const bool v34 = v33 >= v29;
+                const bool v35 = v33 < d_N;
+                const bool v36 = v34 && v35;
+                if (v36) {
+                    for (int64_t q37 = 0; q37 < d_D; q37 += 32) OPGEN_PREFETCH(p_grad, ro_grad[v33] + (v29 + q37), 0);
+                } else {
+                }
+                const int64_t v38 = t11[i26];
+                const int64_t v39 = p_indices[ro_indices[v38]];
+                const bool v40 = v39 != p_padding_idx;
+                const int64_t v41 = t1[v38];
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v41 + v12;
+                const int64_t v44 = opgen_seg_start(t10, v43, d_V, d_N);
+                const int64_t v45 = v44 - v42;
+                const int32_t v46 = (int32_t)(v45);
+                const float v47 = (float)(v46);
+                const float v48 = v13 / v47;
+                const float v49 = p_scale_grad_by_freq ? v48 : v13;
                 #pragma omp simd
-                for (int64_t i39 = v2; i39 < d_D; i39++) {
-                    const float v40 = opgen_f16_to_f32(p_grad[ro_grad[v27] + i39]);
-                    const float v41 = v40;
-                    const float v42 = v41 * v38;
-                    const float v43 = v29 ? v42 : v14;
-                    l25[i39] += v43;
+                for (int64_t i50 = v2; i50 < d_D; i50++) {
+                    const float v51 = opgen_f16_to_f32(p_grad[ro_grad[v38] + i50]);
+                    const float v52 = v51;
+                    const float v53 = v52 * v49;
+                    const float v54 = v40 ? v53 : v14;
+                    l25[i50] += v54;
                 }
             }
             {
-                int64_t r45 = v2;
-                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                int64_t r56 = v2;
+                int64_t e57 = r56 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r56] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e57 > d_D) e57 = d_D > r56 ? d_D : r56;
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < e46; i44++) {
-                    const float v47 = l25[i44];
-                    const float v48 = v47;
-                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_f16(v48);
+                for (int64_t i55 = r56; i55 < e57; i55++) {
+                    const float v58 = l25[i55];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i55] = opgen_f32_to_f16(v59);
                 }
-                r45 = e46;
-                for (; r45 + 32 <= d_D; r45 += 32) {
-                    _Alignas(64) float stg49[32];
+                r56 = e57;
+                for (; r56 + 32 <= d_D; r56 += 32) {
+                    _Alignas(64) float stg60[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i44 = r45 + l; (void)i44;
-                        const float v50 = l25[i44];
-                        const float v51 = v50;
-                        stg49[l] = v51;
+                        const int64_t i55 = r56 + l; (void)i55;
+                        const float v61 = l25[i55];
+                        const float v62 = v61;
+                        stg60[l] = v62;
                     }
-                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 32, nt_p_out);
+                    opgen_f16_store_strip(&p_out[i15 * st_out_0 + r56], 1, stg60, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < d_D; i44++) {
-                    const float v52 = l25[i44];
-                    const float v53 = v52;
-                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_f16(v53);
+                for (int64_t i55 = r56; i55 < d_D; i55++) {
+                    const float v63 = l25[i55];
+                    const float v64 = v63;
+                    p_out[i15 * st_out_0 + i55] = opgen_f32_to_f16(v64);
                 }
             }
         }
@@ -686,42 +742,56 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = t11[i25];
-                const int64_t v27 = p_indices[ro_indices[v26]];
-                const bool v28 = v27 != p_padding_idx;
-                const int64_t v29 = t1[v26];
-                const int64_t v30 = opgen_seg_start(t10, v29, d_V, d_N);
-                const int64_t v31 = v29 + v12;
-                const int64_t v32 = opgen_seg_start(t10, v31, d_V, d_N);
-                const int64_t v33 = v32 - v30;
-                const int32_t v34 = (int32_t)(v33);
-                const float v35 = (float)(v34);
-                const float v36 = v13 / v35;
-                const float v37 = p_scale_grad_by_freq ? v36 : v13;
-                for (int64_t i38 = v2; i38 < d_D; i38++) {
-                    const float v39 = opgen_bf16_to_f32(p_grad[ro_grad[v26] + i38 * st_grad_1]);
-                    const float v40 = v39;
-                    const float v41 = v40 * v37;
-                    const float v42 = v28 ? v41 : v14;
-                    l24[i38] += v42;
+                const int64_t v26 = 4ll;
+                const int64_t v27 = 1ll;
+                const int64_t v28 = 0ll;
+                const int64_t v29 = i25 + v26;
+                const int64_t v30 = d_N - v27;
+                const int64_t v31 = ((v29 < v30 || v29 != v29) ? v29 : v30);
+                const int64_t v32 = t11[v31];
+                const bool v33 = v32 >= v28;
+                const bool v34 = v32 < d_N;
+                const bool v35 = v33 && v34;
+                if (v35) {
+                    OPGEN_PREFETCH(p_grad, ro_grad[v32] + v28 * st_grad_1, 0);
+                } else {
+                }
+                const int64_t v36 = t11[i25];
+                const int64_t v37 = p_indices[ro_indices[v36]];
+                const bool v38 = v37 != p_padding_idx;
+                const int64_t v39 = t1[v36];
+                const int64_t v40 = opgen_seg_start(t10, v39, d_V, d_N);
+                const int64_t v41 = v39 + v12;
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v42 - v40;
+                const int32_t v44 = (int32_t)(v43);
+                const float v45 = (float)(v44);
+                const float v46 = v13 / v45;
+                const float v47 = p_scale_grad_by_freq ? v46 : v13;
+                for (int64_t i48 = v2; i48 < d_D; i48++) {
+                    const float v49 = opgen_bf16_to_f32(p_grad[ro_grad[v36] + i48 * st_grad_1]);
+                    const float v50 = v49;
+                    const float v51 = v50 * v47;
+                    const float v52 = v38 ? v51 : v14;
+                    l24[i48] += v52;
                 }
             }
             {
-                int64_t r44 = v2;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    _Alignas(64) float stg45[32];
+                int64_t r54 = v2;
+                for (; r54 + 32 <= d_D; r54 += 32) {
+                    _Alignas(64) float stg55[32];
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v46 = l24[i43];
-                        const float v47 = v46;
-                        stg45[l] = v47;
+                        const int64_t i53 = r54 + l; (void)i53;
+                        const float v56 = l24[i53];
+                        const float v57 = v56;
+                        stg55[l] = v57;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r44 * st_out_1], st_out_1, stg45, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r54 * st_out_1], st_out_1, stg55, 32, nt_p_out);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v48 = l24[i43];
-                    const float v49 = v48;
-                    p_out[i15 * st_out_0 + i43 * st_out_1] = opgen_f32_to_bf16(v49);
+                for (int64_t i53 = r54; i53 < d_D; i53++) {
+                    const float v58 = l24[i53];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i53 * st_out_1] = opgen_f32_to_bf16(v59);
                 }
             }
         }
@@ -809,54 +879,68 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = t11[i26];
-                const int64_t v28 = p_indices[ro_indices[v27]];
-                const bool v29 = v28 != p_padding_idx;
-                const int64_t v30 = t1[v27];
-                const int64_t v31 = opgen_seg_start(t10, v30, d_V, d_N);
-                const int64_t v32 = v30 + v12;
-                const int64_t v33 = opgen_seg_start(t10, v32, d_V, d_N);
-                const int64_t v34 = v33 - v31;
-                const int32_t v35 = (int32_t)(v34);
-                const float v36 = (float)(v35);
-                const float v37 = v13 / v36;
-                const float v38 = p_scale_grad_by_freq ? v37 : v13;
+                const int64_t v27 = 4ll;
+                const int64_t v28 = 1ll;
+                const int64_t v29 = 0ll;
+                const int64_t v30 = i26 + v27;
+                const int64_t v31 = d_N - v28;
+                const int64_t v32 = ((v30 < v31 || v30 != v30) ? v30 : v31);
+                const int64_t v33 = t11[v32];
+                const bool v34 = v33 >= v29;
+                const bool v35 = v33 < d_N;
+                const bool v36 = v34 && v35;
+                if (v36) {
+                    for (int64_t q37 = 0; q37 < d_D; q37 += 32) OPGEN_PREFETCH(p_grad, ro_grad[v33] + (v29 + q37), 0);
+                } else {
+                }
+                const int64_t v38 = t11[i26];
+                const int64_t v39 = p_indices[ro_indices[v38]];
+                const bool v40 = v39 != p_padding_idx;
+                const int64_t v41 = t1[v38];
+                const int64_t v42 = opgen_seg_start(t10, v41, d_V, d_N);
+                const int64_t v43 = v41 + v12;
+                const int64_t v44 = opgen_seg_start(t10, v43, d_V, d_N);
+                const int64_t v45 = v44 - v42;
+                const int32_t v46 = (int32_t)(v45);
+                const float v47 = (float)(v46);
+                const float v48 = v13 / v47;
+                const float v49 = p_scale_grad_by_freq ? v48 : v13;
                 #pragma omp simd
-                for (int64_t i39 = v2; i39 < d_D; i39++) {
-                    const float v40 = opgen_bf16_to_f32(p_grad[ro_grad[v27] + i39]);
-                    const float v41 = v40;
-                    const float v42 = v41 * v38;
-                    const float v43 = v29 ? v42 : v14;
-                    l25[i39] += v43;
+                for (int64_t i50 = v2; i50 < d_D; i50++) {
+                    const float v51 = opgen_bf16_to_f32(p_grad[ro_grad[v38] + i50]);
+                    const float v52 = v51;
+                    const float v53 = v52 * v49;
+                    const float v54 = v40 ? v53 : v14;
+                    l25[i50] += v54;
                 }
             }
             {
-                int64_t r45 = v2;
-                int64_t e46 = r45 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r45] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e46 > d_D) e46 = d_D > r45 ? d_D : r45;
+                int64_t r56 = v2;
+                int64_t e57 = r56 + (nt_p_out ? (int64_t)(((64 - ((uintptr_t)&p_out[i15 * st_out_0 + r56] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e57 > d_D) e57 = d_D > r56 ? d_D : r56;
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < e46; i44++) {
-                    const float v47 = l25[i44];
-                    const float v48 = v47;
-                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_bf16(v48);
+                for (int64_t i55 = r56; i55 < e57; i55++) {
+                    const float v58 = l25[i55];
+                    const float v59 = v58;
+                    p_out[i15 * st_out_0 + i55] = opgen_f32_to_bf16(v59);
                 }
-                r45 = e46;
-                for (; r45 + 32 <= d_D; r45 += 32) {
-                    _Alignas(64) float stg49[32];
+                r56 = e57;
+                for (; r56 + 32 <= d_D; r56 += 32) {
+                    _Alignas(64) float stg60[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i44 = r45 + l; (void)i44;
-                        const float v50 = l25[i44];
-                        const float v51 = v50;
-                        stg49[l] = v51;
+                        const int64_t i55 = r56 + l; (void)i55;
+                        const float v61 = l25[i55];
+                        const float v62 = v61;
+                        stg60[l] = v62;
                     }
-                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r45], 1, stg49, 32, nt_p_out);
+                    opgen_bf16_store_strip(&p_out[i15 * st_out_0 + r56], 1, stg60, 32, nt_p_out);
                 }
                 #pragma omp simd
-                for (int64_t i44 = r45; i44 < d_D; i44++) {
-                    const float v52 = l25[i44];
-                    const float v53 = v52;
-                    p_out[i15 * st_out_0 + i44] = opgen_f32_to_bf16(v53);
+                for (int64_t i55 = r56; i55 < d_D; i55++) {
+                    const float v63 = l25[i55];
+                    const float v64 = v63;
+                    p_out[i15 * st_out_0 + i55] = opgen_f32_to_bf16(v64);
                 }
             }
         }

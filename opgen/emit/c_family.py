@@ -441,7 +441,11 @@ class CPrinter:
             if op.element is None or op.element.data == ("narrow" if narrow else "wide"):
                 macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
                 guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
-                self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
+                if op.span is not None:
+                    self.span_prefetch(op, macro)
+                else:
+                    self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, "
+                              f"{op.ahead.data});")
         elif isinstance(op, s.LoadFnOp):
             self.load_fn(op)
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already
@@ -450,6 +454,22 @@ class CPrinter:
             self.define(op.results[0], self.scalar_expr(op))
         else:
             raise NotImplementedError(f"C printer: no statement rule for {op.name}")
+
+    def span_prefetch(self, op: s.PrefetchOp, macro: str) -> None:
+        """A ``sched.prefetch ... span``: one prefetch a cache line over ``span`` elements of the
+        last axis where it is unit-stride in this instance; the first element's line otherwise."""
+        assert op.span is not None
+        b = s.buf_type(op.buf)
+        pn = self.arg_of.get(op.buf, "")
+        idx = list(op.idx)
+        if b.role.data in ("in", "out") and not self.unit_axis(pn, b.rank - 1, b.rank):
+            self.line(f"{macro}({self.name(op.buf)}, {self.offset(op.buf, idx)}, {op.ahead.data});")
+            return
+        q = self.fresh("q")
+        step = max(1, 64 // self.dtype(b.dtype).itemsize)
+        at = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-1]), f"({self.name(idx[-1])} + {q})"))
+        self.line(f"for (int64_t {q} = 0; {q} < {self.name(op.span)}; {q} += {step}) "
+                  f"{macro}({self.name(op.buf)}, {at}, {op.ahead.data});")
 
     def load_fn(self, op: s.LoadFnOp) -> None:
         """``sched.load_fn``: a lookup (:meth:`table`) where the element's dtype is one of

@@ -491,26 +491,32 @@ class PrefetchOp(IRDLOperation):
     (under 4 bytes: bf16, f16) or ``wide`` (4 bytes or more); a target drops it in the others.
     map-cpu places the next row's prefetch in either of two loops this way (opgen/lower/cpu_map.py).
 
-    ``write`` (optional): the bytes will be written soon, not read (a prefetch for ownership)."""
+    ``write`` (optional): the bytes will be written soon, not read (a prefetch for ownership).
+
+    ``span`` (optional, an i64 count): the hint covers ``span`` elements along the last axis
+    from ``buf[idx...]``, every cache line of them (a whole gathered row:
+    opgen/lower/gather_prefetch.py); without it, the one line ``ahead`` bytes past the element."""
 
     name = "sched.prefetch"
     buf = operand_def(BufType)
     idx = var_operand_def(EqAttrConstraint(INDEX))
+    span = opt_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
     element = opt_prop_def(StringAttr)
     write = opt_prop_def(UnitAttr)
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(MemoryReadEffect())
-    assembly_format = ("$buf `[` $idx `]` `ahead` $ahead (`for` $element^)? (`write` $write^)? attr-dict "
-                       "`:` type($buf)")
+    assembly_format = ("$buf `[` $idx `]` (`span` $span^)? `ahead` $ahead (`for` $element^)? (`write` $write^)? "
+                       "attr-dict `:` type($buf)")
 
     def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, element: str | None = None,
-                 write: bool = False):
+                 write: bool = False, span: SSAValue | None = None):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
         if element is not None:
             props["element"] = StringAttr(element)
         if write:
             props["write"] = UnitAttr()
-        super().__init__(operands=[buf, idx], properties=props)
+        super().__init__(operands=[buf, idx, [span] if span is not None else []], properties=props)
 
     def verify_(self) -> None:
         _check_indices(self, self.buf, self.idx)
