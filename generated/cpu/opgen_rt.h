@@ -368,8 +368,9 @@ static inline int opgen_stream_line(void *dst, const void *src, int nt) {
  * a contiguous strip of 32 takes one vcvtne2ps2bf16 (round to nearest even, a NaN quieted as
  * above). That instruction reads denormal inputs as zero; such a lane (exponent field 0) gets 2^23
  * added to its bits first, which makes it normal without changing the 16 bits that are
- * rounded away, and its result 0x80 taken off again: the bits of the scalar rounding, without
- * a branch (a branch in this loop cost more than the conversion saves: GELU backward bf16).
+ * rounded away, and its result 0x80 taken off again: the bits of the scalar rounding. The fix
+ * runs only for a strip that holds a denormal (one kortest, predicted not taken): it costs more
+ * than the conversion (docs/backend_cpu.md, `staged`).
  * With AVX2 a contiguous strip takes the scalar rounding's integer steps 8 lanes at a time and
  * one pack per 16 (GCC's vectorisation of the scalar loop blends after packing, twice the work).
  * nt (map-cpu's `nontemporal` stores, opgen_nt): a contiguous strip of one whole aligned 64-byte
@@ -381,10 +382,15 @@ static inline void opgen_bf16_store_strip(uint16_t *dst, int64_t st, const float
         __m512i lo = _mm512_load_si512((const void *)src), hi = _mm512_load_si512((const void *)(src + 16));
         const __mmask16 dlo = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(lo), 0x20); /* 0x20: denormal */
         const __mmask16 dhi = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(hi), 0x20);
-        lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
-        hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-        r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
+        __m512i r;
+        if (__builtin_expect(_kortestz_mask16_u8(dlo, dhi), 1)) {
+            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+        } else {
+            lo = _mm512_mask_add_epi32(lo, dlo, lo, one);
+            hi = _mm512_mask_add_epi32(hi, dhi, hi, one);
+            r = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
+            r = _mm512_mask_sub_epi16(r, ((__mmask32)dhi << 16) | dlo, r, _mm512_set1_epi16(0x80));
+        }
         if (nt && !((uintptr_t)dst & 63))
             _mm512_stream_si512((void *)dst, r);
         else
