@@ -43,7 +43,8 @@ SIZE_RANGE = (0, 2**63)
 I64_RANGE = (-2**63, 2**63)
 
 
-def _is_torch(x: Any) -> bool:
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch object (checked without importing torch)."""
     return type(x).__module__.startswith("torch")
 
 
@@ -79,7 +80,7 @@ def to_numpy(x: Any, what: str = "argument") -> np.ndarray:
     """
     if isinstance(x, np.ndarray):
         return x
-    if _is_torch(x):
+    if is_torch(x):
         import torch
 
         if not isinstance(x, torch.Tensor):
@@ -129,7 +130,7 @@ def output_array(x: Any, what: str = "output") -> np.ndarray:
     torch tensor (``np.asarray`` would write into a copy), a read-only numpy array (e.g.
     ``np.frombuffer`` over ``bytes``, ``np.broadcast_to``, ``writeable=False``), and the torch
     tensors :func:`check_writable_torch` refuses."""
-    if _is_torch(x):
+    if is_torch(x):
         import torch
 
         if isinstance(x, torch.Tensor):
@@ -371,7 +372,7 @@ def _python_scalar(v: Any, what: str) -> Any:
     """``v`` with numpy scalars, 0-d numpy arrays and 0-d torch tensors unwrapped."""
     if isinstance(v, np.generic):
         return v.item()
-    if isinstance(v, np.ndarray) or _is_torch(v):
+    if isinstance(v, np.ndarray) or is_torch(v):
         if getattr(v, "ndim", None) == 0:
             try:
                 return v.item()

@@ -37,6 +37,7 @@ from opgen.binding import (
     bind,
     dtype_of,
     int_value,
+    is_torch,
     output_array,
     output_zeroing,
     to_numpy,
@@ -85,11 +86,12 @@ def describe(arr: np.ndarray, what: str = "tensor", check_aligned: bool = True) 
     if any(st % item for st in arr.strides):
         raise OpError("strides", f"{what}: array strides {arr.strides} are not a multiple of the item "
                                  f"size {item}")
-    if check_aligned and arr.size and arr.ctypes.data % item:
+    data = arr.ctypes.data if arr.size else None  # (read once: each read builds a ctypes helper, ~1 us)
+    if check_aligned and data and data % item:
         raise OpError("param", f"{what}: the data address is not aligned to the {item}-byte item size")
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
     strides = (ctypes.c_int64 * max(arr.ndim, 1))(*(st // item for st in arr.strides))
-    desc = TensorDesc(arr.ctypes.data if arr.size else None, dtypes.code(d), arr.ndim, shape, strides)
+    desc = TensorDesc(data, dtypes.code(d), arr.ndim, shape, strides)
     return desc, (shape, strides, arr)
 
 
@@ -168,8 +170,9 @@ PLANS_MAX = 1024
 
 def _plan_key(o: Any, args: dict[str, Any]) -> tuple[Any, ...] | None:
     """Everything :func:`opgen.binding.bind` reads of ``args``: each numpy array's dtype, shape
-    and strides, each Python scalar's type and value (None: an argument of another kind, such as
-    a torch tensor, which is bound every time)."""
+    and strides; each torch tensor's dtype, shape, strides and what decides its numpy view
+    (device, layout, conjugate and negative bits); each Python scalar's type and value (None: an
+    argument of another kind, bound every time)."""
     key: list[Any] = [o.name]
     for k in sorted(args):
         v = args[k]
@@ -177,6 +180,9 @@ def _plan_key(o: Any, args: dict[str, Any]) -> tuple[Any, ...] | None:
             key.append((k, v.dtype, v.shape, v.strides))
         elif type(v) in (int, float, bool):
             key.append((k, type(v), v))
+        elif is_torch(v) and hasattr(v, "is_neg"):  # (a torch.Tensor, torch not imported here)
+            key.append((k, "torch", v.dtype, tuple(v.shape), v.stride(), v.device.type, v.layout, v.is_conj(),
+                        v.is_neg()))
         else:
             return None
     return tuple(key)

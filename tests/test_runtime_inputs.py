@@ -501,8 +501,8 @@ def test_repeated_calls_reuse_the_output_plan_and_still_refuse_bad_input(rng, mo
     """``runtime.call`` binds a call in Python once per op and argument layout (dtype, shape and
     strides of each array, type and value of each scalar): the next call that looks the same
     allocates the outputs it found without binding again, and gives the oracle's result; a call
-    that differs in any of those is bound (and refused) as the first was; torch tensors are bound
-    every time."""
+    that differs in any of those is bound (and refused) as the first was; torch tensors likewise
+    (dtype, shape, strides, device, layout)."""
     import opgen.runtime as rt
 
     counted = {"n": 0}
@@ -537,6 +537,13 @@ def test_repeated_calls_reuse_the_output_plan_and_still_refuse_bad_input(rng, mo
     with pytest.raises(OpError) as e:  # (a strided last dim: refused, as on a first call)
         runtime.call(RMS, **dict(args, x=np.asfortranarray(args["x"])))
     assert e.value.status == "strides"
-    runtime.call(RMS, **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
-    runtime.call(RMS, **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()})
-    assert counted["n"] == n + 5
+    as_torch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+    for _ in range(2):  # (torch tensors: keyed on dtype, shape, strides, device, layout: bound once)
+        got = runtime.call(RMS, **as_torch)
+        assert_c_close(got["grad_x"], want["grad_x"], "grad_x")
+    assert counted["n"] == n + 4
+    with pytest.raises(OpError) as e:  # (a torch tensor of another dtype: bound and refused)
+        runtime.call(RMS, **dict(as_torch, w=as_torch["w"].double()))
+    assert e.value.status == "dtype" and counted["n"] == n + 5
+    runtime.call(RMS, **dict(as_torch, x=torch.from_numpy(wide)[:, :24]))  # (other row strides: bound)
+    assert counted["n"] == n + 6

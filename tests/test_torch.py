@@ -107,6 +107,34 @@ def test_bad_input_raises_the_op_status():
     assert e.value.status == "shape"
 
 
+def test_repeated_calls_bind_once_and_write_every_output_element(monkeypatch):
+    """Calls on tensors of one layout are bound in Python once (runtime.output_plan, keyed on
+    each tensor's dtype, shape, strides, device and layout); a large output is allocated
+    uninitialised (torch.empty: no promise of zeros to the library) and every element written;
+    a call of another layout is bound, and refused, as a first call."""
+    import opgen.runtime as rt
+
+    counted = {"n": 0}
+    real = rt.bind
+
+    def bind(*a, **kw):
+        counted["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rt, "bind", bind)
+    rt._PLANS.clear()
+    V, D = 8200, 1024  # (32.8 MB of f32: above binding.ZERO_FREE_MIN)
+    g, idx = torch.randn(64, D), torch.randint(0, V, (64,))
+    want = torch.ops.aten.embedding_dense_backward(g, idx, V, -1, False)
+    for _ in range(3):
+        torch.full((V, D), float("nan")).sum()  # (a freed block of NaNs the allocator may hand back)
+        assert torch.equal(torch.ops.opgen.embedding_dense_backward(g, idx, V, -1, False), want)
+    assert counted["n"] == 1
+    with pytest.raises(OpError) as e:
+        torch.ops.opgen.embedding_dense_backward(g, idx[:-1], V, -1, False)
+    assert e.value.status == "shape" and counted["n"] == 2
+
+
 # ------------------------------------------------------------------ drop-in functions
 
 

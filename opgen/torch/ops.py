@@ -82,16 +82,16 @@ def _standin(t: torch.Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base, tuple(t.shape), strides, writeable=False)
 
 
-def _bind(o: OpDef, kw: dict[str, Any], meta: bool) -> binding.Binding:
+def _outputs(o: OpDef, kw: dict[str, Any], meta: bool, device: torch.device, fake: bool) -> dict[str, torch.Tensor]:
+    """The required outputs, allocated on ``device``: shapes and dtypes as the binding finds
+    them (``meta``: from the tensors' shapes and dtypes alone, through stand-ins), remembered per
+    op and argument layout (:func:`opgen.runtime.output_plan`); zero-filled where the op reads
+    an output before writing it (not in the fake implementation), else uninitialised."""
     args = {k: (_standin(v) if meta and isinstance(v, torch.Tensor) else v) for k, v in kw.items() if v is not None}
-    return binding.bind(o, args, allocate=False)
-
-
-def _outputs(o: OpDef, b: binding.Binding, device: torch.device, fake: bool) -> dict[str, torch.Tensor]:
     out = {}
-    for name in returned(o):
-        shape, dt = b.output_meta[name]
-        make = torch.zeros if not fake and binding.reads_prior_contents(o, name) else torch.empty
+    for name, shape, dt, zeroed, fresh in runtime.output_plan(o, args, returned(o)):
+        reads = zeroed and not fresh  # (binding.output_zeroing: zeroed because the op reads it)
+        make = torch.zeros if reads and not fake else torch.empty
         out[name] = make(shape, dtype=TORCH_DTYPES[dt.name], device=device)
     return out
 
@@ -123,7 +123,7 @@ def _impl(o: OpDef, run: Callable[..., None] | None, meta: bool) -> Callable[...
 
     def impl(*args: Any) -> Any:
         kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
-        outs = _outputs(o, _bind(o, kw, meta=meta), _device(kw), fake=run is None)
+        outs = _outputs(o, kw, meta, _device(kw), fake=run is None)
         if run is not None:
             run(o.name, **{k: v for k, v in kw.items() if v is not None}, **outs)
         vals = tuple(outs[n] for n in returned(o))
