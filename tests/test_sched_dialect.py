@@ -111,7 +111,7 @@ def test_verifiers():
     rejects(s.SegmentStartOp(buf(["segs(V,N)"], "i64", "temp"), f, i, n), r"sched.segment_start: v must be")
     rejects(s.PrefetchOp(buf(["N", "D"], "f32"), [i], 64), r"sched.prefetch: 1 indices for a rank-2 buffer")
     rejects(s.PrefetchOp(buf(["N"], "f32"), [i], -1), r"sched.prefetch: ahead must be a number of bytes, 0 or more")
-    rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 0, "short"), r"sched.prefetch: element must be narrow or wide")
+    rejects(s.PrefetchOp(buf(["N"], "f32"), [i], 0, span=f), r"span")
     rows = buf(["N"], "i64", "temp")
     rejects(s.SegmentsOp(buf(["N"], "i32", "temp"), buf(["segs(V,N)"], "i64", "temp"), rows, i),
             r"sched.segments: idx must be a 1-D i64 buffer")

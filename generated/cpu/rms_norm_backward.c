@@ -89,63 +89,61 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[32];
-                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
-                float lane25[32];
-                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 32 <= d_D; r26 += 32) {
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
+                float lane20[32];
+                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
+                float lane21[32];
+                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 32 <= d_D; r22 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v30 = opgen_f16_to_f32(p_w[i23 * st_w_0]);
-                        const float v31 = v29 * v30;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v37 = opgen_f16_to_f32(p_w[i23 * st_w_0]);
-                        const float v38 = v36 * v37;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
@@ -175,6 +173,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
                 r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
@@ -306,63 +306,61 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[32];
-                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
-                float lane25[32];
-                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 32 <= d_D; r26 += 32) {
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
+                float lane20[32];
+                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
+                float lane21[32];
+                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 32 <= d_D; r22 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v30 = opgen_f16_to_f32(p_w[i23]);
-                        const float v31 = v29 * v30;
-                        const float v32 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_f16_to_f32(p_w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v37 = opgen_f16_to_f32(p_w[i23]);
-                        const float v38 = v36 * v37;
-                        const float v39 = opgen_f16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_f16_to_f32(p_w[i19]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
@@ -393,6 +391,8 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
                 r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
@@ -570,59 +570,59 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = p_x[ro_x[i14] + i23];
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = p_grad_y[ro_grad_y[i14] + i23];
-                        const float v30 = p_w[i23 * st_w_0];
-                        const float v31 = v29 * v30;
-                        const float v32 = p_x[ro_x[i14] + i23];
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = p_x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = p_w[i19 * st_w_0];
+                        const float v27 = v25 * v26;
+                        const float v28 = p_x[ro_x[i14] + i19];
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = p_x[ro_x[i14] + i23];
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = p_grad_y[ro_grad_y[i14] + i23];
-                        const float v37 = p_w[i23 * st_w_0];
-                        const float v38 = v36 * v37;
-                        const float v39 = p_x[ro_x[i14] + i23];
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = p_x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = p_w[i19 * st_w_0];
+                        const float v34 = v32 * v33;
+                        const float v35 = p_x[ro_x[i14] + i19];
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
@@ -652,8 +652,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
                 r44 = e45;
                 for (; r44 + 16 <= d_D; r44 += 16) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[16];
                     for (int l = 0; l < 16; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
@@ -785,59 +785,59 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[16];
-                for (int l = 0; l < 16; l++) lane24[l] = l ? 0 : l16;
-                float lane25[16];
-                for (int l = 0; l < 16; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 16 <= d_D; r26 += 16) {
+                float lane20[16];
+                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
+                float lane21[16];
+                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 16 <= d_D; r22 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = p_x[ro_x[i14] + i23];
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = p_grad_y[ro_grad_y[i14] + i23];
-                        const float v30 = p_w[i23];
-                        const float v31 = v29 * v30;
-                        const float v32 = p_x[ro_x[i14] + i23];
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = p_x[ro_x[i14] + i19];
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v26 = p_w[i19];
+                        const float v27 = v25 * v26;
+                        const float v28 = p_x[ro_x[i14] + i19];
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = p_x[ro_x[i14] + i23];
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = p_grad_y[ro_grad_y[i14] + i23];
-                        const float v37 = p_w[i23];
-                        const float v38 = v36 * v37;
-                        const float v39 = p_x[ro_x[i14] + i23];
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = p_x[ro_x[i14] + i19];
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
+                        const float v33 = p_w[i19];
+                        const float v34 = v32 * v33;
+                        const float v35 = p_x[ro_x[i14] + i19];
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
@@ -868,8 +868,8 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
                 r44 = e45;
                 for (; r44 + 16 <= d_D; r44 += 16) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r44, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
@@ -1047,63 +1047,61 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[32];
-                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
-                float lane25[32];
-                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 32 <= d_D; r26 += 32) {
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
+                float lane20[32];
+                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
+                float lane21[32];
+                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 32 <= d_D; r22 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v30 = opgen_bf16_to_f32(p_w[i23 * st_w_0]);
-                        const float v31 = v29 * v30;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v37 = opgen_bf16_to_f32(p_w[i23 * st_w_0]);
-                        const float v38 = v36 * v37;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
@@ -1133,6 +1131,8 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
                 r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[32];
                     for (int l = 0; l < 32; l++) {
                         const int64_t i43 = r44 + l; (void)i43;
@@ -1264,63 +1264,61 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
             float l16 = 0;
             float l17 = 0;
             float l18 = 0;
-            const int64_t v19 = 1ll;
-            const int64_t v20 = i14 + v19;
-            const int64_t v21 = v13 - v19;
-            const int64_t v22 = ((v20 < v21 || v20 != v20) ? v20 : v21);
             {
-                float lane24[32];
-                for (int l = 0; l < 32; l++) lane24[l] = l ? 0 : l16;
-                float lane25[32];
-                for (int l = 0; l < 32; l++) lane25[l] = l ? 0 : l18;
-                int64_t r26 = v1;
-                for (; r26 + 32 <= d_D; r26 += 32) {
-                    OPGEN_PREFETCH(p_x, ro_x[v22] + r26, 0);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v22] + r26, 0);
+                float lane20[32];
+                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
+                float lane21[32];
+                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
+                int64_t r22 = v1;
+                for (; r22 + 32 <= d_D; r22 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i23 = r26 + l;
-                        const float v27 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v28 = v27 * v27;
-                        lane24[l] += v28;
-                        const float v29 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v30 = opgen_bf16_to_f32(p_w[i23]);
-                        const float v31 = v29 * v30;
-                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v33 = v31 * v32;
-                        lane25[l] += v33;
+                        const int64_t i19 = r22 + l;
+                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v24 = v23 * v23;
+                        lane20[l] += v24;
+                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v26 = opgen_bf16_to_f32(p_w[i19]);
+                        const float v27 = v25 * v26;
+                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v29 = v27 * v28;
+                        lane21[l] += v29;
                     }
                 }
-                for (int l = 0; r26 + l < d_D; l++) {
+                for (int l = 0; r22 + l < d_D; l++) {
                     {
-                        const int64_t i23 = r26 + l;
-                        const float v34 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v35 = v34 * v34;
-                        lane24[l] += v35;
-                        const float v36 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i23]);
-                        const float v37 = opgen_bf16_to_f32(p_w[i23]);
-                        const float v38 = v36 * v37;
-                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[i14] + i23]);
-                        const float v40 = v38 * v39;
-                        lane25[l] += v40;
+                        const int64_t i19 = r22 + l;
+                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v31 = v30 * v30;
+                        lane20[l] += v31;
+                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
+                        const float v33 = opgen_bf16_to_f32(p_w[i19]);
+                        const float v34 = v32 * v33;
+                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const float v36 = v34 * v35;
+                        lane21[l] += v36;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane24[l] += lane24[l + 16];
-                for (int l = 0; l < 8; l++) lane24[l] += lane24[l + 8];
-                for (int l = 0; l < 4; l++) lane24[l] += lane24[l + 4];
-                for (int l = 0; l < 2; l++) lane24[l] += lane24[l + 2];
-                for (int l = 0; l < 1; l++) lane24[l] += lane24[l + 1];
-                l16 = lane24[0];
-                for (int l = 0; l < 16; l++) lane25[l] += lane25[l + 16];
-                for (int l = 0; l < 8; l++) lane25[l] += lane25[l + 8];
-                for (int l = 0; l < 4; l++) lane25[l] += lane25[l + 4];
-                for (int l = 0; l < 2; l++) lane25[l] += lane25[l + 2];
-                for (int l = 0; l < 1; l++) lane25[l] += lane25[l + 1];
-                l18 = lane25[0];
+                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
+                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
+                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
+                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
+                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
+                l16 = lane20[0];
+                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
+                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
+                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
+                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
+                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
+                l18 = lane21[0];
             }
-            const float v41 = l16;
-            l15 = v41;
-            const float v42 = l18;
-            l17 = v42;
+            const float v37 = l16;
+            l15 = v37;
+            const float v38 = l18;
+            l17 = v38;
+            const int64_t v39 = 1ll;
+            const int64_t v40 = i14 + v39;
+            const int64_t v41 = v13 - v39;
+            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
             {
                 int64_t r44 = v1;
                 int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
@@ -1351,6 +1349,8 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
                 r44 = e45;
                 for (; r44 + 32 <= d_D; r44 += 32) {
                     if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
                     _Alignas(64) float stg64[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {

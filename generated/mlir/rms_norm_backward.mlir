@@ -84,419 +84,419 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = arith.addi %66, %65 : i64
-              %72 = arith.subi %64, %65 : i64
-              %73 = arith.cmpi slt, %71, %72 : i64
-              %74 = memref.alloca() : memref<32xf32>
-              %75 = memref.load %68[] : memref<f32>
-              memref.store %75, %74[%3] : memref<32xf32>
-              memref.store %59, %74[%6] : memref<32xf32>
-              %76 = arith.constant 2 : index
-              memref.store %59, %74[%76] : memref<32xf32>
-              %77 = arith.constant 3 : index
-              memref.store %59, %74[%77] : memref<32xf32>
-              %78 = arith.constant 4 : index
-              memref.store %59, %74[%78] : memref<32xf32>
-              %79 = arith.constant 5 : index
-              memref.store %59, %74[%79] : memref<32xf32>
-              %80 = arith.constant 6 : index
-              memref.store %59, %74[%80] : memref<32xf32>
-              %81 = arith.constant 7 : index
-              memref.store %59, %74[%81] : memref<32xf32>
-              %82 = arith.constant 8 : index
-              memref.store %59, %74[%82] : memref<32xf32>
-              %83 = arith.constant 9 : index
-              memref.store %59, %74[%83] : memref<32xf32>
-              %84 = arith.constant 10 : index
-              memref.store %59, %74[%84] : memref<32xf32>
-              %85 = arith.constant 11 : index
-              memref.store %59, %74[%85] : memref<32xf32>
-              %86 = arith.constant 12 : index
-              memref.store %59, %74[%86] : memref<32xf32>
-              %87 = arith.constant 13 : index
-              memref.store %59, %74[%87] : memref<32xf32>
-              %88 = arith.constant 14 : index
-              memref.store %59, %74[%88] : memref<32xf32>
-              %89 = arith.constant 15 : index
-              memref.store %59, %74[%89] : memref<32xf32>
-              %90 = arith.constant 16 : index
-              memref.store %59, %74[%90] : memref<32xf32>
-              %91 = arith.constant 17 : index
-              memref.store %59, %74[%91] : memref<32xf32>
-              %92 = arith.constant 18 : index
-              memref.store %59, %74[%92] : memref<32xf32>
-              %93 = arith.constant 19 : index
-              memref.store %59, %74[%93] : memref<32xf32>
-              %94 = arith.constant 20 : index
-              memref.store %59, %74[%94] : memref<32xf32>
-              %95 = arith.constant 21 : index
-              memref.store %59, %74[%95] : memref<32xf32>
-              %96 = arith.constant 22 : index
-              memref.store %59, %74[%96] : memref<32xf32>
-              %97 = arith.constant 23 : index
-              memref.store %59, %74[%97] : memref<32xf32>
-              %98 = arith.constant 24 : index
-              memref.store %59, %74[%98] : memref<32xf32>
-              %99 = arith.constant 25 : index
-              memref.store %59, %74[%99] : memref<32xf32>
-              %100 = arith.constant 26 : index
-              memref.store %59, %74[%100] : memref<32xf32>
-              %101 = arith.constant 27 : index
-              memref.store %59, %74[%101] : memref<32xf32>
-              %102 = arith.constant 28 : index
-              memref.store %59, %74[%102] : memref<32xf32>
-              %103 = arith.constant 29 : index
-              memref.store %59, %74[%103] : memref<32xf32>
-              %104 = arith.constant 30 : index
-              memref.store %59, %74[%104] : memref<32xf32>
-              %105 = arith.constant 31 : index
-              memref.store %59, %74[%105] : memref<32xf32>
-              %106 = memref.alloca() : memref<32xf32>
-              %107 = memref.load %70[] : memref<f32>
-              memref.store %107, %106[%3] : memref<32xf32>
-              memref.store %59, %106[%6] : memref<32xf32>
-              memref.store %59, %106[%76] : memref<32xf32>
-              memref.store %59, %106[%77] : memref<32xf32>
-              memref.store %59, %106[%78] : memref<32xf32>
-              memref.store %59, %106[%79] : memref<32xf32>
-              memref.store %59, %106[%80] : memref<32xf32>
-              memref.store %59, %106[%81] : memref<32xf32>
-              memref.store %59, %106[%82] : memref<32xf32>
-              memref.store %59, %106[%83] : memref<32xf32>
-              memref.store %59, %106[%84] : memref<32xf32>
-              memref.store %59, %106[%85] : memref<32xf32>
-              memref.store %59, %106[%86] : memref<32xf32>
-              memref.store %59, %106[%87] : memref<32xf32>
-              memref.store %59, %106[%88] : memref<32xf32>
-              memref.store %59, %106[%89] : memref<32xf32>
-              memref.store %59, %106[%90] : memref<32xf32>
-              memref.store %59, %106[%91] : memref<32xf32>
-              memref.store %59, %106[%92] : memref<32xf32>
-              memref.store %59, %106[%93] : memref<32xf32>
-              memref.store %59, %106[%94] : memref<32xf32>
-              memref.store %59, %106[%95] : memref<32xf32>
-              memref.store %59, %106[%96] : memref<32xf32>
-              memref.store %59, %106[%97] : memref<32xf32>
-              memref.store %59, %106[%98] : memref<32xf32>
-              memref.store %59, %106[%99] : memref<32xf32>
-              memref.store %59, %106[%100] : memref<32xf32>
-              memref.store %59, %106[%101] : memref<32xf32>
-              memref.store %59, %106[%102] : memref<32xf32>
-              memref.store %59, %106[%103] : memref<32xf32>
-              memref.store %59, %106[%104] : memref<32xf32>
-              memref.store %59, %106[%105] : memref<32xf32>
-              %108 = arith.subi %8, %41 : i64
-              %109 = arith.maxsi %108, %41 : i64
-              %110 = arith.divsi %109, %43 : i64
-              %111 = arith.muli %110, %43 : i64
-              %112 = arith.addi %41, %111 : i64
-              scf.for %113 = %41 to %112 step %43 : i64 {
-                %114 = arith.constant 32 : index
-                scf.for %115 = %3 to %114 step %6 {
-                  %116 = arith.index_cast %115 : index to i64
-                  %117 = arith.addi %113, %116 : i64
-                  %118 = arith.index_cast %66 : i64 to index
-                  %119 = arith.index_cast %117 : i64 to index
-                  %120 = memref.load %x[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %121 = arith.extf %120 : f16 to f32
-                  %122 = arith.mulf %121, %121 : f32
-                  %123 = memref.load %74[%115] : memref<32xf32>
-                  %124 = arith.addf %123, %122 : f32
-                  memref.store %124, %74[%115] : memref<32xf32>
-                  %125 = memref.load %grad_y[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %126 = arith.extf %125 : f16 to f32
-                  %127 = memref.load %w[%119] : memref<?xf16, strided<[?], offset: ?>>
+              %71 = memref.alloca() : memref<32xf32>
+              %72 = memref.load %68[] : memref<f32>
+              memref.store %72, %71[%3] : memref<32xf32>
+              memref.store %59, %71[%6] : memref<32xf32>
+              %73 = arith.constant 2 : index
+              memref.store %59, %71[%73] : memref<32xf32>
+              %74 = arith.constant 3 : index
+              memref.store %59, %71[%74] : memref<32xf32>
+              %75 = arith.constant 4 : index
+              memref.store %59, %71[%75] : memref<32xf32>
+              %76 = arith.constant 5 : index
+              memref.store %59, %71[%76] : memref<32xf32>
+              %77 = arith.constant 6 : index
+              memref.store %59, %71[%77] : memref<32xf32>
+              %78 = arith.constant 7 : index
+              memref.store %59, %71[%78] : memref<32xf32>
+              %79 = arith.constant 8 : index
+              memref.store %59, %71[%79] : memref<32xf32>
+              %80 = arith.constant 9 : index
+              memref.store %59, %71[%80] : memref<32xf32>
+              %81 = arith.constant 10 : index
+              memref.store %59, %71[%81] : memref<32xf32>
+              %82 = arith.constant 11 : index
+              memref.store %59, %71[%82] : memref<32xf32>
+              %83 = arith.constant 12 : index
+              memref.store %59, %71[%83] : memref<32xf32>
+              %84 = arith.constant 13 : index
+              memref.store %59, %71[%84] : memref<32xf32>
+              %85 = arith.constant 14 : index
+              memref.store %59, %71[%85] : memref<32xf32>
+              %86 = arith.constant 15 : index
+              memref.store %59, %71[%86] : memref<32xf32>
+              %87 = arith.constant 16 : index
+              memref.store %59, %71[%87] : memref<32xf32>
+              %88 = arith.constant 17 : index
+              memref.store %59, %71[%88] : memref<32xf32>
+              %89 = arith.constant 18 : index
+              memref.store %59, %71[%89] : memref<32xf32>
+              %90 = arith.constant 19 : index
+              memref.store %59, %71[%90] : memref<32xf32>
+              %91 = arith.constant 20 : index
+              memref.store %59, %71[%91] : memref<32xf32>
+              %92 = arith.constant 21 : index
+              memref.store %59, %71[%92] : memref<32xf32>
+              %93 = arith.constant 22 : index
+              memref.store %59, %71[%93] : memref<32xf32>
+              %94 = arith.constant 23 : index
+              memref.store %59, %71[%94] : memref<32xf32>
+              %95 = arith.constant 24 : index
+              memref.store %59, %71[%95] : memref<32xf32>
+              %96 = arith.constant 25 : index
+              memref.store %59, %71[%96] : memref<32xf32>
+              %97 = arith.constant 26 : index
+              memref.store %59, %71[%97] : memref<32xf32>
+              %98 = arith.constant 27 : index
+              memref.store %59, %71[%98] : memref<32xf32>
+              %99 = arith.constant 28 : index
+              memref.store %59, %71[%99] : memref<32xf32>
+              %100 = arith.constant 29 : index
+              memref.store %59, %71[%100] : memref<32xf32>
+              %101 = arith.constant 30 : index
+              memref.store %59, %71[%101] : memref<32xf32>
+              %102 = arith.constant 31 : index
+              memref.store %59, %71[%102] : memref<32xf32>
+              %103 = memref.alloca() : memref<32xf32>
+              %104 = memref.load %70[] : memref<f32>
+              memref.store %104, %103[%3] : memref<32xf32>
+              memref.store %59, %103[%6] : memref<32xf32>
+              memref.store %59, %103[%73] : memref<32xf32>
+              memref.store %59, %103[%74] : memref<32xf32>
+              memref.store %59, %103[%75] : memref<32xf32>
+              memref.store %59, %103[%76] : memref<32xf32>
+              memref.store %59, %103[%77] : memref<32xf32>
+              memref.store %59, %103[%78] : memref<32xf32>
+              memref.store %59, %103[%79] : memref<32xf32>
+              memref.store %59, %103[%80] : memref<32xf32>
+              memref.store %59, %103[%81] : memref<32xf32>
+              memref.store %59, %103[%82] : memref<32xf32>
+              memref.store %59, %103[%83] : memref<32xf32>
+              memref.store %59, %103[%84] : memref<32xf32>
+              memref.store %59, %103[%85] : memref<32xf32>
+              memref.store %59, %103[%86] : memref<32xf32>
+              memref.store %59, %103[%87] : memref<32xf32>
+              memref.store %59, %103[%88] : memref<32xf32>
+              memref.store %59, %103[%89] : memref<32xf32>
+              memref.store %59, %103[%90] : memref<32xf32>
+              memref.store %59, %103[%91] : memref<32xf32>
+              memref.store %59, %103[%92] : memref<32xf32>
+              memref.store %59, %103[%93] : memref<32xf32>
+              memref.store %59, %103[%94] : memref<32xf32>
+              memref.store %59, %103[%95] : memref<32xf32>
+              memref.store %59, %103[%96] : memref<32xf32>
+              memref.store %59, %103[%97] : memref<32xf32>
+              memref.store %59, %103[%98] : memref<32xf32>
+              memref.store %59, %103[%99] : memref<32xf32>
+              memref.store %59, %103[%100] : memref<32xf32>
+              memref.store %59, %103[%101] : memref<32xf32>
+              memref.store %59, %103[%102] : memref<32xf32>
+              %105 = arith.subi %8, %41 : i64
+              %106 = arith.maxsi %105, %41 : i64
+              %107 = arith.divsi %106, %43 : i64
+              %108 = arith.muli %107, %43 : i64
+              %109 = arith.addi %41, %108 : i64
+              scf.for %110 = %41 to %109 step %43 : i64 {
+                %111 = arith.constant 32 : index
+                scf.for %112 = %3 to %111 step %6 {
+                  %113 = arith.index_cast %112 : index to i64
+                  %114 = arith.addi %110, %113 : i64
+                  %115 = arith.index_cast %66 : i64 to index
+                  %116 = arith.index_cast %114 : i64 to index
+                  %117 = memref.load %x[%115, %116] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %118 = arith.extf %117 : f16 to f32
+                  %119 = arith.mulf %118, %118 : f32
+                  %120 = memref.load %71[%112] : memref<32xf32>
+                  %121 = arith.addf %120, %119 : f32
+                  memref.store %121, %71[%112] : memref<32xf32>
+                  %122 = memref.load %grad_y[%115, %116] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                  %123 = arith.extf %122 : f16 to f32
+                  %124 = memref.load %w[%116] : memref<?xf16, strided<[?], offset: ?>>
+                  %125 = arith.extf %124 : f16 to f32
+                  %126 = arith.mulf %123, %125 : f32
+                  %127 = memref.load %x[%115, %116] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                   %128 = arith.extf %127 : f16 to f32
                   %129 = arith.mulf %126, %128 : f32
-                  %130 = memref.load %x[%118, %119] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                  %131 = arith.extf %130 : f16 to f32
-                  %132 = arith.mulf %129, %131 : f32
-                  %133 = memref.load %106[%115] : memref<32xf32>
-                  %134 = arith.addf %133, %132 : f32
-                  memref.store %134, %106[%115] : memref<32xf32>
+                  %130 = memref.load %103[%112] : memref<32xf32>
+                  %131 = arith.addf %130, %129 : f32
+                  memref.store %131, %103[%112] : memref<32xf32>
                 }
               }
-              %135 = arith.subi %8, %112 : i64
-              %136 = arith.index_cast %135 : i64 to index
-              scf.for %137 = %3 to %136 step %6 {
-                %138 = arith.index_cast %137 : index to i64
-                %139 = arith.addi %112, %138 : i64
-                %140 = arith.index_cast %66 : i64 to index
-                %141 = arith.index_cast %139 : i64 to index
-                %142 = memref.load %x[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %143 = arith.extf %142 : f16 to f32
-                %144 = arith.mulf %143, %143 : f32
-                %145 = memref.load %74[%137] : memref<32xf32>
-                %146 = arith.addf %145, %144 : f32
-                memref.store %146, %74[%137] : memref<32xf32>
-                %147 = memref.load %grad_y[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %148 = arith.extf %147 : f16 to f32
-                %149 = memref.load %w[%141] : memref<?xf16, strided<[?], offset: ?>>
+              %132 = arith.subi %8, %109 : i64
+              %133 = arith.index_cast %132 : i64 to index
+              scf.for %134 = %3 to %133 step %6 {
+                %135 = arith.index_cast %134 : index to i64
+                %136 = arith.addi %109, %135 : i64
+                %137 = arith.index_cast %66 : i64 to index
+                %138 = arith.index_cast %136 : i64 to index
+                %139 = memref.load %x[%137, %138] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %140 = arith.extf %139 : f16 to f32
+                %141 = arith.mulf %140, %140 : f32
+                %142 = memref.load %71[%134] : memref<32xf32>
+                %143 = arith.addf %142, %141 : f32
+                memref.store %143, %71[%134] : memref<32xf32>
+                %144 = memref.load %grad_y[%137, %138] : memref<?x?xf16, strided<[?, ?], offset: ?>>
+                %145 = arith.extf %144 : f16 to f32
+                %146 = memref.load %w[%138] : memref<?xf16, strided<[?], offset: ?>>
+                %147 = arith.extf %146 : f16 to f32
+                %148 = arith.mulf %145, %147 : f32
+                %149 = memref.load %x[%137, %138] : memref<?x?xf16, strided<[?, ?], offset: ?>>
                 %150 = arith.extf %149 : f16 to f32
                 %151 = arith.mulf %148, %150 : f32
-                %152 = memref.load %x[%140, %141] : memref<?x?xf16, strided<[?, ?], offset: ?>>
-                %153 = arith.extf %152 : f16 to f32
-                %154 = arith.mulf %151, %153 : f32
-                %155 = memref.load %106[%137] : memref<32xf32>
-                %156 = arith.addf %155, %154 : f32
-                memref.store %156, %106[%137] : memref<32xf32>
+                %152 = memref.load %103[%134] : memref<32xf32>
+                %153 = arith.addf %152, %151 : f32
+                memref.store %153, %103[%134] : memref<32xf32>
               }
-              %157 = memref.load %74[%3] : memref<32xf32>
-              %158 = memref.load %74[%90] : memref<32xf32>
+              %154 = memref.load %71[%3] : memref<32xf32>
+              %155 = memref.load %71[%87] : memref<32xf32>
+              %156 = arith.addf %154, %155 : f32
+              memref.store %156, %71[%3] : memref<32xf32>
+              %157 = memref.load %71[%6] : memref<32xf32>
+              %158 = memref.load %71[%88] : memref<32xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %74[%3] : memref<32xf32>
-              %160 = memref.load %74[%6] : memref<32xf32>
-              %161 = memref.load %74[%91] : memref<32xf32>
+              memref.store %159, %71[%6] : memref<32xf32>
+              %160 = memref.load %71[%73] : memref<32xf32>
+              %161 = memref.load %71[%89] : memref<32xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %74[%6] : memref<32xf32>
-              %163 = memref.load %74[%76] : memref<32xf32>
-              %164 = memref.load %74[%92] : memref<32xf32>
+              memref.store %162, %71[%73] : memref<32xf32>
+              %163 = memref.load %71[%74] : memref<32xf32>
+              %164 = memref.load %71[%90] : memref<32xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %74[%76] : memref<32xf32>
-              %166 = memref.load %74[%77] : memref<32xf32>
-              %167 = memref.load %74[%93] : memref<32xf32>
+              memref.store %165, %71[%74] : memref<32xf32>
+              %166 = memref.load %71[%75] : memref<32xf32>
+              %167 = memref.load %71[%91] : memref<32xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %74[%77] : memref<32xf32>
-              %169 = memref.load %74[%78] : memref<32xf32>
-              %170 = memref.load %74[%94] : memref<32xf32>
+              memref.store %168, %71[%75] : memref<32xf32>
+              %169 = memref.load %71[%76] : memref<32xf32>
+              %170 = memref.load %71[%92] : memref<32xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %74[%78] : memref<32xf32>
-              %172 = memref.load %74[%79] : memref<32xf32>
-              %173 = memref.load %74[%95] : memref<32xf32>
+              memref.store %171, %71[%76] : memref<32xf32>
+              %172 = memref.load %71[%77] : memref<32xf32>
+              %173 = memref.load %71[%93] : memref<32xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %74[%79] : memref<32xf32>
-              %175 = memref.load %74[%80] : memref<32xf32>
-              %176 = memref.load %74[%96] : memref<32xf32>
+              memref.store %174, %71[%77] : memref<32xf32>
+              %175 = memref.load %71[%78] : memref<32xf32>
+              %176 = memref.load %71[%94] : memref<32xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %74[%80] : memref<32xf32>
-              %178 = memref.load %74[%81] : memref<32xf32>
-              %179 = memref.load %74[%97] : memref<32xf32>
+              memref.store %177, %71[%78] : memref<32xf32>
+              %178 = memref.load %71[%79] : memref<32xf32>
+              %179 = memref.load %71[%95] : memref<32xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %74[%81] : memref<32xf32>
-              %181 = memref.load %74[%82] : memref<32xf32>
-              %182 = memref.load %74[%98] : memref<32xf32>
+              memref.store %180, %71[%79] : memref<32xf32>
+              %181 = memref.load %71[%80] : memref<32xf32>
+              %182 = memref.load %71[%96] : memref<32xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %74[%82] : memref<32xf32>
-              %184 = memref.load %74[%83] : memref<32xf32>
-              %185 = memref.load %74[%99] : memref<32xf32>
+              memref.store %183, %71[%80] : memref<32xf32>
+              %184 = memref.load %71[%81] : memref<32xf32>
+              %185 = memref.load %71[%97] : memref<32xf32>
               %186 = arith.addf %184, %185 : f32
-              memref.store %186, %74[%83] : memref<32xf32>
-              %187 = memref.load %74[%84] : memref<32xf32>
-              %188 = memref.load %74[%100] : memref<32xf32>
+              memref.store %186, %71[%81] : memref<32xf32>
+              %187 = memref.load %71[%82] : memref<32xf32>
+              %188 = memref.load %71[%98] : memref<32xf32>
               %189 = arith.addf %187, %188 : f32
-              memref.store %189, %74[%84] : memref<32xf32>
-              %190 = memref.load %74[%85] : memref<32xf32>
-              %191 = memref.load %74[%101] : memref<32xf32>
+              memref.store %189, %71[%82] : memref<32xf32>
+              %190 = memref.load %71[%83] : memref<32xf32>
+              %191 = memref.load %71[%99] : memref<32xf32>
               %192 = arith.addf %190, %191 : f32
-              memref.store %192, %74[%85] : memref<32xf32>
-              %193 = memref.load %74[%86] : memref<32xf32>
-              %194 = memref.load %74[%102] : memref<32xf32>
+              memref.store %192, %71[%83] : memref<32xf32>
+              %193 = memref.load %71[%84] : memref<32xf32>
+              %194 = memref.load %71[%100] : memref<32xf32>
               %195 = arith.addf %193, %194 : f32
-              memref.store %195, %74[%86] : memref<32xf32>
-              %196 = memref.load %74[%87] : memref<32xf32>
-              %197 = memref.load %74[%103] : memref<32xf32>
+              memref.store %195, %71[%84] : memref<32xf32>
+              %196 = memref.load %71[%85] : memref<32xf32>
+              %197 = memref.load %71[%101] : memref<32xf32>
               %198 = arith.addf %196, %197 : f32
-              memref.store %198, %74[%87] : memref<32xf32>
-              %199 = memref.load %74[%88] : memref<32xf32>
-              %200 = memref.load %74[%104] : memref<32xf32>
+              memref.store %198, %71[%85] : memref<32xf32>
+              %199 = memref.load %71[%86] : memref<32xf32>
+              %200 = memref.load %71[%102] : memref<32xf32>
               %201 = arith.addf %199, %200 : f32
-              memref.store %201, %74[%88] : memref<32xf32>
-              %202 = memref.load %74[%89] : memref<32xf32>
-              %203 = memref.load %74[%105] : memref<32xf32>
+              memref.store %201, %71[%86] : memref<32xf32>
+              %202 = memref.load %71[%3] : memref<32xf32>
+              %203 = memref.load %71[%79] : memref<32xf32>
               %204 = arith.addf %202, %203 : f32
-              memref.store %204, %74[%89] : memref<32xf32>
-              %205 = memref.load %74[%3] : memref<32xf32>
-              %206 = memref.load %74[%82] : memref<32xf32>
+              memref.store %204, %71[%3] : memref<32xf32>
+              %205 = memref.load %71[%6] : memref<32xf32>
+              %206 = memref.load %71[%80] : memref<32xf32>
               %207 = arith.addf %205, %206 : f32
-              memref.store %207, %74[%3] : memref<32xf32>
-              %208 = memref.load %74[%6] : memref<32xf32>
-              %209 = memref.load %74[%83] : memref<32xf32>
+              memref.store %207, %71[%6] : memref<32xf32>
+              %208 = memref.load %71[%73] : memref<32xf32>
+              %209 = memref.load %71[%81] : memref<32xf32>
               %210 = arith.addf %208, %209 : f32
-              memref.store %210, %74[%6] : memref<32xf32>
-              %211 = memref.load %74[%76] : memref<32xf32>
-              %212 = memref.load %74[%84] : memref<32xf32>
+              memref.store %210, %71[%73] : memref<32xf32>
+              %211 = memref.load %71[%74] : memref<32xf32>
+              %212 = memref.load %71[%82] : memref<32xf32>
               %213 = arith.addf %211, %212 : f32
-              memref.store %213, %74[%76] : memref<32xf32>
-              %214 = memref.load %74[%77] : memref<32xf32>
-              %215 = memref.load %74[%85] : memref<32xf32>
+              memref.store %213, %71[%74] : memref<32xf32>
+              %214 = memref.load %71[%75] : memref<32xf32>
+              %215 = memref.load %71[%83] : memref<32xf32>
               %216 = arith.addf %214, %215 : f32
-              memref.store %216, %74[%77] : memref<32xf32>
-              %217 = memref.load %74[%78] : memref<32xf32>
-              %218 = memref.load %74[%86] : memref<32xf32>
+              memref.store %216, %71[%75] : memref<32xf32>
+              %217 = memref.load %71[%76] : memref<32xf32>
+              %218 = memref.load %71[%84] : memref<32xf32>
               %219 = arith.addf %217, %218 : f32
-              memref.store %219, %74[%78] : memref<32xf32>
-              %220 = memref.load %74[%79] : memref<32xf32>
-              %221 = memref.load %74[%87] : memref<32xf32>
+              memref.store %219, %71[%76] : memref<32xf32>
+              %220 = memref.load %71[%77] : memref<32xf32>
+              %221 = memref.load %71[%85] : memref<32xf32>
               %222 = arith.addf %220, %221 : f32
-              memref.store %222, %74[%79] : memref<32xf32>
-              %223 = memref.load %74[%80] : memref<32xf32>
-              %224 = memref.load %74[%88] : memref<32xf32>
+              memref.store %222, %71[%77] : memref<32xf32>
+              %223 = memref.load %71[%78] : memref<32xf32>
+              %224 = memref.load %71[%86] : memref<32xf32>
               %225 = arith.addf %223, %224 : f32
-              memref.store %225, %74[%80] : memref<32xf32>
-              %226 = memref.load %74[%81] : memref<32xf32>
-              %227 = memref.load %74[%89] : memref<32xf32>
+              memref.store %225, %71[%78] : memref<32xf32>
+              %226 = memref.load %71[%3] : memref<32xf32>
+              %227 = memref.load %71[%75] : memref<32xf32>
               %228 = arith.addf %226, %227 : f32
-              memref.store %228, %74[%81] : memref<32xf32>
-              %229 = memref.load %74[%3] : memref<32xf32>
-              %230 = memref.load %74[%78] : memref<32xf32>
+              memref.store %228, %71[%3] : memref<32xf32>
+              %229 = memref.load %71[%6] : memref<32xf32>
+              %230 = memref.load %71[%76] : memref<32xf32>
               %231 = arith.addf %229, %230 : f32
-              memref.store %231, %74[%3] : memref<32xf32>
-              %232 = memref.load %74[%6] : memref<32xf32>
-              %233 = memref.load %74[%79] : memref<32xf32>
+              memref.store %231, %71[%6] : memref<32xf32>
+              %232 = memref.load %71[%73] : memref<32xf32>
+              %233 = memref.load %71[%77] : memref<32xf32>
               %234 = arith.addf %232, %233 : f32
-              memref.store %234, %74[%6] : memref<32xf32>
-              %235 = memref.load %74[%76] : memref<32xf32>
-              %236 = memref.load %74[%80] : memref<32xf32>
+              memref.store %234, %71[%73] : memref<32xf32>
+              %235 = memref.load %71[%74] : memref<32xf32>
+              %236 = memref.load %71[%78] : memref<32xf32>
               %237 = arith.addf %235, %236 : f32
-              memref.store %237, %74[%76] : memref<32xf32>
-              %238 = memref.load %74[%77] : memref<32xf32>
-              %239 = memref.load %74[%81] : memref<32xf32>
+              memref.store %237, %71[%74] : memref<32xf32>
+              %238 = memref.load %71[%3] : memref<32xf32>
+              %239 = memref.load %71[%73] : memref<32xf32>
               %240 = arith.addf %238, %239 : f32
-              memref.store %240, %74[%77] : memref<32xf32>
-              %241 = memref.load %74[%3] : memref<32xf32>
-              %242 = memref.load %74[%76] : memref<32xf32>
+              memref.store %240, %71[%3] : memref<32xf32>
+              %241 = memref.load %71[%6] : memref<32xf32>
+              %242 = memref.load %71[%74] : memref<32xf32>
               %243 = arith.addf %241, %242 : f32
-              memref.store %243, %74[%3] : memref<32xf32>
-              %244 = memref.load %74[%6] : memref<32xf32>
-              %245 = memref.load %74[%77] : memref<32xf32>
+              memref.store %243, %71[%6] : memref<32xf32>
+              %244 = memref.load %71[%3] : memref<32xf32>
+              %245 = memref.load %71[%6] : memref<32xf32>
               %246 = arith.addf %244, %245 : f32
-              memref.store %246, %74[%6] : memref<32xf32>
-              %247 = memref.load %74[%3] : memref<32xf32>
-              %248 = memref.load %74[%6] : memref<32xf32>
-              %249 = arith.addf %247, %248 : f32
-              memref.store %249, %74[%3] : memref<32xf32>
-              %250 = memref.load %74[%3] : memref<32xf32>
-              memref.store %250, %68[] : memref<f32>
-              %251 = memref.load %106[%3] : memref<32xf32>
-              %252 = memref.load %106[%90] : memref<32xf32>
+              memref.store %246, %71[%3] : memref<32xf32>
+              %247 = memref.load %71[%3] : memref<32xf32>
+              memref.store %247, %68[] : memref<f32>
+              %248 = memref.load %103[%3] : memref<32xf32>
+              %249 = memref.load %103[%87] : memref<32xf32>
+              %250 = arith.addf %248, %249 : f32
+              memref.store %250, %103[%3] : memref<32xf32>
+              %251 = memref.load %103[%6] : memref<32xf32>
+              %252 = memref.load %103[%88] : memref<32xf32>
               %253 = arith.addf %251, %252 : f32
-              memref.store %253, %106[%3] : memref<32xf32>
-              %254 = memref.load %106[%6] : memref<32xf32>
-              %255 = memref.load %106[%91] : memref<32xf32>
+              memref.store %253, %103[%6] : memref<32xf32>
+              %254 = memref.load %103[%73] : memref<32xf32>
+              %255 = memref.load %103[%89] : memref<32xf32>
               %256 = arith.addf %254, %255 : f32
-              memref.store %256, %106[%6] : memref<32xf32>
-              %257 = memref.load %106[%76] : memref<32xf32>
-              %258 = memref.load %106[%92] : memref<32xf32>
+              memref.store %256, %103[%73] : memref<32xf32>
+              %257 = memref.load %103[%74] : memref<32xf32>
+              %258 = memref.load %103[%90] : memref<32xf32>
               %259 = arith.addf %257, %258 : f32
-              memref.store %259, %106[%76] : memref<32xf32>
-              %260 = memref.load %106[%77] : memref<32xf32>
-              %261 = memref.load %106[%93] : memref<32xf32>
+              memref.store %259, %103[%74] : memref<32xf32>
+              %260 = memref.load %103[%75] : memref<32xf32>
+              %261 = memref.load %103[%91] : memref<32xf32>
               %262 = arith.addf %260, %261 : f32
-              memref.store %262, %106[%77] : memref<32xf32>
-              %263 = memref.load %106[%78] : memref<32xf32>
-              %264 = memref.load %106[%94] : memref<32xf32>
+              memref.store %262, %103[%75] : memref<32xf32>
+              %263 = memref.load %103[%76] : memref<32xf32>
+              %264 = memref.load %103[%92] : memref<32xf32>
               %265 = arith.addf %263, %264 : f32
-              memref.store %265, %106[%78] : memref<32xf32>
-              %266 = memref.load %106[%79] : memref<32xf32>
-              %267 = memref.load %106[%95] : memref<32xf32>
+              memref.store %265, %103[%76] : memref<32xf32>
+              %266 = memref.load %103[%77] : memref<32xf32>
+              %267 = memref.load %103[%93] : memref<32xf32>
               %268 = arith.addf %266, %267 : f32
-              memref.store %268, %106[%79] : memref<32xf32>
-              %269 = memref.load %106[%80] : memref<32xf32>
-              %270 = memref.load %106[%96] : memref<32xf32>
+              memref.store %268, %103[%77] : memref<32xf32>
+              %269 = memref.load %103[%78] : memref<32xf32>
+              %270 = memref.load %103[%94] : memref<32xf32>
               %271 = arith.addf %269, %270 : f32
-              memref.store %271, %106[%80] : memref<32xf32>
-              %272 = memref.load %106[%81] : memref<32xf32>
-              %273 = memref.load %106[%97] : memref<32xf32>
+              memref.store %271, %103[%78] : memref<32xf32>
+              %272 = memref.load %103[%79] : memref<32xf32>
+              %273 = memref.load %103[%95] : memref<32xf32>
               %274 = arith.addf %272, %273 : f32
-              memref.store %274, %106[%81] : memref<32xf32>
-              %275 = memref.load %106[%82] : memref<32xf32>
-              %276 = memref.load %106[%98] : memref<32xf32>
+              memref.store %274, %103[%79] : memref<32xf32>
+              %275 = memref.load %103[%80] : memref<32xf32>
+              %276 = memref.load %103[%96] : memref<32xf32>
               %277 = arith.addf %275, %276 : f32
-              memref.store %277, %106[%82] : memref<32xf32>
-              %278 = memref.load %106[%83] : memref<32xf32>
-              %279 = memref.load %106[%99] : memref<32xf32>
+              memref.store %277, %103[%80] : memref<32xf32>
+              %278 = memref.load %103[%81] : memref<32xf32>
+              %279 = memref.load %103[%97] : memref<32xf32>
               %280 = arith.addf %278, %279 : f32
-              memref.store %280, %106[%83] : memref<32xf32>
-              %281 = memref.load %106[%84] : memref<32xf32>
-              %282 = memref.load %106[%100] : memref<32xf32>
+              memref.store %280, %103[%81] : memref<32xf32>
+              %281 = memref.load %103[%82] : memref<32xf32>
+              %282 = memref.load %103[%98] : memref<32xf32>
               %283 = arith.addf %281, %282 : f32
-              memref.store %283, %106[%84] : memref<32xf32>
-              %284 = memref.load %106[%85] : memref<32xf32>
-              %285 = memref.load %106[%101] : memref<32xf32>
+              memref.store %283, %103[%82] : memref<32xf32>
+              %284 = memref.load %103[%83] : memref<32xf32>
+              %285 = memref.load %103[%99] : memref<32xf32>
               %286 = arith.addf %284, %285 : f32
-              memref.store %286, %106[%85] : memref<32xf32>
-              %287 = memref.load %106[%86] : memref<32xf32>
-              %288 = memref.load %106[%102] : memref<32xf32>
+              memref.store %286, %103[%83] : memref<32xf32>
+              %287 = memref.load %103[%84] : memref<32xf32>
+              %288 = memref.load %103[%100] : memref<32xf32>
               %289 = arith.addf %287, %288 : f32
-              memref.store %289, %106[%86] : memref<32xf32>
-              %290 = memref.load %106[%87] : memref<32xf32>
-              %291 = memref.load %106[%103] : memref<32xf32>
+              memref.store %289, %103[%84] : memref<32xf32>
+              %290 = memref.load %103[%85] : memref<32xf32>
+              %291 = memref.load %103[%101] : memref<32xf32>
               %292 = arith.addf %290, %291 : f32
-              memref.store %292, %106[%87] : memref<32xf32>
-              %293 = memref.load %106[%88] : memref<32xf32>
-              %294 = memref.load %106[%104] : memref<32xf32>
+              memref.store %292, %103[%85] : memref<32xf32>
+              %293 = memref.load %103[%86] : memref<32xf32>
+              %294 = memref.load %103[%102] : memref<32xf32>
               %295 = arith.addf %293, %294 : f32
-              memref.store %295, %106[%88] : memref<32xf32>
-              %296 = memref.load %106[%89] : memref<32xf32>
-              %297 = memref.load %106[%105] : memref<32xf32>
+              memref.store %295, %103[%86] : memref<32xf32>
+              %296 = memref.load %103[%3] : memref<32xf32>
+              %297 = memref.load %103[%79] : memref<32xf32>
               %298 = arith.addf %296, %297 : f32
-              memref.store %298, %106[%89] : memref<32xf32>
-              %299 = memref.load %106[%3] : memref<32xf32>
-              %300 = memref.load %106[%82] : memref<32xf32>
+              memref.store %298, %103[%3] : memref<32xf32>
+              %299 = memref.load %103[%6] : memref<32xf32>
+              %300 = memref.load %103[%80] : memref<32xf32>
               %301 = arith.addf %299, %300 : f32
-              memref.store %301, %106[%3] : memref<32xf32>
-              %302 = memref.load %106[%6] : memref<32xf32>
-              %303 = memref.load %106[%83] : memref<32xf32>
+              memref.store %301, %103[%6] : memref<32xf32>
+              %302 = memref.load %103[%73] : memref<32xf32>
+              %303 = memref.load %103[%81] : memref<32xf32>
               %304 = arith.addf %302, %303 : f32
-              memref.store %304, %106[%6] : memref<32xf32>
-              %305 = memref.load %106[%76] : memref<32xf32>
-              %306 = memref.load %106[%84] : memref<32xf32>
+              memref.store %304, %103[%73] : memref<32xf32>
+              %305 = memref.load %103[%74] : memref<32xf32>
+              %306 = memref.load %103[%82] : memref<32xf32>
               %307 = arith.addf %305, %306 : f32
-              memref.store %307, %106[%76] : memref<32xf32>
-              %308 = memref.load %106[%77] : memref<32xf32>
-              %309 = memref.load %106[%85] : memref<32xf32>
+              memref.store %307, %103[%74] : memref<32xf32>
+              %308 = memref.load %103[%75] : memref<32xf32>
+              %309 = memref.load %103[%83] : memref<32xf32>
               %310 = arith.addf %308, %309 : f32
-              memref.store %310, %106[%77] : memref<32xf32>
-              %311 = memref.load %106[%78] : memref<32xf32>
-              %312 = memref.load %106[%86] : memref<32xf32>
+              memref.store %310, %103[%75] : memref<32xf32>
+              %311 = memref.load %103[%76] : memref<32xf32>
+              %312 = memref.load %103[%84] : memref<32xf32>
               %313 = arith.addf %311, %312 : f32
-              memref.store %313, %106[%78] : memref<32xf32>
-              %314 = memref.load %106[%79] : memref<32xf32>
-              %315 = memref.load %106[%87] : memref<32xf32>
+              memref.store %313, %103[%76] : memref<32xf32>
+              %314 = memref.load %103[%77] : memref<32xf32>
+              %315 = memref.load %103[%85] : memref<32xf32>
               %316 = arith.addf %314, %315 : f32
-              memref.store %316, %106[%79] : memref<32xf32>
-              %317 = memref.load %106[%80] : memref<32xf32>
-              %318 = memref.load %106[%88] : memref<32xf32>
+              memref.store %316, %103[%77] : memref<32xf32>
+              %317 = memref.load %103[%78] : memref<32xf32>
+              %318 = memref.load %103[%86] : memref<32xf32>
               %319 = arith.addf %317, %318 : f32
-              memref.store %319, %106[%80] : memref<32xf32>
-              %320 = memref.load %106[%81] : memref<32xf32>
-              %321 = memref.load %106[%89] : memref<32xf32>
+              memref.store %319, %103[%78] : memref<32xf32>
+              %320 = memref.load %103[%3] : memref<32xf32>
+              %321 = memref.load %103[%75] : memref<32xf32>
               %322 = arith.addf %320, %321 : f32
-              memref.store %322, %106[%81] : memref<32xf32>
-              %323 = memref.load %106[%3] : memref<32xf32>
-              %324 = memref.load %106[%78] : memref<32xf32>
+              memref.store %322, %103[%3] : memref<32xf32>
+              %323 = memref.load %103[%6] : memref<32xf32>
+              %324 = memref.load %103[%76] : memref<32xf32>
               %325 = arith.addf %323, %324 : f32
-              memref.store %325, %106[%3] : memref<32xf32>
-              %326 = memref.load %106[%6] : memref<32xf32>
-              %327 = memref.load %106[%79] : memref<32xf32>
+              memref.store %325, %103[%6] : memref<32xf32>
+              %326 = memref.load %103[%73] : memref<32xf32>
+              %327 = memref.load %103[%77] : memref<32xf32>
               %328 = arith.addf %326, %327 : f32
-              memref.store %328, %106[%6] : memref<32xf32>
-              %329 = memref.load %106[%76] : memref<32xf32>
-              %330 = memref.load %106[%80] : memref<32xf32>
+              memref.store %328, %103[%73] : memref<32xf32>
+              %329 = memref.load %103[%74] : memref<32xf32>
+              %330 = memref.load %103[%78] : memref<32xf32>
               %331 = arith.addf %329, %330 : f32
-              memref.store %331, %106[%76] : memref<32xf32>
-              %332 = memref.load %106[%77] : memref<32xf32>
-              %333 = memref.load %106[%81] : memref<32xf32>
+              memref.store %331, %103[%74] : memref<32xf32>
+              %332 = memref.load %103[%3] : memref<32xf32>
+              %333 = memref.load %103[%73] : memref<32xf32>
               %334 = arith.addf %332, %333 : f32
-              memref.store %334, %106[%77] : memref<32xf32>
-              %335 = memref.load %106[%3] : memref<32xf32>
-              %336 = memref.load %106[%76] : memref<32xf32>
+              memref.store %334, %103[%3] : memref<32xf32>
+              %335 = memref.load %103[%6] : memref<32xf32>
+              %336 = memref.load %103[%74] : memref<32xf32>
               %337 = arith.addf %335, %336 : f32
-              memref.store %337, %106[%3] : memref<32xf32>
-              %338 = memref.load %106[%6] : memref<32xf32>
-              %339 = memref.load %106[%77] : memref<32xf32>
+              memref.store %337, %103[%6] : memref<32xf32>
+              %338 = memref.load %103[%3] : memref<32xf32>
+              %339 = memref.load %103[%6] : memref<32xf32>
               %340 = arith.addf %338, %339 : f32
-              memref.store %340, %106[%6] : memref<32xf32>
-              %341 = memref.load %106[%3] : memref<32xf32>
-              %342 = memref.load %106[%6] : memref<32xf32>
-              %343 = arith.addf %341, %342 : f32
-              memref.store %343, %106[%3] : memref<32xf32>
-              %344 = memref.load %106[%3] : memref<32xf32>
-              memref.store %344, %70[] : memref<f32>
-              %345 = memref.load %68[] : memref<f32>
-              memref.store %345, %67[] : memref<f32>
-              %346 = memref.load %70[] : memref<f32>
-              memref.store %346, %69[] : memref<f32>
+              memref.store %340, %103[%3] : memref<32xf32>
+              %341 = memref.load %103[%3] : memref<32xf32>
+              memref.store %341, %70[] : memref<f32>
+              %342 = memref.load %68[] : memref<f32>
+              memref.store %342, %67[] : memref<f32>
+              %343 = memref.load %70[] : memref<f32>
+              memref.store %343, %69[] : memref<f32>
+              %344 = arith.addi %66, %65 : i64
+              %345 = arith.subi %64, %65 : i64
+              %346 = arith.cmpi slt, %344, %345 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%347: index):
                 %348 = arith.index_cast %347 : index to i64
@@ -661,236 +661,236 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = arith.addi %66, %65 : i64
-              %72 = arith.subi %64, %65 : i64
-              %73 = arith.cmpi slt, %71, %72 : i64
-              %74 = memref.alloca() : memref<16xf32>
-              %75 = memref.load %68[] : memref<f32>
-              memref.store %75, %74[%3] : memref<16xf32>
-              memref.store %59, %74[%6] : memref<16xf32>
-              %76 = arith.constant 2 : index
-              memref.store %59, %74[%76] : memref<16xf32>
-              %77 = arith.constant 3 : index
-              memref.store %59, %74[%77] : memref<16xf32>
-              %78 = arith.constant 4 : index
-              memref.store %59, %74[%78] : memref<16xf32>
-              %79 = arith.constant 5 : index
-              memref.store %59, %74[%79] : memref<16xf32>
-              %80 = arith.constant 6 : index
-              memref.store %59, %74[%80] : memref<16xf32>
-              %81 = arith.constant 7 : index
-              memref.store %59, %74[%81] : memref<16xf32>
-              %82 = arith.constant 8 : index
-              memref.store %59, %74[%82] : memref<16xf32>
-              %83 = arith.constant 9 : index
-              memref.store %59, %74[%83] : memref<16xf32>
-              %84 = arith.constant 10 : index
-              memref.store %59, %74[%84] : memref<16xf32>
-              %85 = arith.constant 11 : index
-              memref.store %59, %74[%85] : memref<16xf32>
-              %86 = arith.constant 12 : index
-              memref.store %59, %74[%86] : memref<16xf32>
-              %87 = arith.constant 13 : index
-              memref.store %59, %74[%87] : memref<16xf32>
-              %88 = arith.constant 14 : index
-              memref.store %59, %74[%88] : memref<16xf32>
-              %89 = arith.constant 15 : index
-              memref.store %59, %74[%89] : memref<16xf32>
-              %90 = memref.alloca() : memref<16xf32>
-              %91 = memref.load %70[] : memref<f32>
-              memref.store %91, %90[%3] : memref<16xf32>
-              memref.store %59, %90[%6] : memref<16xf32>
-              memref.store %59, %90[%76] : memref<16xf32>
-              memref.store %59, %90[%77] : memref<16xf32>
-              memref.store %59, %90[%78] : memref<16xf32>
-              memref.store %59, %90[%79] : memref<16xf32>
-              memref.store %59, %90[%80] : memref<16xf32>
-              memref.store %59, %90[%81] : memref<16xf32>
-              memref.store %59, %90[%82] : memref<16xf32>
-              memref.store %59, %90[%83] : memref<16xf32>
-              memref.store %59, %90[%84] : memref<16xf32>
-              memref.store %59, %90[%85] : memref<16xf32>
-              memref.store %59, %90[%86] : memref<16xf32>
-              memref.store %59, %90[%87] : memref<16xf32>
-              memref.store %59, %90[%88] : memref<16xf32>
-              memref.store %59, %90[%89] : memref<16xf32>
-              %92 = arith.subi %8, %41 : i64
-              %93 = arith.maxsi %92, %41 : i64
-              %94 = arith.constant 16 : i64
-              %95 = arith.divsi %93, %94 : i64
-              %96 = arith.muli %95, %94 : i64
-              %97 = arith.addi %41, %96 : i64
-              scf.for %98 = %41 to %97 step %94 : i64 {
-                %99 = arith.constant 16 : index
-                scf.for %100 = %3 to %99 step %6 {
-                  %101 = arith.index_cast %100 : index to i64
-                  %102 = arith.addi %98, %101 : i64
-                  %103 = arith.index_cast %66 : i64 to index
-                  %104 = arith.index_cast %102 : i64 to index
-                  %105 = memref.load %x[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %106 = arith.mulf %105, %105 : f32
-                  %107 = memref.load %74[%100] : memref<16xf32>
-                  %108 = arith.addf %107, %106 : f32
-                  memref.store %108, %74[%100] : memref<16xf32>
-                  %109 = memref.load %grad_y[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %110 = memref.load %w[%104] : memref<?xf32, strided<[?], offset: ?>>
-                  %111 = arith.mulf %109, %110 : f32
-                  %112 = memref.load %x[%103, %104] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                  %113 = arith.mulf %111, %112 : f32
-                  %114 = memref.load %90[%100] : memref<16xf32>
-                  %115 = arith.addf %114, %113 : f32
-                  memref.store %115, %90[%100] : memref<16xf32>
+              %71 = memref.alloca() : memref<16xf32>
+              %72 = memref.load %68[] : memref<f32>
+              memref.store %72, %71[%3] : memref<16xf32>
+              memref.store %59, %71[%6] : memref<16xf32>
+              %73 = arith.constant 2 : index
+              memref.store %59, %71[%73] : memref<16xf32>
+              %74 = arith.constant 3 : index
+              memref.store %59, %71[%74] : memref<16xf32>
+              %75 = arith.constant 4 : index
+              memref.store %59, %71[%75] : memref<16xf32>
+              %76 = arith.constant 5 : index
+              memref.store %59, %71[%76] : memref<16xf32>
+              %77 = arith.constant 6 : index
+              memref.store %59, %71[%77] : memref<16xf32>
+              %78 = arith.constant 7 : index
+              memref.store %59, %71[%78] : memref<16xf32>
+              %79 = arith.constant 8 : index
+              memref.store %59, %71[%79] : memref<16xf32>
+              %80 = arith.constant 9 : index
+              memref.store %59, %71[%80] : memref<16xf32>
+              %81 = arith.constant 10 : index
+              memref.store %59, %71[%81] : memref<16xf32>
+              %82 = arith.constant 11 : index
+              memref.store %59, %71[%82] : memref<16xf32>
+              %83 = arith.constant 12 : index
+              memref.store %59, %71[%83] : memref<16xf32>
+              %84 = arith.constant 13 : index
+              memref.store %59, %71[%84] : memref<16xf32>
+              %85 = arith.constant 14 : index
+              memref.store %59, %71[%85] : memref<16xf32>
+              %86 = arith.constant 15 : index
+              memref.store %59, %71[%86] : memref<16xf32>
+              %87 = memref.alloca() : memref<16xf32>
+              %88 = memref.load %70[] : memref<f32>
+              memref.store %88, %87[%3] : memref<16xf32>
+              memref.store %59, %87[%6] : memref<16xf32>
+              memref.store %59, %87[%73] : memref<16xf32>
+              memref.store %59, %87[%74] : memref<16xf32>
+              memref.store %59, %87[%75] : memref<16xf32>
+              memref.store %59, %87[%76] : memref<16xf32>
+              memref.store %59, %87[%77] : memref<16xf32>
+              memref.store %59, %87[%78] : memref<16xf32>
+              memref.store %59, %87[%79] : memref<16xf32>
+              memref.store %59, %87[%80] : memref<16xf32>
+              memref.store %59, %87[%81] : memref<16xf32>
+              memref.store %59, %87[%82] : memref<16xf32>
+              memref.store %59, %87[%83] : memref<16xf32>
+              memref.store %59, %87[%84] : memref<16xf32>
+              memref.store %59, %87[%85] : memref<16xf32>
+              memref.store %59, %87[%86] : memref<16xf32>
+              %89 = arith.subi %8, %41 : i64
+              %90 = arith.maxsi %89, %41 : i64
+              %91 = arith.constant 16 : i64
+              %92 = arith.divsi %90, %91 : i64
+              %93 = arith.muli %92, %91 : i64
+              %94 = arith.addi %41, %93 : i64
+              scf.for %95 = %41 to %94 step %91 : i64 {
+                %96 = arith.constant 16 : index
+                scf.for %97 = %3 to %96 step %6 {
+                  %98 = arith.index_cast %97 : index to i64
+                  %99 = arith.addi %95, %98 : i64
+                  %100 = arith.index_cast %66 : i64 to index
+                  %101 = arith.index_cast %99 : i64 to index
+                  %102 = memref.load %x[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %103 = arith.mulf %102, %102 : f32
+                  %104 = memref.load %71[%97] : memref<16xf32>
+                  %105 = arith.addf %104, %103 : f32
+                  memref.store %105, %71[%97] : memref<16xf32>
+                  %106 = memref.load %grad_y[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %107 = memref.load %w[%101] : memref<?xf32, strided<[?], offset: ?>>
+                  %108 = arith.mulf %106, %107 : f32
+                  %109 = memref.load %x[%100, %101] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                  %110 = arith.mulf %108, %109 : f32
+                  %111 = memref.load %87[%97] : memref<16xf32>
+                  %112 = arith.addf %111, %110 : f32
+                  memref.store %112, %87[%97] : memref<16xf32>
                 }
               }
-              %116 = arith.subi %8, %97 : i64
-              %117 = arith.index_cast %116 : i64 to index
-              scf.for %118 = %3 to %117 step %6 {
-                %119 = arith.index_cast %118 : index to i64
-                %120 = arith.addi %97, %119 : i64
-                %121 = arith.index_cast %66 : i64 to index
-                %122 = arith.index_cast %120 : i64 to index
-                %123 = memref.load %x[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %124 = arith.mulf %123, %123 : f32
-                %125 = memref.load %74[%118] : memref<16xf32>
-                %126 = arith.addf %125, %124 : f32
-                memref.store %126, %74[%118] : memref<16xf32>
-                %127 = memref.load %grad_y[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %128 = memref.load %w[%122] : memref<?xf32, strided<[?], offset: ?>>
-                %129 = arith.mulf %127, %128 : f32
-                %130 = memref.load %x[%121, %122] : memref<?x?xf32, strided<[?, ?], offset: ?>>
-                %131 = arith.mulf %129, %130 : f32
-                %132 = memref.load %90[%118] : memref<16xf32>
-                %133 = arith.addf %132, %131 : f32
-                memref.store %133, %90[%118] : memref<16xf32>
+              %113 = arith.subi %8, %94 : i64
+              %114 = arith.index_cast %113 : i64 to index
+              scf.for %115 = %3 to %114 step %6 {
+                %116 = arith.index_cast %115 : index to i64
+                %117 = arith.addi %94, %116 : i64
+                %118 = arith.index_cast %66 : i64 to index
+                %119 = arith.index_cast %117 : i64 to index
+                %120 = memref.load %x[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %121 = arith.mulf %120, %120 : f32
+                %122 = memref.load %71[%115] : memref<16xf32>
+                %123 = arith.addf %122, %121 : f32
+                memref.store %123, %71[%115] : memref<16xf32>
+                %124 = memref.load %grad_y[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %125 = memref.load %w[%119] : memref<?xf32, strided<[?], offset: ?>>
+                %126 = arith.mulf %124, %125 : f32
+                %127 = memref.load %x[%118, %119] : memref<?x?xf32, strided<[?, ?], offset: ?>>
+                %128 = arith.mulf %126, %127 : f32
+                %129 = memref.load %87[%115] : memref<16xf32>
+                %130 = arith.addf %129, %128 : f32
+                memref.store %130, %87[%115] : memref<16xf32>
               }
-              %134 = memref.load %74[%3] : memref<16xf32>
-              %135 = memref.load %74[%82] : memref<16xf32>
+              %131 = memref.load %71[%3] : memref<16xf32>
+              %132 = memref.load %71[%79] : memref<16xf32>
+              %133 = arith.addf %131, %132 : f32
+              memref.store %133, %71[%3] : memref<16xf32>
+              %134 = memref.load %71[%6] : memref<16xf32>
+              %135 = memref.load %71[%80] : memref<16xf32>
               %136 = arith.addf %134, %135 : f32
-              memref.store %136, %74[%3] : memref<16xf32>
-              %137 = memref.load %74[%6] : memref<16xf32>
-              %138 = memref.load %74[%83] : memref<16xf32>
+              memref.store %136, %71[%6] : memref<16xf32>
+              %137 = memref.load %71[%73] : memref<16xf32>
+              %138 = memref.load %71[%81] : memref<16xf32>
               %139 = arith.addf %137, %138 : f32
-              memref.store %139, %74[%6] : memref<16xf32>
-              %140 = memref.load %74[%76] : memref<16xf32>
-              %141 = memref.load %74[%84] : memref<16xf32>
+              memref.store %139, %71[%73] : memref<16xf32>
+              %140 = memref.load %71[%74] : memref<16xf32>
+              %141 = memref.load %71[%82] : memref<16xf32>
               %142 = arith.addf %140, %141 : f32
-              memref.store %142, %74[%76] : memref<16xf32>
-              %143 = memref.load %74[%77] : memref<16xf32>
-              %144 = memref.load %74[%85] : memref<16xf32>
+              memref.store %142, %71[%74] : memref<16xf32>
+              %143 = memref.load %71[%75] : memref<16xf32>
+              %144 = memref.load %71[%83] : memref<16xf32>
               %145 = arith.addf %143, %144 : f32
-              memref.store %145, %74[%77] : memref<16xf32>
-              %146 = memref.load %74[%78] : memref<16xf32>
-              %147 = memref.load %74[%86] : memref<16xf32>
+              memref.store %145, %71[%75] : memref<16xf32>
+              %146 = memref.load %71[%76] : memref<16xf32>
+              %147 = memref.load %71[%84] : memref<16xf32>
               %148 = arith.addf %146, %147 : f32
-              memref.store %148, %74[%78] : memref<16xf32>
-              %149 = memref.load %74[%79] : memref<16xf32>
-              %150 = memref.load %74[%87] : memref<16xf32>
+              memref.store %148, %71[%76] : memref<16xf32>
+              %149 = memref.load %71[%77] : memref<16xf32>
+              %150 = memref.load %71[%85] : memref<16xf32>
               %151 = arith.addf %149, %150 : f32
-              memref.store %151, %74[%79] : memref<16xf32>
-              %152 = memref.load %74[%80] : memref<16xf32>
-              %153 = memref.load %74[%88] : memref<16xf32>
+              memref.store %151, %71[%77] : memref<16xf32>
+              %152 = memref.load %71[%78] : memref<16xf32>
+              %153 = memref.load %71[%86] : memref<16xf32>
               %154 = arith.addf %152, %153 : f32
-              memref.store %154, %74[%80] : memref<16xf32>
-              %155 = memref.load %74[%81] : memref<16xf32>
-              %156 = memref.load %74[%89] : memref<16xf32>
+              memref.store %154, %71[%78] : memref<16xf32>
+              %155 = memref.load %71[%3] : memref<16xf32>
+              %156 = memref.load %71[%75] : memref<16xf32>
               %157 = arith.addf %155, %156 : f32
-              memref.store %157, %74[%81] : memref<16xf32>
-              %158 = memref.load %74[%3] : memref<16xf32>
-              %159 = memref.load %74[%78] : memref<16xf32>
+              memref.store %157, %71[%3] : memref<16xf32>
+              %158 = memref.load %71[%6] : memref<16xf32>
+              %159 = memref.load %71[%76] : memref<16xf32>
               %160 = arith.addf %158, %159 : f32
-              memref.store %160, %74[%3] : memref<16xf32>
-              %161 = memref.load %74[%6] : memref<16xf32>
-              %162 = memref.load %74[%79] : memref<16xf32>
+              memref.store %160, %71[%6] : memref<16xf32>
+              %161 = memref.load %71[%73] : memref<16xf32>
+              %162 = memref.load %71[%77] : memref<16xf32>
               %163 = arith.addf %161, %162 : f32
-              memref.store %163, %74[%6] : memref<16xf32>
-              %164 = memref.load %74[%76] : memref<16xf32>
-              %165 = memref.load %74[%80] : memref<16xf32>
+              memref.store %163, %71[%73] : memref<16xf32>
+              %164 = memref.load %71[%74] : memref<16xf32>
+              %165 = memref.load %71[%78] : memref<16xf32>
               %166 = arith.addf %164, %165 : f32
-              memref.store %166, %74[%76] : memref<16xf32>
-              %167 = memref.load %74[%77] : memref<16xf32>
-              %168 = memref.load %74[%81] : memref<16xf32>
+              memref.store %166, %71[%74] : memref<16xf32>
+              %167 = memref.load %71[%3] : memref<16xf32>
+              %168 = memref.load %71[%73] : memref<16xf32>
               %169 = arith.addf %167, %168 : f32
-              memref.store %169, %74[%77] : memref<16xf32>
-              %170 = memref.load %74[%3] : memref<16xf32>
-              %171 = memref.load %74[%76] : memref<16xf32>
+              memref.store %169, %71[%3] : memref<16xf32>
+              %170 = memref.load %71[%6] : memref<16xf32>
+              %171 = memref.load %71[%74] : memref<16xf32>
               %172 = arith.addf %170, %171 : f32
-              memref.store %172, %74[%3] : memref<16xf32>
-              %173 = memref.load %74[%6] : memref<16xf32>
-              %174 = memref.load %74[%77] : memref<16xf32>
+              memref.store %172, %71[%6] : memref<16xf32>
+              %173 = memref.load %71[%3] : memref<16xf32>
+              %174 = memref.load %71[%6] : memref<16xf32>
               %175 = arith.addf %173, %174 : f32
-              memref.store %175, %74[%6] : memref<16xf32>
-              %176 = memref.load %74[%3] : memref<16xf32>
-              %177 = memref.load %74[%6] : memref<16xf32>
-              %178 = arith.addf %176, %177 : f32
-              memref.store %178, %74[%3] : memref<16xf32>
-              %179 = memref.load %74[%3] : memref<16xf32>
-              memref.store %179, %68[] : memref<f32>
-              %180 = memref.load %90[%3] : memref<16xf32>
-              %181 = memref.load %90[%82] : memref<16xf32>
+              memref.store %175, %71[%3] : memref<16xf32>
+              %176 = memref.load %71[%3] : memref<16xf32>
+              memref.store %176, %68[] : memref<f32>
+              %177 = memref.load %87[%3] : memref<16xf32>
+              %178 = memref.load %87[%79] : memref<16xf32>
+              %179 = arith.addf %177, %178 : f32
+              memref.store %179, %87[%3] : memref<16xf32>
+              %180 = memref.load %87[%6] : memref<16xf32>
+              %181 = memref.load %87[%80] : memref<16xf32>
               %182 = arith.addf %180, %181 : f32
-              memref.store %182, %90[%3] : memref<16xf32>
-              %183 = memref.load %90[%6] : memref<16xf32>
-              %184 = memref.load %90[%83] : memref<16xf32>
+              memref.store %182, %87[%6] : memref<16xf32>
+              %183 = memref.load %87[%73] : memref<16xf32>
+              %184 = memref.load %87[%81] : memref<16xf32>
               %185 = arith.addf %183, %184 : f32
-              memref.store %185, %90[%6] : memref<16xf32>
-              %186 = memref.load %90[%76] : memref<16xf32>
-              %187 = memref.load %90[%84] : memref<16xf32>
+              memref.store %185, %87[%73] : memref<16xf32>
+              %186 = memref.load %87[%74] : memref<16xf32>
+              %187 = memref.load %87[%82] : memref<16xf32>
               %188 = arith.addf %186, %187 : f32
-              memref.store %188, %90[%76] : memref<16xf32>
-              %189 = memref.load %90[%77] : memref<16xf32>
-              %190 = memref.load %90[%85] : memref<16xf32>
+              memref.store %188, %87[%74] : memref<16xf32>
+              %189 = memref.load %87[%75] : memref<16xf32>
+              %190 = memref.load %87[%83] : memref<16xf32>
               %191 = arith.addf %189, %190 : f32
-              memref.store %191, %90[%77] : memref<16xf32>
-              %192 = memref.load %90[%78] : memref<16xf32>
-              %193 = memref.load %90[%86] : memref<16xf32>
+              memref.store %191, %87[%75] : memref<16xf32>
+              %192 = memref.load %87[%76] : memref<16xf32>
+              %193 = memref.load %87[%84] : memref<16xf32>
               %194 = arith.addf %192, %193 : f32
-              memref.store %194, %90[%78] : memref<16xf32>
-              %195 = memref.load %90[%79] : memref<16xf32>
-              %196 = memref.load %90[%87] : memref<16xf32>
+              memref.store %194, %87[%76] : memref<16xf32>
+              %195 = memref.load %87[%77] : memref<16xf32>
+              %196 = memref.load %87[%85] : memref<16xf32>
               %197 = arith.addf %195, %196 : f32
-              memref.store %197, %90[%79] : memref<16xf32>
-              %198 = memref.load %90[%80] : memref<16xf32>
-              %199 = memref.load %90[%88] : memref<16xf32>
+              memref.store %197, %87[%77] : memref<16xf32>
+              %198 = memref.load %87[%78] : memref<16xf32>
+              %199 = memref.load %87[%86] : memref<16xf32>
               %200 = arith.addf %198, %199 : f32
-              memref.store %200, %90[%80] : memref<16xf32>
-              %201 = memref.load %90[%81] : memref<16xf32>
-              %202 = memref.load %90[%89] : memref<16xf32>
+              memref.store %200, %87[%78] : memref<16xf32>
+              %201 = memref.load %87[%3] : memref<16xf32>
+              %202 = memref.load %87[%75] : memref<16xf32>
               %203 = arith.addf %201, %202 : f32
-              memref.store %203, %90[%81] : memref<16xf32>
-              %204 = memref.load %90[%3] : memref<16xf32>
-              %205 = memref.load %90[%78] : memref<16xf32>
+              memref.store %203, %87[%3] : memref<16xf32>
+              %204 = memref.load %87[%6] : memref<16xf32>
+              %205 = memref.load %87[%76] : memref<16xf32>
               %206 = arith.addf %204, %205 : f32
-              memref.store %206, %90[%3] : memref<16xf32>
-              %207 = memref.load %90[%6] : memref<16xf32>
-              %208 = memref.load %90[%79] : memref<16xf32>
+              memref.store %206, %87[%6] : memref<16xf32>
+              %207 = memref.load %87[%73] : memref<16xf32>
+              %208 = memref.load %87[%77] : memref<16xf32>
               %209 = arith.addf %207, %208 : f32
-              memref.store %209, %90[%6] : memref<16xf32>
-              %210 = memref.load %90[%76] : memref<16xf32>
-              %211 = memref.load %90[%80] : memref<16xf32>
+              memref.store %209, %87[%73] : memref<16xf32>
+              %210 = memref.load %87[%74] : memref<16xf32>
+              %211 = memref.load %87[%78] : memref<16xf32>
               %212 = arith.addf %210, %211 : f32
-              memref.store %212, %90[%76] : memref<16xf32>
-              %213 = memref.load %90[%77] : memref<16xf32>
-              %214 = memref.load %90[%81] : memref<16xf32>
+              memref.store %212, %87[%74] : memref<16xf32>
+              %213 = memref.load %87[%3] : memref<16xf32>
+              %214 = memref.load %87[%73] : memref<16xf32>
               %215 = arith.addf %213, %214 : f32
-              memref.store %215, %90[%77] : memref<16xf32>
-              %216 = memref.load %90[%3] : memref<16xf32>
-              %217 = memref.load %90[%76] : memref<16xf32>
+              memref.store %215, %87[%3] : memref<16xf32>
+              %216 = memref.load %87[%6] : memref<16xf32>
+              %217 = memref.load %87[%74] : memref<16xf32>
               %218 = arith.addf %216, %217 : f32
-              memref.store %218, %90[%3] : memref<16xf32>
-              %219 = memref.load %90[%6] : memref<16xf32>
-              %220 = memref.load %90[%77] : memref<16xf32>
+              memref.store %218, %87[%6] : memref<16xf32>
+              %219 = memref.load %87[%3] : memref<16xf32>
+              %220 = memref.load %87[%6] : memref<16xf32>
               %221 = arith.addf %219, %220 : f32
-              memref.store %221, %90[%6] : memref<16xf32>
-              %222 = memref.load %90[%3] : memref<16xf32>
-              %223 = memref.load %90[%6] : memref<16xf32>
-              %224 = arith.addf %222, %223 : f32
-              memref.store %224, %90[%3] : memref<16xf32>
-              %225 = memref.load %90[%3] : memref<16xf32>
-              memref.store %225, %70[] : memref<f32>
-              %226 = memref.load %68[] : memref<f32>
-              memref.store %226, %67[] : memref<f32>
-              %227 = memref.load %70[] : memref<f32>
-              memref.store %227, %69[] : memref<f32>
+              memref.store %221, %87[%3] : memref<16xf32>
+              %222 = memref.load %87[%3] : memref<16xf32>
+              memref.store %222, %70[] : memref<f32>
+              %223 = memref.load %68[] : memref<f32>
+              memref.store %223, %67[] : memref<f32>
+              %224 = memref.load %70[] : memref<f32>
+              memref.store %224, %69[] : memref<f32>
+              %225 = arith.addi %66, %65 : i64
+              %226 = arith.subi %64, %65 : i64
+              %227 = arith.cmpi slt, %225, %226 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%228: index):
                 %229 = arith.index_cast %228 : index to i64
@@ -1050,419 +1050,419 @@ builtin.module {
               memref.store %59, %69[] : memref<f32>
               %70 = memref.alloca() : memref<f32>
               memref.store %59, %70[] : memref<f32>
-              %71 = arith.addi %66, %65 : i64
-              %72 = arith.subi %64, %65 : i64
-              %73 = arith.cmpi slt, %71, %72 : i64
-              %74 = memref.alloca() : memref<32xf32>
-              %75 = memref.load %68[] : memref<f32>
-              memref.store %75, %74[%3] : memref<32xf32>
-              memref.store %59, %74[%6] : memref<32xf32>
-              %76 = arith.constant 2 : index
-              memref.store %59, %74[%76] : memref<32xf32>
-              %77 = arith.constant 3 : index
-              memref.store %59, %74[%77] : memref<32xf32>
-              %78 = arith.constant 4 : index
-              memref.store %59, %74[%78] : memref<32xf32>
-              %79 = arith.constant 5 : index
-              memref.store %59, %74[%79] : memref<32xf32>
-              %80 = arith.constant 6 : index
-              memref.store %59, %74[%80] : memref<32xf32>
-              %81 = arith.constant 7 : index
-              memref.store %59, %74[%81] : memref<32xf32>
-              %82 = arith.constant 8 : index
-              memref.store %59, %74[%82] : memref<32xf32>
-              %83 = arith.constant 9 : index
-              memref.store %59, %74[%83] : memref<32xf32>
-              %84 = arith.constant 10 : index
-              memref.store %59, %74[%84] : memref<32xf32>
-              %85 = arith.constant 11 : index
-              memref.store %59, %74[%85] : memref<32xf32>
-              %86 = arith.constant 12 : index
-              memref.store %59, %74[%86] : memref<32xf32>
-              %87 = arith.constant 13 : index
-              memref.store %59, %74[%87] : memref<32xf32>
-              %88 = arith.constant 14 : index
-              memref.store %59, %74[%88] : memref<32xf32>
-              %89 = arith.constant 15 : index
-              memref.store %59, %74[%89] : memref<32xf32>
-              %90 = arith.constant 16 : index
-              memref.store %59, %74[%90] : memref<32xf32>
-              %91 = arith.constant 17 : index
-              memref.store %59, %74[%91] : memref<32xf32>
-              %92 = arith.constant 18 : index
-              memref.store %59, %74[%92] : memref<32xf32>
-              %93 = arith.constant 19 : index
-              memref.store %59, %74[%93] : memref<32xf32>
-              %94 = arith.constant 20 : index
-              memref.store %59, %74[%94] : memref<32xf32>
-              %95 = arith.constant 21 : index
-              memref.store %59, %74[%95] : memref<32xf32>
-              %96 = arith.constant 22 : index
-              memref.store %59, %74[%96] : memref<32xf32>
-              %97 = arith.constant 23 : index
-              memref.store %59, %74[%97] : memref<32xf32>
-              %98 = arith.constant 24 : index
-              memref.store %59, %74[%98] : memref<32xf32>
-              %99 = arith.constant 25 : index
-              memref.store %59, %74[%99] : memref<32xf32>
-              %100 = arith.constant 26 : index
-              memref.store %59, %74[%100] : memref<32xf32>
-              %101 = arith.constant 27 : index
-              memref.store %59, %74[%101] : memref<32xf32>
-              %102 = arith.constant 28 : index
-              memref.store %59, %74[%102] : memref<32xf32>
-              %103 = arith.constant 29 : index
-              memref.store %59, %74[%103] : memref<32xf32>
-              %104 = arith.constant 30 : index
-              memref.store %59, %74[%104] : memref<32xf32>
-              %105 = arith.constant 31 : index
-              memref.store %59, %74[%105] : memref<32xf32>
-              %106 = memref.alloca() : memref<32xf32>
-              %107 = memref.load %70[] : memref<f32>
-              memref.store %107, %106[%3] : memref<32xf32>
-              memref.store %59, %106[%6] : memref<32xf32>
-              memref.store %59, %106[%76] : memref<32xf32>
-              memref.store %59, %106[%77] : memref<32xf32>
-              memref.store %59, %106[%78] : memref<32xf32>
-              memref.store %59, %106[%79] : memref<32xf32>
-              memref.store %59, %106[%80] : memref<32xf32>
-              memref.store %59, %106[%81] : memref<32xf32>
-              memref.store %59, %106[%82] : memref<32xf32>
-              memref.store %59, %106[%83] : memref<32xf32>
-              memref.store %59, %106[%84] : memref<32xf32>
-              memref.store %59, %106[%85] : memref<32xf32>
-              memref.store %59, %106[%86] : memref<32xf32>
-              memref.store %59, %106[%87] : memref<32xf32>
-              memref.store %59, %106[%88] : memref<32xf32>
-              memref.store %59, %106[%89] : memref<32xf32>
-              memref.store %59, %106[%90] : memref<32xf32>
-              memref.store %59, %106[%91] : memref<32xf32>
-              memref.store %59, %106[%92] : memref<32xf32>
-              memref.store %59, %106[%93] : memref<32xf32>
-              memref.store %59, %106[%94] : memref<32xf32>
-              memref.store %59, %106[%95] : memref<32xf32>
-              memref.store %59, %106[%96] : memref<32xf32>
-              memref.store %59, %106[%97] : memref<32xf32>
-              memref.store %59, %106[%98] : memref<32xf32>
-              memref.store %59, %106[%99] : memref<32xf32>
-              memref.store %59, %106[%100] : memref<32xf32>
-              memref.store %59, %106[%101] : memref<32xf32>
-              memref.store %59, %106[%102] : memref<32xf32>
-              memref.store %59, %106[%103] : memref<32xf32>
-              memref.store %59, %106[%104] : memref<32xf32>
-              memref.store %59, %106[%105] : memref<32xf32>
-              %108 = arith.subi %8, %41 : i64
-              %109 = arith.maxsi %108, %41 : i64
-              %110 = arith.divsi %109, %43 : i64
-              %111 = arith.muli %110, %43 : i64
-              %112 = arith.addi %41, %111 : i64
-              scf.for %113 = %41 to %112 step %43 : i64 {
-                %114 = arith.constant 32 : index
-                scf.for %115 = %3 to %114 step %6 {
-                  %116 = arith.index_cast %115 : index to i64
-                  %117 = arith.addi %113, %116 : i64
-                  %118 = arith.index_cast %66 : i64 to index
-                  %119 = arith.index_cast %117 : i64 to index
-                  %120 = memref.load %x[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %121 = arith.extf %120 : bf16 to f32
-                  %122 = arith.mulf %121, %121 : f32
-                  %123 = memref.load %74[%115] : memref<32xf32>
-                  %124 = arith.addf %123, %122 : f32
-                  memref.store %124, %74[%115] : memref<32xf32>
-                  %125 = memref.load %grad_y[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %126 = arith.extf %125 : bf16 to f32
-                  %127 = memref.load %w[%119] : memref<?xbf16, strided<[?], offset: ?>>
+              %71 = memref.alloca() : memref<32xf32>
+              %72 = memref.load %68[] : memref<f32>
+              memref.store %72, %71[%3] : memref<32xf32>
+              memref.store %59, %71[%6] : memref<32xf32>
+              %73 = arith.constant 2 : index
+              memref.store %59, %71[%73] : memref<32xf32>
+              %74 = arith.constant 3 : index
+              memref.store %59, %71[%74] : memref<32xf32>
+              %75 = arith.constant 4 : index
+              memref.store %59, %71[%75] : memref<32xf32>
+              %76 = arith.constant 5 : index
+              memref.store %59, %71[%76] : memref<32xf32>
+              %77 = arith.constant 6 : index
+              memref.store %59, %71[%77] : memref<32xf32>
+              %78 = arith.constant 7 : index
+              memref.store %59, %71[%78] : memref<32xf32>
+              %79 = arith.constant 8 : index
+              memref.store %59, %71[%79] : memref<32xf32>
+              %80 = arith.constant 9 : index
+              memref.store %59, %71[%80] : memref<32xf32>
+              %81 = arith.constant 10 : index
+              memref.store %59, %71[%81] : memref<32xf32>
+              %82 = arith.constant 11 : index
+              memref.store %59, %71[%82] : memref<32xf32>
+              %83 = arith.constant 12 : index
+              memref.store %59, %71[%83] : memref<32xf32>
+              %84 = arith.constant 13 : index
+              memref.store %59, %71[%84] : memref<32xf32>
+              %85 = arith.constant 14 : index
+              memref.store %59, %71[%85] : memref<32xf32>
+              %86 = arith.constant 15 : index
+              memref.store %59, %71[%86] : memref<32xf32>
+              %87 = arith.constant 16 : index
+              memref.store %59, %71[%87] : memref<32xf32>
+              %88 = arith.constant 17 : index
+              memref.store %59, %71[%88] : memref<32xf32>
+              %89 = arith.constant 18 : index
+              memref.store %59, %71[%89] : memref<32xf32>
+              %90 = arith.constant 19 : index
+              memref.store %59, %71[%90] : memref<32xf32>
+              %91 = arith.constant 20 : index
+              memref.store %59, %71[%91] : memref<32xf32>
+              %92 = arith.constant 21 : index
+              memref.store %59, %71[%92] : memref<32xf32>
+              %93 = arith.constant 22 : index
+              memref.store %59, %71[%93] : memref<32xf32>
+              %94 = arith.constant 23 : index
+              memref.store %59, %71[%94] : memref<32xf32>
+              %95 = arith.constant 24 : index
+              memref.store %59, %71[%95] : memref<32xf32>
+              %96 = arith.constant 25 : index
+              memref.store %59, %71[%96] : memref<32xf32>
+              %97 = arith.constant 26 : index
+              memref.store %59, %71[%97] : memref<32xf32>
+              %98 = arith.constant 27 : index
+              memref.store %59, %71[%98] : memref<32xf32>
+              %99 = arith.constant 28 : index
+              memref.store %59, %71[%99] : memref<32xf32>
+              %100 = arith.constant 29 : index
+              memref.store %59, %71[%100] : memref<32xf32>
+              %101 = arith.constant 30 : index
+              memref.store %59, %71[%101] : memref<32xf32>
+              %102 = arith.constant 31 : index
+              memref.store %59, %71[%102] : memref<32xf32>
+              %103 = memref.alloca() : memref<32xf32>
+              %104 = memref.load %70[] : memref<f32>
+              memref.store %104, %103[%3] : memref<32xf32>
+              memref.store %59, %103[%6] : memref<32xf32>
+              memref.store %59, %103[%73] : memref<32xf32>
+              memref.store %59, %103[%74] : memref<32xf32>
+              memref.store %59, %103[%75] : memref<32xf32>
+              memref.store %59, %103[%76] : memref<32xf32>
+              memref.store %59, %103[%77] : memref<32xf32>
+              memref.store %59, %103[%78] : memref<32xf32>
+              memref.store %59, %103[%79] : memref<32xf32>
+              memref.store %59, %103[%80] : memref<32xf32>
+              memref.store %59, %103[%81] : memref<32xf32>
+              memref.store %59, %103[%82] : memref<32xf32>
+              memref.store %59, %103[%83] : memref<32xf32>
+              memref.store %59, %103[%84] : memref<32xf32>
+              memref.store %59, %103[%85] : memref<32xf32>
+              memref.store %59, %103[%86] : memref<32xf32>
+              memref.store %59, %103[%87] : memref<32xf32>
+              memref.store %59, %103[%88] : memref<32xf32>
+              memref.store %59, %103[%89] : memref<32xf32>
+              memref.store %59, %103[%90] : memref<32xf32>
+              memref.store %59, %103[%91] : memref<32xf32>
+              memref.store %59, %103[%92] : memref<32xf32>
+              memref.store %59, %103[%93] : memref<32xf32>
+              memref.store %59, %103[%94] : memref<32xf32>
+              memref.store %59, %103[%95] : memref<32xf32>
+              memref.store %59, %103[%96] : memref<32xf32>
+              memref.store %59, %103[%97] : memref<32xf32>
+              memref.store %59, %103[%98] : memref<32xf32>
+              memref.store %59, %103[%99] : memref<32xf32>
+              memref.store %59, %103[%100] : memref<32xf32>
+              memref.store %59, %103[%101] : memref<32xf32>
+              memref.store %59, %103[%102] : memref<32xf32>
+              %105 = arith.subi %8, %41 : i64
+              %106 = arith.maxsi %105, %41 : i64
+              %107 = arith.divsi %106, %43 : i64
+              %108 = arith.muli %107, %43 : i64
+              %109 = arith.addi %41, %108 : i64
+              scf.for %110 = %41 to %109 step %43 : i64 {
+                %111 = arith.constant 32 : index
+                scf.for %112 = %3 to %111 step %6 {
+                  %113 = arith.index_cast %112 : index to i64
+                  %114 = arith.addi %110, %113 : i64
+                  %115 = arith.index_cast %66 : i64 to index
+                  %116 = arith.index_cast %114 : i64 to index
+                  %117 = memref.load %x[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %118 = arith.extf %117 : bf16 to f32
+                  %119 = arith.mulf %118, %118 : f32
+                  %120 = memref.load %71[%112] : memref<32xf32>
+                  %121 = arith.addf %120, %119 : f32
+                  memref.store %121, %71[%112] : memref<32xf32>
+                  %122 = memref.load %grad_y[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                  %123 = arith.extf %122 : bf16 to f32
+                  %124 = memref.load %w[%116] : memref<?xbf16, strided<[?], offset: ?>>
+                  %125 = arith.extf %124 : bf16 to f32
+                  %126 = arith.mulf %123, %125 : f32
+                  %127 = memref.load %x[%115, %116] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                   %128 = arith.extf %127 : bf16 to f32
                   %129 = arith.mulf %126, %128 : f32
-                  %130 = memref.load %x[%118, %119] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                  %131 = arith.extf %130 : bf16 to f32
-                  %132 = arith.mulf %129, %131 : f32
-                  %133 = memref.load %106[%115] : memref<32xf32>
-                  %134 = arith.addf %133, %132 : f32
-                  memref.store %134, %106[%115] : memref<32xf32>
+                  %130 = memref.load %103[%112] : memref<32xf32>
+                  %131 = arith.addf %130, %129 : f32
+                  memref.store %131, %103[%112] : memref<32xf32>
                 }
               }
-              %135 = arith.subi %8, %112 : i64
-              %136 = arith.index_cast %135 : i64 to index
-              scf.for %137 = %3 to %136 step %6 {
-                %138 = arith.index_cast %137 : index to i64
-                %139 = arith.addi %112, %138 : i64
-                %140 = arith.index_cast %66 : i64 to index
-                %141 = arith.index_cast %139 : i64 to index
-                %142 = memref.load %x[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %143 = arith.extf %142 : bf16 to f32
-                %144 = arith.mulf %143, %143 : f32
-                %145 = memref.load %74[%137] : memref<32xf32>
-                %146 = arith.addf %145, %144 : f32
-                memref.store %146, %74[%137] : memref<32xf32>
-                %147 = memref.load %grad_y[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %148 = arith.extf %147 : bf16 to f32
-                %149 = memref.load %w[%141] : memref<?xbf16, strided<[?], offset: ?>>
+              %132 = arith.subi %8, %109 : i64
+              %133 = arith.index_cast %132 : i64 to index
+              scf.for %134 = %3 to %133 step %6 {
+                %135 = arith.index_cast %134 : index to i64
+                %136 = arith.addi %109, %135 : i64
+                %137 = arith.index_cast %66 : i64 to index
+                %138 = arith.index_cast %136 : i64 to index
+                %139 = memref.load %x[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %140 = arith.extf %139 : bf16 to f32
+                %141 = arith.mulf %140, %140 : f32
+                %142 = memref.load %71[%134] : memref<32xf32>
+                %143 = arith.addf %142, %141 : f32
+                memref.store %143, %71[%134] : memref<32xf32>
+                %144 = memref.load %grad_y[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+                %145 = arith.extf %144 : bf16 to f32
+                %146 = memref.load %w[%138] : memref<?xbf16, strided<[?], offset: ?>>
+                %147 = arith.extf %146 : bf16 to f32
+                %148 = arith.mulf %145, %147 : f32
+                %149 = memref.load %x[%137, %138] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
                 %150 = arith.extf %149 : bf16 to f32
                 %151 = arith.mulf %148, %150 : f32
-                %152 = memref.load %x[%140, %141] : memref<?x?xbf16, strided<[?, ?], offset: ?>>
-                %153 = arith.extf %152 : bf16 to f32
-                %154 = arith.mulf %151, %153 : f32
-                %155 = memref.load %106[%137] : memref<32xf32>
-                %156 = arith.addf %155, %154 : f32
-                memref.store %156, %106[%137] : memref<32xf32>
+                %152 = memref.load %103[%134] : memref<32xf32>
+                %153 = arith.addf %152, %151 : f32
+                memref.store %153, %103[%134] : memref<32xf32>
               }
-              %157 = memref.load %74[%3] : memref<32xf32>
-              %158 = memref.load %74[%90] : memref<32xf32>
+              %154 = memref.load %71[%3] : memref<32xf32>
+              %155 = memref.load %71[%87] : memref<32xf32>
+              %156 = arith.addf %154, %155 : f32
+              memref.store %156, %71[%3] : memref<32xf32>
+              %157 = memref.load %71[%6] : memref<32xf32>
+              %158 = memref.load %71[%88] : memref<32xf32>
               %159 = arith.addf %157, %158 : f32
-              memref.store %159, %74[%3] : memref<32xf32>
-              %160 = memref.load %74[%6] : memref<32xf32>
-              %161 = memref.load %74[%91] : memref<32xf32>
+              memref.store %159, %71[%6] : memref<32xf32>
+              %160 = memref.load %71[%73] : memref<32xf32>
+              %161 = memref.load %71[%89] : memref<32xf32>
               %162 = arith.addf %160, %161 : f32
-              memref.store %162, %74[%6] : memref<32xf32>
-              %163 = memref.load %74[%76] : memref<32xf32>
-              %164 = memref.load %74[%92] : memref<32xf32>
+              memref.store %162, %71[%73] : memref<32xf32>
+              %163 = memref.load %71[%74] : memref<32xf32>
+              %164 = memref.load %71[%90] : memref<32xf32>
               %165 = arith.addf %163, %164 : f32
-              memref.store %165, %74[%76] : memref<32xf32>
-              %166 = memref.load %74[%77] : memref<32xf32>
-              %167 = memref.load %74[%93] : memref<32xf32>
+              memref.store %165, %71[%74] : memref<32xf32>
+              %166 = memref.load %71[%75] : memref<32xf32>
+              %167 = memref.load %71[%91] : memref<32xf32>
               %168 = arith.addf %166, %167 : f32
-              memref.store %168, %74[%77] : memref<32xf32>
-              %169 = memref.load %74[%78] : memref<32xf32>
-              %170 = memref.load %74[%94] : memref<32xf32>
+              memref.store %168, %71[%75] : memref<32xf32>
+              %169 = memref.load %71[%76] : memref<32xf32>
+              %170 = memref.load %71[%92] : memref<32xf32>
               %171 = arith.addf %169, %170 : f32
-              memref.store %171, %74[%78] : memref<32xf32>
-              %172 = memref.load %74[%79] : memref<32xf32>
-              %173 = memref.load %74[%95] : memref<32xf32>
+              memref.store %171, %71[%76] : memref<32xf32>
+              %172 = memref.load %71[%77] : memref<32xf32>
+              %173 = memref.load %71[%93] : memref<32xf32>
               %174 = arith.addf %172, %173 : f32
-              memref.store %174, %74[%79] : memref<32xf32>
-              %175 = memref.load %74[%80] : memref<32xf32>
-              %176 = memref.load %74[%96] : memref<32xf32>
+              memref.store %174, %71[%77] : memref<32xf32>
+              %175 = memref.load %71[%78] : memref<32xf32>
+              %176 = memref.load %71[%94] : memref<32xf32>
               %177 = arith.addf %175, %176 : f32
-              memref.store %177, %74[%80] : memref<32xf32>
-              %178 = memref.load %74[%81] : memref<32xf32>
-              %179 = memref.load %74[%97] : memref<32xf32>
+              memref.store %177, %71[%78] : memref<32xf32>
+              %178 = memref.load %71[%79] : memref<32xf32>
+              %179 = memref.load %71[%95] : memref<32xf32>
               %180 = arith.addf %178, %179 : f32
-              memref.store %180, %74[%81] : memref<32xf32>
-              %181 = memref.load %74[%82] : memref<32xf32>
-              %182 = memref.load %74[%98] : memref<32xf32>
+              memref.store %180, %71[%79] : memref<32xf32>
+              %181 = memref.load %71[%80] : memref<32xf32>
+              %182 = memref.load %71[%96] : memref<32xf32>
               %183 = arith.addf %181, %182 : f32
-              memref.store %183, %74[%82] : memref<32xf32>
-              %184 = memref.load %74[%83] : memref<32xf32>
-              %185 = memref.load %74[%99] : memref<32xf32>
+              memref.store %183, %71[%80] : memref<32xf32>
+              %184 = memref.load %71[%81] : memref<32xf32>
+              %185 = memref.load %71[%97] : memref<32xf32>
               %186 = arith.addf %184, %185 : f32
-              memref.store %186, %74[%83] : memref<32xf32>
-              %187 = memref.load %74[%84] : memref<32xf32>
-              %188 = memref.load %74[%100] : memref<32xf32>
+              memref.store %186, %71[%81] : memref<32xf32>
+              %187 = memref.load %71[%82] : memref<32xf32>
+              %188 = memref.load %71[%98] : memref<32xf32>
               %189 = arith.addf %187, %188 : f32
-              memref.store %189, %74[%84] : memref<32xf32>
-              %190 = memref.load %74[%85] : memref<32xf32>
-              %191 = memref.load %74[%101] : memref<32xf32>
+              memref.store %189, %71[%82] : memref<32xf32>
+              %190 = memref.load %71[%83] : memref<32xf32>
+              %191 = memref.load %71[%99] : memref<32xf32>
               %192 = arith.addf %190, %191 : f32
-              memref.store %192, %74[%85] : memref<32xf32>
-              %193 = memref.load %74[%86] : memref<32xf32>
-              %194 = memref.load %74[%102] : memref<32xf32>
+              memref.store %192, %71[%83] : memref<32xf32>
+              %193 = memref.load %71[%84] : memref<32xf32>
+              %194 = memref.load %71[%100] : memref<32xf32>
               %195 = arith.addf %193, %194 : f32
-              memref.store %195, %74[%86] : memref<32xf32>
-              %196 = memref.load %74[%87] : memref<32xf32>
-              %197 = memref.load %74[%103] : memref<32xf32>
+              memref.store %195, %71[%84] : memref<32xf32>
+              %196 = memref.load %71[%85] : memref<32xf32>
+              %197 = memref.load %71[%101] : memref<32xf32>
               %198 = arith.addf %196, %197 : f32
-              memref.store %198, %74[%87] : memref<32xf32>
-              %199 = memref.load %74[%88] : memref<32xf32>
-              %200 = memref.load %74[%104] : memref<32xf32>
+              memref.store %198, %71[%85] : memref<32xf32>
+              %199 = memref.load %71[%86] : memref<32xf32>
+              %200 = memref.load %71[%102] : memref<32xf32>
               %201 = arith.addf %199, %200 : f32
-              memref.store %201, %74[%88] : memref<32xf32>
-              %202 = memref.load %74[%89] : memref<32xf32>
-              %203 = memref.load %74[%105] : memref<32xf32>
+              memref.store %201, %71[%86] : memref<32xf32>
+              %202 = memref.load %71[%3] : memref<32xf32>
+              %203 = memref.load %71[%79] : memref<32xf32>
               %204 = arith.addf %202, %203 : f32
-              memref.store %204, %74[%89] : memref<32xf32>
-              %205 = memref.load %74[%3] : memref<32xf32>
-              %206 = memref.load %74[%82] : memref<32xf32>
+              memref.store %204, %71[%3] : memref<32xf32>
+              %205 = memref.load %71[%6] : memref<32xf32>
+              %206 = memref.load %71[%80] : memref<32xf32>
               %207 = arith.addf %205, %206 : f32
-              memref.store %207, %74[%3] : memref<32xf32>
-              %208 = memref.load %74[%6] : memref<32xf32>
-              %209 = memref.load %74[%83] : memref<32xf32>
+              memref.store %207, %71[%6] : memref<32xf32>
+              %208 = memref.load %71[%73] : memref<32xf32>
+              %209 = memref.load %71[%81] : memref<32xf32>
               %210 = arith.addf %208, %209 : f32
-              memref.store %210, %74[%6] : memref<32xf32>
-              %211 = memref.load %74[%76] : memref<32xf32>
-              %212 = memref.load %74[%84] : memref<32xf32>
+              memref.store %210, %71[%73] : memref<32xf32>
+              %211 = memref.load %71[%74] : memref<32xf32>
+              %212 = memref.load %71[%82] : memref<32xf32>
               %213 = arith.addf %211, %212 : f32
-              memref.store %213, %74[%76] : memref<32xf32>
-              %214 = memref.load %74[%77] : memref<32xf32>
-              %215 = memref.load %74[%85] : memref<32xf32>
+              memref.store %213, %71[%74] : memref<32xf32>
+              %214 = memref.load %71[%75] : memref<32xf32>
+              %215 = memref.load %71[%83] : memref<32xf32>
               %216 = arith.addf %214, %215 : f32
-              memref.store %216, %74[%77] : memref<32xf32>
-              %217 = memref.load %74[%78] : memref<32xf32>
-              %218 = memref.load %74[%86] : memref<32xf32>
+              memref.store %216, %71[%75] : memref<32xf32>
+              %217 = memref.load %71[%76] : memref<32xf32>
+              %218 = memref.load %71[%84] : memref<32xf32>
               %219 = arith.addf %217, %218 : f32
-              memref.store %219, %74[%78] : memref<32xf32>
-              %220 = memref.load %74[%79] : memref<32xf32>
-              %221 = memref.load %74[%87] : memref<32xf32>
+              memref.store %219, %71[%76] : memref<32xf32>
+              %220 = memref.load %71[%77] : memref<32xf32>
+              %221 = memref.load %71[%85] : memref<32xf32>
               %222 = arith.addf %220, %221 : f32
-              memref.store %222, %74[%79] : memref<32xf32>
-              %223 = memref.load %74[%80] : memref<32xf32>
-              %224 = memref.load %74[%88] : memref<32xf32>
+              memref.store %222, %71[%77] : memref<32xf32>
+              %223 = memref.load %71[%78] : memref<32xf32>
+              %224 = memref.load %71[%86] : memref<32xf32>
               %225 = arith.addf %223, %224 : f32
-              memref.store %225, %74[%80] : memref<32xf32>
-              %226 = memref.load %74[%81] : memref<32xf32>
-              %227 = memref.load %74[%89] : memref<32xf32>
+              memref.store %225, %71[%78] : memref<32xf32>
+              %226 = memref.load %71[%3] : memref<32xf32>
+              %227 = memref.load %71[%75] : memref<32xf32>
               %228 = arith.addf %226, %227 : f32
-              memref.store %228, %74[%81] : memref<32xf32>
-              %229 = memref.load %74[%3] : memref<32xf32>
-              %230 = memref.load %74[%78] : memref<32xf32>
+              memref.store %228, %71[%3] : memref<32xf32>
+              %229 = memref.load %71[%6] : memref<32xf32>
+              %230 = memref.load %71[%76] : memref<32xf32>
               %231 = arith.addf %229, %230 : f32
-              memref.store %231, %74[%3] : memref<32xf32>
-              %232 = memref.load %74[%6] : memref<32xf32>
-              %233 = memref.load %74[%79] : memref<32xf32>
+              memref.store %231, %71[%6] : memref<32xf32>
+              %232 = memref.load %71[%73] : memref<32xf32>
+              %233 = memref.load %71[%77] : memref<32xf32>
               %234 = arith.addf %232, %233 : f32
-              memref.store %234, %74[%6] : memref<32xf32>
-              %235 = memref.load %74[%76] : memref<32xf32>
-              %236 = memref.load %74[%80] : memref<32xf32>
+              memref.store %234, %71[%73] : memref<32xf32>
+              %235 = memref.load %71[%74] : memref<32xf32>
+              %236 = memref.load %71[%78] : memref<32xf32>
               %237 = arith.addf %235, %236 : f32
-              memref.store %237, %74[%76] : memref<32xf32>
-              %238 = memref.load %74[%77] : memref<32xf32>
-              %239 = memref.load %74[%81] : memref<32xf32>
+              memref.store %237, %71[%74] : memref<32xf32>
+              %238 = memref.load %71[%3] : memref<32xf32>
+              %239 = memref.load %71[%73] : memref<32xf32>
               %240 = arith.addf %238, %239 : f32
-              memref.store %240, %74[%77] : memref<32xf32>
-              %241 = memref.load %74[%3] : memref<32xf32>
-              %242 = memref.load %74[%76] : memref<32xf32>
+              memref.store %240, %71[%3] : memref<32xf32>
+              %241 = memref.load %71[%6] : memref<32xf32>
+              %242 = memref.load %71[%74] : memref<32xf32>
               %243 = arith.addf %241, %242 : f32
-              memref.store %243, %74[%3] : memref<32xf32>
-              %244 = memref.load %74[%6] : memref<32xf32>
-              %245 = memref.load %74[%77] : memref<32xf32>
+              memref.store %243, %71[%6] : memref<32xf32>
+              %244 = memref.load %71[%3] : memref<32xf32>
+              %245 = memref.load %71[%6] : memref<32xf32>
               %246 = arith.addf %244, %245 : f32
-              memref.store %246, %74[%6] : memref<32xf32>
-              %247 = memref.load %74[%3] : memref<32xf32>
-              %248 = memref.load %74[%6] : memref<32xf32>
-              %249 = arith.addf %247, %248 : f32
-              memref.store %249, %74[%3] : memref<32xf32>
-              %250 = memref.load %74[%3] : memref<32xf32>
-              memref.store %250, %68[] : memref<f32>
-              %251 = memref.load %106[%3] : memref<32xf32>
-              %252 = memref.load %106[%90] : memref<32xf32>
+              memref.store %246, %71[%3] : memref<32xf32>
+              %247 = memref.load %71[%3] : memref<32xf32>
+              memref.store %247, %68[] : memref<f32>
+              %248 = memref.load %103[%3] : memref<32xf32>
+              %249 = memref.load %103[%87] : memref<32xf32>
+              %250 = arith.addf %248, %249 : f32
+              memref.store %250, %103[%3] : memref<32xf32>
+              %251 = memref.load %103[%6] : memref<32xf32>
+              %252 = memref.load %103[%88] : memref<32xf32>
               %253 = arith.addf %251, %252 : f32
-              memref.store %253, %106[%3] : memref<32xf32>
-              %254 = memref.load %106[%6] : memref<32xf32>
-              %255 = memref.load %106[%91] : memref<32xf32>
+              memref.store %253, %103[%6] : memref<32xf32>
+              %254 = memref.load %103[%73] : memref<32xf32>
+              %255 = memref.load %103[%89] : memref<32xf32>
               %256 = arith.addf %254, %255 : f32
-              memref.store %256, %106[%6] : memref<32xf32>
-              %257 = memref.load %106[%76] : memref<32xf32>
-              %258 = memref.load %106[%92] : memref<32xf32>
+              memref.store %256, %103[%73] : memref<32xf32>
+              %257 = memref.load %103[%74] : memref<32xf32>
+              %258 = memref.load %103[%90] : memref<32xf32>
               %259 = arith.addf %257, %258 : f32
-              memref.store %259, %106[%76] : memref<32xf32>
-              %260 = memref.load %106[%77] : memref<32xf32>
-              %261 = memref.load %106[%93] : memref<32xf32>
+              memref.store %259, %103[%74] : memref<32xf32>
+              %260 = memref.load %103[%75] : memref<32xf32>
+              %261 = memref.load %103[%91] : memref<32xf32>
               %262 = arith.addf %260, %261 : f32
-              memref.store %262, %106[%77] : memref<32xf32>
-              %263 = memref.load %106[%78] : memref<32xf32>
-              %264 = memref.load %106[%94] : memref<32xf32>
+              memref.store %262, %103[%75] : memref<32xf32>
+              %263 = memref.load %103[%76] : memref<32xf32>
+              %264 = memref.load %103[%92] : memref<32xf32>
               %265 = arith.addf %263, %264 : f32
-              memref.store %265, %106[%78] : memref<32xf32>
-              %266 = memref.load %106[%79] : memref<32xf32>
-              %267 = memref.load %106[%95] : memref<32xf32>
+              memref.store %265, %103[%76] : memref<32xf32>
+              %266 = memref.load %103[%77] : memref<32xf32>
+              %267 = memref.load %103[%93] : memref<32xf32>
               %268 = arith.addf %266, %267 : f32
-              memref.store %268, %106[%79] : memref<32xf32>
-              %269 = memref.load %106[%80] : memref<32xf32>
-              %270 = memref.load %106[%96] : memref<32xf32>
+              memref.store %268, %103[%77] : memref<32xf32>
+              %269 = memref.load %103[%78] : memref<32xf32>
+              %270 = memref.load %103[%94] : memref<32xf32>
               %271 = arith.addf %269, %270 : f32
-              memref.store %271, %106[%80] : memref<32xf32>
-              %272 = memref.load %106[%81] : memref<32xf32>
-              %273 = memref.load %106[%97] : memref<32xf32>
+              memref.store %271, %103[%78] : memref<32xf32>
+              %272 = memref.load %103[%79] : memref<32xf32>
+              %273 = memref.load %103[%95] : memref<32xf32>
               %274 = arith.addf %272, %273 : f32
-              memref.store %274, %106[%81] : memref<32xf32>
-              %275 = memref.load %106[%82] : memref<32xf32>
-              %276 = memref.load %106[%98] : memref<32xf32>
+              memref.store %274, %103[%79] : memref<32xf32>
+              %275 = memref.load %103[%80] : memref<32xf32>
+              %276 = memref.load %103[%96] : memref<32xf32>
               %277 = arith.addf %275, %276 : f32
-              memref.store %277, %106[%82] : memref<32xf32>
-              %278 = memref.load %106[%83] : memref<32xf32>
-              %279 = memref.load %106[%99] : memref<32xf32>
+              memref.store %277, %103[%80] : memref<32xf32>
+              %278 = memref.load %103[%81] : memref<32xf32>
+              %279 = memref.load %103[%97] : memref<32xf32>
               %280 = arith.addf %278, %279 : f32
-              memref.store %280, %106[%83] : memref<32xf32>
-              %281 = memref.load %106[%84] : memref<32xf32>
-              %282 = memref.load %106[%100] : memref<32xf32>
+              memref.store %280, %103[%81] : memref<32xf32>
+              %281 = memref.load %103[%82] : memref<32xf32>
+              %282 = memref.load %103[%98] : memref<32xf32>
               %283 = arith.addf %281, %282 : f32
-              memref.store %283, %106[%84] : memref<32xf32>
-              %284 = memref.load %106[%85] : memref<32xf32>
-              %285 = memref.load %106[%101] : memref<32xf32>
+              memref.store %283, %103[%82] : memref<32xf32>
+              %284 = memref.load %103[%83] : memref<32xf32>
+              %285 = memref.load %103[%99] : memref<32xf32>
               %286 = arith.addf %284, %285 : f32
-              memref.store %286, %106[%85] : memref<32xf32>
-              %287 = memref.load %106[%86] : memref<32xf32>
-              %288 = memref.load %106[%102] : memref<32xf32>
+              memref.store %286, %103[%83] : memref<32xf32>
+              %287 = memref.load %103[%84] : memref<32xf32>
+              %288 = memref.load %103[%100] : memref<32xf32>
               %289 = arith.addf %287, %288 : f32
-              memref.store %289, %106[%86] : memref<32xf32>
-              %290 = memref.load %106[%87] : memref<32xf32>
-              %291 = memref.load %106[%103] : memref<32xf32>
+              memref.store %289, %103[%84] : memref<32xf32>
+              %290 = memref.load %103[%85] : memref<32xf32>
+              %291 = memref.load %103[%101] : memref<32xf32>
               %292 = arith.addf %290, %291 : f32
-              memref.store %292, %106[%87] : memref<32xf32>
-              %293 = memref.load %106[%88] : memref<32xf32>
-              %294 = memref.load %106[%104] : memref<32xf32>
+              memref.store %292, %103[%85] : memref<32xf32>
+              %293 = memref.load %103[%86] : memref<32xf32>
+              %294 = memref.load %103[%102] : memref<32xf32>
               %295 = arith.addf %293, %294 : f32
-              memref.store %295, %106[%88] : memref<32xf32>
-              %296 = memref.load %106[%89] : memref<32xf32>
-              %297 = memref.load %106[%105] : memref<32xf32>
+              memref.store %295, %103[%86] : memref<32xf32>
+              %296 = memref.load %103[%3] : memref<32xf32>
+              %297 = memref.load %103[%79] : memref<32xf32>
               %298 = arith.addf %296, %297 : f32
-              memref.store %298, %106[%89] : memref<32xf32>
-              %299 = memref.load %106[%3] : memref<32xf32>
-              %300 = memref.load %106[%82] : memref<32xf32>
+              memref.store %298, %103[%3] : memref<32xf32>
+              %299 = memref.load %103[%6] : memref<32xf32>
+              %300 = memref.load %103[%80] : memref<32xf32>
               %301 = arith.addf %299, %300 : f32
-              memref.store %301, %106[%3] : memref<32xf32>
-              %302 = memref.load %106[%6] : memref<32xf32>
-              %303 = memref.load %106[%83] : memref<32xf32>
+              memref.store %301, %103[%6] : memref<32xf32>
+              %302 = memref.load %103[%73] : memref<32xf32>
+              %303 = memref.load %103[%81] : memref<32xf32>
               %304 = arith.addf %302, %303 : f32
-              memref.store %304, %106[%6] : memref<32xf32>
-              %305 = memref.load %106[%76] : memref<32xf32>
-              %306 = memref.load %106[%84] : memref<32xf32>
+              memref.store %304, %103[%73] : memref<32xf32>
+              %305 = memref.load %103[%74] : memref<32xf32>
+              %306 = memref.load %103[%82] : memref<32xf32>
               %307 = arith.addf %305, %306 : f32
-              memref.store %307, %106[%76] : memref<32xf32>
-              %308 = memref.load %106[%77] : memref<32xf32>
-              %309 = memref.load %106[%85] : memref<32xf32>
+              memref.store %307, %103[%74] : memref<32xf32>
+              %308 = memref.load %103[%75] : memref<32xf32>
+              %309 = memref.load %103[%83] : memref<32xf32>
               %310 = arith.addf %308, %309 : f32
-              memref.store %310, %106[%77] : memref<32xf32>
-              %311 = memref.load %106[%78] : memref<32xf32>
-              %312 = memref.load %106[%86] : memref<32xf32>
+              memref.store %310, %103[%75] : memref<32xf32>
+              %311 = memref.load %103[%76] : memref<32xf32>
+              %312 = memref.load %103[%84] : memref<32xf32>
               %313 = arith.addf %311, %312 : f32
-              memref.store %313, %106[%78] : memref<32xf32>
-              %314 = memref.load %106[%79] : memref<32xf32>
-              %315 = memref.load %106[%87] : memref<32xf32>
+              memref.store %313, %103[%76] : memref<32xf32>
+              %314 = memref.load %103[%77] : memref<32xf32>
+              %315 = memref.load %103[%85] : memref<32xf32>
               %316 = arith.addf %314, %315 : f32
-              memref.store %316, %106[%79] : memref<32xf32>
-              %317 = memref.load %106[%80] : memref<32xf32>
-              %318 = memref.load %106[%88] : memref<32xf32>
+              memref.store %316, %103[%77] : memref<32xf32>
+              %317 = memref.load %103[%78] : memref<32xf32>
+              %318 = memref.load %103[%86] : memref<32xf32>
               %319 = arith.addf %317, %318 : f32
-              memref.store %319, %106[%80] : memref<32xf32>
-              %320 = memref.load %106[%81] : memref<32xf32>
-              %321 = memref.load %106[%89] : memref<32xf32>
+              memref.store %319, %103[%78] : memref<32xf32>
+              %320 = memref.load %103[%3] : memref<32xf32>
+              %321 = memref.load %103[%75] : memref<32xf32>
               %322 = arith.addf %320, %321 : f32
-              memref.store %322, %106[%81] : memref<32xf32>
-              %323 = memref.load %106[%3] : memref<32xf32>
-              %324 = memref.load %106[%78] : memref<32xf32>
+              memref.store %322, %103[%3] : memref<32xf32>
+              %323 = memref.load %103[%6] : memref<32xf32>
+              %324 = memref.load %103[%76] : memref<32xf32>
               %325 = arith.addf %323, %324 : f32
-              memref.store %325, %106[%3] : memref<32xf32>
-              %326 = memref.load %106[%6] : memref<32xf32>
-              %327 = memref.load %106[%79] : memref<32xf32>
+              memref.store %325, %103[%6] : memref<32xf32>
+              %326 = memref.load %103[%73] : memref<32xf32>
+              %327 = memref.load %103[%77] : memref<32xf32>
               %328 = arith.addf %326, %327 : f32
-              memref.store %328, %106[%6] : memref<32xf32>
-              %329 = memref.load %106[%76] : memref<32xf32>
-              %330 = memref.load %106[%80] : memref<32xf32>
+              memref.store %328, %103[%73] : memref<32xf32>
+              %329 = memref.load %103[%74] : memref<32xf32>
+              %330 = memref.load %103[%78] : memref<32xf32>
               %331 = arith.addf %329, %330 : f32
-              memref.store %331, %106[%76] : memref<32xf32>
-              %332 = memref.load %106[%77] : memref<32xf32>
-              %333 = memref.load %106[%81] : memref<32xf32>
+              memref.store %331, %103[%74] : memref<32xf32>
+              %332 = memref.load %103[%3] : memref<32xf32>
+              %333 = memref.load %103[%73] : memref<32xf32>
               %334 = arith.addf %332, %333 : f32
-              memref.store %334, %106[%77] : memref<32xf32>
-              %335 = memref.load %106[%3] : memref<32xf32>
-              %336 = memref.load %106[%76] : memref<32xf32>
+              memref.store %334, %103[%3] : memref<32xf32>
+              %335 = memref.load %103[%6] : memref<32xf32>
+              %336 = memref.load %103[%74] : memref<32xf32>
               %337 = arith.addf %335, %336 : f32
-              memref.store %337, %106[%3] : memref<32xf32>
-              %338 = memref.load %106[%6] : memref<32xf32>
-              %339 = memref.load %106[%77] : memref<32xf32>
+              memref.store %337, %103[%6] : memref<32xf32>
+              %338 = memref.load %103[%3] : memref<32xf32>
+              %339 = memref.load %103[%6] : memref<32xf32>
               %340 = arith.addf %338, %339 : f32
-              memref.store %340, %106[%6] : memref<32xf32>
-              %341 = memref.load %106[%3] : memref<32xf32>
-              %342 = memref.load %106[%6] : memref<32xf32>
-              %343 = arith.addf %341, %342 : f32
-              memref.store %343, %106[%3] : memref<32xf32>
-              %344 = memref.load %106[%3] : memref<32xf32>
-              memref.store %344, %70[] : memref<f32>
-              %345 = memref.load %68[] : memref<f32>
-              memref.store %345, %67[] : memref<f32>
-              %346 = memref.load %70[] : memref<f32>
-              memref.store %346, %69[] : memref<f32>
+              memref.store %340, %103[%3] : memref<32xf32>
+              %341 = memref.load %103[%3] : memref<32xf32>
+              memref.store %341, %70[] : memref<f32>
+              %342 = memref.load %68[] : memref<f32>
+              memref.store %342, %67[] : memref<f32>
+              %343 = memref.load %70[] : memref<f32>
+              memref.store %343, %69[] : memref<f32>
+              %344 = arith.addi %66, %65 : i64
+              %345 = arith.subi %64, %65 : i64
+              %346 = arith.cmpi slt, %344, %345 : i64
               "scf.parallel"(%54, %50, %6) <{operandSegmentSizes = array<i32: 1, 1, 1, 0>}> ({
               ^bb0(%347: index):
                 %348 = arith.index_cast %347 : index to i64

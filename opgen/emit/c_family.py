@@ -437,15 +437,12 @@ class CPrinter:
         elif isinstance(op, s.PackOp):
             self.pack(op)
         elif isinstance(op, s.PrefetchOp):
-            narrow = self.dtype(s.buf_type(op.buf).dtype).itemsize < 4
-            if op.element is None or op.element.data == ("narrow" if narrow else "wide"):
-                macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
-                guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
-                if op.span is not None:
-                    self.span_prefetch(op, macro)
-                else:
-                    self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, "
-                              f"{op.ahead.data});")
+            macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
+            guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
+            if op.span is not None:
+                self.span_prefetch(op, macro)
+            else:
+                self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, s.LoadFnOp):
             self.load_fn(op)
         elif isinstance(op, ir.DimOp):  # a caller's dim has its name already

@@ -24,8 +24,7 @@ specially gets a ``cpu_mapping`` (``#sched<cpu_mapping ...>``):
   prefetches the same row's columns of the *next* row (:func:`next_rows`), which the
   sibling loop will read next: the second pass over a row (softmax's, a norm's gradient) then
   keeps memory busy while it computes (softmax backward, 8192x4096, 2 threads, outputs given:
-  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16). Where a lanes loop made that first pass, it gets the
-  same prefetches for narrow elements (:func:`_prefetch_next_rows`);
+  13.2 -> 12.1 ms f32, 7.1 -> 6.5 ms bf16; :func:`_prefetch_next_rows`);
 
 * a second pass over a row (a stream loop with next-row prefetches) also prefetches the rows it
   writes (its :func:`staged_stores`) ``PREFETCH_AHEAD`` bytes ahead, for writing
@@ -188,49 +187,26 @@ def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> lis
             and ld.idx[-2] is parent.iv]
 
 
-def _first_pass(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> list[s.LoadOp]:
-    """The row loads of the lanes loop before ``o`` in its block that first read the rows of
-    ``loads`` (the row's first pass: a norm's or softmax's row sums), one per buffer; [] when
-    there is none."""
-    bufs = {ld.buf for ld in loads}
-    for prev in o.parent_block().ops:
-        if prev is o:
-            return []
-        if isinstance(prev, s.ForOp) and cpu_mapping(prev) == CpuMapping.LANES:
-            mine = {ld.buf: ld for ld in _row_loads(prev, lanes=True) if ld.buf in bufs and ld.idx[-2] is parent.iv}
-            if mine:
-                return list(mine.values())
-    return []
-
-
 def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
     """The next row's counter, ``min(r + 1, hi - 1)`` (a row the loop reads: the last row
-    prefetches itself, and no row past the tensor is named), before the row's first pass; and a
-    prefetch of each load's element in that row, at the start of ``o``'s strips. Where a lanes
-    loop made the first pass over those rows, narrow elements (bf16, f16) are prefetched there
-    instead (``element`` narrow there, wide in ``o``): with two bytes an element, the second pass
-    computes long enough per byte that spreading the next row's fetches over the first pass pays
-    (RMSNorm backward bf16 8192x4096, 2 threads, outputs given: 13.2 -> 10.7 ms; softmax bf16
-    7.6 -> 7.0 ms), while f32 rows are faster prefetched in the second pass only (RMSNorm f32
-    4-5% and LayerNorm f32 11% slower the other way: docs/backend_cpu.md)."""
-    first = _first_pass(o, parent, loads)
+    prefetches itself, and no row past the tensor is named), before ``o``; and a prefetch of each
+    load's element in that row, at the start of ``o``'s strips: the next row is fetched while this
+    row's second pass computes. For every element size: narrow elements (bf16, f16) were once
+    prefetched during the first pass instead, which measured faster when the second pass was
+    slower; on the Zen 5 machine the second pass is faster for them too (bf16, 8192x4096,
+    2 threads, outputs given, alternating in one process: RMSNorm 5.1 -> 4.7 ms, softmax 4.7 ->
+    4.3, LayerNorm 5.7 -> 5.1 where the host's copy ran at 40-45 GB/s, 5-8% where it ran at
+    60-66; docs/backend_cpu.md)."""
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
     last = ir.SubOp(parent.hi, one.result)
     row = ir.MinOp(nxt.result, last.result)
-    at = first[0].parent_op() if first else o
     for new in (one, nxt, last, row):
-        at.parent_block().insert_op_before(new, at)
+        o.parent_block().insert_op_before(new, o)
     start = o.body.block.first_op
     for ld in loads:
         idx = [row.result if i is parent.iv else i for i in ld.idx]
-        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0, "wide" if first else None), start)
-    if first:
-        loop = first[0].parent_op()
-        start = loop.body.block.first_op
-        for ld in first:
-            idx = [row.result if i is parent.iv else i for i in ld.idx]
-            loop.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0, "narrow"), start)
+        o.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0), start)
 
 
 def _map(op: Operation, in_parallel: bool) -> None:

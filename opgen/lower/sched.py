@@ -487,10 +487,6 @@ class PrefetchOp(IRDLOperation):
     """A hint that the bytes ``ahead`` (0 or more) past element ``buf[idx...]`` will be read
     soon (a target's software prefetch; it reads nothing, never faults, and may be dropped).
 
-    ``element`` (optional): the hint holds only in instances whose ``buf`` element is ``narrow``
-    (under 4 bytes: bf16, f16) or ``wide`` (4 bytes or more); a target drops it in the others.
-    map-cpu places the next row's prefetch in either of two loops this way (opgen/lower/cpu_map.py).
-
     ``write`` (optional): the bytes will be written soon, not read (a prefetch for ownership).
 
     ``span`` (optional, an i64 count): the hint covers ``span`` elements along the last axis
@@ -502,18 +498,14 @@ class PrefetchOp(IRDLOperation):
     idx = var_operand_def(EqAttrConstraint(INDEX))
     span = opt_operand_def(EqAttrConstraint(INDEX))
     ahead = prop_def(IntAttr)
-    element = opt_prop_def(StringAttr)
     write = opt_prop_def(UnitAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(MemoryReadEffect())
-    assembly_format = ("$buf `[` $idx `]` (`span` $span^)? `ahead` $ahead (`for` $element^)? (`write` $write^)? "
-                       "attr-dict `:` type($buf)")
+    assembly_format = "$buf `[` $idx `]` (`span` $span^)? `ahead` $ahead (`write` $write^)? attr-dict `:` type($buf)"
 
-    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, element: str | None = None,
-                 write: bool = False, span: SSAValue | None = None):
+    def __init__(self, buf: SSAValue, idx: Sequence[SSAValue], ahead: int, write: bool = False,
+                 span: SSAValue | None = None):
         props: dict[str, Attribute] = {"ahead": IntAttr(ahead)}
-        if element is not None:
-            props["element"] = StringAttr(element)
         if write:
             props["write"] = UnitAttr()
         super().__init__(operands=[buf, idx, [span] if span is not None else []], properties=props)
@@ -522,8 +514,6 @@ class PrefetchOp(IRDLOperation):
         _check_indices(self, self.buf, self.idx)
         if self.ahead.data < 0:
             raise VerifyException("sched.prefetch: ahead must be a number of bytes, 0 or more")
-        if self.element is not None and self.element.data not in ("narrow", "wide"):
-            raise VerifyException("sched.prefetch: element must be narrow or wide")
 
 
 @irdl_op_definition
