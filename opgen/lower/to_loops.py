@@ -121,16 +121,18 @@ class _Builder:
         depth = len(self.levels)
         self.memo = {k: v for k, v in self.memo.items() if self.level_of.get(v, 0) < depth}
 
-    def loops(self, dims: Sequence[str], kind: str, hint: str = "i", skip_if: SSAValue | None = None) -> list[SSAValue]:
-        """A loop per dim, outermost first. ``skip_if`` (a bool scalar): the outermost loop runs
-        no iteration when it holds (see :meth:`empty`)."""
-        zero = self.const(0, "i64")
+    def loops(self, dims: Sequence[str], kind: str, hint: str = "i", skip_if: SSAValue | None = None,
+              starts: Sequence[str] | None = None) -> list[SSAValue]:
+        """A loop per dim, outermost first, each from 0 (or its entry of ``starts``) to the dim.
+        ``skip_if`` (a bool scalar): the outermost loop runs no iteration when it holds (see
+        :meth:`empty`)."""
         out = []
         for k, d in enumerate(dims):
+            lo = self.dim(starts[k]) if starts is not None else self.const(0, "i64")
             hi = self.dim(d)
             if k == 0 and skip_if is not None:
-                hi = self.scalar(ir.SelectOp(skip_if, zero, hi))
-            out.append(self.open(zero, hi, kind, f"{hint}{k}"))
+                hi = self.scalar(ir.SelectOp(skip_if, lo, hi))
+            out.append(self.open(lo, hi, kind, f"{hint}{k}"))
         return out
 
     def empty(self, *shapes: Sequence[str]) -> SSAValue | None:
@@ -271,12 +273,13 @@ class _Lowering:
         for k, part in enumerate(c.parts):
             length = ir.tensor_type(part).shape[c.axis.data]
             dims_k = [length if i == a else d for i, d in enumerate(shape)]
-            ivs = b.loops(dims_k, "parallel", hint, skip_if=None if lead else b.empty(dims_k[1:]))
-            at = list(ivs)
-            if offset != "0":
-                at[a] = b.scalar(ir.AddOp(ivs[a], b.dim(offset)))
+            # (the part's span [offset, offset + length) walked by its own counter: the output's
+            # index is the counter, a row walk map-cpu vectorises and streams)
+            ends = [dims.add(offset, length) if i == a else d for i, d in enumerate(shape)]
+            starts = [offset if i == a else "0" for i in range(len(shape))]
+            ivs = b.loops(ends, "parallel", hint, skip_if=None if lead else b.empty(dims_k[1:]), starts=starts)
             self.part[c] = (k, offset)
-            store([*lead, *at])
+            store([*lead, *ivs])
             del self.part[c]
             b.close_n(len(ivs))
             offset = dims.add(offset, length)
