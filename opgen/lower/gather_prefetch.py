@@ -27,9 +27,13 @@ the row checked against the buffer's extent, so no address outside the buffer is
 table whose values the kernel has not checked. Values computed by the kernel do not change: a
 prefetch is a hint.
 
-Embedding backward (V = 32,000, N = 8192, D = 1024, outputs given, 2 threads on the Zen 5 of
-docs/performance.md): bf16 2.36 -> 1.95 ms, f32 3.26 -> 3.08 ms; 1, 2, 4 and 8 rows ahead were measured at
-D = 64, 256, 1024 and 4096: 2 and 4 best, within 3% of each other (docs/backend_cpu.md).
+Embedding backward (V = 32,000, N = 8192, outputs given, 2 threads on the Zen 5 of
+docs/performance.md), rows ahead against none, D = 1024: bf16 2.2 -> 1.9 ms with the host's copy
+at 44-46 GB/s, 2.8 -> 2.3 ms at 74-77 GB/s; f32 3.26 -> 3.02 and 3.6 -> 3.4 ms.
+Measured at 4, 8, 16, 32 and 64 rows ahead, all libraries alternating in one process: at
+D = 1024, 16 to 64 were 12% faster than 4 (bf16 2.1 -> 1.85 ms with the host's copy at 45 GB/s,
+2.58 -> 2.25 at 77 GB/s); at D = 64 and 256 all the same; at D = 4096 (8-16 KiB rows) 4 to 16
+the same and 32 or 64 up to 11% slower (the rows ahead no longer fit the caches): 16.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from opgen.lower import sched as s
 from opgen.lower.cpu_map import cpu_mapping
 from opgen.lower.sched import CpuMapping
 
-#: how many iterations of the parent loop ahead a gathered row is prefetched
-AHEAD = 4
+#: how many iterations of the parent loop ahead a gathered row is prefetched (module docstring)
+AHEAD = 16
 #: the row loops whose gathered rows are prefetched: map-cpu's vector loops
 ROW_LOOPS = frozenset({CpuMapping.SIMD, CpuMapping.STREAM})
 
