@@ -33,18 +33,20 @@ COPY_BYTES = 256 << 20
 
 def given_ms(call: Callable[[], object], nbytes: int, reps: int = 9) -> dict[str, float]:
     """``given_ms``: the median ms of ``call`` with its outputs passed in and already written once
-    (the kernel without the operating system's zeroing of fresh output pages); ``copy_gbs``: the
-    copy bandwidth (bytes read + written per second, GB/s) of a copy of COPY_BYTES (or of
-    ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster of numpy's (one
-    thread) and PyTorch's ``copy_`` (its threads), timed alternately with ``call`` (the median,
-    as the call's): this VM's host lends it 41-78 GB/s from one minute to the next, so a copy
-    timed once at the start of a run did not describe its later rows."""
+    (the kernel without the operating system's zeroing of fresh output pages; each timed call
+    right after an untimed one, as each timed copy: neither pays for the other's dirty cache
+    lines); ``copy_gbs``: the copy bandwidth (bytes read + written per second, GB/s) of a copy
+    of COPY_BYTES (or of ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster
+    of numpy's (one thread) and PyTorch's ``copy_`` (its threads), timed alternately with
+    ``call`` (the median, as the call's): this VM's host lends it 41-78 GB/s from one minute to
+    the next, so a copy timed once at the start of a run did not describe its later rows."""
     half = max(COPY_BYTES, nbytes // 8 * 4)
     copy = copier(half)
-    call(), copy()
     mine, copies = [], []
     for _ in range(reps):
-        mine.append(timed(call))
+        call()  # (each timed call after an untimed one of itself: not right after the other's
+        mine.append(timed(call))  # 256 MiB of stores, which cost the kernel after them 5-20%)
+        copy()
         copies.append(copy())
     return {"given_ms": statistics.median(mine) * 1e3, "copy_gbs": 2 * half / statistics.median(copies) / 1e9}
 

@@ -242,8 +242,8 @@ def test_each_part_of_a_split_concat_walks_the_output_by_its_own_counter(built):
     """Each part's nest runs over the part's span of the axis ([0, k), then [k, D)) with the
     output indexed by the loop's counter itself, so map-cpu sees both as row walks: vector loops
     that stream (strips, prefetches) and store the output around the caches (nontemporal), the
-    second part as the first (rope backward bf16, 4096x32x128, outputs given, 2 threads: 2.11 ->
-    1.68 ms once the second half's loop was one)."""
+    second part as the first (rope backward bf16, 4096x32x128, outputs given, 2 threads: 1.50 ->
+    1.29 ms once the second half's loop was one)."""
     from opgen.lower import cpu_map
     from opgen.passes import pipeline
 

@@ -113,7 +113,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -273,7 +273,7 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l34, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
-                const int64_t v36 = 16ll;
+                const int64_t v36 = 4ll;
                 const int64_t v37 = 1ll;
                 const int64_t v38 = 0ll;
                 const int64_t v39 = i35 + v36;
@@ -433,7 +433,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -591,7 +591,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -741,7 +741,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = 16ll;
+                const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
                 const int64_t v33 = 0ll;
                 const int64_t v34 = i30 + v31;
@@ -893,7 +893,7 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l30, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i31 = v16; i31 < v18; i31++) {
-                const int64_t v32 = 16ll;
+                const int64_t v32 = 4ll;
                 const int64_t v33 = 1ll;
                 const int64_t v34 = 0ll;
                 const int64_t v35 = i31 + v32;
@@ -1045,7 +1045,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = 16ll;
+                const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
                 const int64_t v33 = 0ll;
                 const int64_t v34 = i30 + v31;
@@ -1195,7 +1195,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
             double *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l29, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
-                const int64_t v31 = 16ll;
+                const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
                 const int64_t v33 = 0ll;
                 const int64_t v34 = i30 + v31;
@@ -1353,7 +1353,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -1513,7 +1513,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l34, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
-                const int64_t v36 = 16ll;
+                const int64_t v36 = 4ll;
                 const int64_t v37 = 1ll;
                 const int64_t v38 = 0ll;
                 const int64_t v39 = i35 + v36;
@@ -1673,7 +1673,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -1831,7 +1831,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l33, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
-                const int64_t v35 = 16ll;
+                const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
                 const int64_t v37 = 0ll;
                 const int64_t v38 = i34 + v35;
@@ -2011,7 +2011,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = 16ll;
+                const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
                 const int64_t v39 = 0ll;
                 const int64_t v40 = i36 + v37;
@@ -2094,7 +2094,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l80, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
-                const int64_t v82 = 16ll;
+                const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;
                 const int64_t v84 = 0ll;
                 const int64_t v85 = i81 + v82;
@@ -2276,7 +2276,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l36, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i37 = v22; i37 < v24; i37++) {
-                const int64_t v38 = 16ll;
+                const int64_t v38 = 4ll;
                 const int64_t v39 = 1ll;
                 const int64_t v40 = 0ll;
                 const int64_t v41 = i37 + v38;
@@ -2363,7 +2363,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l83, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i84 = v69; i84 < v71; i84++) {
-                const int64_t v85 = 16ll;
+                const int64_t v85 = 4ll;
                 const int64_t v86 = 1ll;
                 const int64_t v87 = 0ll;
                 const int64_t v88 = i84 + v85;
@@ -2545,7 +2545,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = 16ll;
+                const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
                 const int64_t v39 = 0ll;
                 const int64_t v40 = i36 + v37;
@@ -2628,7 +2628,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l80, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
-                const int64_t v82 = 16ll;
+                const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;
                 const int64_t v84 = 0ll;
                 const int64_t v85 = i81 + v82;
@@ -2808,7 +2808,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             double *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l35, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
-                const int64_t v37 = 16ll;
+                const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
                 const int64_t v39 = 0ll;
                 const int64_t v40 = i36 + v37;
@@ -2891,7 +2891,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             double *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l80, 0, sizeof(double) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
-                const int64_t v82 = 16ll;
+                const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;
                 const int64_t v84 = 0ll;
                 const int64_t v85 = i81 + v82;

@@ -97,7 +97,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l21, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
-                const int64_t v23 = 16ll;
+                const int64_t v23 = 4ll;
                 const int64_t v24 = 1ll;
                 const int64_t v25 = 0ll;
                 const int64_t v26 = i22 + v23;
@@ -211,7 +211,7 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l22, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = 16ll;
+                const int64_t v24 = 4ll;
                 const int64_t v25 = 1ll;
                 const int64_t v26 = 0ll;
                 const int64_t v27 = i23 + v24;
@@ -363,7 +363,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l21, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
-                const int64_t v23 = 16ll;
+                const int64_t v23 = 4ll;
                 const int64_t v24 = 1ll;
                 const int64_t v25 = 0ll;
                 const int64_t v26 = i22 + v23;
@@ -477,7 +477,7 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l22, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
-                const int64_t v24 = 16ll;
+                const int64_t v24 = 4ll;
                 const int64_t v25 = 1ll;
                 const int64_t v26 = 0ll;
                 const int64_t v27 = i23 + v24;

@@ -108,7 +108,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = 16ll;
+                const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
                 const int64_t v28 = 0ll;
                 const int64_t v29 = i25 + v26;
@@ -245,7 +245,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = 16ll;
+                const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;
                 const int64_t v29 = 0ll;
                 const int64_t v30 = i26 + v27;
@@ -425,7 +425,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = 16ll;
+                const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
                 const int64_t v28 = 0ll;
                 const int64_t v29 = i25 + v26;
@@ -562,7 +562,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = 16ll;
+                const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;
                 const int64_t v29 = 0ll;
                 const int64_t v30 = i26 + v27;
@@ -742,7 +742,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l24, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
-                const int64_t v26 = 16ll;
+                const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
                 const int64_t v28 = 0ll;
                 const int64_t v29 = i25 + v26;
@@ -879,7 +879,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
             memset(l25, 0, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
-                const int64_t v27 = 16ll;
+                const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;
                 const int64_t v29 = 0ll;
                 const int64_t v30 = i26 + v27;

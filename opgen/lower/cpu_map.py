@@ -194,9 +194,8 @@ def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> N
     row's second pass computes. For every element size: narrow elements (bf16, f16) were once
     prefetched during the first pass instead, which measured faster when the second pass was
     slower; on the Zen 5 machine the second pass is faster for them too (bf16, 8192x4096,
-    2 threads, outputs given, alternating in one process: RMSNorm 5.1 -> 4.7 ms, softmax 4.7 ->
-    4.3, LayerNorm 5.7 -> 5.1 where the host's copy ran at 40-45 GB/s, 5-8% where it ran at
-    60-66; docs/backend_cpu.md)."""
+    2 threads, outputs given, libraries alternating in one process: RMSNorm 4.6 -> 4.4 ms,
+    softmax 4.2 -> 4.0, LayerNorm 5.0 -> 4.7; docs/backend_cpu.md)."""
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
     last = ir.SubOp(parent.hi, one.result)

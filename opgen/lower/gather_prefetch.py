@@ -27,13 +27,11 @@ the row checked against the buffer's extent, so no address outside the buffer is
 table whose values the kernel has not checked. Values computed by the kernel do not change: a
 prefetch is a hint.
 
-Embedding backward (V = 32,000, N = 8192, outputs given, 2 threads on the Zen 5 of
-docs/performance.md), rows ahead against none, D = 1024: bf16 2.2 -> 1.9 ms with the host's copy
-at 44-46 GB/s, 2.8 -> 2.3 ms at 74-77 GB/s; f32 3.26 -> 3.02 and 3.6 -> 3.4 ms.
-Measured at 4, 8, 16, 32 and 64 rows ahead, all libraries alternating in one process: at
-D = 1024, 16 to 64 were 12% faster than 4 (bf16 2.1 -> 1.85 ms with the host's copy at 45 GB/s,
-2.58 -> 2.25 at 77 GB/s); at D = 64 and 256 all the same; at D = 4096 (8-16 KiB rows) 4 to 16
-the same and 32 or 64 up to 11% slower (the rows ahead no longer fit the caches): 16.
+Embedding backward (V = 32,000, N = 8192, D = 1024, outputs given, 2 threads on the Zen 5 of
+docs/performance.md; libraries called in alternating order, each call after an untimed one):
+bf16 1.85 -> 1.53 ms, f32 3.04 -> 2.90 ms. 4, 8, 16, 32 and 64 rows ahead measured at D = 64,
+256, 1024 and 4096: 4 to 16 the same everywhere; 32 and 64 up to 11% slower at D = 4096 (8-16
+KiB rows: the rows ahead no longer fit the caches).
 """
 
 from __future__ import annotations
@@ -49,26 +47,9 @@ from opgen.lower.cpu_map import cpu_mapping
 from opgen.lower.sched import CpuMapping
 
 #: how many iterations of the parent loop ahead a gathered row is prefetched (module docstring)
-AHEAD = 16
+AHEAD = 4
 #: the row loops whose gathered rows are prefetched: map-cpu's vector loops
 ROW_LOOPS = frozenset({CpuMapping.SIMD, CpuMapping.STREAM})
-
-
-def extent(buf: SSAValue, axis: int) -> tuple[list[Operation], SSAValue] | None:
-    """``buf``'s size along ``axis`` as a value (the ops that compute it, to insert, and the
-    value): an allocated buffer's size operand, or a caller's dim by name; None for a size that
-    is an expression."""
-    t = s.buf_type(buf)
-    if isinstance(buf.owner, s.AllocOp):
-        return [], s.sizes_of(buf)[axis]
-    name = t.shape[axis]
-    if name.isidentifier():
-        d = ir.DimOp(name)
-        return [d], d.result
-    if name.isdigit():
-        c = ir.ConstantOp(int(name), "i64")
-        return [c], c.result
-    return None
 
 
 def _defined_outside(loop: Operation, v: SSAValue) -> bool:
@@ -115,7 +96,7 @@ def prefetch_ahead(row: s.LoadOp, tab_ld: s.LoadOp, axis: int) -> bool:
     parent = tab_ld.parent_op()
     assert isinstance(parent, s.ForOp)
     b = s.buf_type(row.buf)
-    sizes = [extent(tab_ld.buf, 0), extent(row.buf, axis), extent(row.buf, b.rank - 1)]
+    sizes = [s.extent_of(tab_ld.buf, 0), s.extent_of(row.buf, axis), s.extent_of(row.buf, b.rank - 1)]
     if any(x is None for x in sizes):
         return False
     (tab_ops, tab_n), (rows_ops, rows), (cols_ops, cols) = sizes  # type: ignore[misc]

@@ -64,6 +64,8 @@ from opgen import dtypes
 from opgen.ir.dialect import (
     SIZE_OPS,
     CeilDivOp,
+    ConstantOp,
+    DimOp,
     FuncOp,
     ReduceKind,
     ReduceKindAttr,
@@ -331,6 +333,22 @@ def sizes_of(buf: SSAValue) -> list[SSAValue]:
     if not isinstance(op, AllocOp):
         raise VerifyException(f"{buf} is not an allocated buffer (its sizes are the caller's dims)")
     return list(op.sizes)
+
+
+def extent_of(buf: SSAValue, axis: int) -> tuple[list[Operation], SSAValue] | None:
+    """``buf``'s size along ``axis`` as a value: (the ops that compute it, for the caller to
+    insert where it is needed, and the value) — an allocated buffer's size operand, or a caller's
+    dim by name (``opgen.dim``) or number; None for a size spelled as an expression."""
+    if isinstance(buf.owner, AllocOp):
+        return [], sizes_of(buf)[axis]
+    name = buf_type(buf).shape[axis]
+    if name.isidentifier():
+        d = DimOp(name)
+        return [d], d.result
+    if name.isdigit():
+        c = ConstantOp(int(name), "i64")
+        return [c], c.result
+    return None
 
 
 def sizes_in_place(op: Operation) -> bool:
