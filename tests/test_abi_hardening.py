@@ -54,6 +54,7 @@ from tests.cpu_cases import (
     root,
     set_shape,
 )
+from tests.test_cpu_sanitizers import BAD_MARKERS, sanitizer_env
 
 REPO = registry.REPO_ROOT
 EDB, RMS, EB = "embedding_dense_backward", "rms_norm_backward", "embedding_backward"
@@ -722,23 +723,12 @@ def test_saturating_size_helpers(tmp_path) -> None:
     assert r.returncode == 0 and "sz helpers ok" in r.stdout, r.stdout + r.stderr
 
 
-def _runtime_lib(name: str) -> str:
-    r = subprocess.run([cc.compiler(), f"-print-file-name={name}"], capture_output=True, text=True, check=True)
-    path = r.stdout.strip()
-    assert os.path.isabs(path) and os.path.exists(path), f"{cc.compiler()} has no {name}"
-    return path
-
-
 def test_bad_input_under_asan_and_ubsan() -> None:
     """The bad-input checks again, against the ASan + UBSan instrumented library: no report."""
     so = cc.build_library(REPO / "generated" / "cpu", REPO / "generated" / "include", REPO / "build" / "cpu",
                           sanitize=True, verbose=False)
-    env = dict(os.environ)
-    env.update({"LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
-                "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
-                "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "OPGEN_LIB": str(so)})
-    r = _run(["--keep-going", *BAD_INPUT_CHECKS], env, timeout=300)
-    found = [m for m in ("ERROR: AddressSanitizer", "runtime error:") if m in r.stderr]
+    r = _run(["--keep-going", *BAD_INPUT_CHECKS], sanitizer_env(OPGEN_LIB=str(so)), timeout=300)
+    found = [m for m in BAD_MARKERS if m in r.stderr]
     failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED")]
     assert r.returncode == 0 and not found and not failed, \
         f"rc={r.returncode} {found}\n{chr(10).join(failed)}\n{r.stdout[-3000:]}\n{r.stderr[:6000]}"

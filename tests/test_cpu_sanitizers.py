@@ -35,21 +35,36 @@ def _runtime_lib(name: str) -> str:
     return path
 
 
+def sanitizer_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python process that loads an ASan + UBSan instrumented library: the
+    compiler's sanitizer runtimes preloaded, the first report fatal, no leak check; ``extra``
+    added."""
+    return {**os.environ, "LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", **extra}
+
+
+def assert_clean_under_sanitizers(built: dict[str, object], script: str) -> None:
+    """Build the instrumented library of ops built by :func:`tests.ops_dirs.built_ops` and run
+    ``script`` (Python; its first argument is that library's path) on 3 threads under the
+    sanitizers: it must exit 0 after printing ``done``, with no sanitizer report."""
+    out = Path(built["out"])  # type: ignore[arg-type]
+    lib = cc.build_library(out / "cpu", out / "include", Path(built["root"]) / "asan",  # type: ignore[arg-type]
+                           sanitize=True, verbose=False)
+    r = subprocess.run([sys.executable, "-c", script, str(lib)], capture_output=True, text=True, timeout=600,
+                       cwd=REPO, env=sanitizer_env(OMP_NUM_THREADS="3"))
+    found = [m for m in BAD_MARKERS if m in r.stderr]
+    assert r.returncode == 0 and r.stdout.strip() == "done" and not found, \
+        f"rc={r.returncode}, {found}:\n{r.stderr[:6000]}"
+
+
 @pytest.fixture(scope="module")
 def asan_env() -> dict[str, str]:
     lib = cc.build_library(REPO / "generated" / "cpu", REPO / "generated" / "include", REPO / "build" / "cpu",
                            sanitize=True, verbose=False)
     assert lib.name == "libopgen_asan.so" and lib.exists()
     assert b"__asan_report" in lib.read_bytes(), f"{lib} is not instrumented"
-    env = dict(os.environ)
-    env.update({
-        "LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
-        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-        "OPGEN_LIB": str(lib),
-        "OMP_NUM_THREADS": "3",
-    })
-    return env
+    return sanitizer_env(OPGEN_LIB=str(lib), OMP_NUM_THREADS="3")
 
 
 def _run(env: dict[str, str], args: list[str], timeout: int = 300) -> subprocess.CompletedProcess[str]:

@@ -9,10 +9,7 @@ under ASan and UBSan.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from opgen import compile as cc
 from opgen import registry, runtime
 from opgen.binding import OpError
 from opgen.emit import cpu
@@ -29,7 +25,7 @@ from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.gather_prefetch import AHEAD
 from tests.ops_dirs import built_ops
-from tests.test_cpu_sanitizers import BAD_MARKERS, _runtime_lib
+from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
 OPS = '''
 """A gather of rows."""
@@ -101,7 +97,9 @@ def test_rows_read_in_order_are_not_gathered():
 def test_a_gathers_rows_are_prefetched_in_its_parallel_loop(built):
     """``gather(weight, idx)``: the parallel loop over n prefetches weight's row idx[n + AHEAD]
     (checked in [0, V)); the C of the unit-stride flavour walks the row a line at a time."""
-    (p,) = [p for p in _span_prefetches("rows_of")][:1]
+    ps = _span_prefetches("rows_of")
+    assert ps, "no gathered-row prefetch"
+    p = ps[0]
     _, cond = _checked_row(p)
     assert any(isinstance(c.owner.rhs.owner, ir.DimOp) and c.owner.rhs.owner.dim.data == "V"
                for c in (cond.lhs, cond.rhs))
@@ -157,14 +155,4 @@ SANITIZED = textwrap.dedent("""
 def test_gathered_rows_are_clean_under_asan_and_ubsan(built):
     """The gather with tables shorter than the distance, both flavours, under AddressSanitizer
     and UndefinedBehaviorSanitizer (the seed scatter-adds' cases: tests/test_cpu_sanitizers.py)."""
-    out = Path(built["out"])  # type: ignore[arg-type]
-    lib = cc.build_library(out / "cpu", out / "include", Path(built["root"]) / "asan",  # type: ignore[arg-type]
-                           sanitize=True, verbose=False)
-    env = {**os.environ, "LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
-           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "OMP_NUM_THREADS": "3"}
-    r = subprocess.run([sys.executable, "-c", SANITIZED, str(lib)], capture_output=True, text=True, timeout=600,
-                       cwd=registry.REPO_ROOT, env=env)
-    found = [m for m in BAD_MARKERS if m in r.stderr]
-    assert r.returncode == 0 and r.stdout.strip() == "done" and not found, \
-        f"rc={r.returncode}, {found}:\n{r.stderr[:6000]}"
+    assert_clean_under_sanitizers(built, SANITIZED)

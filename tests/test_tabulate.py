@@ -20,14 +20,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from opgen import compile as cc
 from opgen import oracle, registry, runtime
 from opgen.emit import cpu
 from opgen.ir import dialect as ir
 from opgen.lower import sched as s
 from opgen.lower.tabulate import THRESHOLD, cone, cost
 from tests.ops_dirs import built_ops
-from tests.test_cpu_sanitizers import BAD_MARKERS, _runtime_lib
+from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
 
 OPS = '''
 """Functions of one 16-bit element."""
@@ -199,14 +198,4 @@ SANITIZED = textwrap.dedent("""
 def test_lookups_are_clean_under_asan_and_ubsan(built):
     """The tables' builders and lookups under AddressSanitizer and UndefinedBehaviorSanitizer
     (every bit pattern, a row offset, a general-stride view)."""
-    out = Path(built["out"])  # type: ignore[arg-type]
-    lib = cc.build_library(out / "cpu", out / "include", Path(built["root"]) / "asan",  # type: ignore[arg-type]
-                           sanitize=True, verbose=False)
-    env = {**os.environ, "LD_PRELOAD": f"{_runtime_lib('libasan.so')}:{_runtime_lib('libubsan.so')}",
-           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "OMP_NUM_THREADS": "3"}
-    r = subprocess.run([sys.executable, "-c", SANITIZED, str(lib)], capture_output=True, text=True, timeout=600,
-                       cwd=registry.REPO_ROOT, env=env)
-    found = [m for m in BAD_MARKERS if m in r.stderr]
-    assert r.returncode == 0 and r.stdout.strip() == "done" and not found, \
-        f"rc={r.returncode}, {found}:\n{r.stderr[:6000]}"
+    assert_clean_under_sanitizers(built, SANITIZED)

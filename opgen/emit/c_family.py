@@ -440,7 +440,7 @@ class CPrinter:
             macro = "OPGEN_PREFETCH_W" if op.write is not None else "OPGEN_PREFETCH"
             guard = f"if (!{self.mention(self.nt[op.buf])}) " if op.write is not None and op.buf in self.nt else ""
             if op.span is not None:
-                self.span_prefetch(op, macro)
+                self.span_prefetch(op, macro, guard)
             else:
                 self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, list(op.idx))}, {op.ahead.data});")
         elif isinstance(op, s.LoadFnOp):
@@ -452,20 +452,21 @@ class CPrinter:
         else:
             raise NotImplementedError(f"C printer: no statement rule for {op.name}")
 
-    def span_prefetch(self, op: s.PrefetchOp, macro: str) -> None:
+    def span_prefetch(self, op: s.PrefetchOp, macro: str, guard: str) -> None:
         """A ``sched.prefetch ... span``: one prefetch a cache line over ``span`` elements of the
-        last axis where it is unit-stride in this instance; the first element's line otherwise."""
+        last axis where it is unit-stride in this instance; the first element's line otherwise
+        (``guard``: the C that precedes a prefetch, as for one line)."""
         assert op.span is not None
         b = s.buf_type(op.buf)
         pn = self.arg_of.get(op.buf, "")
         idx = list(op.idx)
         if b.role.data in ("in", "out") and not self.unit_axis(pn, b.rank - 1, b.rank):
-            self.line(f"{macro}({self.name(op.buf)}, {self.offset(op.buf, idx)}, {op.ahead.data});")
+            self.line(f"{guard}{macro}({self.name(op.buf)}, {self.offset(op.buf, idx)}, {op.ahead.data});")
             return
         q = self.fresh("q")
         step = max(1, 64 // self.dtype(b.dtype).itemsize)
         at = self._raw_offset(op.buf, (*(self.name(v) for v in idx[:-1]), f"({self.name(idx[-1])} + {q})"))
-        self.line(f"for (int64_t {q} = 0; {q} < {self.name(op.span)}; {q} += {step}) "
+        self.line(f"{guard}for (int64_t {q} = 0; {q} < {self.name(op.span)}; {q} += {step}) "
                   f"{macro}({self.name(op.buf)}, {at}, {op.ahead.data});")
 
     def load_fn(self, op: s.LoadFnOp) -> None:

@@ -90,15 +90,15 @@ def gathered_rows(row_loop: s.ForOp) -> list[tuple[s.LoadOp, s.LoadOp, int]]:
     return list(out.values())
 
 
-def prefetch_ahead(row: s.LoadOp, tab_ld: s.LoadOp, axis: int) -> bool:
+def prefetch_ahead(row: s.LoadOp, tab_ld: s.LoadOp, axis: int) -> None:
     """Insert the prefetch of the row ``AHEAD`` iterations ahead at the start of the parent's
-    body (module docstring); False (nothing inserted) when an extent is not a plain value."""
+    body (module docstring); nothing where an extent is not a plain value."""
     parent = tab_ld.parent_op()
     assert isinstance(parent, s.ForOp)
     b = s.buf_type(row.buf)
     sizes = [s.extent_of(tab_ld.buf, 0), s.extent_of(row.buf, axis), s.extent_of(row.buf, b.rank - 1)]
     if any(x is None for x in sizes):
-        return False
+        return
     (tab_ops, tab_n), (rows_ops, rows), (cols_ops, cols) = sizes  # type: ignore[misc]
     ahead, one, zero = ir.ConstantOp(AHEAD, "i64"), ir.ConstantOp(1, "i64"), ir.ConstantOp(0, "i64")
     nxt = ir.AddOp(parent.iv, ahead.result)
@@ -114,7 +114,6 @@ def prefetch_ahead(row: s.LoadOp, tab_ld: s.LoadOp, axis: int) -> bool:
     first = parent.body.block.first_op
     for op in [*tab_ops, *rows_ops, *cols_ops, ahead, one, zero, nxt, last, pos, r2, lo, hi, ok, hint]:
         parent.body.block.insert_op_before(op, first)
-    return True
 
 
 class PrefetchGathers(ModulePass):

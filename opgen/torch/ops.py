@@ -82,16 +82,16 @@ def _standin(t: torch.Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base, tuple(t.shape), strides, writeable=False)
 
 
-def _outputs(o: OpDef, kw: dict[str, Any], meta: bool, device: torch.device, fake: bool) -> dict[str, torch.Tensor]:
+def _outputs(o: OpDef, kw: dict[str, Any], meta: bool, device: torch.device,
+             zeroed: frozenset[str]) -> dict[str, torch.Tensor]:
     """The required outputs, allocated on ``device``: shapes and dtypes as the binding finds
     them (``meta``: from the tensors' shapes and dtypes alone, through stand-ins), remembered per
-    op and argument layout (:func:`opgen.runtime.output_plan`); zero-filled where the op reads
-    an output before writing it (not in the fake implementation), else uninitialised."""
+    op and argument layout (:func:`opgen.runtime.output_plan`); zero-filled if named in
+    ``zeroed``, else uninitialised."""
     args = {k: (_standin(v) if meta and isinstance(v, torch.Tensor) else v) for k, v in kw.items() if v is not None}
     out = {}
-    for name, shape, dt, zeroed, fresh in runtime.output_plan(o, args, returned(o)):
-        reads = zeroed and not fresh  # (binding.output_zeroing: zeroed because the op reads it)
-        make = torch.zeros if reads and not fake else torch.empty
+    for name, shape, dt, *_ in runtime.output_plan(o, args, returned(o)):
+        make = torch.zeros if name in zeroed else torch.empty
         out[name] = make(shape, dtype=TORCH_DTYPES[dt.name], device=device)
     return out
 
@@ -120,10 +120,13 @@ def _impl(o: OpDef, run: Callable[..., None] | None, meta: bool) -> Callable[...
     and dtypes alone, no copy to the host), allocate the outputs, and ``run`` the library on them
     (None: the fake implementation, which only allocates)."""
     names = _inputs(o)
+    # the outputs the op reads before writing them start from zeros (the fake implementation's
+    # are never read)
+    zeroed = frozenset() if run is None else frozenset(n for n in returned(o) if binding.reads_prior_contents(o, n))
 
     def impl(*args: Any) -> Any:
         kw = dict(zip(names, args, strict=False))  # (trailing defaults may be left out)
-        outs = _outputs(o, kw, meta, _device(kw), fake=run is None)
+        outs = _outputs(o, kw, meta, _device(kw), zeroed)
         if run is not None:
             run(o.name, **{k: v for k, v in kw.items() if v is not None}, **outs)
         vals = tuple(outs[n] for n in returned(o))
