@@ -214,7 +214,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     d = {"x": xl.numpy(), "w": wl.numpy(), "b": bl.numpy()}
     theirs = _fastest([lambda: torch.relu(torch.addmm(bl, xl, wl.T)),
                        lambda: torch.relu(torch.nn.functional.linear(xl, wl, bl))])
-    t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 5)
+    t_o, t_t = alternate(lambda: runtime.call("linear_relu", lib=lib, **d), theirs, 9)
     out.append({"row": f"new: linear+bias+relu {M}x{K} @ {K}x{F} f32", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F, "f32_products": True})
     # the same product in bf16 (bf16 result): both on the bf16 units where the CPU has them; where
@@ -223,7 +223,7 @@ def rows(alternate: Callable[..., tuple[float, float]], np_of: Callable[[torch.T
     d = {"x": np_of(xb), "w": np_of(wb)}
     theirs = _fastest([lambda: xb @ wb.T, lambda: torch.nn.functional.linear(xb, wb),
                        lambda: (xb.float() @ wb.float().T).bfloat16()])
-    t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 5)
+    t_o, t_t = alternate(lambda: runtime.call("linear_t", lib=lib, **d), theirs, 9)
     out.append({"row": f"new: linear {M}x{K} @ {K}x{F} bf16", "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3,
                 "flops": 2 * M * K * F, "bf16_products": True})
     return out

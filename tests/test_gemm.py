@@ -134,7 +134,8 @@ def _operand(x: np.ndarray, trans: int) -> np.ndarray:
 # bf16 tile products (opgen_bgemm): edge strips of 32 rows and 16/32 columns, k not a multiple of
 # 32, several k blocks, FLCE's tile shapes (logits 256 x 256 x H, dX 256 x H x 256)
 BF16_SHAPES = [(13, 31, 7), (70, 45, 33), (300, 1024 + 40, 2 * GEMM_KC + 9), (29, 65, GEMM_KC), (5, 9, 0),
-               (1, 33, 300), (300, 1, 70), (256, 256, 1024), (256, 1024, 256)]
+               (1, 33, 300), (300, 1, 70), (256, 256, 1024), (256, 1024, 256),
+               (40, 40, 17 * GEMM_KC + 40)]  # (past the dot-product kernel's 16 k blocks in registers)
 
 
 # OPGEN_BF16_UNITS for each kind of bf16 units: the best the machine has (AMX tiles where there
@@ -209,13 +210,14 @@ def test_bf16_operands_in_memory(drivers, tmp_path, m, n, k, units):
 
 @pytest.mark.parametrize("units", UNITS)
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 33), (130, 1024 + 40, 2 * GEMM_KC + 9), (5, 9, 0), (64, 32, 300),
-                                           (70, 45, 8 * GEMM_KC), (96, 64, 64)])
+                                           (70, 45, 8 * GEMM_KC), (96, 64, 64), (64, 40, 17 * GEMM_KC + 32)])
 def test_bf16_output(drivers, tmp_path, m, n, k, units):
     """opgen_gemm_bf16_out (bf16 A, B and C): each element is opgen_bgemm's f32 sum on the same
     values (C widened when accumulating) rounded once to bf16 (ml_dtypes, round to nearest even),
     on 1 and 3 threads; the padding columns of C untouched. With k a multiple of 32 the
     dot-product kernel reads a row-major A in place in its full 32-row blocks (8 k blocks: blocks
-    of 32 rows, then 6 rows packed; k = 64: one block of 96 rows), a transposed or strided A packed."""
+    of 32 rows, then 6 rows packed; k = 64: one block of 96 rows; 17 k blocks and a part: past the
+    16 k blocks a pass keeps C in registers), a transposed or strided A packed."""
     import ml_dtypes
 
     exe = drivers["native"]
