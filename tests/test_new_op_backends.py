@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from xdsl.ir import Operation, SSAValue
 
 from opgen import compile as cc
 from opgen import oracle, runtime
@@ -704,25 +705,32 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
     (k,) = m.body.block.ops
     names = k.param_names
     loops = [o for o in m.walk() if isinstance(o, s.ForOp)]
-    (loop,) = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
+    streams = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.STREAM]
     rows = [o for o in loops if cpu_map.cpu_mapping(o) == s.CpuMapping.LANES]
-    assert rows and loop in _after(rows[0])
-    outer = loop.parent_op()
-    assert not any(isinstance(x, s.PrefetchOp) for o in rows for x in o.body.block.ops)
-    before = list(outer.body.block.ops)[:list(outer.body.block.ops).index(loop)]
-    (write,) = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is not None]
-    (store,) = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp)]
-    assert names[write.buf] == "grad_x" and list(write.idx) == list(store.idx)  # (its output, owned ahead)
-    assert write.ahead.data == cpu_map.PREFETCH_AHEAD
-    hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is None]
-    assert sorted(names[x.buf] for x in hints) == ["grad_y", "x"]
-    for h in hints:
-        assert h.ahead.data == 0 and h.idx[-1] is loop.iv and h.span is None
-        row = h.idx[-2].owner  # min(r + 1, hi - 1), computed before the loop
-        assert isinstance(row, ir.MinOp) and row in before
-        nxt, last = row.operands[0].owner, row.operands[1].owner
-        assert isinstance(nxt, ir.AddOp) and nxt.operands[0] is outer.iv
-        assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
+    # (jam-rows: a loop over pairs of rows, both rows' sums then one second pass; the original
+    # loop for the row left over: tests/test_jam_rows.py)
+    assert len(streams) == 2 and rows
+    for loop in streams:
+        outer = loop.parent_op()
+        sums = [o for o in rows if o.parent_op() is outer]
+        assert sums and all(loop in _after(o) for o in sums)
+        before = list(outer.body.block.ops)[:list(outer.body.block.ops).index(loop)]
+        writes = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is not None]
+        stores = [x for x in loop.body.block.ops if isinstance(x, s.StoreOp)]
+        assert len(writes) == len(stores) == len(sums)
+        for st in stores:  # (its output, owned ahead in the row it writes)
+            (write,) = [w for w in writes if list(w.idx) == list(st.idx)]
+            assert names[write.buf] == "grad_x" and write.ahead.data == cpu_map.PREFETCH_AHEAD
+        hints = [x for x in loop.body.block.ops if isinstance(x, s.PrefetchOp) and x.write is None]
+        assert sorted(names[x.buf] for x in hints) == sorted(["grad_y", "x"] * len(sums))
+        for h in hints:
+            assert h.ahead.data == 0 and h.idx[-1] is loop.iv and h.span is None
+            # the row at the next counter, min(r + 1, hi - 1), computed before the loop
+            (at,) = {o for o in _operand_ops(h.idx[-2]) if isinstance(o, ir.MinOp)
+                     and isinstance(o.operands[0].owner, ir.AddOp) and o.operands[0].owner.operands[0] is outer.iv}
+            assert at in before and ir.constant_int(at.operands[0].owner.operands[1]) == 1
+            last = at.operands[1].owner
+            assert isinstance(last, ir.SubOp) and last.operands[0] is outer.hi
     text = cpu.op_source(built["ops"]["ln_cast_backward"])
     assert "OPGEN_PREFETCH(p_w" not in text and "OPGEN_PREFETCH(p_grad_x" not in text
     assert text.count("OPGEN_PREFETCH_W(p_grad_x, ") == text.count("OPGEN_PREFETCH_W(") > 0
@@ -731,7 +739,18 @@ def test_second_pass_over_a_row_prefetches_the_next_row(built):
         body = body[:body.index("return OPGEN_SUCCESS")]
         sums = body[:body.index("[l + 8];")]  # (the row sums' strips, up to their lanes' combination)
         assert "OPGEN_PREFETCH(p_grad_y, " not in sums
-        assert body.count("OPGEN_PREFETCH(p_grad_y, ") == body.count("OPGEN_PREFETCH(p_x, ") == 1
+        assert body.count("OPGEN_PREFETCH(p_grad_y, ") == body.count("OPGEN_PREFETCH(p_x, ") == 3  # (2 + 1 rows)
+
+
+def _operand_ops(v: SSAValue) -> list[Operation]:
+    """The ops computing ``v``, transitively."""
+    out, todo = [], [v]
+    while todo:
+        op = todo.pop().owner
+        if isinstance(op, Operation):
+            out.append(op)
+            todo.extend(op.operands)
+    return out
 
 
 def test_every_output_element_is_written(built):
@@ -829,7 +848,7 @@ def test_independent_inner_loops_are_vector_loops(built):
     # also the elements before its row's first line)
     peeled = sum(any(isinstance(x, s.StoreOp) and cpu_map.cpu_mapping(x) == s.CpuMapping.NONTEMPORAL
                      for x in o.body.block.ops) for o in streams)
-    assert peeled == 1  # (grad_x)
+    assert peeled == 2  # (grad_x: jam-rows' loop over two rows, and the original loop's for the row left over)
     assert fast.count("#pragma omp simd") == len(simd) + 2 * len(streams) + peeled
     assert "#pragma omp simd" not in general
 

@@ -66,7 +66,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -84,175 +84,471 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[32];
-                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
-                float lane21[32];
-                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 32 <= d_D; r22 += 32) {
+                float lane29[32];
+                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
+                float lane30[32];
+                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 32 <= d_D; r31 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v26 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
-                        const float v27 = v25 * v26;
-                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v33 = opgen_f16_to_f32(p_w[i19 * st_w_0]);
-                        const float v34 = v32 * v33;
-                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const int64_t i28 = r31 + l;
+                        const float v32 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v35 = opgen_f16_to_f32(p_w[i28 * st_w_0]);
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v42 = opgen_f16_to_f32(p_w[i28 * st_w_0]);
+                        const float v43 = v41 * v42;
+                        const float v44 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
             }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
             {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v63);
-                }
-                r44 = e45;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[32];
+                float lane55[32];
+                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
+                float lane56[32];
+                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 32 <= d_D; r57 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v66 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i54 = r57 + l;
+                        const float v58 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v61 = opgen_f16_to_f32(p_w[i54 * st_w_0]);
+                        const float v62 = v60 * v61;
+                        const float v63 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v84 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = opgen_f16_to_f32(p_w[i43 * st_w_0]);
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v100);
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v68 = opgen_f16_to_f32(p_w[i54 * st_w_0]);
+                        const float v69 = v67 * v68;
+                        const float v70 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v85 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v101);
+                    const float v102 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v103 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v119);
+                }
+                r82 = e83;
+                for (; r82 + 32 <= d_D; r82 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[32];
+                    _Alignas(64) float stg121[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                        const float v123 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                        const float v141 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
+                    }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                }
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v159 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v175);
+                    const float v176 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v177 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = opgen_f16_to_f32(p_w[i81 * st_w_0]);
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v193);
                 }
             }
         }
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[32];
+                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
+                float lane201[32];
+                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 32 <= d_D; r202 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v206 = opgen_f16_to_f32(p_w[i199 * st_w_0]);
+                        const float v207 = v205 * v206;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v213 = opgen_f16_to_f32(p_w[i199 * st_w_0]);
+                        const float v214 = v212 * v213;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v227 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v243);
+                }
+                r224 = e225;
+                for (; r224 + 32 <= d_D; r224 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                        const float v246 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                }
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v264 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = opgen_f16_to_f32(p_w[i223 * st_w_0]);
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v280);
+                }
+            }
+        }
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116 * st_grad_w_0] = opgen_f32_to_f16(v117);
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313 * st_grad_w_0] = opgen_f32_to_f16(v314);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -283,7 +579,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -301,180 +597,480 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[32];
-                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
-                float lane21[32];
-                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 32 <= d_D; r22 += 32) {
+                float lane29[32];
+                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
+                float lane30[32];
+                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 32 <= d_D; r31 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v26 = opgen_f16_to_f32(p_w[i19]);
-                        const float v27 = v25 * v26;
-                        const float v28 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v33 = opgen_f16_to_f32(p_w[i19]);
-                        const float v34 = v32 * v33;
-                        const float v35 = opgen_f16_to_f32(p_x[ro_x[i14] + i19]);
+                        const int64_t i28 = r31 + l;
+                        const float v32 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v35 = opgen_f16_to_f32(p_w[i28]);
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
-            }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
-            {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                #pragma omp simd
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v47 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = opgen_f16_to_f32(p_w[i43]);
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v63);
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v42 = opgen_f16_to_f32(p_w[i28]);
+                        const float v43 = v41 * v42;
+                        const float v44 = opgen_f16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
                 }
-                r44 = e45;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[32];
+                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
+            }
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
+            {
+                float lane55[32];
+                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
+                float lane56[32];
+                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 32 <= d_D; r57 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i54 = r57 + l;
+                        const float v58 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v61 = opgen_f16_to_f32(p_w[i54]);
+                        const float v62 = v60 * v61;
+                        const float v63 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
+                    }
+                }
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v68 = opgen_f16_to_f32(p_w[i54]);
+                        const float v69 = v67 * v68;
+                        const float v70 = opgen_f16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                #pragma omp simd
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v85 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = opgen_f16_to_f32(p_w[i81]);
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v101);
+                    const float v102 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v103 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = opgen_f16_to_f32(p_w[i81]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v119);
+                }
+                r82 = e83;
+                for (; r82 + 32 <= d_D; r82 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[32];
+                    _Alignas(64) float stg121[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v66 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = opgen_f16_to_f32(p_w[i43]);
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                        const float v123 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = opgen_f16_to_f32(p_w[i81]);
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                        const float v141 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = opgen_f16_to_f32(p_w[i81]);
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
                     }
-                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v84 = opgen_f16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = opgen_f16_to_f32(p_w[i43]);
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_f16(v100);
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v159 = opgen_f16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = opgen_f16_to_f32(p_w[i81]);
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_f16(v175);
+                    const float v176 = opgen_f16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v177 = opgen_f16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = opgen_f16_to_f32(p_w[i81]);
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_f16(v193);
+                }
+            }
+        }
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[32];
+                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
+                float lane201[32];
+                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 32 <= d_D; r202 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v206 = opgen_f16_to_f32(p_w[i199]);
+                        const float v207 = v205 * v206;
+                        const float v208 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v213 = opgen_f16_to_f32(p_w[i199]);
+                        const float v214 = v212 * v213;
+                        const float v215 = opgen_f16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v227 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = opgen_f16_to_f32(p_w[i223]);
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v243);
+                }
+                r224 = e225;
+                for (; r224 + 32 <= d_D; r224 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                        const float v246 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = opgen_f16_to_f32(p_w[i223]);
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_f16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                }
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = opgen_f16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v264 = opgen_f16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = opgen_f16_to_f32(p_w[i223]);
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_f16(v280);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
             #pragma omp simd
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116] = opgen_f32_to_f16(v117);
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            #pragma omp simd
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313] = opgen_f32_to_f16(v314);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -547,7 +1143,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -565,173 +1161,465 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[16];
-                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
-                float lane21[16];
-                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 16 <= d_D; r22 += 16) {
+                float lane29[16];
+                for (int l = 0; l < 16; l++) lane29[l] = l ? 0 : l25;
+                float lane30[16];
+                for (int l = 0; l < 16; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 16 <= d_D; r31 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = p_x[ro_x[i14] + i19];
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
-                        const float v26 = p_w[i19 * st_w_0];
-                        const float v27 = v25 * v26;
-                        const float v28 = p_x[ro_x[i14] + i19];
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = p_x[ro_x[i14] + i19];
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
-                        const float v33 = p_w[i19 * st_w_0];
-                        const float v34 = v32 * v33;
-                        const float v35 = p_x[ro_x[i14] + i19];
+                        const int64_t i28 = r31 + l;
+                        const float v32 = p_x[ro_x[v23] + i28];
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = p_grad_y[ro_grad_y[v23] + i28];
+                        const float v35 = p_w[i28 * st_w_0];
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = p_x[ro_x[v23] + i28];
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = p_x[ro_x[v23] + i28];
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = p_grad_y[ro_grad_y[v23] + i28];
+                        const float v42 = p_w[i28 * st_w_0];
+                        const float v43 = v41 * v42;
+                        const float v44 = p_x[ro_x[v23] + i28];
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
             }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
             {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v47 = p_x[ro_x[i14] + i43];
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = p_w[i43 * st_w_0];
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = v63;
-                }
-                r44 = e45;
-                for (; r44 + 16 <= d_D; r44 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[16];
+                float lane55[16];
+                for (int l = 0; l < 16; l++) lane55[l] = l ? 0 : l51;
+                float lane56[16];
+                for (int l = 0; l < 16; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 16 <= d_D; r57 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v66 = p_x[ro_x[i14] + i43];
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = p_w[i43 * st_w_0];
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i54 = r57 + l;
+                        const float v58 = p_x[ro_x[v49] + i54];
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = p_grad_y[ro_grad_y[v49] + i54];
+                        const float v61 = p_w[i54 * st_w_0];
+                        const float v62 = v60 * v61;
+                        const float v63 = p_x[ro_x[v49] + i54];
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 16, nt_p_grad_x);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v84 = p_x[ro_x[i14] + i43];
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = p_w[i43 * st_w_0];
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = v100;
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = p_x[ro_x[v49] + i54];
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = p_grad_y[ro_grad_y[v49] + i54];
+                        const float v68 = p_w[i54 * st_w_0];
+                        const float v69 = v67 * v68;
+                        const float v70 = p_x[ro_x[v49] + i54];
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(float)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = p_grad_y[ro_grad_y[v23] + i81];
+                    const float v85 = p_x[ro_x[v23] + i81];
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = p_w[i81 * st_w_0];
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = v101;
+                    const float v102 = p_grad_y[ro_grad_y[v49] + i81];
+                    const float v103 = p_x[ro_x[v49] + i81];
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = p_w[i81 * st_w_0];
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = v119;
+                }
+                r82 = e83;
+                for (; r82 + 16 <= d_D; r82 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[16];
+                    _Alignas(64) float stg121[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = p_grad_y[ro_grad_y[v23] + i81];
+                        const float v123 = p_x[ro_x[v23] + i81];
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = p_w[i81 * st_w_0];
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = p_grad_y[ro_grad_y[v49] + i81];
+                        const float v141 = p_x[ro_x[v49] + i81];
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = p_w[i81 * st_w_0];
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
+                    }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 16, nt_p_grad_x);
+                }
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = p_grad_y[ro_grad_y[v23] + i81];
+                    const float v159 = p_x[ro_x[v23] + i81];
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = p_w[i81 * st_w_0];
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = v175;
+                    const float v176 = p_grad_y[ro_grad_y[v49] + i81];
+                    const float v177 = p_x[ro_x[v49] + i81];
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = p_w[i81 * st_w_0];
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = v193;
                 }
             }
         }
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[16];
+                for (int l = 0; l < 16; l++) lane200[l] = l ? 0 : l196;
+                float lane201[16];
+                for (int l = 0; l < 16; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 16 <= d_D; r202 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = p_x[ro_x[i194] + i199];
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = p_grad_y[ro_grad_y[i194] + i199];
+                        const float v206 = p_w[i199 * st_w_0];
+                        const float v207 = v205 * v206;
+                        const float v208 = p_x[ro_x[i194] + i199];
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = p_x[ro_x[i194] + i199];
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = p_grad_y[ro_grad_y[i194] + i199];
+                        const float v213 = p_w[i199 * st_w_0];
+                        const float v214 = v212 * v213;
+                        const float v215 = p_x[ro_x[i194] + i199];
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(float)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = p_grad_y[ro_grad_y[i194] + i223];
+                    const float v227 = p_x[ro_x[i194] + i223];
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = p_w[i223 * st_w_0];
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = v243;
+                }
+                r224 = e225;
+                for (; r224 + 16 <= d_D; r224 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[16];
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = p_grad_y[ro_grad_y[i194] + i223];
+                        const float v246 = p_x[ro_x[i194] + i223];
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = p_w[i223 * st_w_0];
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 16, nt_p_grad_x);
+                }
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = p_grad_y[ro_grad_y[i194] + i223];
+                    const float v264 = p_x[ro_x[i194] + i223];
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = p_w[i223 * st_w_0];
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = v280;
+                }
+            }
+        }
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116 * st_grad_w_0] = v117;
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313 * st_grad_w_0] = v314;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -762,7 +1650,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(float))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -780,178 +1668,474 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[16];
-                for (int l = 0; l < 16; l++) lane20[l] = l ? 0 : l16;
-                float lane21[16];
-                for (int l = 0; l < 16; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 16 <= d_D; r22 += 16) {
+                float lane29[16];
+                for (int l = 0; l < 16; l++) lane29[l] = l ? 0 : l25;
+                float lane30[16];
+                for (int l = 0; l < 16; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 16 <= d_D; r31 += 16) {
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = p_x[ro_x[i14] + i19];
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = p_grad_y[ro_grad_y[i14] + i19];
-                        const float v26 = p_w[i19];
-                        const float v27 = v25 * v26;
-                        const float v28 = p_x[ro_x[i14] + i19];
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = p_x[ro_x[i14] + i19];
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = p_grad_y[ro_grad_y[i14] + i19];
-                        const float v33 = p_w[i19];
-                        const float v34 = v32 * v33;
-                        const float v35 = p_x[ro_x[i14] + i19];
+                        const int64_t i28 = r31 + l;
+                        const float v32 = p_x[ro_x[v23] + i28];
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = p_grad_y[ro_grad_y[v23] + i28];
+                        const float v35 = p_w[i28];
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = p_x[ro_x[v23] + i28];
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
-            }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
-            {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(float)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                #pragma omp simd
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v47 = p_x[ro_x[i14] + i43];
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = p_w[i43];
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = v63;
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = p_x[ro_x[v23] + i28];
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = p_grad_y[ro_grad_y[v23] + i28];
+                        const float v42 = p_w[i28];
+                        const float v43 = v41 * v42;
+                        const float v44 = p_x[ro_x[v23] + i28];
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
                 }
-                r44 = e45;
-                for (; r44 + 16 <= d_D; r44 += 16) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[16];
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
+            }
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
+            {
+                float lane55[16];
+                for (int l = 0; l < 16; l++) lane55[l] = l ? 0 : l51;
+                float lane56[16];
+                for (int l = 0; l < 16; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 16 <= d_D; r57 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i54 = r57 + l;
+                        const float v58 = p_x[ro_x[v49] + i54];
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = p_grad_y[ro_grad_y[v49] + i54];
+                        const float v61 = p_w[i54];
+                        const float v62 = v60 * v61;
+                        const float v63 = p_x[ro_x[v49] + i54];
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
+                    }
+                }
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = p_x[ro_x[v49] + i54];
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = p_grad_y[ro_grad_y[v49] + i54];
+                        const float v68 = p_w[i54];
+                        const float v69 = v67 * v68;
+                        const float v70 = p_x[ro_x[v49] + i54];
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(float)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                #pragma omp simd
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = p_grad_y[ro_grad_y[v23] + i81];
+                    const float v85 = p_x[ro_x[v23] + i81];
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = p_w[i81];
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = v101;
+                    const float v102 = p_grad_y[ro_grad_y[v49] + i81];
+                    const float v103 = p_x[ro_x[v49] + i81];
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = p_w[i81];
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = v119;
+                }
+                r82 = e83;
+                for (; r82 + 16 <= d_D; r82 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[16];
+                    _Alignas(64) float stg121[16];
                     #pragma omp simd
                     for (int l = 0; l < 16; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = p_grad_y[ro_grad_y[i14] + i43];
-                        const float v66 = p_x[ro_x[i14] + i43];
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = p_w[i43];
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = p_grad_y[ro_grad_y[v23] + i81];
+                        const float v123 = p_x[ro_x[v23] + i81];
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = p_w[i81];
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = p_grad_y[ro_grad_y[v49] + i81];
+                        const float v141 = p_x[ro_x[v49] + i81];
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = p_w[i81];
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
                     }
-                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 16, nt_p_grad_x);
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 16, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = p_grad_y[ro_grad_y[i14] + i43];
-                    const float v84 = p_x[ro_x[i14] + i43];
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = p_w[i43];
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = v100;
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = p_grad_y[ro_grad_y[v23] + i81];
+                    const float v159 = p_x[ro_x[v23] + i81];
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = p_w[i81];
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = v175;
+                    const float v176 = p_grad_y[ro_grad_y[v49] + i81];
+                    const float v177 = p_x[ro_x[v49] + i81];
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = p_w[i81];
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = v193;
+                }
+            }
+        }
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[16];
+                for (int l = 0; l < 16; l++) lane200[l] = l ? 0 : l196;
+                float lane201[16];
+                for (int l = 0; l < 16; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 16 <= d_D; r202 += 16) {
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = p_x[ro_x[i194] + i199];
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = p_grad_y[ro_grad_y[i194] + i199];
+                        const float v206 = p_w[i199];
+                        const float v207 = v205 * v206;
+                        const float v208 = p_x[ro_x[i194] + i199];
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = p_x[ro_x[i194] + i199];
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = p_grad_y[ro_grad_y[i194] + i199];
+                        const float v213 = p_w[i199];
+                        const float v214 = v212 * v213;
+                        const float v215 = p_x[ro_x[i194] + i199];
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(float)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = p_grad_y[ro_grad_y[i194] + i223];
+                    const float v227 = p_x[ro_x[i194] + i223];
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = p_w[i223];
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = v243;
+                }
+                r224 = e225;
+                for (; r224 + 16 <= d_D; r224 += 16) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[16];
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = p_grad_y[ro_grad_y[i194] + i223];
+                        const float v246 = p_x[ro_x[i194] + i223];
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = p_w[i223];
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_f32_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 16, nt_p_grad_x);
+                }
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = p_grad_y[ro_grad_y[i194] + i223];
+                    const float v264 = p_x[ro_x[i194] + i223];
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = p_w[i223];
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = v280;
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
             #pragma omp simd
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116] = v117;
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            #pragma omp simd
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313] = v314;
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1024,7 +2208,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1042,175 +2226,471 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[32];
-                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
-                float lane21[32];
-                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 32 <= d_D; r22 += 32) {
+                float lane29[32];
+                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
+                float lane30[32];
+                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 32 <= d_D; r31 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v26 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
-                        const float v27 = v25 * v26;
-                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v33 = opgen_bf16_to_f32(p_w[i19 * st_w_0]);
-                        const float v34 = v32 * v33;
-                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const int64_t i28 = r31 + l;
+                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v35 = opgen_bf16_to_f32(p_w[i28 * st_w_0]);
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v42 = opgen_bf16_to_f32(p_w[i28 * st_w_0]);
+                        const float v43 = v41 * v42;
+                        const float v44 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
             }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
             {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v63);
-                }
-                r44 = e45;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[32];
+                float lane55[32];
+                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
+                float lane56[32];
+                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 32 <= d_D; r57 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i54 = r57 + l;
+                        const float v58 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v61 = opgen_bf16_to_f32(p_w[i54 * st_w_0]);
+                        const float v62 = v60 * v61;
+                        const float v63 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
                 }
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v84 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = opgen_bf16_to_f32(p_w[i43 * st_w_0]);
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v100);
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v68 = opgen_bf16_to_f32(p_w[i54 * st_w_0]);
+                        const float v69 = v67 * v68;
+                        const float v70 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v85 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v101);
+                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v119);
+                }
+                r82 = e83;
+                for (; r82 + 32 <= d_D; r82 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[32];
+                    _Alignas(64) float stg121[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                        const float v123 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                        const float v141 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
+                    }
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
+                }
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v159 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v175);
+                    const float v176 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v177 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = opgen_bf16_to_f32(p_w[i81 * st_w_0]);
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v193);
                 }
             }
         }
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[32];
+                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
+                float lane201[32];
+                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 32 <= d_D; r202 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v206 = opgen_bf16_to_f32(p_w[i199 * st_w_0]);
+                        const float v207 = v205 * v206;
+                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v213 = opgen_bf16_to_f32(p_w[i199 * st_w_0]);
+                        const float v214 = v212 * v213;
+                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v227 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v243);
+                }
+                r224 = e225;
+                for (; r224 + 32 <= d_D; r224 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                        const float v246 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                }
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v264 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = opgen_bf16_to_f32(p_w[i223 * st_w_0]);
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v280);
+                }
+            }
+        }
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116 * st_grad_w_0] = opgen_f32_to_bf16(v117);
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313 * st_grad_w_0] = opgen_f32_to_bf16(v314);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;
@@ -1241,7 +2721,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     char *wp = ws;
     float *restrict t5 = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)(d_N / 32 + (d_N % 32 != 0)) * (size_t)d_D);
     float *l10_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)d_D * (size_t)opgen_threads());
-    float *l110_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
+    float *l290_base = (float *)(wp + off); off += opgen_align(sizeof(float) * (size_t)64ll * (size_t)opgen_threads());
     const int nt_p_grad_x = opgen_nt(p_grad_x, opgen_sz_mul(opgen_sz_mul(opgen_sz_mul((size_t)1, opgen_sz_dim(d_N)), opgen_sz_dim(d_D)), sizeof(uint16_t))); (void)nt_p_grad_x;
     const int64_t v1 = 0ll;
     const bool v2 = d_D == v1;
@@ -1259,180 +2739,480 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
-        for (int64_t i14 = v11; i14 < v13; i14++) {
-            float l15 = 0;
-            float l16 = 0;
-            float l17 = 0;
-            float l18 = 0;
+        const int64_t v14 = 2ll;
+        const int64_t v15 = 0ll;
+        const int64_t v16 = v13 - v11;
+        const int64_t v17 = ((v16 > v15 || v16 != v16) ? v16 : v15);
+        const int64_t v18 = (v14 == 0 ? (int64_t)0 : v14 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v17) : (int64_t)(v17 / v14));
+        const int64_t v19 = v18 * v14;
+        const int64_t v20 = v11 + v19;
+        for (int64_t i21 = v15; i21 < v18; i21++) {
+            const int64_t v22 = i21 * v14;
+            const int64_t v23 = v11 + v22;
+            float l24 = 0;
+            float l25 = 0;
+            float l26 = 0;
+            float l27 = 0;
             {
-                float lane20[32];
-                for (int l = 0; l < 32; l++) lane20[l] = l ? 0 : l16;
-                float lane21[32];
-                for (int l = 0; l < 32; l++) lane21[l] = l ? 0 : l18;
-                int64_t r22 = v1;
-                for (; r22 + 32 <= d_D; r22 += 32) {
+                float lane29[32];
+                for (int l = 0; l < 32; l++) lane29[l] = l ? 0 : l25;
+                float lane30[32];
+                for (int l = 0; l < 32; l++) lane30[l] = l ? 0 : l27;
+                int64_t r31 = v1;
+                for (; r31 + 32 <= d_D; r31 += 32) {
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i19 = r22 + l;
-                        const float v23 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v24 = v23 * v23;
-                        lane20[l] += v24;
-                        const float v25 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v26 = opgen_bf16_to_f32(p_w[i19]);
-                        const float v27 = v25 * v26;
-                        const float v28 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v29 = v27 * v28;
-                        lane21[l] += v29;
-                    }
-                }
-                for (int l = 0; r22 + l < d_D; l++) {
-                    {
-                        const int64_t i19 = r22 + l;
-                        const float v30 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
-                        const float v31 = v30 * v30;
-                        lane20[l] += v31;
-                        const float v32 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i19]);
-                        const float v33 = opgen_bf16_to_f32(p_w[i19]);
-                        const float v34 = v32 * v33;
-                        const float v35 = opgen_bf16_to_f32(p_x[ro_x[i14] + i19]);
+                        const int64_t i28 = r31 + l;
+                        const float v32 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v33 = v32 * v32;
+                        lane29[l] += v33;
+                        const float v34 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v35 = opgen_bf16_to_f32(p_w[i28]);
                         const float v36 = v34 * v35;
-                        lane21[l] += v36;
+                        const float v37 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v38 = v36 * v37;
+                        lane30[l] += v38;
                     }
                 }
-                for (int l = 0; l < 16; l++) lane20[l] += lane20[l + 16];
-                for (int l = 0; l < 8; l++) lane20[l] += lane20[l + 8];
-                for (int l = 0; l < 4; l++) lane20[l] += lane20[l + 4];
-                for (int l = 0; l < 2; l++) lane20[l] += lane20[l + 2];
-                for (int l = 0; l < 1; l++) lane20[l] += lane20[l + 1];
-                l16 = lane20[0];
-                for (int l = 0; l < 16; l++) lane21[l] += lane21[l + 16];
-                for (int l = 0; l < 8; l++) lane21[l] += lane21[l + 8];
-                for (int l = 0; l < 4; l++) lane21[l] += lane21[l + 4];
-                for (int l = 0; l < 2; l++) lane21[l] += lane21[l + 2];
-                for (int l = 0; l < 1; l++) lane21[l] += lane21[l + 1];
-                l18 = lane21[0];
-            }
-            const float v37 = l16;
-            l15 = v37;
-            const float v38 = l18;
-            l17 = v38;
-            const int64_t v39 = 1ll;
-            const int64_t v40 = i14 + v39;
-            const int64_t v41 = v13 - v39;
-            const int64_t v42 = ((v40 < v41 || v40 != v40) ? v40 : v41);
-            {
-                int64_t r44 = v1;
-                int64_t e45 = r44 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i14] + r44] & 63)) & 63) / sizeof(uint16_t)) : 0);
-                if (e45 > d_D) e45 = d_D > r44 ? d_D : r44;
-                #pragma omp simd
-                for (int64_t i43 = r44; i43 < e45; i43++) {
-                    const float v46 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v47 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v48 = v46 * v47;
-                    const float v49 = l15;
-                    const float v50 = v49 / v7;
-                    const float v51 = v50 + v8;
-                    const float v52 = 1.0f / sqrtf(v51);
-                    const float v53 = v48 * v52;
-                    l10[i43] += v53;
-                    const float v54 = opgen_bf16_to_f32(p_w[i43]);
-                    const float v55 = v46 * v54;
-                    const float v56 = v55 * v52;
-                    const float v57 = l17;
-                    const float v58 = v57 / v7;
-                    const float v59 = v58 * v52;
-                    const float v60 = v59 * v52;
-                    const float v61 = v60 * v52;
-                    const float v62 = v47 * v61;
-                    const float v63 = v56 - v62;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v63);
+                for (int l = 0; r31 + l < d_D; l++) {
+                    {
+                        const int64_t i28 = r31 + l;
+                        const float v39 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v40 = v39 * v39;
+                        lane29[l] += v40;
+                        const float v41 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i28]);
+                        const float v42 = opgen_bf16_to_f32(p_w[i28]);
+                        const float v43 = v41 * v42;
+                        const float v44 = opgen_bf16_to_f32(p_x[ro_x[v23] + i28]);
+                        const float v45 = v43 * v44;
+                        lane30[l] += v45;
+                    }
                 }
-                r44 = e45;
-                for (; r44 + 32 <= d_D; r44 += 32) {
-                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i14] + r44, 2048);
-                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v42] + r44, 0);
-                    OPGEN_PREFETCH(p_x, ro_x[v42] + r44, 0);
-                    _Alignas(64) float stg64[32];
+                for (int l = 0; l < 16; l++) lane29[l] += lane29[l + 16];
+                for (int l = 0; l < 8; l++) lane29[l] += lane29[l + 8];
+                for (int l = 0; l < 4; l++) lane29[l] += lane29[l + 4];
+                for (int l = 0; l < 2; l++) lane29[l] += lane29[l + 2];
+                for (int l = 0; l < 1; l++) lane29[l] += lane29[l + 1];
+                l25 = lane29[0];
+                for (int l = 0; l < 16; l++) lane30[l] += lane30[l + 16];
+                for (int l = 0; l < 8; l++) lane30[l] += lane30[l + 8];
+                for (int l = 0; l < 4; l++) lane30[l] += lane30[l + 4];
+                for (int l = 0; l < 2; l++) lane30[l] += lane30[l + 2];
+                for (int l = 0; l < 1; l++) lane30[l] += lane30[l + 1];
+                l27 = lane30[0];
+            }
+            const float v46 = l25;
+            l24 = v46;
+            const float v47 = l27;
+            l26 = v47;
+            const int64_t v48 = 1ll;
+            const int64_t v49 = v23 + v48;
+            float l50 = 0;
+            float l51 = 0;
+            float l52 = 0;
+            float l53 = 0;
+            {
+                float lane55[32];
+                for (int l = 0; l < 32; l++) lane55[l] = l ? 0 : l51;
+                float lane56[32];
+                for (int l = 0; l < 32; l++) lane56[l] = l ? 0 : l53;
+                int64_t r57 = v1;
+                for (; r57 + 32 <= d_D; r57 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i54 = r57 + l;
+                        const float v58 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v59 = v58 * v58;
+                        lane55[l] += v59;
+                        const float v60 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v61 = opgen_bf16_to_f32(p_w[i54]);
+                        const float v62 = v60 * v61;
+                        const float v63 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v64 = v62 * v63;
+                        lane56[l] += v64;
+                    }
+                }
+                for (int l = 0; r57 + l < d_D; l++) {
+                    {
+                        const int64_t i54 = r57 + l;
+                        const float v65 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v66 = v65 * v65;
+                        lane55[l] += v66;
+                        const float v67 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i54]);
+                        const float v68 = opgen_bf16_to_f32(p_w[i54]);
+                        const float v69 = v67 * v68;
+                        const float v70 = opgen_bf16_to_f32(p_x[ro_x[v49] + i54]);
+                        const float v71 = v69 * v70;
+                        lane56[l] += v71;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane55[l] += lane55[l + 16];
+                for (int l = 0; l < 8; l++) lane55[l] += lane55[l + 8];
+                for (int l = 0; l < 4; l++) lane55[l] += lane55[l + 4];
+                for (int l = 0; l < 2; l++) lane55[l] += lane55[l + 2];
+                for (int l = 0; l < 1; l++) lane55[l] += lane55[l + 1];
+                l51 = lane55[0];
+                for (int l = 0; l < 16; l++) lane56[l] += lane56[l + 16];
+                for (int l = 0; l < 8; l++) lane56[l] += lane56[l + 8];
+                for (int l = 0; l < 4; l++) lane56[l] += lane56[l + 4];
+                for (int l = 0; l < 2; l++) lane56[l] += lane56[l + 2];
+                for (int l = 0; l < 1; l++) lane56[l] += lane56[l + 1];
+                l53 = lane56[0];
+            }
+            const float v72 = l51;
+            l50 = v72;
+            const float v73 = l53;
+            l52 = v73;
+            const int64_t v74 = 1ll;
+            const int64_t v75 = i21 + v74;
+            const int64_t v76 = v18 - v74;
+            const int64_t v77 = ((v75 < v76 || v75 != v75) ? v75 : v76);
+            const int64_t v78 = v77 * v14;
+            const int64_t v79 = v11 + v78;
+            const int64_t v80 = v79 + v48;
+            {
+                int64_t r82 = v1;
+                int64_t e83 = r82 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[v23] + r82] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e83 > d_D) e83 = d_D > r82 ? d_D : r82;
+                #pragma omp simd
+                for (int64_t i81 = r82; i81 < e83; i81++) {
+                    const float v84 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v85 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v86 = v84 * v85;
+                    const float v87 = l24;
+                    const float v88 = v87 / v7;
+                    const float v89 = v88 + v8;
+                    const float v90 = 1.0f / sqrtf(v89);
+                    const float v91 = v86 * v90;
+                    l10[i81] += v91;
+                    const float v92 = opgen_bf16_to_f32(p_w[i81]);
+                    const float v93 = v84 * v92;
+                    const float v94 = v93 * v90;
+                    const float v95 = l26;
+                    const float v96 = v95 / v7;
+                    const float v97 = v96 * v90;
+                    const float v98 = v97 * v90;
+                    const float v99 = v98 * v90;
+                    const float v100 = v85 * v99;
+                    const float v101 = v94 - v100;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v101);
+                    const float v102 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v103 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v104 = v102 * v103;
+                    const float v105 = l50;
+                    const float v106 = v105 / v7;
+                    const float v107 = v106 + v8;
+                    const float v108 = 1.0f / sqrtf(v107);
+                    const float v109 = v104 * v108;
+                    l10[i81] += v109;
+                    const float v110 = opgen_bf16_to_f32(p_w[i81]);
+                    const float v111 = v102 * v110;
+                    const float v112 = v111 * v108;
+                    const float v113 = l52;
+                    const float v114 = v113 / v7;
+                    const float v115 = v114 * v108;
+                    const float v116 = v115 * v108;
+                    const float v117 = v116 * v108;
+                    const float v118 = v103 * v117;
+                    const float v119 = v112 - v118;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v119);
+                }
+                r82 = e83;
+                for (; r82 + 32 <= d_D; r82 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v49] + r82, 2048);
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[v23] + r82, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v79] + r82, 0);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v80] + r82, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v80] + r82, 0);
+                    _Alignas(64) float stg120[32];
+                    _Alignas(64) float stg121[32];
                     #pragma omp simd
                     for (int l = 0; l < 32; l++) {
-                        const int64_t i43 = r44 + l; (void)i43;
-                        const float v65 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                        const float v66 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                        const float v67 = v65 * v66;
-                        const float v68 = l15;
-                        const float v69 = v68 / v7;
-                        const float v70 = v69 + v8;
-                        const float v71 = 1.0f / sqrtf(v70);
-                        const float v72 = v67 * v71;
-                        l10[i43] += v72;
-                        const float v73 = opgen_bf16_to_f32(p_w[i43]);
-                        const float v74 = v65 * v73;
-                        const float v75 = v74 * v71;
-                        const float v76 = l17;
-                        const float v77 = v76 / v7;
-                        const float v78 = v77 * v71;
-                        const float v79 = v78 * v71;
-                        const float v80 = v79 * v71;
-                        const float v81 = v66 * v80;
-                        const float v82 = v75 - v81;
-                        stg64[l] = v82;
+                        const int64_t i81 = r82 + l; (void)i81;
+                        const float v122 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                        const float v123 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                        const float v124 = v122 * v123;
+                        const float v125 = l24;
+                        const float v126 = v125 / v7;
+                        const float v127 = v126 + v8;
+                        const float v128 = 1.0f / sqrtf(v127);
+                        const float v129 = v124 * v128;
+                        l10[i81] += v129;
+                        const float v130 = opgen_bf16_to_f32(p_w[i81]);
+                        const float v131 = v122 * v130;
+                        const float v132 = v131 * v128;
+                        const float v133 = l26;
+                        const float v134 = v133 / v7;
+                        const float v135 = v134 * v128;
+                        const float v136 = v135 * v128;
+                        const float v137 = v136 * v128;
+                        const float v138 = v123 * v137;
+                        const float v139 = v132 - v138;
+                        stg120[l] = v139;
+                        const float v140 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                        const float v141 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                        const float v142 = v140 * v141;
+                        const float v143 = l50;
+                        const float v144 = v143 / v7;
+                        const float v145 = v144 + v8;
+                        const float v146 = 1.0f / sqrtf(v145);
+                        const float v147 = v142 * v146;
+                        l10[i81] += v147;
+                        const float v148 = opgen_bf16_to_f32(p_w[i81]);
+                        const float v149 = v140 * v148;
+                        const float v150 = v149 * v146;
+                        const float v151 = l52;
+                        const float v152 = v151 / v7;
+                        const float v153 = v152 * v146;
+                        const float v154 = v153 * v146;
+                        const float v155 = v154 * v146;
+                        const float v156 = v141 * v155;
+                        const float v157 = v150 - v156;
+                        stg121[l] = v157;
                     }
-                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i14] + r44], 1, stg64, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v23] + r82], 1, stg120, 32, nt_p_grad_x);
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[v49] + r82], 1, stg121, 32, nt_p_grad_x);
                 }
                 #pragma omp simd
-                for (int64_t i43 = r44; i43 < d_D; i43++) {
-                    const float v83 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i14] + i43]);
-                    const float v84 = opgen_bf16_to_f32(p_x[ro_x[i14] + i43]);
-                    const float v85 = v83 * v84;
-                    const float v86 = l15;
-                    const float v87 = v86 / v7;
-                    const float v88 = v87 + v8;
-                    const float v89 = 1.0f / sqrtf(v88);
-                    const float v90 = v85 * v89;
-                    l10[i43] += v90;
-                    const float v91 = opgen_bf16_to_f32(p_w[i43]);
-                    const float v92 = v83 * v91;
-                    const float v93 = v92 * v89;
-                    const float v94 = l17;
-                    const float v95 = v94 / v7;
-                    const float v96 = v95 * v89;
-                    const float v97 = v96 * v89;
-                    const float v98 = v97 * v89;
-                    const float v99 = v84 * v98;
-                    const float v100 = v93 - v99;
-                    p_grad_x[ro_grad_x[i14] + i43] = opgen_f32_to_bf16(v100);
+                for (int64_t i81 = r82; i81 < d_D; i81++) {
+                    const float v158 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v23] + i81]);
+                    const float v159 = opgen_bf16_to_f32(p_x[ro_x[v23] + i81]);
+                    const float v160 = v158 * v159;
+                    const float v161 = l24;
+                    const float v162 = v161 / v7;
+                    const float v163 = v162 + v8;
+                    const float v164 = 1.0f / sqrtf(v163);
+                    const float v165 = v160 * v164;
+                    l10[i81] += v165;
+                    const float v166 = opgen_bf16_to_f32(p_w[i81]);
+                    const float v167 = v158 * v166;
+                    const float v168 = v167 * v164;
+                    const float v169 = l26;
+                    const float v170 = v169 / v7;
+                    const float v171 = v170 * v164;
+                    const float v172 = v171 * v164;
+                    const float v173 = v172 * v164;
+                    const float v174 = v159 * v173;
+                    const float v175 = v168 - v174;
+                    p_grad_x[ro_grad_x[v23] + i81] = opgen_f32_to_bf16(v175);
+                    const float v176 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[v49] + i81]);
+                    const float v177 = opgen_bf16_to_f32(p_x[ro_x[v49] + i81]);
+                    const float v178 = v176 * v177;
+                    const float v179 = l50;
+                    const float v180 = v179 / v7;
+                    const float v181 = v180 + v8;
+                    const float v182 = 1.0f / sqrtf(v181);
+                    const float v183 = v178 * v182;
+                    l10[i81] += v183;
+                    const float v184 = opgen_bf16_to_f32(p_w[i81]);
+                    const float v185 = v176 * v184;
+                    const float v186 = v185 * v182;
+                    const float v187 = l52;
+                    const float v188 = v187 / v7;
+                    const float v189 = v188 * v182;
+                    const float v190 = v189 * v182;
+                    const float v191 = v190 * v182;
+                    const float v192 = v177 * v191;
+                    const float v193 = v186 - v192;
+                    p_grad_x[ro_grad_x[v49] + i81] = opgen_f32_to_bf16(v193);
+                }
+            }
+        }
+        for (int64_t i194 = v20; i194 < v13; i194++) {
+            float l195 = 0;
+            float l196 = 0;
+            float l197 = 0;
+            float l198 = 0;
+            {
+                float lane200[32];
+                for (int l = 0; l < 32; l++) lane200[l] = l ? 0 : l196;
+                float lane201[32];
+                for (int l = 0; l < 32; l++) lane201[l] = l ? 0 : l198;
+                int64_t r202 = v1;
+                for (; r202 + 32 <= d_D; r202 += 32) {
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i199 = r202 + l;
+                        const float v203 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v204 = v203 * v203;
+                        lane200[l] += v204;
+                        const float v205 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v206 = opgen_bf16_to_f32(p_w[i199]);
+                        const float v207 = v205 * v206;
+                        const float v208 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v209 = v207 * v208;
+                        lane201[l] += v209;
+                    }
+                }
+                for (int l = 0; r202 + l < d_D; l++) {
+                    {
+                        const int64_t i199 = r202 + l;
+                        const float v210 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v211 = v210 * v210;
+                        lane200[l] += v211;
+                        const float v212 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i199]);
+                        const float v213 = opgen_bf16_to_f32(p_w[i199]);
+                        const float v214 = v212 * v213;
+                        const float v215 = opgen_bf16_to_f32(p_x[ro_x[i194] + i199]);
+                        const float v216 = v214 * v215;
+                        lane201[l] += v216;
+                    }
+                }
+                for (int l = 0; l < 16; l++) lane200[l] += lane200[l + 16];
+                for (int l = 0; l < 8; l++) lane200[l] += lane200[l + 8];
+                for (int l = 0; l < 4; l++) lane200[l] += lane200[l + 4];
+                for (int l = 0; l < 2; l++) lane200[l] += lane200[l + 2];
+                for (int l = 0; l < 1; l++) lane200[l] += lane200[l + 1];
+                l196 = lane200[0];
+                for (int l = 0; l < 16; l++) lane201[l] += lane201[l + 16];
+                for (int l = 0; l < 8; l++) lane201[l] += lane201[l + 8];
+                for (int l = 0; l < 4; l++) lane201[l] += lane201[l + 4];
+                for (int l = 0; l < 2; l++) lane201[l] += lane201[l + 2];
+                for (int l = 0; l < 1; l++) lane201[l] += lane201[l + 1];
+                l198 = lane201[0];
+            }
+            const float v217 = l196;
+            l195 = v217;
+            const float v218 = l198;
+            l197 = v218;
+            const int64_t v219 = 1ll;
+            const int64_t v220 = i194 + v219;
+            const int64_t v221 = v13 - v219;
+            const int64_t v222 = ((v220 < v221 || v220 != v220) ? v220 : v221);
+            {
+                int64_t r224 = v1;
+                int64_t e225 = r224 + (nt_p_grad_x ? (int64_t)(((64 - ((uintptr_t)&p_grad_x[ro_grad_x[i194] + r224] & 63)) & 63) / sizeof(uint16_t)) : 0);
+                if (e225 > d_D) e225 = d_D > r224 ? d_D : r224;
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < e225; i223++) {
+                    const float v226 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v227 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v228 = v226 * v227;
+                    const float v229 = l195;
+                    const float v230 = v229 / v7;
+                    const float v231 = v230 + v8;
+                    const float v232 = 1.0f / sqrtf(v231);
+                    const float v233 = v228 * v232;
+                    l10[i223] += v233;
+                    const float v234 = opgen_bf16_to_f32(p_w[i223]);
+                    const float v235 = v226 * v234;
+                    const float v236 = v235 * v232;
+                    const float v237 = l197;
+                    const float v238 = v237 / v7;
+                    const float v239 = v238 * v232;
+                    const float v240 = v239 * v232;
+                    const float v241 = v240 * v232;
+                    const float v242 = v227 * v241;
+                    const float v243 = v236 - v242;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v243);
+                }
+                r224 = e225;
+                for (; r224 + 32 <= d_D; r224 += 32) {
+                    if (!nt_p_grad_x) OPGEN_PREFETCH_W(p_grad_x, ro_grad_x[i194] + r224, 2048);
+                    OPGEN_PREFETCH(p_grad_y, ro_grad_y[v222] + r224, 0);
+                    OPGEN_PREFETCH(p_x, ro_x[v222] + r224, 0);
+                    _Alignas(64) float stg244[32];
+                    #pragma omp simd
+                    for (int l = 0; l < 32; l++) {
+                        const int64_t i223 = r224 + l; (void)i223;
+                        const float v245 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                        const float v246 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                        const float v247 = v245 * v246;
+                        const float v248 = l195;
+                        const float v249 = v248 / v7;
+                        const float v250 = v249 + v8;
+                        const float v251 = 1.0f / sqrtf(v250);
+                        const float v252 = v247 * v251;
+                        l10[i223] += v252;
+                        const float v253 = opgen_bf16_to_f32(p_w[i223]);
+                        const float v254 = v245 * v253;
+                        const float v255 = v254 * v251;
+                        const float v256 = l197;
+                        const float v257 = v256 / v7;
+                        const float v258 = v257 * v251;
+                        const float v259 = v258 * v251;
+                        const float v260 = v259 * v251;
+                        const float v261 = v246 * v260;
+                        const float v262 = v255 - v261;
+                        stg244[l] = v262;
+                    }
+                    opgen_bf16_store_strip(&p_grad_x[ro_grad_x[i194] + r224], 1, stg244, 32, nt_p_grad_x);
+                }
+                #pragma omp simd
+                for (int64_t i223 = r224; i223 < d_D; i223++) {
+                    const float v263 = opgen_bf16_to_f32(p_grad_y[ro_grad_y[i194] + i223]);
+                    const float v264 = opgen_bf16_to_f32(p_x[ro_x[i194] + i223]);
+                    const float v265 = v263 * v264;
+                    const float v266 = l195;
+                    const float v267 = v266 / v7;
+                    const float v268 = v267 + v8;
+                    const float v269 = 1.0f / sqrtf(v268);
+                    const float v270 = v265 * v269;
+                    l10[i223] += v270;
+                    const float v271 = opgen_bf16_to_f32(p_w[i223]);
+                    const float v272 = v263 * v271;
+                    const float v273 = v272 * v269;
+                    const float v274 = l197;
+                    const float v275 = v274 / v7;
+                    const float v276 = v275 * v269;
+                    const float v277 = v276 * v269;
+                    const float v278 = v277 * v269;
+                    const float v279 = v264 * v278;
+                    const float v280 = v273 - v279;
+                    p_grad_x[ro_grad_x[i194] + i223] = opgen_f32_to_bf16(v280);
                 }
             }
         }
         #pragma omp simd
-        for (int64_t i101 = v1; i101 < d_D; i101++) {
-            const float v102 = l10[i101];
-            t5[i9 * d_D + i101] = v102;
+        for (int64_t i281 = v1; i281 < d_D; i281++) {
+            const float v282 = l10[i281];
+            t5[i9 * d_D + i281] = v282;
         }
     }
     opgen_stream_fence();
     }
-    const int64_t v103 = 64ll;
-    const int64_t v104 = 0ll;
-    const int64_t v105 = (d_D / 64 + (d_D % 64 != 0));
+    const int64_t v283 = 64ll;
+    const int64_t v284 = 0ll;
+    const int64_t v285 = (d_D / 64 + (d_D % 64 != 0));
     #pragma omp parallel for schedule(static) num_threads(opgen_team())
-    for (int64_t i106 = v104; i106 < v105; i106++) {
-        const int64_t v107 = i106 * v103;
-        const int64_t v108 = d_D - v107;
-        const int64_t v109 = ((v103 < v108 || v103 != v103) ? v103 : v108);
-        float *restrict l110 = l110_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l110, 0, sizeof(float) * (size_t)64ll);
-        for (int64_t i111 = v1; i111 < v4; i111++) {
+    for (int64_t i286 = v284; i286 < v285; i286++) {
+        const int64_t v287 = i286 * v283;
+        const int64_t v288 = d_D - v287;
+        const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
+        float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
+        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        const int64_t v291 = 2ll;
+        const int64_t v292 = 0ll;
+        const int64_t v293 = v4 - v1;
+        const int64_t v294 = ((v293 > v292 || v293 != v293) ? v293 : v292);
+        const int64_t v295 = (v291 == 0 ? (int64_t)0 : v291 == -1 ? (int64_t)((uint64_t)0 - (uint64_t)v294) : (int64_t)(v294 / v291));
+        const int64_t v296 = v295 * v291;
+        const int64_t v297 = v1 + v296;
+        for (int64_t i298 = v292; i298 < v295; i298++) {
+            const int64_t v299 = i298 * v291;
+            const int64_t v300 = v1 + v299;
+            const int64_t v301 = 1ll;
+            const int64_t v302 = v300 + v301;
             #pragma omp simd
-            for (int64_t i112 = v104; i112 < v109; i112++) {
-                const int64_t v113 = v107 + i112;
-                const float v114 = t5[i111 * d_D + v113];
-                l110[i112] += v114;
+            for (int64_t i303 = v284; i303 < v289; i303++) {
+                const int64_t v304 = v287 + i303;
+                const float v305 = t5[v300 * d_D + v304];
+                l290[i303] += v305;
+                const int64_t v306 = v287 + i303;
+                const float v307 = t5[v302 * d_D + v306];
+                l290[i303] += v307;
             }
         }
-        for (int64_t i115 = v104; i115 < v109; i115++) {
-            const int64_t v116 = v107 + i115;
-            const float v117 = l110[i115];
-            p_grad_w[v116] = opgen_f32_to_bf16(v117);
+        for (int64_t i308 = v297; i308 < v4; i308++) {
+            #pragma omp simd
+            for (int64_t i309 = v284; i309 < v289; i309++) {
+                const int64_t v310 = v287 + i309;
+                const float v311 = t5[i308 * d_D + v310];
+                l290[i309] += v311;
+            }
+        }
+        for (int64_t i312 = v284; i312 < v289; i312++) {
+            const int64_t v313 = v287 + i312;
+            const float v314 = l290[i312];
+            p_grad_w[v313] = opgen_f32_to_bf16(v314);
         }
     }
     (void)bufs; (void)dims; (void)sc; (void)ws; (void)off; (void)wp;

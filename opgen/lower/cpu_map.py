@@ -142,10 +142,11 @@ def _along_row(op: s.ForOp, idx: list[SSAValue]) -> bool:
     return len(idx) >= 2 and idx[-1] is op.iv and op.iv not in idx[:-1]
 
 
-def _row_loads(op: s.ForOp, lanes: bool = False) -> list[s.LoadOp]:
+def _row_loads(op: s.ForOp, lanes: bool = False, exprs: bool = False) -> list[s.LoadOp]:
     """The loads of an :func:`independent` loop ``op`` (or, ``lanes``, of a lanes loop) that read
-    rows of 2-D or larger buffers: indexed by enclosing loops' counters only, ``op``'s last and
-    nowhere else (one per buffer and index)."""
+    rows of 2-D or larger buffers: indexed by enclosing loops' counters only (``exprs``: or
+    expressions of them, :func:`counter_expr`), ``op``'s last and nowhere else (one per buffer
+    and index)."""
     if not (lanes or independent(op)):
         return []
     out: dict[tuple[SSAValue, ...], s.LoadOp] = {}
@@ -155,9 +156,45 @@ def _row_loads(op: s.ForOp, lanes: bool = False) -> list[s.LoadOp]:
         idx = list(ld.idx)
         if not _along_row(op, idx):
             continue
-        if all(isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp) for i in idx):
+        if all(counter_expr(i) if exprs else isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp)
+               for i in idx):
             out.setdefault((ld.buf, *idx), ld)
     return list(out.values())
+
+
+def counter_expr(v: SSAValue) -> bool:
+    """Whether ``v`` is computed from loop counters, sizes and constants alone (no load): a loop
+    counter, or a scalar op of the opgen dialect on such values (jam-rows' rows ``lo + 2 p + 1``)."""
+    if isinstance(v, BlockArgument):
+        return isinstance(v.owner.parent_op(), s.ForOp)
+    op = v.owner
+    return (isinstance(op, Operation) and op.dialect_name() == "opgen" and not op.regions
+            and all(counter_expr(x) for x in op.operands))
+
+
+def uses_counter(v: SSAValue, loop: s.ForOp) -> bool:
+    """Whether the counter expression ``v`` (:func:`counter_expr`) depends on ``loop``'s counter."""
+    if v is loop.iv:
+        return True
+    op = v.owner
+    return isinstance(op, Operation) and any(uses_counter(x, loop) for x in op.operands)
+
+
+def at_counter(v: SSAValue, loop: s.ForOp, at: SSAValue, before: Operation,
+                memo: dict[SSAValue, SSAValue]) -> SSAValue:
+    """The counter expression ``v`` evaluated with ``loop``'s counter at ``at``: the ops between
+    them copied before ``before`` once each (``memo``; ``v`` itself where it does not depend on
+    that counter)."""
+    if v is loop.iv:
+        return at
+    op = v.owner
+    if not isinstance(op, Operation) or not uses_counter(v, loop):
+        return v
+    if v not in memo:
+        new = op.clone(value_mapper={x: at_counter(x, loop, at, before, memo) for x in op.operands})
+        before.parent_block().insert_op_before(new, before)
+        memo[v] = new.results[0]
+    return memo[v]
 
 
 def streams(op: s.ForOp, read_before: set[SSAValue]) -> list[s.LoadOp]:
@@ -180,17 +217,19 @@ def next_rows(op: s.ForOp, parent: Operation, read_before: set[SSAValue]) -> lis
     """The loads whose next row a ``stream`` loop prefetches: rows of caller inputs
     ``buf[..., r, j]`` (:func:`_row_loads`) that an earlier loop of the same body
     (``read_before``) has read, ``r`` the counter of ``parent`` (the loop ``op`` sits in: its
-    next iteration reads row ``r + 1``) and ``j`` ``op``'s."""
+    next iteration reads row ``r + 1``) or an expression of it (:func:`counter_expr`; jam-rows'
+    ``lo + 2 p + 1``) and ``j`` ``op``'s."""
     if not isinstance(parent, s.ForOp):
         return []
-    return [ld for ld in _row_loads(op) if ld.buf in read_before and s.buf_type(ld.buf).role.data == "in"
-            and ld.idx[-2] is parent.iv]
+    return [ld for ld in _row_loads(op, exprs=True) if ld.buf in read_before and s.buf_type(ld.buf).role.data == "in"
+            and uses_counter(ld.idx[-2], parent) and not any(uses_counter(i, parent) for i in ld.idx[:-2])]
 
 
 def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> None:
-    """The next row's counter, ``min(r + 1, hi - 1)`` (a row the loop reads: the last row
-    prefetches itself, and no row past the tensor is named), before ``o``; and a prefetch of each
-    load's element in that row, at the start of ``o``'s strips: the next row is fetched while this
+    """The parent's next counter, ``min(r + 1, hi - 1)`` (an iteration the loop runs: the last
+    one prefetches its own rows, and no row past the tensor is named), before ``o``; and a
+    prefetch of each load's element in its row at that counter (the row's expression evaluated
+    there: :func:`at_counter`), at the start of ``o``'s strips: the next row is fetched while this
     row's second pass computes. For every element size: narrow elements (bf16, f16) were once
     prefetched during the first pass instead, which measured faster when the second pass was
     slower; on the Zen 5 machine the second pass is faster for them too (bf16, 8192x4096,
@@ -199,12 +238,12 @@ def _prefetch_next_rows(o: s.ForOp, parent: s.ForOp, loads: list[s.LoadOp]) -> N
     one = ir.ConstantOp(1, "i64")
     nxt = ir.AddOp(parent.iv, one.result)
     last = ir.SubOp(parent.hi, one.result)
-    row = ir.MinOp(nxt.result, last.result)
-    for new in (one, nxt, last, row):
+    at = ir.MinOp(nxt.result, last.result)
+    for new in (one, nxt, last, at):
         o.parent_block().insert_op_before(new, o)
-    start = o.body.block.first_op
+    start, memo = o.body.block.first_op, {}
     for ld in loads:
-        idx = [row.result if i is parent.iv else i for i in ld.idx]
+        idx = [*ld.idx[:-2], at_counter(ld.idx[-2], parent, at.result, o, memo), ld.idx[-1]]
         o.body.block.insert_op_before(s.PrefetchOp(ld.buf, idx, 0), start)
 
 

@@ -1,0 +1,205 @@
+"""``jam-rows`` (opgen/lower/jam_rows.py): rows whose second pass adds into column accumulators
+go two at a time.
+
+The decisions are checked on the CPU pipeline's IR (RMSNorm backward's row loop jammed, its
+rows' next rows prefetched by map-cpu; a scatter-add's segment loop and a row loop whose first
+pass reads the accumulator left alone); the built library's results against a float64 numpy
+reference for row counts around the group and pair boundaries, bitwise against the same op
+built without the pass (the same additions in the same order), in place, and under ASan and
+UBSan.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from opgen import registry, runtime
+from opgen.ir import dialect as ir
+from opgen.lower import jam_rows
+from opgen.lower import sched as s
+from opgen.lower.cpu_map import CpuMapping, cpu_mapping
+from opgen.passes import pipeline
+from tests.ops_dirs import built_ops
+from tests.test_cpu_sanitizers import assert_clean_under_sanitizers
+
+OPS = '''
+"""A norm-like backward with two column sums (written only here)."""
+from opgen.dsl import *
+
+N, D = dims("N D")
+T = dtype_var("T", f32, bf16)
+
+
+@op(may_alias=[("dx", "g")])
+def norm_cols(g: Tensor[T, N, D], x: Tensor[T, N, D], *, dx: Output[T, N, D], dw: Output[T, D],
+              db: Output[T, D]):
+    """r = 1 / sqrt(mean(x^2) + 1e-5) per row; dx = g r - x mean(g x) r^3; dw, db: column sums
+    of g x r and of g."""
+    r = rsqrt(mean(x * x, axis=-1, keepdims=True) + 1e-5)
+    return {"dx": g * r - x * (mean(g * x, axis=-1, keepdims=True) * r * r * r),
+            "dw": sum(g * x * r, axis=0), "db": sum(g, axis=0)}
+'''
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    with built_ops(tmp_path_factory.mktemp("jam_rows"), "opgen_test_jam_rows", {"n.py": OPS}) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def unjammed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The same op built without the pass."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(jam_rows, "FACTOR", 1)
+    try:
+        with built_ops(tmp_path_factory.mktemp("jam_rows_off"), "opgen_test_jam_rows_off", {"n.py": OPS}) as b:
+            yield b["lib"]
+    finally:
+        mp.undo()
+
+
+def _staged(name: str, stage: str) -> list[s.KernelOp]:
+    m = pipeline.run(registry.get(name).module(), "cpu", until=stage)
+    return [k for k in m.body.block.ops if isinstance(k, s.KernelOp)]
+
+
+def _jammed(k: s.KernelOp) -> list[s.ForOp]:
+    """The loops jam-rows made (serial loops over pairs: counter hint ``p``)."""
+    return [o for o in k.walk() if isinstance(o, s.ForOp) and o.iv.name_hint == "p"]
+
+
+def test_rms_norm_rows_go_two_at_a_time():
+    """RMSNorm backward: the row loop over a group becomes a loop over pairs (rows lo + 2p and
+    lo + 2p + 1: each row's first pass, then one second pass adding both rows' terms into the
+    dgamma accumulator, row lo + 2p first) and the original loop for the row left over."""
+    (k,) = _staged("rms_norm_backward", "jam-rows")
+    pairs = [p for p in _jammed(k) if any(isinstance(o, s.ForOp) and o.kind.data == "reduce" for o in p.walk())]
+    assert len(pairs) == 1
+    pair = pairs[0]
+    second = pair.body.block.last_op
+    assert isinstance(second, s.ForOp) and second.kind.data == "parallel"
+    accs = [o for o in second.body.block.ops if isinstance(o, s.AccumOp)]
+    assert len(accs) == 2 and accs[0].buf is accs[1].buf and accs[0].kind.data == "sum"
+    rows = [st.idx[0] for st in second.body.block.ops if isinstance(st, s.StoreOp)]
+    assert len(rows) == 2
+    base = rows[0].owner
+    assert isinstance(base, ir.AddOp)
+    step = base.rhs.owner
+    assert isinstance(step, ir.MulOp) and step.lhs is pair.iv and ir.constant_int(step.rhs) == jam_rows.FACTOR
+    nxt = rows[1].owner
+    assert isinstance(nxt, ir.AddOp) and nxt.lhs is rows[0] and ir.constant_int(nxt.rhs) == 1
+    rest = pair.next_op
+    assert isinstance(rest, s.ForOp) and rest.kind.data == "serial" and rest.lo.owner.operands[0] is base.lhs
+    assert isinstance(rest.body.block.last_op, s.ForOp)  # (the original body, one row)
+
+
+def test_the_jammed_second_pass_streams_and_prefetches_the_next_pair():
+    """After map-cpu the jammed second pass is a stream loop whose next-row prefetches name
+    rows lo + 2 min(p + 1, pairs - 1) and that plus one: the next pair, never past the loop's."""
+    (k,) = _staged("rms_norm_backward", "map-cpu")
+    pair = next(p for p in _jammed(k) if any(isinstance(o, s.ForOp) and o.kind.data == "reduce" for o in p.walk()))
+    second = pair.body.block.last_op
+    assert cpu_mapping(second) == CpuMapping.STREAM
+    nexts = [p for p in second.body.block.ops if isinstance(p, s.PrefetchOp) and not p.write]
+    names = {k.param_names.get(p.buf) for p in nexts}
+    assert names == {"grad_y", "x"} and len(nexts) == 4
+    for p in nexts:
+        row = p.idx[0]
+        add = row.owner if isinstance(row.owner, ir.AddOp) and ir.constant_int(row.owner.rhs) == 1 else None
+        first = add.lhs if add is not None else row
+        mul = first.owner.rhs.owner
+        assert isinstance(mul, ir.MulOp) and ir.constant_int(mul.rhs) == jam_rows.FACTOR
+        at = mul.lhs.owner
+        assert isinstance(at, ir.MinOp)
+        plus, last = at.lhs.owner, at.rhs.owner
+        assert isinstance(plus, ir.AddOp) and plus.lhs is pair.iv and ir.constant_int(plus.rhs) == 1
+        assert isinstance(last, ir.SubOp) and last.lhs is pair.hi
+
+
+def test_a_scatter_adds_segment_loop_is_left_alone():
+    """Embedding backward's loop over an output row's segment (bounds read at run time: the
+    empty-range branch and the gathered-row prefetches are for that loop) is not jammed."""
+    for k in _staged("embedding_dense_backward", "jam-rows"):
+        assert _jammed(k) == []
+
+
+def test_a_first_pass_reading_the_accumulator_is_not_jammed():
+    """A row loop whose first pass also reads the column accumulator: jamming would read it
+    before the previous row's terms are in: refused."""
+    (k,) = _staged("rms_norm_backward", "column-strips")
+    loop = next(o for o in k.walk() if isinstance(o, s.ForOp) and o.kind.data == "serial"
+                and isinstance(o.body.block.last_op, s.ForOp) and o.body.block.last_op.kind.data == "parallel")
+    second = loop.body.block.last_op
+    acc = next(o for o in second.body.block.ops if isinstance(o, s.AccumOp)).buf
+    assert jam_rows.jammable(loop, set()) is second
+    zero = ir.ConstantOp(0, "i64")
+    peek = s.LoadOp(acc, [zero.result])
+    loop.body.block.insert_ops_before([zero, peek], loop.body.block.first_op)
+    assert jam_rows.jammable(loop, set()) is None
+
+
+def test_a_dsl_norm_with_two_column_sums_is_jammed(built):
+    """The op written here (dw and db summed in the rows' second pass, dx in place over g
+    allowed): its row loop is jammed, both sums in one jammed loop."""
+    (k,) = _staged("norm_cols", "jam-rows")
+    seconds = [p.body.block.last_op for p in _jammed(k)]
+    assert any(len({a.buf for a in o.body.block.ops if isinstance(a, s.AccumOp)}) == 2 for o in seconds)
+
+
+def _reference(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    g64, x64 = g.astype(np.float64), x.astype(np.float64)
+    r = 1 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
+    dx = g64 * r - x64 * ((g64 * x64).mean(-1, keepdims=True) * r ** 3)
+    return dx, (g64 * x64 * r).sum(0), g64.sum(0)
+
+
+ROWS = [1, 2, 3, 31, 32, 33, 34, 65, 97]
+
+
+@pytest.mark.parametrize("dt", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("n", ROWS)
+def test_results_match_numpy_and_the_unjammed_build(built, unjammed, rng, dt, n):
+    """Row counts around the 32-row groups and the pairs (odd groups leave a row to the
+    original loop): the float64 reference within the dtype's margin, and bitwise the build
+    without the pass, out of place and in place (dx over g)."""
+    d = 37 if n % 2 else 64
+    g = rng.standard_normal((n, d)).astype(dt)
+    x = rng.standard_normal((n, d)).astype(dt)
+    got = runtime.call("norm_cols", lib=built["lib"], g=g, x=x)
+    off = runtime.call("norm_cols", lib=unjammed, g=g, x=x)
+    tol = 1e-4 if dt == np.float32 else 2e-2
+    for name, want in zip(("dx", "dw", "db"), _reference(g, x), strict=True):
+        have = np.asarray(got[name]).astype(np.float64)
+        assert np.abs(have - want).max() <= tol * (np.abs(want).max() + 1), name
+        assert np.array_equal(np.asarray(got[name]).view(np.uint8), np.asarray(off[name]).view(np.uint8)), name
+    inplace = g.copy()
+    out = runtime.call("norm_cols", lib=built["lib"], g=inplace, x=x, dx=inplace)
+    assert np.array_equal(inplace.view(np.uint8), np.asarray(got["dx"]).view(np.uint8))
+    assert np.array_equal(np.asarray(out["dw"]).view(np.uint8), np.asarray(got["dw"]).view(np.uint8))
+
+
+SANITIZED = textwrap.dedent("""
+    import sys, numpy as np, ml_dtypes
+    from opgen import runtime
+    lib = runtime.load(sys.argv[1])
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, ml_dtypes.bfloat16):
+        for n, d in ((1, 1), (2, 3), (3, 17), (33, 40), (66, 129)):
+            g = rng.standard_normal((n, d)).astype(dt)
+            x = rng.standard_normal((n, d)).astype(dt)
+            runtime.call("norm_cols", lib=lib, g=g, x=x)
+            runtime.call("norm_cols", lib=lib, g=g, x=x, dx=g)
+    print("done")
+""")
+
+
+def test_jammed_rows_are_clean_under_asan_and_ubsan(built):
+    """Odd and even row counts, in place and not, under AddressSanitizer and
+    UndefinedBehaviorSanitizer."""
+    assert_clean_under_sanitizers(built, SANITIZED)
