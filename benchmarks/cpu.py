@@ -238,7 +238,8 @@ def peak_main(who: str, quick: bool) -> None:
 def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | None = None) -> str:
     """The markdown table: speed-up with both sides allocating their outputs; % copy BW from the
     time with the outputs given (the kernel alone: fresh pages cost both sides their zeroing,
-    which no kernel avoids), and for a row whose in-cache time alone exceeds 80% of that, a
+    which no kernel avoids), each call against the copy timed right after it (timing.given_ms's
+    ``pct_copy``), and for a row whose in-cache time alone exceeds 80% of that, a
     note that it is compute-bound on this machine; % FMA peak for f32 products, % of the bf16
     dot-product peak for bf16 ones (where the machine has AVX512-BF16)."""
     lines = ["| case | opgen ms | PyTorch ms | speed-up | opgen ms, outputs given | % copy BW | notes |",
@@ -247,7 +248,8 @@ def table(rows: list[dict], bw: float, peak: float | None, bf16_peak: float | No
         sp = r["torch_ms"] / r["ours_ms"]
         t = r.get("given_ms", r["ours_ms"])
         row_bw = r.get("copy_gbs", bw)  # (timed beside the row: timing.given_ms)
-        bwp = f"{100 * r['bytes'] / (t / 1e3) / 1e9 / row_bw:.0f}%" if "bytes" in r else "-"
+        pct = r.get("pct_copy", 100 * r["bytes"] / (t / 1e3) / 1e9 / row_bw if "bytes" in r else None)
+        bwp = f"{pct:.0f}%" if pct is not None else "-"
         notes = []
         if "cache_ms" in r:
             copy_ms = r["bytes"] / row_bw / 1e6

@@ -31,15 +31,18 @@ def alternate(ours: Callable[[], object], theirs: Callable[[], object], reps: in
 COPY_BYTES = 256 << 20
 
 
-def given_ms(call: Callable[[], object], nbytes: int, reps: int = 9) -> dict[str, float]:
+def given_ms(call: Callable[[], object], nbytes: int, reps: int = 15) -> dict[str, float]:
     """``given_ms``: the median ms of ``call`` with its outputs passed in and already written once
     (the kernel without the operating system's zeroing of fresh output pages; each timed call
     right after an untimed one, as each timed copy: neither pays for the other's dirty cache
     lines); ``copy_gbs``: the copy bandwidth (bytes read + written per second, GB/s) of a copy
     of COPY_BYTES (or of ``nbytes`` / 2 when larger: arrays the caches cannot hold), the faster
     of numpy's (one thread) and PyTorch's ``copy_`` (its threads), timed alternately with
-    ``call`` (the median, as the call's): this VM's host lends it 41-78 GB/s from one minute to
-    the next, so a copy timed once at the start of a run did not describe its later rows."""
+    ``call`` (the median, as the call's): this VM's host lends it 41-78 GB/s, switching within
+    seconds, so a copy timed once at the start of a run did not describe its later rows;
+    ``pct_copy``: the median over the repetitions of the call's bandwidth (``nbytes`` per call)
+    as a percentage of the copy's timed right after it (the same window of the host's, where
+    the two medians may come from different windows)."""
     half = max(COPY_BYTES, nbytes // 8 * 4)
     copy = copier(half)
     mine, copies = [], []
@@ -48,7 +51,9 @@ def given_ms(call: Callable[[], object], nbytes: int, reps: int = 9) -> dict[str
         mine.append(timed(call))  # 256 MiB of stores, which cost the kernel after them 5-20%)
         copy()
         copies.append(copy())
-    return {"given_ms": statistics.median(mine) * 1e3, "copy_gbs": 2 * half / statistics.median(copies) / 1e9}
+    pct = statistics.median(100 * nbytes * c / (2 * half * t) for t, c in zip(mine, copies, strict=True))
+    return {"given_ms": statistics.median(mine) * 1e3, "copy_gbs": 2 * half / statistics.median(copies) / 1e9,
+            "pct_copy": pct}
 
 
 def copier(nbytes: int) -> Callable[[], float]:

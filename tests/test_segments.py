@@ -77,6 +77,16 @@ def _size(V: int, N: int, scale: bool = True) -> tuple[int, int]:
                   size_query=True)
 
 
+def test_zeroed_scratch_is_cleared_by_vector_stores():
+    """A kernel's zeroed scratch (the scatter-add's accumulator row, cleared for every output row
+    hit) is cleared by the runtime's opgen_zero (vector stores), never by memset: glibc's memset
+    of 4 KiB is `rep stosb`, which waited behind the kernel's streaming stores (docs/backend_cpu.md)."""
+    from opgen.emit import cpu
+
+    text = cpu.op_source(registry.get("embedding_dense_backward"))
+    assert "opgen_zero(l" in text
+    assert not any(line.strip().startswith("memset(l") for line in text.splitlines())
+
 @pytest.mark.parametrize("scale", [False, True])
 def test_workspace_grows_with_the_indices_not_the_table(scale):
     st, small = _size(100, 1, scale)
@@ -152,3 +162,4 @@ def test_scatter_exp_writes_every_output_element(scatter_exp):
     from tests.outputs_written import assert_every_output_written
 
     assert_every_output_written(scatter_exp["ops"], scatter_exp["lib"])
+

@@ -111,7 +111,7 @@ static opgen_status_t k_embedding_backward_f16(const opgen_buf_t *bufs, const in
             }
         } else {
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l33, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -271,7 +271,7 @@ static opgen_status_t k_embedding_backward_bf16(const opgen_buf_t *bufs, const i
             }
         } else {
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l34, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l34, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
                 const int64_t v36 = 4ll;
                 const int64_t v37 = 1ll;
@@ -431,7 +431,7 @@ static opgen_status_t k_embedding_backward_f32(const opgen_buf_t *bufs, const in
             }
         } else {
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l33, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -589,7 +589,7 @@ static opgen_status_t k_embedding_backward_f64(const opgen_buf_t *bufs, const in
             }
         } else {
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(double) * (size_t)d_D);
+            opgen_zero(l33, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -739,7 +739,7 @@ static opgen_status_t k_embedding_backward__i2_f16(const opgen_buf_t *bufs, cons
             }
         } else {
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l29, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l29, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
                 const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
@@ -891,7 +891,7 @@ static opgen_status_t k_embedding_backward__i2_bf16(const opgen_buf_t *bufs, con
             }
         } else {
             float *restrict l30 = l30_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l30, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l30, sizeof(float) * (size_t)d_D);
             for (int64_t i31 = v16; i31 < v18; i31++) {
                 const int64_t v32 = 4ll;
                 const int64_t v33 = 1ll;
@@ -1043,7 +1043,7 @@ static opgen_status_t k_embedding_backward__i2_f32(const opgen_buf_t *bufs, cons
             }
         } else {
             float *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l29, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l29, sizeof(float) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
                 const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
@@ -1193,7 +1193,7 @@ static opgen_status_t k_embedding_backward__i2_f64(const opgen_buf_t *bufs, cons
             }
         } else {
             double *restrict l29 = l29_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l29, 0, sizeof(double) * (size_t)d_D);
+            opgen_zero(l29, sizeof(double) * (size_t)d_D);
             for (int64_t i30 = v16; i30 < v18; i30++) {
                 const int64_t v31 = 4ll;
                 const int64_t v32 = 1ll;
@@ -1351,7 +1351,7 @@ static opgen_status_t k_embedding_backward__dtable2_f16(const opgen_buf_t *bufs,
             }
         } else {
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l33, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -1511,7 +1511,7 @@ static opgen_status_t k_embedding_backward__dtable2_bf16(const opgen_buf_t *bufs
             }
         } else {
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l34, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l34, sizeof(float) * (size_t)d_D);
             for (int64_t i35 = v20; i35 < v22; i35++) {
                 const int64_t v36 = 4ll;
                 const int64_t v37 = 1ll;
@@ -1671,7 +1671,7 @@ static opgen_status_t k_embedding_backward__dtable2_f32(const opgen_buf_t *bufs,
             }
         } else {
             float *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l33, sizeof(float) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -1829,7 +1829,7 @@ static opgen_status_t k_embedding_backward__dtable2_f64(const opgen_buf_t *bufs,
             }
         } else {
             double *restrict l33 = l33_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l33, 0, sizeof(double) * (size_t)d_D);
+            opgen_zero(l33, sizeof(double) * (size_t)d_D);
             for (int64_t i34 = v20; i34 < v22; i34++) {
                 const int64_t v35 = 4ll;
                 const int64_t v36 = 1ll;
@@ -2009,7 +2009,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             }
         } else {
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l35, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l35, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
                 const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
@@ -2092,7 +2092,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f16(const opgen_buf_t *bu
             }
         } else {
             float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l80, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l80, sizeof(float) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
                 const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;
@@ -2274,7 +2274,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             }
         } else {
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l36, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l36, sizeof(float) * (size_t)d_D);
             for (int64_t i37 = v22; i37 < v24; i37++) {
                 const int64_t v38 = 4ll;
                 const int64_t v39 = 1ll;
@@ -2361,7 +2361,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_bf16(const opgen_buf_t *b
             }
         } else {
             float *restrict l83 = l83_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l83, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l83, sizeof(float) * (size_t)d_D);
             for (int64_t i84 = v69; i84 < v71; i84++) {
                 const int64_t v85 = 4ll;
                 const int64_t v86 = 1ll;
@@ -2543,7 +2543,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             }
         } else {
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l35, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l35, sizeof(float) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
                 const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
@@ -2626,7 +2626,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f32(const opgen_buf_t *bu
             }
         } else {
             float *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l80, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l80, sizeof(float) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
                 const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;
@@ -2806,7 +2806,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             }
         } else {
             double *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l35, 0, sizeof(double) * (size_t)d_D);
+            opgen_zero(l35, sizeof(double) * (size_t)d_D);
             for (int64_t i36 = v22; i36 < v24; i36++) {
                 const int64_t v37 = 4ll;
                 const int64_t v38 = 1ll;
@@ -2889,7 +2889,7 @@ static opgen_status_t k_embedding_backward__i2_dtable2_f64(const opgen_buf_t *bu
             }
         } else {
             double *restrict l80 = l80_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l80, 0, sizeof(double) * (size_t)d_D);
+            opgen_zero(l80, sizeof(double) * (size_t)d_D);
             for (int64_t i81 = v67; i81 < v69; i81++) {
                 const int64_t v82 = 4ll;
                 const int64_t v83 = 1ll;

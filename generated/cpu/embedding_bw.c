@@ -95,7 +95,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_bf16_g(cons
             }
         } else {
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l21, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l21, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
                 const int64_t v23 = 4ll;
                 const int64_t v24 = 1ll;
@@ -209,7 +209,7 @@ static opgen_status_t k_embedding_bw_bf16_u(const opgen_buf_t *bufs, const int64
             }
         } else {
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l22, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
                 const int64_t v24 = 4ll;
                 const int64_t v25 = 1ll;
@@ -361,7 +361,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_bw_f32_g(const
             }
         } else {
             float *restrict l21 = l21_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l21, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l21, sizeof(float) * (size_t)d_D);
             for (int64_t i22 = v14; i22 < v16; i22++) {
                 const int64_t v23 = 4ll;
                 const int64_t v24 = 1ll;
@@ -475,7 +475,7 @@ static opgen_status_t k_embedding_bw_f32_u(const opgen_buf_t *bufs, const int64_
             }
         } else {
             float *restrict l22 = l22_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l22, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l22, sizeof(float) * (size_t)d_D);
             for (int64_t i23 = v14; i23 < v16; i23++) {
                 const int64_t v24 = 4ll;
                 const int64_t v25 = 1ll;

@@ -106,7 +106,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             }
         } else {
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l24, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
                 const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
@@ -243,7 +243,7 @@ static opgen_status_t k_embedding_dense_backward_f32_u(const opgen_buf_t *bufs, 
             }
         } else {
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l25, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
                 const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;
@@ -423,7 +423,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             }
         } else {
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l24, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
                 const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
@@ -560,7 +560,7 @@ static opgen_status_t k_embedding_dense_backward_f16_u(const opgen_buf_t *bufs, 
             }
         } else {
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l25, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
                 const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;
@@ -740,7 +740,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_embedding_dense_backward
             }
         } else {
             float *restrict l24 = l24_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l24, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l24, sizeof(float) * (size_t)d_D);
             for (int64_t i25 = v16; i25 < v18; i25++) {
                 const int64_t v26 = 4ll;
                 const int64_t v27 = 1ll;
@@ -877,7 +877,7 @@ static opgen_status_t k_embedding_dense_backward_bf16_u(const opgen_buf_t *bufs,
             }
         } else {
             float *restrict l25 = l25_base + (size_t)opgen_thread() * ((size_t)d_D);
-            memset(l25, 0, sizeof(float) * (size_t)d_D);
+            opgen_zero(l25, sizeof(float) * (size_t)d_D);
             for (int64_t i26 = v16; i26 < v18; i26++) {
                 const int64_t v27 = 4ll;
                 const int64_t v28 = 1ll;

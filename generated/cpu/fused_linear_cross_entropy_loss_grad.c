@@ -144,7 +144,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -216,7 +216,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_u8(con
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -421,7 +421,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -493,7 +493,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_f16_bool(c
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -698,7 +698,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -770,7 +770,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_u8(co
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -975,7 +975,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -1047,7 +1047,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__softmax_bf16_bool(
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -1255,7 +1255,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v27 = v26 + v25;
     const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t29, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
     #pragma omp parallel num_threads(opgen_team())
@@ -1281,7 +1281,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_spack(d_H, v41, l42, 1, d_H, l48);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -1367,7 +1367,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
         const int64_t v96 = v95 - v93;
         float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i98 = v15; i98 < v28; i98++) {
             const int64_t v99 = i98 * d_BT;
             const int64_t v100 = v99 + v93;
@@ -1551,7 +1551,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v27 = v26 + v25;
     const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t29, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
     #pragma omp parallel num_threads(opgen_team())
@@ -1577,7 +1577,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_spack(d_H, v41, l42, 1, d_H, l48);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -1663,7 +1663,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
         const int64_t v96 = v95 - v93;
         float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i98 = v15; i98 < v28; i98++) {
             const int64_t v99 = i98 * d_BT;
             const int64_t v100 = v99 + v93;
@@ -1847,7 +1847,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v27 = v26 + v25;
     const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t29, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
     #pragma omp parallel num_threads(opgen_team())
@@ -1873,7 +1873,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -1959,7 +1959,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
         const int64_t v96 = v95 - v93;
         float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i98 = v15; i98 < v28; i98++) {
             const int64_t v99 = i98 * d_BT;
             const int64_t v100 = v99 + v93;
@@ -2143,7 +2143,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
     const int64_t v26 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v27 = v26 + v25;
     const int64_t v28 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t29, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t29, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v30 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v31 = 1.0f;
     #pragma omp parallel num_threads(opgen_team())
@@ -2169,7 +2169,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
                 }
             }
             float *restrict l47 = l47_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l47, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l47, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l48 = l48_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_bpack(d_H, v41, l42, 1, d_H, (uint16_t *)l48);
             float *restrict l49 = l49_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -2255,7 +2255,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v95 = ((v94 < d_BT || v94 != v94) ? v94 : d_BT);
         const int64_t v96 = v95 - v93;
         float *restrict l97 = l97_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l97, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l97, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i98 = v15; i98 < v28; i98++) {
             const int64_t v99 = i98 * d_BT;
             const int64_t v100 = v99 + v93;
@@ -2436,7 +2436,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -2508,7 +2508,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -2713,7 +2713,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -2785,7 +2785,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -2990,7 +2990,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -3062,7 +3062,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -3267,7 +3267,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -3339,7 +3339,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_softmax
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -3544,7 +3544,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -3616,7 +3616,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -3821,7 +3821,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -3893,7 +3893,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -4098,7 +4098,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -4170,7 +4170,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -4375,7 +4375,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -4447,7 +4447,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__sum_exp_logits_sof
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -4652,7 +4652,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -4724,7 +4724,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -4929,7 +4929,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -5001,7 +5001,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -5206,7 +5206,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -5278,7 +5278,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;
@@ -5483,7 +5483,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v30 = ((v29 < d_BT || v29 != v29) ? v29 : d_BT);
         const int64_t v31 = v30 - v28;
         float *restrict l32 = l32_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l32, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l32, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i33 = v15; i33 < v25; i33++) {
             const int64_t v34 = i33 * v23;
             const int64_t v35 = v34 + v23;
@@ -5555,7 +5555,7 @@ static opgen_status_t k_fused_linear_cross_entropy_loss_grad__logits_max_sum_exp
         const int64_t v71 = ((v70 < d_V || v70 != v70) ? v70 : d_V);
         const int64_t v72 = v71 - v69;
         float *restrict l73 = l73_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l73, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l73, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i74 = v15; i74 < v24; i74++) {
             const int64_t v75 = i74 * v23;
             const int64_t v76 = v75 + v23;

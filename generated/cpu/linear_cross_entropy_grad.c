@@ -122,7 +122,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
     const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v13 = v12 + v11;
     const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t15, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
@@ -149,7 +149,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
                 }
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_spack(d_H, v28, l29, 1, d_H, l35);
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -235,7 +235,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f16(const opgen_buf_t *bufs, c
         const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
         const int64_t v83 = v82 - v80;
         float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i85 = v1; i85 < v14; i85++) {
             const int64_t v86 = i85 * d_BT;
             const int64_t v87 = v86 + v80;
@@ -394,7 +394,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
     const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v13 = v12 + v11;
     const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t15, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
@@ -421,7 +421,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
                 }
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_bpack(d_H, v28, l29, 1, d_H, (uint16_t *)l35);
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -507,7 +507,7 @@ static opgen_status_t k_linear_cross_entropy_grad_bf16(const opgen_buf_t *bufs, 
         const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
         const int64_t v83 = v82 - v80;
         float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i85 = v1; i85 < v14; i85++) {
             const int64_t v86 = i85 * d_BT;
             const int64_t v87 = v86 + v80;
@@ -666,7 +666,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
     const int64_t v12 = (((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4);
     const int64_t v13 = v12 + v11;
     const int64_t v14 = ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0));
-    memset(t15, 0, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
+    opgen_zero(t15, sizeof(float) * (size_t)(d_BT != 0 && ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) > INT64_MAX / d_BT ? INT64_MAX : ((d_V / 256 + (d_V % 256 != 0)) / ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) + ((d_V / 256 + (d_V % 256 != 0)) % ((((d_V / 256 + (d_V % 256 != 0)) > 1ll ? (d_V / 256 + (d_V % 256 != 0)) - 1ll : 0ll) / 4) + 1) != 0)) * d_BT) * (size_t)d_H);
     const int64_t v16 = (d_BT / 256 + (d_BT % 256 != 0));
     const float v17 = 1.0f;
     const float v18 = 0.0f;
@@ -693,7 +693,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
                 }
             }
             float *restrict l34 = l34_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-            memset(l34, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+            opgen_zero(l34, sizeof(float) * (size_t)256ll * (size_t)d_H);
             float *restrict l35 = l35_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll));
             opgen_spack(d_H, v28, l29, 1, d_H, l35);
             float *restrict l36 = l36_base + (size_t)opgen_thread() * ((size_t)(32ll != 0 && (256ll / 32 + (256ll % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (256ll / 32 + (256ll % 32 != 0)) * 32ll) * (size_t)(32ll != 0 && (d_H / 32 + (d_H % 32 != 0)) > INT64_MAX / 32ll ? INT64_MAX : (d_H / 32 + (d_H % 32 != 0)) * 32ll));
@@ -779,7 +779,7 @@ static opgen_status_t k_linear_cross_entropy_grad_f32(const opgen_buf_t *bufs, c
         const int64_t v82 = ((v81 < d_BT || v81 != v81) ? v81 : d_BT);
         const int64_t v83 = v82 - v80;
         float *restrict l84 = l84_base + (size_t)opgen_thread() * ((size_t)256ll * (size_t)d_H);
-        memset(l84, 0, sizeof(float) * (size_t)256ll * (size_t)d_H);
+        opgen_zero(l84, sizeof(float) * (size_t)256ll * (size_t)d_H);
         for (int64_t i85 = v1; i85 < v14; i85++) {
             const int64_t v86 = i85 * d_BT;
             const int64_t v87 = v86 + v80;

@@ -80,7 +80,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -516,7 +516,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f16_g(
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;
@@ -593,7 +593,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -1036,7 +1036,7 @@ static opgen_status_t k_rms_norm_backward_f16_u(const opgen_buf_t *bufs, const i
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;
@@ -1157,7 +1157,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -1587,7 +1587,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_f32_g(
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;
@@ -1664,7 +1664,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -2101,7 +2101,7 @@ static opgen_status_t k_rms_norm_backward_f32_u(const opgen_buf_t *bufs, const i
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;
@@ -2222,7 +2222,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -2658,7 +2658,7 @@ __attribute__((optimize("O1"))) static opgen_status_t k_rms_norm_backward_bf16_g
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;
@@ -2735,7 +2735,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
     #pragma omp for schedule(static) nowait
     for (int64_t i9 = v1; i9 < v6; i9++) {
         float *restrict l10 = l10_base + (size_t)opgen_thread() * ((size_t)d_D);
-        memset(l10, 0, sizeof(float) * (size_t)d_D);
+        opgen_zero(l10, sizeof(float) * (size_t)d_D);
         const int64_t v11 = i9 * v3;
         const int64_t v12 = v11 + v3;
         const int64_t v13 = ((v12 < d_N || v12 != v12) ? v12 : d_N);
@@ -3178,7 +3178,7 @@ static opgen_status_t k_rms_norm_backward_bf16_u(const opgen_buf_t *bufs, const 
         const int64_t v288 = d_D - v287;
         const int64_t v289 = ((v283 < v288 || v283 != v283) ? v283 : v288);
         float *restrict l290 = l290_base + (size_t)opgen_thread() * ((size_t)64ll);
-        memset(l290, 0, sizeof(float) * (size_t)64ll);
+        opgen_zero(l290, sizeof(float) * (size_t)64ll);
         const int64_t v291 = 2ll;
         const int64_t v292 = 0ll;
         const int64_t v293 = v4 - v1;

@@ -504,7 +504,7 @@ class CPrinter:
             self.scratch.append((n, ct, count, self.size_count(op.sizes)))
             self.line(f"{ct} *{self.restrict} {n} = {n}_base + (size_t)opgen_thread() * ({count});")
         if zero:
-            self.line(f"memset({n}, 0, sizeof({ct}) * {count});")
+            self.line(f"opgen_zero({n}, sizeof({ct}) * {count});")
 
     def branch(self, op: s.IfOp) -> None:
         self.line(f"if ({self.name(op.cond)}) {{")
