@@ -94,7 +94,7 @@ def row_embedding(dtype: torch.dtype, scale: bool, quick: bool) -> dict:
     V = args["num_weights"]
     fresh = {k: v for k, v in args.items() if k != "out"}  # (allocating its output, as PyTorch does)
     t_ours, t_torch = alternate(lambda: runtime.call("embedding_dense_backward", **fresh),
-                                lambda: torch.ops.aten.embedding_dense_backward(grad, idx, V, -1, scale), 5)
+                                lambda: torch.ops.aten.embedding_dense_backward(grad, idx, V, -1, scale), 11)
     nbytes = grad.numel() * grad.element_size() + idx.numel() * 8 + V * D * grad.element_size()
     return {"row": f"embedding_dense_backward V={V} N={N} D={D} {str(dtype)[6:]} scale={scale}",
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "bytes": nbytes,
@@ -120,7 +120,7 @@ def row_rms(dtype: torch.dtype, quick: bool) -> dict:
     y = torch.nn.functional.rms_norm(x, (D,), w, eps=1e-6)
     fresh = {k: v for k, v in args.items() if k not in ("grad_x", "grad_w")}
     t_ours, t_torch = alternate(lambda: runtime.call("rms_norm_backward", **fresh),
-                                lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True), 5)
+                                lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True), 11)
     nbytes = 3 * N * D * x.element_size() + 2 * D * x.element_size()
     return {"row": f"rms_norm_backward {N}x{D} {str(dtype)[6:]}", "ours_ms": t_ours * 1e3,
             "torch_ms": t_torch * 1e3, "bytes": nbytes,

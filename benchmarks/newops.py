@@ -105,7 +105,7 @@ def _row(lib: Any, alternate: Callable[..., tuple[float, float]], row: str, op: 
     then opgen with its outputs given, and the in-cache estimate."""
     kw = make(full_rows)
     inputs = {k: v for k, v in kw.items() if k not in outs}
-    t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 5)
+    t_o, t_t = alternate(lambda: runtime.call(op, lib=lib, **inputs), theirs, 11)
     return {"row": row, "ours_ms": t_o * 1e3, "torch_ms": t_t * 1e3, "bytes": nbytes,
             **given_ms(lambda: runtime.call(op, lib=lib, **kw), nbytes),
             "cache_ms": _in_cache_ms(lib, op, make, full_rows)}

@@ -129,19 +129,42 @@ def test_a_scatter_adds_segment_loop_is_left_alone():
         assert _jammed(k) == []
 
 
-def test_a_first_pass_reading_the_accumulator_is_not_jammed():
-    """A row loop whose first pass also reads the column accumulator: jamming would read it
-    before the previous row's terms are in: refused."""
+def _rms_row_loop() -> tuple[s.KernelOp, s.ForOp, s.ForOp]:
+    """RMSNorm backward before jam-rows: the kernel, its row loop and the loop's second pass."""
     (k,) = _staged("rms_norm_backward", "column-strips")
     loop = next(o for o in k.walk() if isinstance(o, s.ForOp) and o.kind.data == "serial"
                 and isinstance(o.body.block.last_op, s.ForOp) and o.body.block.last_op.kind.data == "parallel")
-    second = loop.body.block.last_op
+    return k, loop, loop.body.block.last_op
+
+
+def test_a_first_pass_reading_the_accumulator_is_not_jammed():
+    """A row loop whose first pass also reads the column accumulator: jamming would read it
+    before the previous row's terms are in: refused."""
+    _, loop, second = _rms_row_loop()
     acc = next(o for o in second.body.block.ops if isinstance(o, s.AccumOp)).buf
     assert jam_rows.jammable(loop, set()) is second
     zero = ir.ConstantOp(0, "i64")
     peek = s.LoadOp(acc, [zero.result])
     loop.body.block.insert_ops_before([zero, peek], loop.body.block.first_op)
     assert jam_rows.jammable(loop, set()) is None
+
+
+@pytest.mark.parametrize("param", ["grad_x", "grad_y"])
+def test_a_written_or_aliased_row_read_elsewhere_is_not_jammed(param):
+    """A read of grad_x (written by the second pass) or of grad_y (which may be grad_x) at a
+    row other than the counter's — row 0 — could meet the other row of a pair: refused; x, which
+    nothing writes, may be read anywhere."""
+    k, loop, second = _rms_row_loop()
+    aliased = jam_rows._aliased(k)
+    by_name = {n: a for a, n in k.param_names.items()}
+    assert jam_rows.jammable(loop, aliased) is second
+    zero = ir.ConstantOp(0, "i64")
+    x0 = s.LoadOp(by_name["x"], [zero.result, zero.result])
+    loop.body.block.insert_ops_before([zero, x0], loop.body.block.first_op)
+    assert jam_rows.jammable(loop, aliased) is second
+    peek = s.LoadOp(by_name[param], [zero.result, zero.result])
+    loop.body.block.insert_op_after(peek, x0)
+    assert jam_rows.jammable(loop, aliased) is None
 
 
 def test_a_dsl_norm_with_two_column_sums_is_jammed(built):

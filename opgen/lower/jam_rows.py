@@ -34,12 +34,13 @@ becomes::
     }
     sched.for serial %lo + F * ((%hi - %lo) / F) to %hi { ...the original body... }
 
-It applies only where that is safe: the row loop is serial; its body's last op is the second
-pass, an :func:`~opgen.lower.cpu_map.independent` loop with bounds fixed for the whole row loop;
-every buffer the body writes is a local allocated in it, a caller tensor written at an index
-holding the row counter (and every caller tensor that may alias a written one is read only at
-such indices: distinct rows never meet), or an accumulator the second pass alone touches, by
-``sum``, at an index holding its counter and otherwise values fixed for the row loop.
+It applies only where that is safe: the row loop is serial, over bounds not read at run time;
+its body's last op is the second pass, an :func:`~opgen.lower.cpu_map.independent` loop with
+bounds fixed for the whole row loop; every buffer the body writes is a local allocated in it,
+an accumulator the second pass alone touches (by ``sum``, at an index holding its counter and
+otherwise values fixed for the row loop), or a caller tensor; every access to a written caller
+tensor, or to one that may alias another parameter, names the row counter itself at one and
+the same axis (distinct rows never meet).
 
 RMSNorm backward, 8192x4096 bf16, outputs given, 2 threads on the Zen 5 machine of
 docs/performance.md, libraries called alternately: 4.45 -> 3.72 ms while the host's copy ran at
@@ -98,26 +99,24 @@ def jammable(loop: s.ForOp, aliased: set[SSAValue]) -> s.ForOp | None:
     if not accs:
         return None
     local = {o.result for o in loop.walk() if isinstance(o, s.AllocOp)}
+    written = s.effects(loop)[1] - local - accs
+    if any(s.buf_type(b).role.data not in ("in", "out") for b in written):
+        return None  # (a temp shared by the rows)
+    rows_of = written | aliased  # (caller tensors every access of which must name its own row)
+    axes: set[int] = set()
     for o in loop.walk():
+        if isinstance(o, s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.SegmentStartOp | s.RequireOp | s.IfOp):
+            return None
         if isinstance(o, s.AccumOp) and o.buf in accs:
             if o.parent_op() is not second:
                 return None
-            continue
-        if isinstance(o, s.LoadOp | s.LoadBitOp | s.LoadFnOp | s.PrefetchOp):
+        elif isinstance(o, s.LoadOp | s.LoadBitOp | s.LoadFnOp | s.PrefetchOp | s.StoreOp | s.AccumOp):
             if o.buf in accs:
                 return None
-            if o.buf in aliased and loop.iv not in o.idx:
-                return None
-            continue
-        if isinstance(o, s.StoreOp | s.AccumOp):
-            if o.buf in local:
-                continue
-            if s.buf_type(o.buf).role.data in ("in", "out") and loop.iv in o.idx:
-                continue
-            return None
-        if isinstance(o, s.BufferMatmulOp | s.PackOp | s.SegmentsOp | s.SegmentStartOp | s.RequireOp | s.IfOp):
-            return None
-    return second
+            if o.buf in rows_of:
+                idx = [o.i] if isinstance(o, s.LoadBitOp) else list(o.idx)
+                axes |= {a for a, v in enumerate(idx) if v is loop.iv} or {-1}
+    return second if len(axes) <= 1 and -1 not in axes else None
 
 
 def jam(loop: s.ForOp, second: s.ForOp, factor: int) -> None:
