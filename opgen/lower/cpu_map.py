@@ -156,17 +156,21 @@ def _row_loads(op: s.ForOp, lanes: bool = False, exprs: bool = False) -> list[s.
         idx = list(ld.idx)
         if not _along_row(op, idx):
             continue
-        if all(counter_expr(i) if exprs else isinstance(i, BlockArgument) and isinstance(i.owner.parent_op(), s.ForOp)
-               for i in idx):
+        if all(counter_expr(i) if exprs else _is_counter(i) for i in idx):
             out.setdefault((ld.buf, *idx), ld)
     return list(out.values())
+
+
+def _is_counter(v: SSAValue) -> bool:
+    """Whether ``v`` is a loop's counter."""
+    return isinstance(v, BlockArgument) and isinstance(v.owner.parent_op(), s.ForOp)
 
 
 def counter_expr(v: SSAValue) -> bool:
     """Whether ``v`` is computed from loop counters, sizes and constants alone (no load): a loop
     counter, or a scalar op of the opgen dialect on such values (jam-rows' rows ``lo + 2 p + 1``)."""
     if isinstance(v, BlockArgument):
-        return isinstance(v.owner.parent_op(), s.ForOp)
+        return _is_counter(v)
     op = v.owner
     return (isinstance(op, Operation) and op.dialect_name() == "opgen" and not op.regions
             and all(counter_expr(x) for x in op.operands))

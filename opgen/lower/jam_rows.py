@@ -78,9 +78,9 @@ def _accumulators(loop: s.ForOp, second: s.ForOp) -> set[SSAValue] | None:
     accs: set[SSAValue] = set()
     for o in second.body.block.ops:
         if isinstance(o, s.AccumOp) and _outside(loop, o.buf):
-            if o.kind.data != "sum" or second.iv not in o.idx or loop.iv in o.idx:
+            if o.kind.data != "sum" or second.iv not in o.idx:
                 return None
-            if not all(v is second.iv or _outside(loop, v) for v in o.idx):
+            if not all(v is second.iv or _outside(loop, v) for v in o.idx):  # (so never the row counter)
                 return None
             accs.add(o.buf)
     return accs
